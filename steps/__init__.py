@@ -1,0 +1,15 @@
+"""The step API: write a workflow as named steps, each returning the next cursor.
+
+    from steps import StepResult, workflow
+
+    flow = workflow("greet")
+
+    @flow.step()
+    def hello(ctx):
+        return StepResult(cursor="done", state={"greeted": ctx.input["name"]})
+"""
+
+from steps.context import Context
+from steps.workflow import DONE, StepResult, Workflow, get, names, workflow
+
+__all__ = ["DONE", "Context", "StepResult", "Workflow", "get", "names", "workflow"]

@@ -1,0 +1,121 @@
+"""What a step sees: the run's position, its state and window, and effect helpers."""
+
+from __future__ import annotations
+
+import logging
+import types
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from store.errors import MultipleEffects
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from steps.model import ModelClient
+    from store import Checkpoint, Lease, PgStore
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Context:
+    """One step's view of its run. Built by the loop for every step attempt."""
+
+    def __init__(
+        self,
+        cp: Checkpoint,
+        *,
+        store: PgStore,
+        lease: Lease,
+        model: ModelClient | None = None,
+        config: Any = None,
+    ) -> None:
+        self.run_id = cp.run_id
+        self.cursor = cp.cursor
+        self.seq = cp.seq
+        # Saved visits to this cursor before this one: a replay after a crash sees the
+        # same number (the visit was never saved), a loop's next visit sees one more.
+        self.visit = cp.visits.get(cp.cursor, 0)
+        self.input: Mapping[str, Any] = types.MappingProxyType(cp.input)
+        self.state: Mapping[str, Any] = types.MappingProxyType(cp.state)
+        self.window: list[dict[str, Any]] = [dict(m) for m in cp.window]
+        self.config = config
+        self.cost_usd = 0.0
+        self._store, self._lease, self._model = store, lease, model
+        self._effect: str | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        self._conn_cm: Any = None
+
+    # -- effects ---------------------------------------------------------------------
+    def idempotency_key(self, suffix: str = "") -> str:
+        """The key of this step's one externally visible effect.
+
+        Derived from run, cursor and visit, never the attempt, so a replay of this visit
+        sends the same key and the downstream dedupes it. Asking for a second, different
+        key in one step is an error: split the step at the effect boundary.
+        """
+        key = f"cairn:{self.run_id}:{self.cursor}:{self.visit}" + (f":{suffix}" if suffix else "")
+        if self._effect is not None and self._effect != key:
+            raise MultipleEffects(
+                f"step {self.cursor!r} of run {self.run_id} asked for a second effect key "
+                f"({key!r} after {self._effect!r}); one externally visible effect per step"
+            )
+        self._lease.ensure()  # a worker that lost the run must not reach the effect
+        self._effect = key
+        return key
+
+    def once(self, effect: Callable[[str], T], *, suffix: str = "") -> T:
+        """Run effect(key) unless the done-ledger says this visit already ran it.
+
+        For downstreams without idempotency. It narrows the window, not closes it: a
+        crash between the effect and mark_done repeats the effect on replay.
+        """
+        key = self.idempotency_key(suffix)
+        done, result = self._store.was_done(key)
+        if done:
+            logger.info("run %s: %s already done, skipping", self.run_id, key)
+            return result
+        result = effect(key)
+        self._store.mark_done(key, self.run_id, result)
+        return result
+
+    @property
+    def db(self) -> psycopg.Connection[Any]:
+        """A Postgres connection in a transaction that commits with this step's checkpoint.
+
+        Writes here and the checkpoint land together or not at all: the one way to close
+        the replay window, for effects that live in our own database.
+        """
+        if self._conn is None:
+            self._lease.ensure()
+            self._conn_cm = self._store.db.connection()
+            conn = self._conn_cm.__enter__()
+            conn.autocommit = False
+            self._conn = conn
+        return self._conn
+
+    @property
+    def open_transaction(self) -> psycopg.Connection[Any] | None:
+        return self._conn
+
+    def close(self) -> None:
+        """Give the connection back; an uncommitted transaction is rolled back."""
+        if self._conn is None:
+            return
+        conn, self._conn = self._conn, None
+        try:
+            if not conn.closed:
+                conn.rollback()
+                conn.autocommit = True
+        finally:
+            self._conn_cm.__exit__(None, None, None)
+
+    # -- model -----------------------------------------------------------------------
+    def model(self, **request: Any) -> Any:
+        """messages.create through the anthropic SDK, retried; its cost is counted."""
+        if self._model is None:
+            raise RuntimeError("no model client configured for this worker")
+        message, cost = self._model.create(**request)
+        self.cost_usd += cost
+        return message

@@ -1,0 +1,556 @@
+"""Loopback stand-ins for the outside services cairn talks to (mail API, Anthropic API).
+
+The machines that run the demo and the tests have no internet, so these two small
+stdlib HTTP servers play the outside world:
+
+* ``MailServer`` -- a transactional-mail API that records every request and dedupes on
+  the ``Idempotency-Key`` header, so a test can count both *attempts* (what the worker
+  tried) and *deliveries* (what a user would have received).
+* ``ModelServer`` -- enough of the Anthropic Messages API for the real ``anthropic`` SDK
+  (``anthropic.Anthropic(api_key="local", base_url=server.url)``) to work, with
+  deterministic replies and injectable 429/529/500 failures.
+
+Both: ``__init__(host="127.0.0.1", port=0, **options)``, ``.start()`` (daemon thread,
+returns self), ``.stop()``, ``.url``, ``.stats()``, context manager.  From a shell::
+
+    python -m steps.standins mail  --port 8025 [--delay-ms D]
+    python -m steps.standins model --port 8026 [--delay-ms D] [--fail-every N --fail-status 429]
+
+The first stdout line is the URL (flushed), so a script can wait for it.
+
+How the real SDK (anthropic 2.16) reacts to the injected failures
+-----------------------------------------------------------------
+Checked against ``anthropic/_error_classes.py`` and ``tests/test_standins.py``:
+
+* 429 -> ``anthropic.RateLimitError`` (``APIStatusError`` subclass, *not* a server error).
+* 529 -> ``anthropic.OverloadedError``, a subclass of ``anthropic.InternalServerError``.
+* 500 -> ``anthropic.InternalServerError`` (the fallback for any 5xx without its own class;
+  503 -> ``ServiceUnavailableError``, also an ``InternalServerError`` subclass).
+* 400 -> ``anthropic.BadRequestError``.
+* Nothing listening -> ``anthropic.APIConnectionError``; timeout -> ``anthropic.APITimeoutError``
+  (subclass of ``APIConnectionError``).
+
+All status errors are ``anthropic.APIStatusError`` with ``exc.status_code``,
+``exc.request_id`` (our ``request-id`` header), ``exc.type`` (``error.type`` from the body,
+e.g. ``"rate_limit_error"``) and ``exc.response``.  Read retry-after with
+``exc.response.headers.get("retry-after")`` (a string, here ``"0"``).  Note that
+``exc.response`` is an ``httpx2.Response`` -- SDK 2.16 vendors its own ``httpx2`` package --
+so don't ``isinstance``-check it against ``httpx.Response``.
+
+Retry behaviour: the SDK retries 408/409/429/5xx itself (``max_retries`` default 2, backoff
+0.5 s doubling to 8 s with jitter; a ``retry-after`` <= 0 is ignored in favour of that
+backoff).  cairn does its own retrying, so build clients with ``max_retries=0`` in tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Self
+
+__all__ = ["MailServer", "ModelServer", "main"]
+
+# Anthropic's documented error types, keyed by HTTP status.
+_ANTHROPIC_ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+
+_REPLY_LINE = re.compile(r"^[ \t]*REPLY: ?(.*?)\r?$", re.MULTILINE)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """Reads the whole request, hands it to the owning stand-in, writes its answer."""
+
+    # HTTP/1.1 so the SDK's connection pool can keep connections alive; every answer
+    # carries Content-Length, and the body is always read so the stream stays in sync.
+    protocol_version = "HTTP/1.1"
+    # Idle keep-alive connections must not pin a thread forever.
+    timeout = 60
+    server_version = "cairn-standin/1"
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body go out as separate writes; without TCP_NODELAY, Nagle plus the
+        # client's delayed ACK adds ~40 ms to every request on loopback.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def _dispatch(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length > 0 else b""
+        standin: _StandIn = self.server.standin  # type: ignore[attr-defined]
+        status, payload, headers = standin._handle(
+            self.command, self.path.split("?", 1)[0], dict(self.headers.items()), raw
+        )
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _dispatch
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.server.standin.verbose:  # type: ignore[attr-defined]
+            super().log_message(format, *args)
+
+
+class _Server(ThreadingHTTPServer):
+    """ThreadingHTTPServer that stays quiet when a client hangs up mid-answer."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Clients that time out or get killed mid-request are the point of delay_ms;
+        # a traceback per dropped connection would only be noise.
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)
+
+
+class _StandIn:
+    """Thread/lifecycle plumbing shared by both servers."""
+
+    name = "standin"
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, delay_ms: int = 0,
+                 verbose: bool = False) -> None:
+        self.host = host
+        self.port = port
+        # Plain attribute, read on every request, so a test may change it while running.
+        self.delay_ms = delay_ms
+        self.verbose = verbose
+        self._lock = threading.Lock()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> Self:
+        """Bind and serve in a daemon thread; returns self."""
+        if self._httpd is not None:
+            return self
+        httpd = _Server((self.host, self.port), _Handler)
+        httpd.standin = self  # type: ignore[attr-defined]
+        # Remember the port so a stop()/start() cycle (simulated outage) comes back on
+        # the same URL even when port=0 picked an ephemeral one.
+        self.port = httpd.server_address[1]
+        self._httpd = httpd
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
+            name=f"{self.name}-{self.port}", daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the listening socket (state is kept)."""
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        httpd.shutdown()
+        httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:54321`` (only once started)."""
+        if self._httpd is None:
+            raise RuntimeError(f"{type(self).__name__} is not running; call start() first")
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _sleep(self) -> None:
+        if self.delay_ms > 0:
+            time.sleep(self.delay_ms / 1000)
+
+    def _handle(self, method: str, path: str, headers: dict[str, str],
+                raw: bytes) -> tuple[int, Any, dict[str, str]]:
+        raise NotImplementedError
+
+
+def _parse_json_object(raw: bytes) -> dict[str, Any] | None:
+    """The body as a JSON object, or None if it is not one."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# ---------------------------------------------------------------------------------------
+# Mail
+# ---------------------------------------------------------------------------------------
+
+
+class MailServer(_StandIn):
+    """Mail API stand-in: counts attempts, deliveries and duplicate deliveries per ``ref``.
+
+    ``delay_ms`` sleeps *after* the delivery is recorded and before the answer is sent:
+    that is the interesting crash window (the email went out, the sender never heard),
+    which only an idempotency key can make safe on retry.
+    """
+
+    name = "mail"
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, delay_ms: int = 0,
+                 verbose: bool = False) -> None:
+        super().__init__(host, port, delay_ms=delay_ms, verbose=verbose)
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self._attempts = 0
+        self._deduplicated = 0
+        self._keys: dict[str, str] = {}  # Idempotency-Key -> message id
+        self._messages: list[dict[str, Any]] = []
+        self._by_ref: dict[str, int] = {}
+
+    def stats(self) -> dict[str, Any]:
+        """Same dict as ``GET /v1/stats``."""
+        with self._lock:
+            by_ref = dict(self._by_ref)
+            return {
+                "attempts": self._attempts,
+                "deliveries": len(self._messages),
+                "deduplicated": self._deduplicated,
+                "duplicate_deliveries": sum(max(0, n - 1) for n in by_ref.values()),
+                "by_ref": by_ref,
+            }
+
+    def messages(self) -> list[dict[str, Any]]:
+        """Delivered messages in order (id, to, subject, body, ref, idempotency_key)."""
+        with self._lock:
+            return [dict(m) for m in self._messages]
+
+    def reset(self) -> None:
+        """Forget everything (same as ``POST /v1/reset``)."""
+        with self._lock:
+            self._reset_state()
+
+    def _handle(self, method: str, path: str, headers: dict[str, str],
+                raw: bytes) -> tuple[int, Any, dict[str, str]]:
+        if method == "POST" and path == "/v1/send":
+            return self._send(headers, raw)
+        if method == "GET" and path == "/v1/stats":
+            return 200, self.stats(), {}
+        if method == "POST" and path == "/v1/reset":
+            self.reset()
+            return 200, {"ok": True}, {}
+        return 404, _mail_error("not_found", f"no route {method} {path}"), {}
+
+    def _send(self, headers: dict[str, str], raw: bytes) -> tuple[int, Any, dict[str, str]]:
+        # Header names arrive as sent; match case-insensitively like any HTTP server.
+        key = next((v for k, v in headers.items() if k.lower() == "idempotency-key"), "")
+        key = key.strip()
+        data = _parse_json_object(raw)
+        with self._lock:
+            self._attempts += 1  # every POST counts, even a rejected one
+            if data is None:
+                return 400, _mail_error("invalid_request", "body must be a JSON object"), {}
+            to = data.get("to")
+            if not isinstance(to, str) or not to:
+                return 400, _mail_error("invalid_request", "'to' is required"), {}
+            # Check-and-record under one lock so concurrent retries with one key deliver once.
+            if key and key in self._keys:
+                self._deduplicated += 1
+                result = {"id": self._keys[key], "deduplicated": True}
+            else:
+                msg_id = f"msg_{len(self._messages) + 1}"
+                ref = data.get("ref")
+                self._messages.append({
+                    "id": msg_id, "to": to, "subject": data.get("subject"),
+                    "body": data.get("body"), "ref": ref, "idempotency_key": key or None,
+                })
+                # A message without a ref is delivered but not part of duplicate counting.
+                if isinstance(ref, str) and ref:
+                    self._by_ref[ref] = self._by_ref.get(ref, 0) + 1
+                if key:
+                    self._keys[key] = msg_id
+                result = {"id": msg_id, "deduplicated": False}
+        self._sleep()
+        return 200, result, {}
+
+
+def _mail_error(kind: str, message: str) -> dict[str, Any]:
+    return {"error": {"type": kind, "message": message}}
+
+
+# ---------------------------------------------------------------------------------------
+# Model (Anthropic Messages API)
+# ---------------------------------------------------------------------------------------
+
+
+def _anthropic_error(status: int, message: str) -> dict[str, Any]:
+    return {"type": "error",
+            "error": {"type": _ANTHROPIC_ERROR_TYPES.get(status, "api_error"),
+                      "message": message}}
+
+
+def _text_of(content: Any) -> str:
+    """Text of a message's content: a string, or the text blocks of a block list."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            b["text"] for b in content
+            if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+        )
+    return ""
+
+
+def reply_for(text: str) -> str:
+    """Deterministic reply: ``REPLY: x`` line, else VALIDATE, else SUMMARIZE, else ack."""
+    m = _REPLY_LINE.search(text)
+    if m:
+        return m.group(1)
+    if "VALIDATE" in text:
+        return "INVALID" if "INVALID" in text else "VALID"
+    if "SUMMARIZE" in text:
+        return "Summary: " + text[:300]
+    return "ack: " + text[:80]
+
+
+def _validate_messages_body(data: dict[str, Any] | None) -> str | None:
+    """An error message if the body is not a usable Messages request, else None."""
+    if data is None:
+        return "request body must be a JSON object"
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        return "model: field required"
+    max_tokens = data.get("max_tokens")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        return "max_tokens: must be a positive integer"
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "messages: must be a non-empty list"
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
+            return f"messages.{i}.role: must be 'user' or 'assistant'"
+        if not isinstance(msg.get("content"), (str, list)):
+            return f"messages.{i}.content: must be a string or a list of blocks"
+    if data.get("stream"):
+        # Streaming is a different wire format; fail loudly rather than half-emulate it.
+        return "stream: not supported by the local stand-in"
+    return None
+
+
+class ModelServer(_StandIn):
+    """Anthropic Messages API stand-in with deterministic replies and failure injection.
+
+    ``fail_every=N`` fails requests N, 2N, 3N, ... with ``fail_status``; ``POST /_control``
+    (or :meth:`control`) queues the next k failures.  Injected failures win over
+    validation, like a real overloaded front end that never looks at the body.
+    """
+
+    name = "model"
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, delay_ms: int = 0,
+                 fail_every: int = 0, fail_status: int = 429, verbose: bool = False) -> None:
+        super().__init__(host, port, delay_ms=delay_ms, verbose=verbose)
+        _check_status(fail_status)
+        self.fail_every = fail_every
+        self.fail_status = fail_status
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self._requests = 0
+        self._failures = 0
+        self._served = 0
+        self._fail_next = 0
+        self._fail_next_status = 429
+        self._received: list[dict[str, Any]] = []
+
+    def stats(self) -> dict[str, Any]:
+        """Same dict as ``GET /_stats``."""
+        with self._lock:
+            return {"requests": self._requests, "failures": self._failures}
+
+    def received(self) -> list[dict[str, Any]]:
+        """Bodies of the requests seen so far (JSON objects only), oldest first."""
+        with self._lock:
+            return list(self._received)
+
+    def control(self, *, fail_next: int | None = None, status: int | None = None,
+                fail_every: int | None = None, fail_status: int | None = None,
+                delay_ms: int | None = None, reset: bool = False) -> None:
+        """Change failure injection at run time (same fields as ``POST /_control``)."""
+        for s in (status, fail_status):
+            if s is not None:
+                _check_status(s)
+        with self._lock:
+            if reset:
+                self._reset_state()
+            if fail_next is not None:
+                self._fail_next = max(0, int(fail_next))
+                self._fail_next_status = status if status is not None else 429
+            if fail_every is not None:
+                self.fail_every = max(0, int(fail_every))
+            if fail_status is not None:
+                self.fail_status = fail_status
+            if delay_ms is not None:
+                self.delay_ms = max(0, int(delay_ms))
+
+    def _handle(self, method: str, path: str, headers: dict[str, str],
+                raw: bytes) -> tuple[int, Any, dict[str, str]]:
+        if method == "POST" and path == "/v1/messages":
+            return self._messages(raw)
+        if method == "GET" and path == "/_stats":
+            return 200, self.stats(), {"request-id": "req_local_stats"}
+        if method == "POST" and path == "/_control":
+            return self._control(raw)
+        return (404, _anthropic_error(404, f"no route {method} {path}"),
+                {"request-id": "req_local_404"})
+
+    def _control(self, raw: bytes) -> tuple[int, Any, dict[str, str]]:
+        data = _parse_json_object(raw)
+        hdrs = {"request-id": "req_local_control"}
+        if data is None:
+            return 400, _anthropic_error(400, "body must be a JSON object"), hdrs
+        known = {"fail_next", "status", "fail_every", "fail_status", "delay_ms", "reset"}
+        unknown = set(data) - known
+        if unknown:
+            return 400, _anthropic_error(400, f"unknown control fields: {sorted(unknown)}"), hdrs
+        try:
+            self.control(**data)
+        except (TypeError, ValueError) as exc:
+            return 400, _anthropic_error(400, str(exc)), hdrs
+        with self._lock:
+            state = {"fail_next": self._fail_next, "status": self._fail_next_status,
+                     "fail_every": self.fail_every, "fail_status": self.fail_status,
+                     "delay_ms": self.delay_ms}
+        return 200, state, hdrs
+
+    def _messages(self, raw: bytes) -> tuple[int, Any, dict[str, str]]:
+        data = _parse_json_object(raw)
+        with self._lock:
+            self._requests += 1
+            n = self._requests
+            if data is not None:
+                self._received.append(data)
+            fail_status: int | None = None
+            if self._fail_next > 0:
+                self._fail_next -= 1
+                fail_status = self._fail_next_status
+            elif self.fail_every > 0 and n % self.fail_every == 0:
+                fail_status = self.fail_status
+            if fail_status is not None:
+                self._failures += 1
+        headers = {"request-id": f"req_local_{n}"}
+        self._sleep()
+        if fail_status is not None:
+            if fail_status == 429:
+                headers["retry-after"] = "0"
+            return fail_status, _anthropic_error(fail_status, _FAIL_MESSAGES[fail_status]), headers
+
+        problem = _validate_messages_body(data)
+        if problem is not None:
+            return 400, _anthropic_error(400, problem), headers
+        assert data is not None
+        last_user = next((m for m in reversed(data["messages"]) if m.get("role") == "user"), None)
+        reply = reply_for(_text_of(last_user["content"]) if last_user else "")
+        prompt = json.dumps({"system": data.get("system"), "messages": data["messages"]})
+        with self._lock:
+            self._served += 1
+            msg_no = self._served
+        return 200, {
+            "id": f"msg_local_{msg_no}",
+            "type": "message",
+            "role": "assistant",
+            "model": data["model"],
+            "content": [{"type": "text", "text": reply}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": max(1, len(prompt) // 4),
+                "output_tokens": max(1, len(reply) // 4),
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
+        }, headers
+
+
+_FAIL_MESSAGES: dict[int, str] = {
+    400: "Injected invalid request.",
+    401: "Injected authentication failure.",
+    403: "Injected permission failure.",
+    404: "Injected not found.",
+    413: "Injected request too large.",
+    429: "Number of requests has exceeded your rate limit (injected by stand-in).",
+    500: "Internal server error (injected by stand-in).",
+    529: "Overloaded (injected by stand-in).",
+}
+
+
+def _check_status(status: Any) -> None:
+    if isinstance(status, bool) or not isinstance(status, int) or status not in _FAIL_MESSAGES:
+        raise ValueError(f"status must be one of {sorted(_FAIL_MESSAGES)}, got {status!r}")
+
+
+# ---------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one stand-in in the foreground until SIGINT/SIGTERM."""
+    parser = argparse.ArgumentParser(prog="python -m steps.standins",
+                                     description="Run a cairn loopback stand-in.")
+    sub = parser.add_subparsers(dest="which", required=True)
+    for which in ("mail", "model"):
+        p = sub.add_parser(which, help=f"run the {which} stand-in")
+        p.add_argument("--host", default="127.0.0.1")
+        p.add_argument("--port", type=int, default=0, help="0 picks a free port")
+        p.add_argument("--delay-ms", type=int, default=0)
+        p.add_argument("--quiet", action="store_true", help="don't log requests to stderr")
+        if which == "model":
+            p.add_argument("--fail-every", type=int, default=0)
+            p.add_argument("--fail-status", type=int, default=429, choices=[429, 500, 529])
+    args = parser.parse_args(argv)
+
+    server: _StandIn
+    if args.which == "mail":
+        server = MailServer(args.host, args.port, delay_ms=args.delay_ms, verbose=not args.quiet)
+    else:
+        server = ModelServer(args.host, args.port, delay_ms=args.delay_ms,
+                             fail_every=args.fail_every, fail_status=args.fail_status,
+                             verbose=not args.quiet)
+
+    stop = threading.Event()
+    # SIGTERM (docker stop, kill) should close the socket as cleanly as Ctrl-C does.
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    server.start()
+    print(server.url, flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

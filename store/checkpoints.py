@@ -1,0 +1,236 @@
+"""The Postgres checkpoint store: load, claim, the seq/epoch-guarded save, the ledger."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any, Literal, Protocol, TypedDict
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from store.db import Database, translated
+from store.errors import CorruptCheckpoint, IncompatibleCheckpoint, StaleWrite, UnknownRun
+from store.sql import QUERIES
+
+# Bump when the persisted shape changes; a checkpoint of another version is refused.
+CHECKPOINT_VERSION = 1
+
+Status = Literal["pending", "running", "done", "failed"]
+TERMINAL: frozenset[str] = frozenset({"done", "failed"})
+
+
+class Message(TypedDict, total=False):
+    """One Anthropic MessageParam, stored as given."""
+
+    role: str
+    content: Any
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Checkpoint:
+    """The smallest thing from which a run can continue."""
+
+    run_id: str
+    workflow: str
+    input: dict[str, Any]
+    seq: int  # bumps on every save; the guard compares it
+    cursor: str  # the step that comes next; "done" ends
+    state: dict[str, Any]  # accumulated results
+    visits: dict[str, int]  # saved visits per cursor: half of the idempotency key
+    window: tuple[Message, ...]  # exactly what the model saw
+    win_start: int  # index of window[0] in window_messages
+    cost_usd: float
+    version: int = CHECKPOINT_VERSION
+    status: Status = "pending"
+    error: str | None = None
+    epoch: int = 0  # fencing epoch of the lease that wrote it
+    resumes: int = 0
+    updated_at: dt.datetime | None = None
+
+    @property
+    def win_end(self) -> int:
+        return self.win_start + len(self.window)
+
+
+class CheckpointStore(Protocol):
+    def load(self, run_id: str) -> Checkpoint | None: ...
+    def claim(self, run_id: str, epoch: int) -> bool: ...
+    def save(
+        self, cp: Checkpoint, previous: Checkpoint, conn: psycopg.Connection[Any] | None = None
+    ) -> None: ...
+    def mark_failed(self, cp: Checkpoint, error: str) -> bool: ...
+
+
+def appended(previous: Checkpoint, cp: Checkpoint) -> tuple[int, list[Message]]:
+    """What a save must write of the window: (first index, new messages).
+
+    A window that extends the previous one writes only its new tail; any other (compacted,
+    rewritten) is written whole as a fresh range after the old one. Either way the bytes
+    written track what changed, not the run's length.
+    """
+    old, new = previous.window, cp.window
+    if cp.win_start == previous.win_start:
+        return previous.win_end, list(new[len(old) :])
+    return cp.win_start, list(new)
+
+
+def _checkpoint(row: dict[str, Any]) -> Checkpoint:
+    if row["version"] != CHECKPOINT_VERSION:
+        raise IncompatibleCheckpoint(row["run_id"], row["version"], CHECKPOINT_VERSION)
+    for field, kind in (("state", dict), ("visits", dict), ("window", list), ("input", dict)):
+        if not isinstance(row[field], kind):
+            raise CorruptCheckpoint(
+                f"run {row['run_id']}: stored {field} is {type(row[field]).__name__}, "
+                f"expected {kind.__name__}; refusing to resume"
+            )
+    if len(row["window"]) != row["win_end"] - row["win_start"]:
+        raise CorruptCheckpoint(
+            f"run {row['run_id']}: window rows {row['win_start']}..{row['win_end']} incomplete"
+        )
+    return Checkpoint(
+        run_id=row["run_id"],
+        workflow=row["workflow"],
+        input=row["input"],
+        seq=row["seq"],
+        cursor=row["cursor"],
+        state=row["state"],
+        visits=row["visits"],
+        window=tuple(row["window"]),
+        win_start=row["win_start"],
+        cost_usd=row["cost_usd"],
+        version=row["version"],
+        status=row["status"],
+        error=row["error"],
+        epoch=row["epoch"],
+        resumes=row["resumes"],
+        updated_at=row["updated_at"],
+    )
+
+
+class PgStore:
+    """CheckpointStore, Ledger and run queries on one Database."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    # -- runs ------------------------------------------------------------------------
+    def create_run(self, run_id: str, workflow: str, input: dict[str, Any], cursor: str) -> bool:
+        """Insert a run at seq 0; False if it existed (a failed one is re-armed)."""
+        params = {
+            "run_id": run_id,
+            "workflow": workflow,
+            "input": Jsonb(input),
+            "cursor": cursor,
+            "state": Jsonb({}),
+            "version": CHECKPOINT_VERSION,
+        }
+        if self.db.one("create_run", params):
+            return True
+        self.db.one("rearm_failed", {"run_id": run_id})
+        return False
+
+    def load_row(self, run_id: str) -> dict[str, Any] | None:
+        return self.db.one("load", {"run_id": run_id})
+
+    def load(self, run_id: str) -> Checkpoint | None:
+        row = self.load_row(run_id)
+        return _checkpoint(row) if row else None
+
+    def require(self, run_id: str) -> Checkpoint:
+        cp = self.load(run_id)
+        if cp is None:
+            raise UnknownRun(f"no run {run_id!r}")
+        return cp
+
+    def claim(self, run_id: str, epoch: int) -> bool:
+        return self.db.one("claim", {"run_id": run_id, "epoch": epoch}) is not None
+
+    # -- the per-step write ----------------------------------------------------------
+    def save(
+        self, cp: Checkpoint, previous: Checkpoint, conn: psycopg.Connection[Any] | None = None
+    ) -> None:
+        """Write cp (and the window's new messages) if it is newer; else raise StaleWrite.
+
+        With conn, the save runs inside that connection's open transaction and commits it,
+        so the step's own Postgres writes land with the checkpoint or not at all.
+        """
+        first_idx, messages = appended(previous, cp)
+        params = {
+            "run_id": cp.run_id,
+            "seq": cp.seq,
+            "cursor": cp.cursor,
+            "state": Jsonb(cp.state),
+            "visits": Jsonb(cp.visits),
+            "win_start": cp.win_start,
+            "win_end": cp.win_end,
+            "cost_usd": cp.cost_usd,
+            "version": cp.version,
+            "status": cp.status,
+            "error": cp.error,
+            "epoch": cp.epoch,
+            "resumes": cp.resumes,
+            "first_idx": first_idx,
+            "messages": Jsonb(messages),
+        }
+        if conn is not None:
+            with translated():
+                applied = conn.execute(QUERIES["save"], params).fetchone() is not None
+                if applied:
+                    conn.commit()
+                else:
+                    conn.rollback()
+            if not applied:
+                raise StaleWrite(cp.run_id, cp.seq, cp.epoch)
+            return
+
+        def attempt() -> bool:
+            with self.db.connection() as c:
+                return c.execute(QUERIES["save"], params).fetchone() is not None
+
+        if self.db.retry(attempt):
+            return
+        # A retried save whose first try committed before the link dropped finds its own
+        # row: that is success, not a lost run.
+        now = self.db.one("position", {"run_id": cp.run_id})
+        if now and now["seq"] == cp.seq and now["epoch"] == cp.epoch:
+            return
+        raise StaleWrite(cp.run_id, cp.seq, cp.epoch)
+
+    def mark_failed(self, cp: Checkpoint, error: str) -> bool:
+        """Record a permanent error without touching the checkpoint's data."""
+        row = self.db.one(
+            "mark_failed",
+            {"run_id": cp.run_id, "error": error[:4000], "epoch": cp.epoch, "seq": cp.seq},
+        )
+        return row is not None
+
+    def mark_failed_raw(self, run_id: str, error: str) -> bool:
+        """For a row we cannot even parse: status and error only, whatever its seq."""
+        row = self.load_row(run_id)
+        if row is None:
+            return False
+        params = {"run_id": run_id, "error": error[:4000], "epoch": row["epoch"], "seq": row["seq"]}
+        return self.db.one("mark_failed", params) is not None
+
+    # -- ledger ----------------------------------------------------------------------
+    def was_done(self, key: str) -> tuple[bool, Any]:
+        row = self.db.one("was_done", {"key": key})
+        return (True, row["result"]) if row else (False, None)
+
+    def mark_done(self, key: str, run_id: str, result: Any) -> None:
+        self.db.one("mark_done", {"key": key, "run_id": run_id, "result": Jsonb(result)})
+
+    # -- queries for the CLI, the reaper and the sweep -------------------------------
+    def list_runs(self, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        return self.db.all("list_runs", {"status": status, "limit": limit})
+
+    def counts(self) -> dict[str, dict[str, Any]]:
+        return {row["status"]: row for row in self.db.all("count_by_status")}
+
+    def stalled(self, pending_after: float) -> list[dict[str, Any]]:
+        return self.db.all("stalled", {"pending_after": pending_after})
+
+    def sweep(self, older_than: float) -> int:
+        row = self.db.one("sweep", {"older_than": older_than})
+        return int(row["n"]) if row else 0

@@ -1,0 +1,134 @@
+"""Per-run Redis leases with a heartbeat and a fencing epoch."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from importlib import resources
+from typing import Any
+
+import redis
+
+from store import keys
+from store.errors import LeaseLost, StoreUnavailable
+
+logger = logging.getLogger(__name__)
+
+
+def _script(client: redis.Redis, name: str) -> Any:
+    return client.register_script(resources.files("store").joinpath("lua", name).read_text())
+
+
+@contextlib.contextmanager
+def translated() -> Iterator[None]:
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise StoreUnavailable(f"redis unavailable: {exc}") from exc
+
+
+class Lease:
+    """A held lease. `ensure()` is called before every effect and every save.
+
+    The heartbeat thread renews it every ttl/3. `ensure()` trusts a renewal younger than
+    half the TTL and otherwise asks Redis itself: a process resumed after SIGSTOP finds
+    its last renewal old and learns it lost the run before doing anything.
+    """
+
+    def __init__(self, leases: Leases, run_id: str, token: str, epoch: int, ttl: float) -> None:
+        self._leases, self.run_id, self.token, self.epoch, self.ttl = leases, run_id, token, epoch, ttl
+        self._renewed_at = time.monotonic()
+        self._lost: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start_heartbeat(self) -> Lease:
+        self._thread = threading.Thread(
+            target=self._beat, name=f"lease-{self.run_id}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            try:
+                self.renew()
+            except LeaseLost:
+                return
+            except StoreUnavailable as exc:
+                # Keep trying; ensure() will refuse once the TTL has passed unrenewed.
+                logger.warning("run %s: lease renewal failed: %s", self.run_id, exc)
+
+    def renew(self) -> None:
+        if self._lost:
+            raise LeaseLost(self.run_id, self._lost)
+        started = time.monotonic()
+        with translated():
+            held = self._leases._renew(
+                keys=[keys.lease(self.run_id)], args=[self.token, int(self.ttl * 1000)]
+            )
+        if held != 1:
+            self._lost = f"now held by {held.decode() if held else 'nobody (expired)'}"
+            raise LeaseLost(self.run_id, self._lost)
+        self._renewed_at = started
+
+    def ensure(self) -> None:
+        """Raise LeaseLost unless this worker provably still holds the lease."""
+        if self._lost:
+            raise LeaseLost(self.run_id, self._lost)
+        age = time.monotonic() - self._renewed_at
+        if age < self.ttl / 2:
+            return
+        try:
+            self.renew()
+        except StoreUnavailable:
+            if time.monotonic() - self._renewed_at >= self.ttl:
+                self._lost = "not renewed within its TTL (redis unreachable)"
+                raise LeaseLost(self.run_id, self._lost) from None
+            # Still inside the TTL: nobody else can hold it yet.
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.ttl)
+        try:
+            with translated():
+                self._leases._release(keys=[keys.lease(self.run_id)], args=[self.token])
+        except StoreUnavailable as exc:
+            logger.warning("run %s: lease release failed (it will expire): %s", self.run_id, exc)
+
+
+class Leases:
+    """acquire(run_id, owner, ttl) -> Lease | None (None: a live owner holds it)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._acquire = _script(client, "acquire.lua")
+        self._renew = _script(client, "renew.lua")
+        self._release = _script(client, "release.lua")
+
+    @classmethod
+    def from_url(cls, url: str) -> Leases:
+        return cls(redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5))
+
+    def acquire(self, run_id: str, owner: str, ttl: float, floor: int = 0) -> Lease | None:
+        with translated():
+            epoch, token = self._acquire(
+                keys=[keys.lease(run_id), keys.epoch(run_id)],
+                args=[owner, int(ttl * 1000), floor],
+            )
+        if not epoch:
+            return None
+        return Lease(self, run_id, token.decode(), int(epoch), ttl)
+
+    def holder(self, run_id: str) -> str | None:
+        with translated():
+            value = self.client.get(keys.lease(run_id))
+        return value.decode() if value else None
+
+    def mark_reaped(self, run_id: str, window: float) -> bool:
+        with translated():
+            return bool(self.client.set(keys.reaped(run_id), 1, nx=True, px=int(window * 1000)))

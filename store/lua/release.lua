@@ -1,0 +1,8 @@
+-- Compare-and-delete: release only the lease we hold, never a successor's.
+-- KEYS[1]  cairn:lease:<run_id>
+-- ARGV[1]  our token "<owner>|<epoch>"
+-- Returns 1 if deleted, 0 otherwise.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0

@@ -1,0 +1,38 @@
+"""Loads named SQL blocks from store/sql/queries.sql (procrastinate's layout).
+
+A block starts with `-- name: <name>` followed by a description comment; the query
+runs to the next block.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+_BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+def _parse(text: str) -> dict[str, str]:
+    parts = _BLOCK.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
+        queries[name] = "\n".join(lines).strip().rstrip(";")
+    return queries
+
+
+def sql_text(name: str) -> str:
+    return resources.files("store").joinpath("sql", name).read_text()
+
+
+QUERIES = _parse(sql_text("queries.sql"))
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(version, name, sql) for every numbered migration, in order."""
+    found = []
+    for entry in resources.files("store").joinpath("sql", "migrations").iterdir():
+        m = re.match(r"^(\d{4})_(\w+)\.sql$", entry.name)
+        if m:
+            found.append((int(m.group(1)), m.group(2), entry.read_text()))
+    return sorted(found)

@@ -1,0 +1,112 @@
+-- name: create_run
+-- Enqueue: the run and its initial checkpoint (seq 0). An existing run is left as is,
+-- so enqueueing a known run id resumes it and never starts it over.
+WITH new_run AS (
+    INSERT INTO runs (run_id, workflow, input)
+    VALUES (%(run_id)s, %(workflow)s, %(input)s)
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING run_id
+)
+INSERT INTO checkpoints (run_id, seq, cursor, state, version, status)
+SELECT run_id, 0, %(cursor)s, %(state)s, %(version)s, 'pending' FROM new_run
+RETURNING run_id;
+
+-- name: rearm_failed
+-- Enqueueing a failed run again resumes it at its cursor (after the cause is fixed).
+UPDATE checkpoints SET status = 'pending', error = NULL, updated_at = now()
+WHERE run_id = %(run_id)s AND status = 'failed'
+RETURNING run_id;
+
+-- name: load
+-- The checkpoint with its live model window, in one round trip.
+SELECT c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_start,
+       c.win_end, c.cost_usd, c.version, c.status, c.error, c.epoch, c.resumes, c.updated_at,
+       (SELECT coalesce(jsonb_agg(w.message ORDER BY w.idx), '[]'::jsonb)
+          FROM window_messages w
+         WHERE w.run_id = c.run_id AND w.idx >= c.win_start AND w.idx < c.win_end) AS window
+  FROM checkpoints c JOIN runs r USING (run_id)
+ WHERE c.run_id = %(run_id)s;
+
+-- name: claim
+-- Fence: raise the stored epoch to the new lease's, so a zombie holding an older lease
+-- can no longer save even before the new owner's first step ends.
+UPDATE checkpoints SET epoch = %(epoch)s
+WHERE run_id = %(run_id)s AND epoch < %(epoch)s
+RETURNING run_id;
+
+-- name: save
+-- The per-step write: one statement, one round trip. The guard is the point: an older
+-- writer (lower seq) or a fenced one (older epoch) changes nothing, and then neither
+-- do its window messages, since they join on the row the upsert returned.
+WITH saved AS (
+    INSERT INTO checkpoints AS c (run_id, seq, cursor, state, visits, win_start, win_end,
+                                  cost_usd, version, status, error, epoch, resumes, updated_at)
+    VALUES (%(run_id)s, %(seq)s, %(cursor)s, %(state)s, %(visits)s, %(win_start)s, %(win_end)s,
+            %(cost_usd)s, %(version)s, %(status)s, %(error)s, %(epoch)s, %(resumes)s, now())
+    ON CONFLICT (run_id) DO UPDATE
+       SET seq = EXCLUDED.seq, cursor = EXCLUDED.cursor, state = EXCLUDED.state,
+           visits = EXCLUDED.visits, win_start = EXCLUDED.win_start, win_end = EXCLUDED.win_end,
+           cost_usd = EXCLUDED.cost_usd, version = EXCLUDED.version, status = EXCLUDED.status,
+           error = EXCLUDED.error, epoch = EXCLUDED.epoch, resumes = EXCLUDED.resumes,
+           updated_at = now()
+     WHERE c.seq < EXCLUDED.seq AND c.epoch <= EXCLUDED.epoch
+    RETURNING c.run_id
+), appended AS (
+    INSERT INTO window_messages (run_id, idx, message)
+    SELECT saved.run_id, %(first_idx)s + m.ord - 1, m.msg
+      FROM saved, jsonb_array_elements(%(messages)s) WITH ORDINALITY AS m (msg, ord)
+    ON CONFLICT (run_id, idx) DO UPDATE SET message = EXCLUDED.message
+)
+SELECT run_id FROM saved;
+
+-- name: position
+-- After an ambiguous save (connection lost around COMMIT): did our write land?
+SELECT seq, epoch FROM checkpoints WHERE run_id = %(run_id)s;
+
+-- name: mark_failed
+-- A permanent error: keep the checkpoint as it is, record why. Fenced like a save.
+UPDATE checkpoints SET status = 'failed', error = %(error)s, updated_at = now()
+WHERE run_id = %(run_id)s AND epoch <= %(epoch)s AND seq = %(seq)s AND status <> 'done'
+RETURNING run_id;
+
+-- name: was_done
+SELECT result FROM effects WHERE key = %(key)s;
+
+-- name: mark_done
+INSERT INTO effects (key, run_id, result) VALUES (%(key)s, %(run_id)s, %(result)s)
+ON CONFLICT (key) DO NOTHING
+RETURNING key;
+
+-- name: list_runs
+SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
+       c.updated_at
+  FROM checkpoints c JOIN runs r USING (run_id)
+ WHERE %(status)s::text IS NULL OR c.status = %(status)s
+ ORDER BY r.created_at DESC, c.run_id
+ LIMIT %(limit)s;
+
+-- name: count_by_status
+SELECT status, count(*) AS n, coalesce(sum(resumes), 0) AS resumes,
+       coalesce(sum(cost_usd), 0) AS cost_usd
+  FROM checkpoints GROUP BY status;
+
+-- name: stalled
+-- Reaper candidates: running runs (their lease is checked in Redis), and pending runs
+-- that waited longer than any queue should (their message may sit with a dead worker).
+SELECT run_id, status FROM checkpoints
+ WHERE status = 'running'
+    OR (status = 'pending' AND updated_at < now() - make_interval(secs => %(pending_after)s));
+
+-- name: sweep
+-- Retention: terminal runs older than the horizon go, with their window and ledger rows.
+WITH gone AS (
+    DELETE FROM runs r USING checkpoints c
+     WHERE r.run_id = c.run_id AND c.status IN ('done', 'failed')
+       AND c.updated_at < now() - make_interval(secs => %(older_than)s)
+    RETURNING r.run_id
+), w AS (
+    DELETE FROM window_messages m USING gone WHERE m.run_id = gone.run_id
+), e AS (
+    DELETE FROM effects f USING gone WHERE f.run_id = gone.run_id
+)
+SELECT count(*) AS n FROM gone;

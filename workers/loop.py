@@ -1,0 +1,165 @@
+"""The durable step loop: load ?? initial, one step, one guarded save, repeat."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import socket
+import traceback
+import uuid
+from typing import Any
+
+from steps import workflow as registry
+from steps.context import Context
+from steps.model import ModelClient, compact
+from steps.workflow import DONE, StepResult
+from store import (
+    TERMINAL,
+    CairnError,
+    Checkpoint,
+    CorruptCheckpoint,
+    IncompatibleCheckpoint,
+    LeaseLost,
+    Leases,
+    PgStore,
+    StaleWrite,
+    Transient,
+    UnknownRun,
+    WindowTooLarge,
+)
+from workers.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+class Deferred(CairnError):
+    """Another live worker holds the run's lease: try again later, never concurrently."""
+
+    def __init__(self, run_id: str, holder: str | None) -> None:
+        super().__init__(f"run {run_id} is held by {holder}")
+        self.holder = holder
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Deps:
+    settings: Settings
+    store: PgStore
+    leases: Leases
+    model: ModelClient | None
+
+
+def owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def run(run_id: str, deps: Deps) -> str:
+    """Drive one run to its end, or until this worker loses it. Returns the final status.
+
+    Raises Deferred (held elsewhere), Transient (retry later), LeaseLost/StaleWrite
+    (another worker has the run: stop, touch nothing).
+    """
+    store, settings = deps.store, deps.settings
+    try:
+        cp = store.load(run_id)
+    except (IncompatibleCheckpoint, CorruptCheckpoint) as exc:
+        logger.error("%s", exc)
+        store.mark_failed_raw(run_id, str(exc))
+        return "failed"
+    if cp is None:
+        raise UnknownRun(f"no run {run_id!r}: enqueue it with cairn.enqueue()")
+    if cp.status in TERMINAL:
+        # A warm shutdown or a reaper race can deliver a finished run again.
+        logger.info("run %s is already %s; nothing to do", run_id, cp.status)
+        return cp.status
+
+    lease = deps.leases.acquire(run_id, owner_id(), settings.lease_ttl, floor=cp.epoch)
+    if lease is None:
+        raise Deferred(run_id, deps.leases.holder(run_id))
+    lease.start_heartbeat()
+    try:
+        if not store.claim(run_id, lease.epoch):
+            raise StaleWrite(run_id, cp.seq, lease.epoch)
+        cp = store.require(run_id)  # the freshest row, now fenced to our epoch
+        if cp.status in TERMINAL:
+            return cp.status
+        resumed = cp.status == "running"
+        if resumed:
+            logger.warning("run %s: resuming at %r (seq %d)", run_id, cp.cursor, cp.seq)
+        cp = dataclasses.replace(
+            cp, epoch=lease.epoch, status="running", resumes=cp.resumes + int(resumed)
+        )
+        flow = registry.get(cp.workflow)
+        while cp.cursor != DONE:
+            cp = _step(cp, flow, lease, deps)
+            if cp.status == "failed":
+                return "failed"
+        return "done"
+    except CairnError as exc:
+        if isinstance(exc, (Transient, LeaseLost, StaleWrite)):
+            raise
+        logger.error("run %s failed: %s", run_id, exc)
+        store.mark_failed(cp, str(exc))
+        return "failed"
+    finally:
+        lease.release()
+
+
+def _step(cp: Checkpoint, flow: registry.Workflow, lease: Any, deps: Deps) -> Checkpoint:
+    """Run the step at cp.cursor and save its checkpoint; returns the saved checkpoint."""
+    settings, store = deps.settings, deps.store
+    fn = flow.steps.get(cp.cursor)
+    if fn is None:
+        raise CairnError(f"workflow {flow.name!r} has no step {cp.cursor!r}")
+    if cp.seq >= flow.max_steps:
+        raise CairnError(f"run {cp.run_id} passed max_steps={flow.max_steps} without finishing")
+    lease.ensure()
+    ctx = Context(cp, store=store, lease=lease, model=deps.model, config=settings)
+    try:
+        try:
+            result = fn(ctx)
+        except (Transient, LeaseLost, StaleWrite):
+            raise
+        except Exception as exc:  # a bug or a permanent refusal in the step
+            logger.error("run %s step %r raised:\n%s", cp.run_id, cp.cursor, traceback.format_exc())
+            failed = f"step {cp.cursor!r} raised {type(exc).__name__}: {exc}"
+            store.mark_failed(cp, failed)
+            return dataclasses.replace(cp, status="failed", error=failed)
+        nxt = _next(cp, flow, result, ctx, settings)
+        lease.ensure()  # last chance to stop before a write that would be fenced anyway
+        store.save(nxt, cp, conn=ctx.open_transaction)
+        return nxt
+    finally:
+        ctx.close()
+
+
+def _next(
+    cp: Checkpoint, flow: registry.Workflow, result: Any, ctx: Context, settings: Settings
+) -> Checkpoint:
+    if not isinstance(result, StepResult):
+        raise CairnError(f"step {cp.cursor!r} returned {type(result).__name__}, not StepResult")
+    if result.cursor != DONE and result.cursor not in flow.steps:
+        raise CairnError(f"step {cp.cursor!r} returned unknown cursor {result.cursor!r}")
+    window = list(cp.window) if result.window is None else list(result.window)
+    window = compact(window, settings.window_budget_tokens)
+    size = len(json.dumps(window))
+    if size > settings.max_window_bytes:
+        raise WindowTooLarge(
+            f"run {cp.run_id}: window is {size} bytes after compaction, over "
+            f"CAIRN_MAX_WINDOW_BYTES={settings.max_window_bytes}; the checkpoint was not written"
+        )
+    old = list(cp.window)
+    extends = window[: len(old)] == old
+    return dataclasses.replace(
+        cp,
+        seq=cp.seq + 1,
+        cursor=result.cursor,
+        state={**cp.state, **result.state},
+        visits={**cp.visits, cp.cursor: ctx.visit + 1},
+        window=tuple(window),
+        win_start=cp.win_start if extends else cp.win_end,
+        cost_usd=cp.cost_usd + ctx.cost_usd + result.cost_usd,
+        status="done" if result.cursor == DONE else "running",
+        error=None,
+    )

@@ -1,0 +1,70 @@
+"""One settings object, read from CAIRN_* environment variables at the edge."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+
+def _float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SystemExit(f"{name}={raw!r} is not a number") from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Settings:
+    database_url: str = "postgresql://postgres@127.0.0.1:54329/cairn"
+    redis_url: str = "redis://127.0.0.1:63790/0"
+    broker_url: str | None = None  # default: redis_url
+    workflows: tuple[str, ...] = ()
+    # A lease expires this long after its last renewal; recovery from a lost worker
+    # takes about this plus the reaper interval.
+    lease_ttl: float = 10.0
+    # Redis broker: how long an unacked message waits before redelivery. Long on purpose:
+    # shorter than a run, and Celery starts the same task twice while the first still
+    # runs. Crash recovery comes from the lease and the reaper, not from this.
+    visibility_timeout: float = 3600.0
+    reaper_interval: float = 2.0
+    pending_after: float = 300.0  # a pending run untouched this long is re-enqueued
+    defer_seconds: float = 2.0  # countdown when another live worker holds the run
+    transient_retries: int = 30  # task retries on Postgres/Redis/model outages
+    store_give_up_after: float = 30.0  # tenacity budget for one store call
+    retention: float = 7 * 24 * 3600.0  # terminal runs older than this are swept
+    window_budget_tokens: int = 50_000
+    max_window_bytes: int = 2_000_000
+    model: str = "claude-haiku-4-5"
+    anthropic_base_url: str | None = None
+    mail_url: str = "http://127.0.0.1:8025"
+
+    @property
+    def broker(self) -> str:
+        return self.broker_url or self.redis_url
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        env = os.environ
+        d = cls()
+        return cls(
+            database_url=env.get("CAIRN_DATABASE_URL", d.database_url),
+            redis_url=env.get("CAIRN_REDIS_URL", d.redis_url),
+            broker_url=env.get("CAIRN_BROKER_URL") or None,
+            workflows=tuple(m.strip() for m in env.get("CAIRN_WORKFLOWS", "").split(",") if m.strip()),
+            lease_ttl=_float("CAIRN_LEASE_TTL", d.lease_ttl),
+            visibility_timeout=_float("CAIRN_VISIBILITY_TIMEOUT", d.visibility_timeout),
+            reaper_interval=_float("CAIRN_REAPER_INTERVAL", d.reaper_interval),
+            pending_after=_float("CAIRN_PENDING_AFTER", d.pending_after),
+            defer_seconds=_float("CAIRN_DEFER_SECONDS", d.defer_seconds),
+            transient_retries=int(_float("CAIRN_TRANSIENT_RETRIES", d.transient_retries)),
+            store_give_up_after=_float("CAIRN_STORE_GIVE_UP_AFTER", d.store_give_up_after),
+            retention=_float("CAIRN_RETENTION_SECONDS", d.retention),
+            window_budget_tokens=int(_float("CAIRN_WINDOW_BUDGET_TOKENS", d.window_budget_tokens)),
+            max_window_bytes=int(_float("CAIRN_MAX_WINDOW_BYTES", d.max_window_bytes)),
+            model=env.get("CAIRN_MODEL", d.model),
+            anthropic_base_url=env.get("ANTHROPIC_BASE_URL") or None,
+            mail_url=env.get("CAIRN_MAIL_URL", d.mail_url),
+        )
