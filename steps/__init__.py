@@ -10,6 +10,6 @@
 """
 
 from steps.context import Context
-from steps.workflow import DONE, StepResult, Workflow, get, names, workflow
+from steps.registry import DONE, StepResult, Workflow, get, names, workflow
 
 __all__ = ["DONE", "Context", "StepResult", "Workflow", "get", "names", "workflow"]

@@ -13,7 +13,7 @@ import httpx
 
 from steps.context import Context
 from steps.model import text_of
-from steps.workflow import DONE, StepResult, workflow
+from steps.registry import DONE, StepResult, workflow
 from store.errors import InvalidInput, Transient
 
 

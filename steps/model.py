@@ -10,7 +10,7 @@ from typing import Any
 
 import anthropic
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_delay
-from tenacity.wait import wait_exponential_jitter
+from tenacity.wait import wait_random_exponential
 
 from store.errors import ModelUnavailable
 
@@ -55,7 +55,7 @@ def _retry_after(state: RetryCallState) -> float:
             return min(float(response.headers.get("retry-after", "")), 60.0)
         except ValueError:
             pass
-    return wait_exponential_jitter(initial=0.5, max=20.0)(state)
+    return wait_random_exponential(multiplier=0.5, max=20.0)(state)
 
 
 class ModelClient:
@@ -79,6 +79,9 @@ class ModelClient:
         )
         self.default_model = default_model
         self.give_up_after = give_up_after
+
+    def close(self) -> None:
+        self.client.close()
 
     def create(self, **request: Any) -> tuple[Any, float]:
         request.setdefault("model", self.default_model)

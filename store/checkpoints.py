@@ -184,17 +184,22 @@ class PgStore:
                 raise StaleWrite(cp.run_id, cp.seq, cp.epoch)
             return
 
+        tries = 0
+
         def attempt() -> bool:
+            nonlocal tries
+            tries += 1
             with self.db.connection() as c:
                 return c.execute(QUERIES["save"], params).fetchone() is not None
 
         if self.db.retry(attempt):
             return
-        # A retried save whose first try committed before the link dropped finds its own
-        # row: that is success, not a lost run.
-        now = self.db.one("position", {"run_id": cp.run_id})
-        if now and now["seq"] == cp.seq and now["epoch"] == cp.epoch:
-            return
+        if tries > 1:
+            # A retried save whose first try committed before the link dropped finds its
+            # own row (same seq, same epoch: same writer): success, not a lost run.
+            now = self.db.one("position", {"run_id": cp.run_id})
+            if now and now["seq"] == cp.seq and now["epoch"] == cp.epoch:
+                return
         raise StaleWrite(cp.run_id, cp.seq, cp.epoch)
 
     def mark_failed(self, cp: Checkpoint, error: str) -> bool:

@@ -15,7 +15,7 @@ from tenacity import (
     before_sleep_log,
     retry_if_exception_type,
     stop_after_delay,
-    wait_exponential_jitter,
+    wait_random_exponential,
 )
 
 from store.errors import StoreUnavailable
@@ -40,7 +40,7 @@ def retrying(give_up_after: float) -> Retrying:
     """Backoff for StoreUnavailable: a restarted server is waited for, then we fail clearly."""
     return Retrying(
         retry=retry_if_exception_type(StoreUnavailable),
-        wait=wait_exponential_jitter(initial=0.1, max=3.0),
+        wait=wait_random_exponential(multiplier=0.2, max=3.0),
         stop=stop_after_delay(give_up_after),
         before_sleep=before_sleep_log(logger, logging.WARNING),
         reraise=True,

@@ -8,7 +8,7 @@ import threading
 
 from celery import Celery
 
-from steps import workflow as registry
+from steps import registry
 from steps.model import ModelClient
 from store import Database, Leases, LeaseLost, PgStore, StaleWrite, Transient
 from workers import loop

@@ -6,7 +6,7 @@ import functools
 import uuid
 from typing import Any
 
-from steps import workflow as registry
+from steps import registry
 from store import Database, PgStore
 from workers.app import run_task, settings
 

@@ -11,10 +11,10 @@ import traceback
 import uuid
 from typing import Any
 
-from steps import workflow as registry
+from steps import registry
 from steps.context import Context
 from steps.model import ModelClient, compact
-from steps.workflow import DONE, StepResult
+from steps.registry import DONE, StepResult
 from store import (
     TERMINAL,
     CairnError,

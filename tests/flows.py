@@ -1,0 +1,135 @@
+"""Workflows used by the tests, plugged into workers with CAIRN_WORKFLOWS=tests.flows.
+
+`probe` logs every step attempt to a file and can sleep before or after each step's
+effect, so a test can SIGKILL or SIGSTOP a worker at a chosen boundary.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import httpx
+
+from steps import Context, StepResult, workflow
+from steps.model import text_of
+
+probe = workflow("probe")
+
+
+def _log(ctx: Context, event: str) -> None:
+    with open(ctx.input["log"], "a") as f:
+        f.write(f"{ctx.cursor} {ctx.visit} {os.getpid()} {event}\n")
+
+
+def _pause(ctx: Context, where: str) -> None:
+    """Sleep at this boundary on the first attempt of this visit only, so the replay
+    after a kill runs straight through."""
+    seconds = ctx.input.get(where, {}).get(ctx.cursor, 0)
+    marker = f"{ctx.input['log']}.slept.{ctx.cursor}.{ctx.visit}.{where}"
+    if seconds and not os.path.exists(marker):
+        open(marker, "w").close()
+        _log(ctx, f"sleep-{where}")
+        time.sleep(seconds)
+
+
+def _around(ctx: Context, effect: Any) -> None:
+    _log(ctx, "start")
+    _pause(ctx, "before")
+    effect()
+    _pause(ctx, "after")
+
+
+@probe.step()
+def one(ctx: Context) -> StepResult:
+    _around(ctx, lambda: None)
+    return StepResult(cursor="two", state={"one": True})
+
+
+@probe.step()
+def two(ctx: Context) -> StepResult:
+    box: dict[str, Any] = {}
+    question = {"role": "user", "content": f"REPLY: hello {ctx.run_id}"}
+
+    def ask() -> None:
+        box["reply"] = ctx.model(messages=[*ctx.window, question], max_tokens=16)
+
+    _around(ctx, ask)
+    answer = {"role": "assistant", "content": text_of(box["reply"])}
+    return StepResult(cursor="mail", window=[*ctx.window, question, answer])
+
+
+@probe.step()
+def mail(ctx: Context) -> StepResult:
+    def send() -> None:
+        headers = {} if ctx.input.get("unkeyed") else {"Idempotency-Key": ctx.idempotency_key()}
+        httpx.post(
+            f"{ctx.config.mail_url}/v1/send",
+            json={"to": "x@example.com", "subject": "probe", "body": "", "ref": ctx.run_id},
+            headers=headers,
+            timeout=30,
+        ).raise_for_status()
+
+    _around(ctx, send)
+    return StepResult(cursor="ledger")
+
+
+@probe.step()
+def ledger(ctx: Context) -> StepResult:
+    def write() -> None:
+        ctx.db.execute(
+            "INSERT INTO invoice_ledger (idempotency_key, run_id, customer, amount_cents)"
+            " VALUES (%s, %s, 'probe', 1)",
+            (ctx.idempotency_key(), ctx.run_id),
+        )
+
+    _around(ctx, write)
+    return StepResult(cursor="once")
+
+
+@probe.step()
+def once(ctx: Context) -> StepResult:
+    def effect(key: str) -> str:
+        with open(ctx.input["log"] + ".effects", "a") as f:
+            f.write(f"{key}\n")
+        return key
+
+    _around(ctx, lambda: ctx.once(effect))
+    return StepResult(cursor="done", state={"finished": True})
+
+
+# An agent loop: one step revisits itself; every visit sends one keyed email.
+loop = workflow("loop")
+
+
+@loop.step()
+def think(ctx: Context) -> StepResult:
+    key = ctx.idempotency_key()
+    httpx.post(
+        f"{ctx.config.mail_url}/v1/send",
+        json={"to": "x@example.com", "subject": key, "body": "", "ref": key},
+        headers={"Idempotency-Key": key},
+        timeout=30,
+    ).raise_for_status()
+    n = ctx.state.get("n", 0) + 1
+    pause = ctx.input.get("sleep_after_visit", {}).get(str(n - 1), 0)
+    if pause:
+        time.sleep(pause)
+    return StepResult(cursor="done" if n >= ctx.input["visits"] else "think", state={"n": n})
+
+
+# Misbehaving steps, for the error paths.
+bad = workflow("bad")
+
+
+@bad.step()
+def boom(ctx: Context) -> StepResult:
+    if ctx.input.get("mode") == "raise":
+        raise RuntimeError("the step blew up")
+    if ctx.input.get("mode") == "two_effects":
+        ctx.idempotency_key("a")
+        ctx.idempotency_key("b")
+    if ctx.input.get("mode") == "huge_window":
+        return StepResult(cursor="done", window=[{"role": "user", "content": "x" * 50_000}] * 4)
+    return StepResult(cursor="done")

@@ -1,0 +1,163 @@
+"""Crash tests: real Celery worker processes killed with SIGKILL / SIGSTOP mid-run."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from steps.standins import MailServer
+from store import Leases, PgStore
+from tests.conftest import LEASE_TTL, holder_pid, starts, step_log, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def _sleeping(log: Path, cursor: str, where: str) -> bool:
+    return any(c == cursor and e == f"sleep-{where}" for c, _, _, e in step_log(log))
+
+
+def _done(store: PgStore, run_id: str, timeout: float = 60.0) -> None:
+    def finished() -> bool:
+        cp = store.load(run_id)
+        return cp is not None and cp.status in ("done", "failed")
+
+    wait_for(finished, timeout, f"run {run_id} to finish")
+    cp = store.load(run_id)
+    assert cp is not None and cp.status == "done", cp.error if cp else "missing"
+
+
+def _kill_holder(leases: Leases, run_id: str) -> int:
+    pid = wait_for(lambda: holder_pid(leases, run_id), 10, "a lease holder")
+    import os
+
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+@pytest.mark.parametrize("boundary", ["before", "after"])
+def test_run_resumes_at_its_cursor_after_sigkill(start_worker, create, store, leases, mail: MailServer, tmp_path, boundary) -> None:
+    log = tmp_path / "steps.log"
+    start_worker(concurrency=1)
+    run_id = create("probe", {"log": str(log), boundary: {"two": 60}})
+    wait_for(lambda: _sleeping(log, "two", boundary), 30, "step two")
+    _kill_holder(leases, run_id)  # the pool child; the broker redelivers the message
+    _done(store, run_id)
+    assert starts(log) == ["one", "two", "two", "mail", "ledger", "once"]
+    cp = store.load(run_id)
+    assert cp is not None and cp.resumes == 1 and cp.seq == 5
+    assert mail.stats()["deliveries"] == 1
+
+
+@pytest.mark.parametrize(("keyed", "deliveries"), [(True, 1), (False, 2)])
+def test_email_step_killed_after_sending_delivers_once(start_worker, create, store, leases, mail: MailServer, tmp_path, keyed, deliveries) -> None:
+    log = tmp_path / "steps.log"
+    start_worker(concurrency=1)
+    run_id = create("probe", {"log": str(log), "after": {"mail": 60}, "unkeyed": not keyed})
+    wait_for(lambda: _sleeping(log, "mail", "after"), 30, "the email to be sent")
+    _kill_holder(leases, run_id)
+    _done(store, run_id)
+    stats = mail.stats()
+    assert stats["attempts"] == 2
+    # Keyed: the replay reuses the key and the mail API dedupes it. Unkeyed (the bug this
+    # guards against): the customer gets two emails.
+    assert stats["deliveries"] == deliveries
+    assert stats["duplicate_deliveries"] == deliveries - 1
+
+
+def test_ledger_keeps_an_effect_without_idempotency_from_repeating(start_worker, create, store, leases, tmp_path) -> None:
+    log = tmp_path / "steps.log"
+    start_worker(concurrency=1)
+    run_id = create("probe", {"log": str(log), "after": {"once": 60}})
+    wait_for(lambda: _sleeping(log, "once", "after"), 30, "the once effect")
+    _kill_holder(leases, run_id)
+    _done(store, run_id)
+    assert starts(log).count("once") == 2
+    assert (tmp_path / "steps.log.effects").read_text().splitlines() == [f"cairn:{run_id}:once:0"]
+
+
+def test_kill_between_the_effects_write_and_commit_leaves_neither(start_worker, create, store, sql, send, tmp_path) -> None:
+    log = tmp_path / "steps.log"
+    w = start_worker(concurrency=1)
+    run_id = create("probe", {"log": str(log), "after": {"ledger": 60}})
+    wait_for(lambda: _sleeping(log, "ledger", "after"), 30, "the ledger write")
+    w.kill()  # the whole worker: nothing redelivers until we say so
+    time.sleep(0.5)
+    assert sql("SELECT count(*) FROM invoice_ledger") == [(0,)]
+    cp = store.load(run_id)
+    assert cp is not None and (cp.cursor, cp.seq) == ("ledger", 3)
+    start_worker(concurrency=1)
+    send(run_id)  # what the reaper (or enqueueing the run id again) does
+    _done(store, run_id)
+    assert sql("SELECT idempotency_key FROM invoice_ledger") == [(f"cairn:{run_id}:ledger:0",)]
+
+
+def test_zombie_after_sigstop_writes_nothing_and_sends_nothing(start_worker, start_beat, create, store, leases, mail: MailServer, tmp_path) -> None:
+    log = tmp_path / "steps.log"
+    a = start_worker(concurrency=1)
+    run_id = create("probe", {"log": str(log), "before": {"two": 2 * LEASE_TTL + 2}})
+    wait_for(lambda: _sleeping(log, "two", "before"), 30, "step two")
+    zombie = holder_pid(leases, run_id)
+    a.signal_all(signal.SIGSTOP)  # a partition: the process lives but says nothing
+    start_worker(concurrency=1)
+    start_beat()  # the reaper notices the expired lease and re-enqueues the run
+    _done(store, run_id, timeout=LEASE_TTL + 30)
+    finished = store.load(run_id)
+    lines_before = log.read_text()
+    a.signal_all(signal.SIGCONT)
+    wait_for(lambda: "lease lost" in a.text() or "StaleWrite" in a.text(), 20, "the zombie to stop")
+    time.sleep(0.5)
+    assert store.load(run_id) == finished
+    assert log.read_text() == lines_before  # it started no further step
+    assert not any(pid == zombie for c, _, pid, e in step_log(log) if c != "one" and c != "two")
+    assert mail.stats()["deliveries"] == 1 and mail.stats()["attempts"] == 1
+
+
+def test_two_deliveries_of_one_run_never_run_concurrently(start_worker, create, store, send, tmp_path) -> None:
+    log = tmp_path / "steps.log"
+    start_worker(concurrency=1)
+    start_worker(concurrency=1)
+    run_id = create("probe", {"log": str(log), "before": {"one": 2}})
+    send(run_id)  # a second delivery, as a short visibility timeout would make
+    _done(store, run_id)
+    assert starts(log) == ["one", "two", "mail", "ledger", "once"]
+
+
+def test_reaper_recovers_a_run_whose_whole_worker_was_lost(start_worker, start_beat, create, store, tmp_path) -> None:
+    log = tmp_path / "steps.log"
+    a = start_worker(concurrency=1)
+    start_beat()
+    run_id = create("probe", {"log": str(log), "before": {"two": 60}})
+    wait_for(lambda: _sleeping(log, "two", "before"), 30, "step two")
+    a.kill()
+    killed = time.monotonic()
+    start_worker(concurrency=1)
+    wait_for(lambda: (store.load(run_id) or object()).seq >= 2, 30, "the run to move on")  # type: ignore[attr-defined]
+    recovery = time.monotonic() - killed
+    assert recovery < LEASE_TTL + 8, recovery
+    _done(store, run_id)
+
+
+def test_redelivered_finished_run_does_nothing(start_worker, create, store, send, mail: MailServer, tmp_path) -> None:
+    log = tmp_path / "steps.log"
+    w = start_worker(concurrency=1)
+    run_id = create("probe", {"log": str(log)})
+    _done(store, run_id)
+    before, lines = store.load(run_id), log.read_text()
+    send(run_id)
+    wait_for(lambda: w.text().count("succeeded") >= 2, 20, "the second delivery")
+    assert store.load(run_id) == before and log.read_text() == lines
+    assert mail.stats()["attempts"] == 1
+
+
+def test_workflow_plugged_in_with_cairn_workflows(start_worker, create, store, tmp_path) -> None:
+    without = start_worker(concurrency=1, CAIRN_WORKFLOWS="")
+    missing = create("probe", {"log": str(tmp_path / "a.log")})
+    wait_for(lambda: (store.load(missing) or object()).status == "failed", 30, "the run to fail")  # type: ignore[attr-defined]
+    assert "unknown workflow 'probe'" in (store.load(missing).error or "")  # type: ignore[union-attr]
+    without.stop()
+    start_worker(concurrency=1, CAIRN_WORKFLOWS="tests.flows")
+    found = create("loop", {"visits": 2})
+    _done(store, found)

@@ -1,0 +1,51 @@
+"""The Redis lease against a real Redis: exclusivity, fencing epochs, compare-and-delete."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from store import LeaseLost, Leases
+
+
+def test_second_owner_is_kept_off(leases: Leases) -> None:
+    a = leases.acquire("r", "a", ttl=2)
+    assert a is not None
+    assert leases.acquire("r", "b", ttl=2) is None
+    assert leases.holder("r") == a.token
+
+
+def test_epoch_grows_and_respects_the_stored_floor(leases: Leases) -> None:
+    a = leases.acquire("r", "a", ttl=2)
+    assert a is not None
+    a.release()
+    b = leases.acquire("r", "b", ttl=2)
+    assert b is not None and b.epoch == a.epoch + 1
+    b.release()
+    leases.client.flushdb()  # Redis lost its data: the checkpoint's epoch still fences
+    c = leases.acquire("r", "c", ttl=2, floor=41)
+    assert c is not None and c.epoch == 42
+
+
+def test_release_never_deletes_a_successors_lease(leases: Leases) -> None:
+    a = leases.acquire("r", "a", ttl=0.3)
+    assert a is not None
+    time.sleep(0.4)
+    b = leases.acquire("r", "b", ttl=5)
+    assert b is not None
+    a.release()
+    assert leases.holder("r") == b.token
+
+
+def test_heartbeat_keeps_it_and_loss_is_detected(leases: Leases) -> None:
+    a = leases.acquire("r", "a", ttl=0.6).start_heartbeat()  # type: ignore[union-attr]
+    time.sleep(1.5)  # > 2 TTLs: only the heartbeat can have kept it
+    a.ensure()
+    assert leases.holder("r") == a.token
+    leases.client.set("cairn:lease:r", "thief|99")
+    time.sleep(0.5)
+    with pytest.raises(LeaseLost, match="thief"):
+        a.ensure()
+    a.release()
+    assert leases.holder("r") == "thief|99"
