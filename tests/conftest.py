@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import signal
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +18,7 @@ from celery import Celery
 from steps.model import ModelClient
 from steps.standins import MailServer, ModelServer
 from store import Database, Leases, PgStore, upgrade
-from workers import loop
+from workers import fleet, loop
 from workers.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +40,7 @@ def _require_services() -> None:
     try:
         psycopg.connect(BASE_DB, connect_timeout=3).close()
         redis_lib.Redis.from_url(BASE_REDIS, socket_connect_timeout=3).ping()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001
         pytest.exit(f"Postgres/Redis not reachable ({exc}); run the tests with `bash scripts/test`", 2)
 
 
@@ -124,8 +120,8 @@ def leases(settings: Settings) -> Iterator[Leases]:
 
 @pytest.fixture
 def deps(settings: Settings, store: PgStore, leases: Leases) -> Iterator[loop.Deps]:
-    import tests.flows  # noqa: F401  (registers probe, loop, bad)
     import steps.invoice  # noqa: F401
+    import tests.flows  # noqa: F401  (registers probe, loop, bad)
 
     model = ModelClient(base_url=settings.anthropic_base_url, give_up_after=10.0)
     yield loop.Deps(settings=settings, store=store, leases=leases, model=model)
@@ -145,53 +141,10 @@ def sql(settings: Settings) -> Iterator[Callable[..., list[tuple[Any, ...]]]]:
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-class Worker:
-    """A real `celery worker` process (its own session, so it can be killed whole)."""
-
-    def __init__(self, env: dict[str, str], log: Path, concurrency: int, name: str) -> None:
-        self.log = log
-        self.name = name
-        cmd = [
-            sys.executable, "-m", "celery", "-A", "workers.app", "worker",
-            f"--concurrency={concurrency}", "--loglevel=INFO", "-n", f"{name}@%h",
-            "--without-mingle", "--without-gossip", "--without-heartbeat",
-        ]
-        with log.open("ab") as out:  # the child keeps its own copy of the descriptor
-            self.proc = subprocess.Popen(
-                cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        wait_for(lambda: "ready." in self.text() or self.proc.poll() is not None, 60, f"{name} ready")
-        assert self.proc.poll() is None, f"worker {name} exited:\n{self.text()[-3000:]}"
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def signal_all(self, sig: int) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def kill(self) -> None:
-        """SIGKILL the whole worker: parent and pool children, as a lost node."""
-        self.signal_all(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.signal_all(signal.SIGCONT)
-            self.signal_all(signal.SIGKILL)
-            self.proc.wait(10)
+    try:
+        return fleet.wait_for(predicate, timeout, what)
+    except TimeoutError as exc:
+        raise AssertionError(str(exc)) from None
 
 
 @pytest.fixture
@@ -213,41 +166,31 @@ def worker_env(settings: Settings) -> dict[str, str]:
 
 
 @pytest.fixture
-def start_worker(worker_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Worker]]:
-    started: list[Worker] = []
+def start_worker(worker_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., fleet.Proc]]:
+    started: list[fleet.Proc] = []
 
-    def start(concurrency: int = 1, **env: str) -> Worker:
+    def start(concurrency: int = 1, **env: str) -> fleet.Proc:
         name = f"w{len(started)}"
-        w = Worker({**worker_env, **env}, tmp_path / f"{name}.log", concurrency, name)
+        w = fleet.start_worker({**worker_env, **env}, tmp_path / f"{name}.log", name, concurrency)
         started.append(w)
         return w
 
     yield start
     for w in started:
-        w.stop()
+        w.kill()
 
 
 @pytest.fixture
-def start_beat(worker_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
+def start_beat(worker_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[[], fleet.Proc]]:
+    procs: list[fleet.Proc] = []
 
-    def start() -> subprocess.Popen[bytes]:
-        cmd = [
-            sys.executable, "-m", "celery", "-A", "workers.app", "beat", "--loglevel=INFO",
-            f"--schedule={tmp_path / 'beat-schedule'}",
-        ]
-        with (tmp_path / "beat.log").open("ab") as out:
-            p = subprocess.Popen(
-                cmd, env=worker_env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        procs.append(p)
-        return p
+    def start() -> fleet.Proc:
+        procs.append(fleet.start_beat(worker_env, tmp_path / "beat.log", tmp_path / "beat-schedule"))
+        return procs[-1]
 
     yield start
     for p in procs:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait(10)
+        p.kill()
 
 
 @pytest.fixture

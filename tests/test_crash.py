@@ -157,7 +157,7 @@ def test_workflow_plugged_in_with_cairn_workflows(start_worker, create, store, t
     missing = create("probe", {"log": str(tmp_path / "a.log")})
     wait_for(lambda: (store.load(missing) or object()).status == "failed", 30, "the run to fail")  # type: ignore[attr-defined]
     assert "unknown workflow 'probe'" in (store.load(missing).error or "")  # type: ignore[union-attr]
-    without.stop()
+    without.kill()
     start_worker(concurrency=1, CAIRN_WORKFLOWS="tests.flows")
     found = create("loop", {"visits": 2})
     _done(store, found)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from store import CHECKPOINT_VERSION, Checkpoint, IncompatibleCheckpoint, PgStore, StaleWrite
 from store.errors import CorruptCheckpoint

@@ -10,7 +10,7 @@ from celery import Celery
 
 from steps import registry
 from steps.model import ModelClient
-from store import Database, Leases, LeaseLost, PgStore, StaleWrite, Transient
+from store import Database, LeaseLost, Leases, PgStore, StaleWrite, Transient
 from workers import loop
 from workers.settings import Settings
 

@@ -14,6 +14,7 @@ app = typer.Typer(
     help="Durable multi-step LLM agent runs on Celery + Postgres + Redis.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_show_locals=False,  # locals could hold URLs with passwords
 )
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")

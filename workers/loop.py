@@ -29,6 +29,7 @@ from store import (
     UnknownRun,
     WindowTooLarge,
 )
+from workers import faults
 from workers.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -117,18 +118,21 @@ def _step(cp: Checkpoint, flow: registry.Workflow, lease: Any, deps: Deps) -> Ch
     lease.ensure()
     ctx = Context(cp, store=store, lease=lease, model=deps.model, config=settings)
     try:
+        faults.hit("before_effect", cp.run_id, cp.seq, cp.cursor)
         try:
             result = fn(ctx)
         except (Transient, LeaseLost, StaleWrite):
             raise
-        except Exception as exc:  # a bug or a permanent refusal in the step
+        except Exception as exc:  # noqa: BLE001 (a bug or a permanent refusal in the step)
             logger.error("run %s step %r raised:\n%s", cp.run_id, cp.cursor, traceback.format_exc())
             failed = f"step {cp.cursor!r} raised {type(exc).__name__}: {exc}"
             store.mark_failed(cp, failed)
             return dataclasses.replace(cp, status="failed", error=failed)
         nxt = _next(cp, flow, result, ctx, settings)
+        faults.hit("after_effect", cp.run_id, cp.seq, cp.cursor)
         lease.ensure()  # last chance to stop before a write that would be fenced anyway
         store.save(nxt, cp, conn=ctx.open_transaction)
+        faults.hit("after_save", cp.run_id, cp.seq, cp.cursor)
         return nxt
     finally:
         ctx.close()

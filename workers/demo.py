@@ -1,0 +1,206 @@
+"""`cairn demo`: a fleet of real workers doing invoice runs while workers are SIGKILLed.
+
+It starts the local stand-ins (mail API; a Messages API server unless ANTHROPIC_API_KEY
+is set), K worker processes and the reaper, enqueues the runs, kills a pool child in the
+middle of an email step and then a whole worker (starting a replacement), waits for every
+run, and counts emails attempted and delivered at the mail API.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from typing import Any
+
+import redis
+from celery import Celery
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+import steps.invoice  # noqa: F401  (registers the invoice workflow)
+from steps import registry
+from steps.standins import MailServer, ModelServer
+from store import Database, Leases, PgStore, upgrade
+from workers import fleet
+from workers.settings import Settings
+
+STATE = fleet.ROOT / ".cairn" / "demo"
+
+
+def _demo_redis(url: str) -> str:
+    """The demo's own Redis database, flushed: old messages cannot leak into it."""
+    return url.rsplit("/", 1)[0] + "/14"
+
+
+def _pid_of(token: str | None) -> int | None:
+    return int(token.split("|")[0].split(":")[1]) if token else None
+
+
+def run_demo(runs: int = 20, workers: int = 2, quiet: bool = False) -> dict[str, Any]:
+    err = Console(stderr=True)
+    out = Console()
+    settings = Settings.from_env()
+    redis_url = _demo_redis(settings.redis_url)
+    upgrade(settings.database_url)
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    STATE.mkdir(parents=True, exist_ok=True)
+
+    mail = MailServer(delay_ms=300).start()
+    real_model = bool(os.environ.get("ANTHROPIC_API_KEY")) and not settings.anthropic_base_url
+    model = None if real_model else ModelServer(delay_ms=250).start()
+    base_url = settings.anthropic_base_url or (model.url if model else "")
+    err.print(f"[bold]mail API[/]: local stand-in at {mail.url} (records and dedupes on Idempotency-Key)")
+    if model:
+        err.print(
+            f"[bold]model[/]: ANTHROPIC_API_KEY is unset, so the anthropic SDK is pointed at a local "
+            f"server speaking the Messages API at {model.url} (deterministic replies)"
+        )
+    else:
+        err.print(f"[bold]model[/]: the Anthropic API ({settings.model}) with ANTHROPIC_API_KEY")
+
+    lease_ttl = 5.0
+    env = fleet.child_env(
+        CAIRN_REDIS_URL=redis_url, CAIRN_DATABASE_URL=settings.database_url,
+        CAIRN_MAIL_URL=mail.url, CAIRN_LEASE_TTL=str(lease_ttl), CAIRN_REAPER_INTERVAL="1",
+        CAIRN_DEFER_SECONDS="1",
+    )
+    if base_url:
+        env["ANTHROPIC_BASE_URL"] = base_url
+    stamp = time.strftime("%H%M%S")
+    procs: list[fleet.Proc] = []
+    db = Database(settings.database_url)
+    store, leases = PgStore(db), Leases.from_url(redis_url)
+    app = Celery("cairn-demo", broker=redis_url)
+    kills: list[dict[str, Any]] = []
+    started = time.monotonic()
+    try:
+        err.print(f"starting {workers} workers (2 processes each) and the reaper…")
+        for i in range(workers):
+            procs.append(fleet.start_worker(env, STATE / f"worker-{stamp}-{i}.log", f"demo{i}", 2))
+        procs.append(fleet.start_beat(env, STATE / f"beat-{stamp}.log", STATE / "beat-schedule"))
+
+        flow = registry.get("invoice")
+        ids = []
+        for i in range(runs):
+            run_id = f"demo-{stamp}-{i:02d}-{uuid.uuid4().hex[:4]}"
+            data = flow.validate({"customer": f"customer-{i}", "email": f"billing{i}@example.com"})
+            store.create_run(run_id, "invoice", data, flow.first or "fetch")
+            app.send_task("cairn.run", args=[run_id])
+            ids.append(run_id)
+
+        rows: dict[str, dict[str, Any]] = {}
+        with Progress(
+            TextColumn("[bold]runs"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.description}"), TimeElapsedColumn(), console=err, disable=quiet,
+        ) as progress:
+            bar = progress.add_task("", total=runs)
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline:
+                rows = {r["run_id"]: r for r in store.list_runs(limit=10_000) if r["run_id"] in ids}
+                finished = sum(r["status"] in ("done", "failed") for r in rows.values())
+                active = [r for r in rows.values() if r["status"] == "running"]
+                progress.update(
+                    bar, completed=finished,
+                    description=f"running {len(active)} · kills {len(kills)} · "
+                    f"emails {mail.stats()['deliveries']}",
+                )
+                if finished == runs:
+                    break
+                _maybe_kill(kills, active, leases, procs, env, stamp, err, mail)
+                time.sleep(0.05)
+        elapsed = time.monotonic() - started
+        rows = {r["run_id"]: r for r in store.list_runs(limit=10_000) if r["run_id"] in ids}
+        with db.connection() as conn:
+            ledger_rows = conn.execute(
+                "SELECT count(*) AS n, count(DISTINCT run_id) AS runs FROM invoice_ledger"
+                " WHERE run_id = ANY(%s)", (ids,),
+            ).fetchone()
+        stats = mail.stats()
+        summary = {
+            "runs": runs,
+            "workers": workers,
+            "runs_finished": sum(r["status"] == "done" for r in rows.values()),
+            "runs_failed": sum(r["status"] == "failed" for r in rows.values()),
+            "runs_resumed": sum(r["resumes"] > 0 for r in rows.values()),
+            "kills": kills,
+            "emails_attempted": stats["attempts"],
+            "emails_delivered": stats["deliveries"],
+            "emails_deduplicated": stats["deduplicated"],
+            "duplicate_deliveries": stats["duplicate_deliveries"],
+            "ledger_rows": ledger_rows["n"] if ledger_rows else 0,
+            "cost_usd": round(sum(r["cost_usd"] for r in rows.values()), 6),
+            "seconds": round(elapsed, 1),
+            "model": "anthropic" if real_model else "local stand-in",
+        }
+        summary["ok"] = (
+            summary["runs_finished"] == runs
+            and summary["duplicate_deliveries"] == 0
+            and summary["emails_delivered"] == runs
+            and summary["ledger_rows"] == runs
+            and len(kills) >= 1
+        )
+        if not quiet:
+            _print_summary(out, summary)
+        return summary
+    finally:
+        for p in procs:
+            p.kill()
+        mail.stop()
+        if model:
+            model.stop()
+        db.close()
+        client.close()
+        app.close()
+
+
+def _maybe_kill(
+    kills: list[dict[str, Any]], active: list[dict[str, Any]], leases: Leases,
+    procs: list[fleet.Proc], env: dict[str, str], stamp: str, err: Console, mail: MailServer,
+) -> None:
+    """First a pool child whose email went out but whose checkpoint is not saved yet (the
+    replay trap), then a whole worker mid-run."""
+    if len(kills) >= 2:
+        return
+    sent = mail.stats()["by_ref"]
+    for row in active:
+        if not kills and not (row["cursor"] == "send_email" and row["run_id"] in sent):
+            continue
+        pid = _pid_of(leases.holder(row["run_id"]))
+        if pid is None:
+            continue
+        if not kills:
+            os.kill(pid, signal.SIGKILL)
+            kills.append({"kind": "pool child", "pid": pid, "run": row["run_id"], "step": row["cursor"]})
+            err.print(f"[red]SIGKILL[/] pool process {pid} right after {row['run_id']} sent its "
+                      "email, before its checkpoint: the broker redelivers the run")
+            return
+        owner = next((p for p in procs if p.alive() and pid in p.children()), None)
+        if owner is None:
+            continue
+        owner.kill()
+        kills.append({"kind": "whole worker", "pid": owner.pid, "run": row["run_id"], "step": row["cursor"]})
+        err.print(f"[red]SIGKILL[/] whole worker {owner.name} (pid {owner.pid} and its pool) while "
+                  f"{row['run_id']} was at {row['cursor']}; starting a replacement; the reaper "
+                  "re-enqueues its runs when their leases expire")
+        procs.append(fleet.start_worker(env, STATE / f"worker-{stamp}-r.log", "demo-r", 2))
+        return
+
+
+def _print_summary(out: Console, s: dict[str, Any]) -> None:
+    table = Table(title="cairn demo", show_header=False)
+    for label, key in (
+        ("runs finished", "runs_finished"), ("runs failed", "runs_failed"),
+        ("runs resumed after a kill", "runs_resumed"), ("emails attempted", "emails_attempted"),
+        ("emails delivered", "emails_delivered"), ("replays deduplicated", "emails_deduplicated"),
+        ("duplicate deliveries", "duplicate_deliveries"), ("ledger rows", "ledger_rows"),
+        ("model cost (USD)", "cost_usd"), ("seconds", "seconds"),
+    ):
+        table.add_row(label, str(s[key]))
+    table.add_row("kills", "; ".join(f"{k['kind']} pid {k['pid']} at {k['step']}" for k in s["kills"]))
+    out.print(table)
+    verdict = "[bold green]OK[/]" if s["ok"] else "[bold red]FAILED[/]"
+    out.print(f"{verdict}: every run finished, each email delivered once" if s["ok"] else verdict)

@@ -1,0 +1,97 @@
+"""Real worker processes on this machine, for the demo, `cairn chaos`, tests and benches."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+class Proc:
+    """A `celery worker` or `celery beat` process in its own session (killable whole)."""
+
+    def __init__(self, args: list[str], env: Mapping[str, str], log: Path, name: str) -> None:
+        self.log, self.name = log, name
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "workers.app", *args],
+                env=dict(env), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def children(self) -> list[int]:
+        """Pool child pids (from /proc: no psutil needed on Linux)."""
+        try:
+            raw = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
+        except OSError:
+            return []
+        return [int(p) for p in raw.split()]
+
+    def signal_all(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL parent and pool children: a node lost whole."""
+        self.signal_all(signal.SIGCONT)
+        self.signal_all(signal.SIGKILL)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def start_worker(
+    env: Mapping[str, str], log: Path, name: str, concurrency: int = 1, wait: float = 60.0
+) -> Proc:
+    args = [
+        "worker", f"--concurrency={concurrency}", "--loglevel=INFO", "-n", f"{name}@%h",
+        "--without-mingle", "--without-gossip", "--without-heartbeat",
+    ]
+    w = Proc(args, env, log, name)
+    wait_for(lambda: "ready." in w.text() or not w.alive(), wait, f"worker {name} to start")
+    if not w.alive():
+        raise RuntimeError(f"worker {name} exited at start:\n{w.text()[-3000:]}")
+    return w
+
+
+def start_beat(env: Mapping[str, str], log: Path, schedule: Path) -> Proc:
+    return Proc(["beat", "--loglevel=INFO", f"--schedule={schedule}"], env, log, "beat")
+
+
+def child_env(**overrides: str) -> dict[str, str]:
+    """The current environment with the repo importable and overrides applied."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.update(overrides)
+    return env
