@@ -203,9 +203,13 @@ redis_status() {
 }
 
 # ---------------------------------------------------------------- main
+# An optional second word picks one service (the fault tests restart one at a time).
+only="${2:-all}"
+case "$only" in all|postgres|redis) ;; *) echo "usage: $0 up|down|status [postgres|redis]" >&2; exit 2 ;; esac
+want() { [ "$only" = all ] || [ "$only" = "$1" ]; }
 case "${1:-}" in
-    up)     pg_up; redis_up ;;
-    down)   redis_down; pg_down ;;
-    status) rc=0; pg_status || rc=3; redis_status || rc=3; exit "$rc" ;;
-    *)      echo "usage: $0 up|down|status" >&2; exit 2 ;;
+    up)     if want postgres; then pg_up; fi; if want redis; then redis_up; fi ;;
+    down)   if want redis; then redis_down; fi; if want postgres; then pg_down; fi ;;
+    status) rc=0; if want postgres; then pg_status || rc=3; fi; if want redis; then redis_status || rc=3; fi; exit "$rc" ;;
+    *)      echo "usage: $0 up|down|status [postgres|redis]" >&2; exit 2 ;;
 esac

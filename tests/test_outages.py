@@ -1,0 +1,80 @@
+"""Outages of the real servers mid-run, and a second delivery while the owner lives."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from steps.standins import MailServer
+from store import PgStore
+from tests.conftest import ROOT, starts, wait_for
+from tests.test_crash import _done, _sleeping
+
+pytestmark = pytest.mark.slow
+
+
+def _service(action: str, name: str) -> None:
+    subprocess.run(["bash", str(ROOT / "scripts/services.sh"), action, name], check=True,
+                   capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def restarts():
+    """Whatever a test stops is started again, even if the test fails."""
+    stopped: list[str] = []
+
+    def down(name: str) -> None:
+        stopped.append(name)
+        _service("down", name)
+
+    yield down
+    for name in stopped:
+        _service("up", name)
+
+
+def test_postgres_restarted_mid_run(start_worker, create, store: PgStore, mail: MailServer, restarts, tmp_path: Path) -> None:
+    log = tmp_path / "steps.log"
+    start_worker(concurrency=1)
+    run_id = create("probe", {"log": str(log), "after": {"two": 1.5}})
+    wait_for(lambda: _sleeping(log, "two", "after"), 30, "step two")
+    restarts("postgres")  # the step's save meets a dead server and retries with backoff
+    time.sleep(2.5)
+    _service("up", "postgres")
+    _done(store, run_id)
+    cp = store.load(run_id)
+    assert cp is not None and cp.seq == 5
+    assert starts(log).count("one") == 1  # nothing before the outage was redone
+    assert mail.stats()["deliveries"] == 1 and mail.stats()["duplicate_deliveries"] == 0
+
+
+def test_redis_restarted_mid_run(start_worker, start_beat, create, store: PgStore, mail: MailServer, restarts, tmp_path: Path) -> None:
+    log = tmp_path / "steps.log"
+    start_worker(concurrency=1)
+    start_beat()
+    run_id = create("probe", {"log": str(log), "after": {"two": 1.0}})
+    wait_for(lambda: _sleeping(log, "two", "after"), 30, "step two")
+    restarts("redis")  # broker and leases gone at once
+    time.sleep(2.0)
+    _service("up", "redis")
+    _done(store, run_id, timeout=90)
+    cp = store.load(run_id)
+    assert cp is not None and cp.seq == 5
+    assert starts(log).count("one") == 1
+    assert mail.stats()["deliveries"] == 1 and mail.stats()["duplicate_deliveries"] == 0
+
+
+def test_second_delivery_defers_and_survives_the_first_workers_death(start_worker, create, store: PgStore, send, tmp_path: Path) -> None:
+    log = tmp_path / "steps.log"
+    first = start_worker(concurrency=1)
+    run_id = create("probe", {"log": str(log), "before": {"two": 60}})
+    wait_for(lambda: _sleeping(log, "two", "before"), 30, "step two")
+    second = start_worker(concurrency=1)
+    send(run_id)  # what a visibility timeout shorter than the step does
+    wait_for(lambda: "held by" in second.text(), 20, "the second delivery to defer")
+    assert starts(log) == ["one", "two"]  # deferred, not run concurrently
+    first.kill()  # no reaper running: only the deferred delivery can finish the run
+    _done(store, run_id, timeout=30)
+    assert starts(log) == ["one", "two", "two", "mail", "ledger", "once"]
