@@ -208,6 +208,16 @@ def standin(
     raise typer.Exit(standins.main([kind, "--port", str(port), "--delay-ms", str(delay_ms)]))
 
 
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+)
+def bench(ctx: typer.Context) -> None:
+    """Benchmarks against the floor and the peers (`cairn bench --help` for options)."""
+    from bench import main as bench_main
+
+    raise typer.Exit(bench_main(list(ctx.args)))
+
+
 def main() -> None:
     app()
 
