@@ -27,9 +27,11 @@ BASE_REDIS = os.environ.get("CAIRN_REDIS_URL", "redis://127.0.0.1:63790/0")
 TEMPLATE = "cairn_test_template"
 LEASE_TTL = 3.0
 
-# Clear our own prefix so a developer's shell settings cannot leak into a test.
+# Clear our own prefix so a developer's shell settings cannot leak into a test; the
+# ports stay, so scripts/services.sh (the outage tests) restarts the servers we use.
 for _name in [n for n in os.environ if n.startswith("CAIRN_")]:
-    del os.environ[_name]
+    if _name not in ("CAIRN_PG_PORT", "CAIRN_REDIS_PORT"):
+        del os.environ[_name]
 
 
 def _with_db(url: str, name: str) -> str:
