@@ -140,3 +140,15 @@ def test_run_of_unregistered_workflow_fails_with_a_clear_error(deps, store: PgSt
     assert loop.run("r-x", deps) == "failed"
     cp = store.load("r-x")
     assert cp is not None and "unknown workflow 'ghost'" in (cp.error or "")
+
+
+def test_model_429_and_529_are_retried_and_the_run_finishes(create, deps, store: PgStore, model, tmp_path) -> None:
+    run_id = create("probe", _probe_input(tmp_path), queue=False)
+    model.control(fail_next=2, status=429)
+    assert loop.run(run_id, deps) == "done"
+    model.control(fail_next=1, status=529)
+    again = create("probe", {"log": str(tmp_path / "again.log")}, queue=False)
+    assert loop.run(again, deps) == "done"
+    assert model.stats()["failures"] == 3 and model.stats()["requests"] == 5
+    cp = store.load(run_id)
+    assert cp is not None and cp.cost_usd > 0

@@ -129,13 +129,14 @@ def runs(
 ) -> None:
     """List runs, newest first."""
     _env(database_url)
-    table = Table("run", "workflow", "status", "cursor", "seq", "cost $", "resumes", "updated")
+    table = Table("workflow", "status", "cursor", "seq", "cost $", "resumes", "updated")
+    table.add_column("run", no_wrap=True)
     for r in _store().list_runs(status, limit):
         colour = {"done": "green", "failed": "red", "running": "yellow"}.get(r["status"], "")
         table.add_row(
-            r["run_id"], r["workflow"], f"[{colour}]{r['status']}[/]" if colour else r["status"],
+            r["workflow"], f"[{colour}]{r['status']}[/]" if colour else r["status"],
             r["cursor"], str(r["seq"]), f"{r['cost_usd']:.6f}", str(r["resumes"]),
-            r["updated_at"].strftime("%H:%M:%S"),
+            r["updated_at"].strftime("%H:%M:%S"), r["run_id"],
         )
     console.print(table)
 

@@ -1,0 +1,71 @@
+"""The `cairn` command as a user runs it: errors that say what to do, --help everywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from store import PgStore
+from tests.conftest import ROOT
+
+COMMANDS = ["worker", "beat", "enqueue", "runs", "show", "db", "db upgrade", "demo", "standin"]
+
+
+def _cairn(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "workers.cli", *args], capture_output=True, text=True,
+        env=full, cwd=ROOT, timeout=60,
+    )
+
+
+@pytest.fixture
+def cli_env(settings) -> dict[str, str]:
+    return {"CAIRN_DATABASE_URL": settings.database_url, "CAIRN_REDIS_URL": settings.redis_url,
+            "CAIRN_WORKFLOWS": "tests.flows"}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command: str) -> None:
+    result = _cairn(*command.split(), "--help")
+    assert result.returncode == 0, result.stderr
+    assert "Usage" in result.stdout
+
+
+def test_enqueue_errors_say_what_to_do(cli_env, store: PgStore) -> None:
+    unknown = _cairn("enqueue", "nope", "{}", env=cli_env)
+    assert unknown.returncode == 2 and "unknown workflow 'nope'" in unknown.stderr
+    assert "CAIRN_WORKFLOWS" in unknown.stderr
+    malformed = _cairn("enqueue", "invoice", "{not json", env=cli_env)
+    assert malformed.returncode == 2 and "input is not JSON" in malformed.stderr
+    invalid = _cairn("enqueue", "invoice", '{"customer": "acme", "email": "x"}', env=cli_env)
+    assert invalid.returncode == 2 and "'email' must be an email address" in invalid.stderr
+    assert store.list_runs() == []  # nothing was written by any of them
+
+
+def test_enqueue_prints_the_id_and_an_existing_id_resumes(cli_env, store: PgStore) -> None:
+    data = json.dumps({"customer": "acme", "email": "a@example.com"})
+    first = _cairn("enqueue", "invoice", data, "--run-id", "order-1", env=cli_env)
+    assert first.returncode == 0 and first.stdout.strip() == "order-1"
+    again = _cairn("enqueue", "invoice", data, "--run-id", "order-1", env=cli_env)
+    assert again.returncode == 0
+    assert [r["run_id"] for r in store.list_runs()] == ["order-1"]
+
+
+def test_show_prints_a_failed_runs_error_and_runs_lists_it(cli_env, create, deps, sql) -> None:
+    from workers import loop
+
+    run_id = create("bad", {"mode": "raise"}, queue=False)
+    loop.run(run_id, deps)
+    shown = _cairn("show", run_id, env=cli_env)
+    assert shown.returncode == 0 and "RuntimeError: the step blew up" in shown.stdout
+    listed = _cairn("runs", env=cli_env)
+    assert run_id in listed.stdout and "failed" in listed.stdout
+    sql("UPDATE checkpoints SET version = 9")
+    foreign = _cairn("show", run_id, env=cli_env)
+    assert "payload version 9" in foreign.stdout
+    assert _cairn("show", "missing-run", env=cli_env).returncode == 1
