@@ -233,8 +233,10 @@ class PgStore:
     def counts(self) -> dict[str, dict[str, Any]]:
         return {row["status"]: row for row in self.db.all("count_by_status")}
 
-    def stalled(self, pending_after: float) -> list[dict[str, Any]]:
-        return self.db.all("stalled", {"pending_after": pending_after})
+    def stalled(self, pending_after: float, running_after: float) -> list[dict[str, Any]]:
+        return self.db.all(
+            "stalled", {"pending_after": pending_after, "running_after": running_after}
+        )
 
     def sweep(self, older_than: float) -> int:
         row = self.db.one("sweep", {"older_than": older_than})

@@ -129,6 +129,21 @@ class Leases:
             value = self.client.get(keys.lease(run_id))
         return value.decode() if value else None
 
+    def unheld(self, run_ids: list[str]) -> list[str]:
+        """The run ids whose lease is gone (one MGET per 500 runs)."""
+        free = []
+        for i in range(0, len(run_ids), 500):
+            chunk = run_ids[i : i + 500]
+            with translated():
+                values = self.client.mget([keys.lease(r) for r in chunk])
+            free += [r for r, v in zip(chunk, values, strict=True) if v is None]
+        return free
+
+    def break_dead(self, run_id: str, token: str) -> bool:
+        """Delete a lease whose owner is known dead, only if it is still that token."""
+        with translated():
+            return bool(self._release(keys=[keys.lease(run_id)], args=[token]))
+
     def mark_reaped(self, run_id: str, window: float) -> bool:
         with translated():
             return bool(self.client.set(keys.reaped(run_id), 1, nx=True, px=int(window * 1000)))

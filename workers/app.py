@@ -93,10 +93,10 @@ def reap() -> int:
     and kombu's restore sweep: an hour by default.
     """
     d = deps()
+    stalled = [r["run_id"] for r in d.store.stalled(settings.pending_after, settings.lease_ttl / 2)]
     n = 0
-    for row in d.store.stalled(settings.pending_after):
-        run_id = row["run_id"]
-        if d.leases.holder(run_id) is None and d.leases.mark_reaped(run_id, settings.lease_ttl):
+    for run_id in d.leases.unheld(stalled):
+        if d.leases.mark_reaped(run_id, settings.lease_ttl):
             run_task.delay(run_id)
             n += 1
     if n:

@@ -75,9 +75,7 @@ def run(run_id: str, deps: Deps) -> str:
         logger.info("run %s is already %s; nothing to do", run_id, cp.status)
         return cp.status
 
-    lease = deps.leases.acquire(run_id, owner_id(), settings.lease_ttl, floor=cp.epoch)
-    if lease is None:
-        raise Deferred(run_id, deps.leases.holder(run_id))
+    lease = _acquire(run_id, cp.epoch, deps)
     lease.start_heartbeat()
     try:
         if not store.claim(run_id, lease.epoch):
@@ -105,6 +103,37 @@ def run(run_id: str, deps: Deps) -> str:
         return "failed"
     finally:
         lease.release()
+
+
+def _acquire(run_id: str, floor: int, deps: Deps) -> Any:
+    """The run's lease, or Deferred. A lease whose owner is a dead process on this host
+    (a SIGKILLed pool child) is broken at once instead of waiting out its TTL: the
+    fencing epoch keeps even a wrong guess safe."""
+    leases, ttl = deps.leases, deps.settings.lease_ttl
+    lease = leases.acquire(run_id, owner_id(), ttl, floor=floor)
+    if lease is not None:
+        return lease
+    holder = leases.holder(run_id)
+    if holder and _dead_here(holder) and leases.break_dead(run_id, holder):
+        logger.warning("run %s: owner %s is dead; taking the run over", run_id, holder)
+        lease = leases.acquire(run_id, owner_id(), ttl, floor=floor)
+        if lease is not None:
+            return lease
+    raise Deferred(run_id, holder)
+
+
+def _dead_here(token: str) -> bool:
+    host, _, rest = token.partition(":")
+    pid = rest.split(":", 1)[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def _step(cp: Checkpoint, flow: registry.Workflow, lease: Any, deps: Deps) -> Checkpoint:

@@ -91,10 +91,11 @@ SELECT status, count(*) AS n, coalesce(sum(resumes), 0) AS resumes,
   FROM checkpoints GROUP BY status;
 
 -- name: stalled
--- Reaper candidates: running runs (their lease is checked in Redis), and pending runs
--- that waited longer than any queue should (their message may sit with a dead worker).
+-- Reaper candidates: running runs not saved for a while (their lease is checked in
+-- Redis; a save proves the lease was live within half a TTL), and pending runs that
+-- waited longer than any queue should (their message may sit with a dead worker).
 SELECT run_id, status FROM checkpoints
- WHERE status = 'running'
+ WHERE (status = 'running' AND updated_at < now() - make_interval(secs => %(running_after)s))
     OR (status = 'pending' AND updated_at < now() - make_interval(secs => %(pending_after)s));
 
 -- name: sweep
