@@ -1,12 +1,12 @@
 """The step API: write a workflow as named steps, each returning the next cursor.
 
-    from steps import StepResult, workflow
+from steps import StepResult, workflow
 
-    flow = workflow("greet")
+flow = workflow("greet")
 
-    @flow.step()
-    def hello(ctx):
-        return StepResult(cursor="done", state={"greeted": ctx.input["name"]})
+@flow.step()
+def hello(ctx):
+    return StepResult(cursor="done", state={"greeted": ctx.input["name"]})
 """
 
 from steps.context import Context

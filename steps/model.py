@@ -145,5 +145,8 @@ def compact(
     while cut < len(window) and window[cut].get("role") != "assistant":
         cut += 1
     head, tail = window[:cut], window[cut:]
-    summary = {"role": "user", "content": f"[Summary of the earlier conversation]\n{summarize(head)}"}
+    summary = {
+        "role": "user",
+        "content": f"[Summary of the earlier conversation]\n{summarize(head)}",
+    }
     return [summary, *tail]

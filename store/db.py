@@ -28,6 +28,12 @@ T = TypeVar("T")
 _TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, psycopg_pool.PoolTimeout)
 
 
+def is_transient(exc: BaseException) -> bool:
+    """True for a driver error that means the server or link is gone (e.g. raised by a
+    step's own ctx.db query): the run should retry, not fail."""
+    return isinstance(exc, _TRANSIENT)
+
+
 @contextlib.contextmanager
 def translated() -> Iterator[None]:
     try:

@@ -71,7 +71,3 @@ class WindowTooLarge(CairnError):
 
 class MultipleEffects(CairnError):
     """A step asked for a second keyed effect: one externally visible effect per step."""
-
-
-class StepFailed(CairnError):
-    """A step raised an error that retrying will not fix."""

@@ -39,16 +39,20 @@ class Lease:
     """
 
     def __init__(self, leases: Leases, run_id: str, token: str, epoch: int, ttl: float) -> None:
-        self._leases, self.run_id, self.token, self.epoch, self.ttl = leases, run_id, token, epoch, ttl
+        self._leases, self.run_id, self.token, self.epoch, self.ttl = (
+            leases,
+            run_id,
+            token,
+            epoch,
+            ttl,
+        )
         self._renewed_at = time.monotonic()
         self._lost: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start_heartbeat(self) -> Lease:
-        self._thread = threading.Thread(
-            target=self._beat, name=f"lease-{self.run_id}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._beat, name=f"lease-{self.run_id}", daemon=True)
         self._thread.start()
         return self
 

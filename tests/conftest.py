@@ -43,7 +43,9 @@ def _require_services() -> None:
         psycopg.connect(BASE_DB, connect_timeout=3).close()
         redis_lib.Redis.from_url(BASE_REDIS, socket_connect_timeout=3).ping()
     except Exception as exc:  # noqa: BLE001
-        pytest.exit(f"Postgres/Redis not reachable ({exc}); run the tests with `bash scripts/test`", 2)
+        pytest.exit(
+            f"Postgres/Redis not reachable ({exc}); run the tests with `bash scripts/test`", 2
+        )
 
 
 @pytest.fixture(scope="session")
@@ -188,7 +190,9 @@ def start_beat(worker_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[
     procs: list[fleet.Proc] = []
 
     def start() -> fleet.Proc:
-        procs.append(fleet.start_beat(worker_env, tmp_path / "beat.log", tmp_path / "beat-schedule"))
+        procs.append(
+            fleet.start_beat(worker_env, tmp_path / "beat.log", tmp_path / "beat-schedule")
+        )
         return procs[-1]
 
     yield start

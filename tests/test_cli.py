@@ -18,15 +18,22 @@ COMMANDS = ["worker", "beat", "enqueue", "runs", "show", "db", "db upgrade", "de
 def _cairn(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args], capture_output=True, text=True,
-        env=full, cwd=ROOT, timeout=60,
+        [sys.executable, "-m", "workers.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        cwd=ROOT,
+        timeout=60,
     )
 
 
 @pytest.fixture
 def cli_env(settings) -> dict[str, str]:
-    return {"CAIRN_DATABASE_URL": settings.database_url, "CAIRN_REDIS_URL": settings.redis_url,
-            "CAIRN_WORKFLOWS": "tests.flows"}
+    return {
+        "CAIRN_DATABASE_URL": settings.database_url,
+        "CAIRN_REDIS_URL": settings.redis_url,
+        "CAIRN_WORKFLOWS": "tests.flows",
+    }
 
 
 @pytest.mark.parametrize("command", COMMANDS)

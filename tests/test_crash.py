@@ -38,7 +38,9 @@ def _kill_holder(leases: Leases, run_id: str) -> int:
 
 
 @pytest.mark.parametrize("boundary", ["before", "after"])
-def test_run_resumes_at_its_cursor_after_sigkill(start_worker, create, store, leases, mail: MailServer, tmp_path, boundary) -> None:
+def test_run_resumes_at_its_cursor_after_sigkill(
+    start_worker, create, store, leases, mail: MailServer, tmp_path, boundary
+) -> None:
     log = tmp_path / "steps.log"
     start_worker(concurrency=1)
     run_id = create("probe", {"log": str(log), boundary: {"two": 60}})
@@ -52,7 +54,9 @@ def test_run_resumes_at_its_cursor_after_sigkill(start_worker, create, store, le
 
 
 @pytest.mark.parametrize(("keyed", "deliveries"), [(True, 1), (False, 2)])
-def test_email_step_killed_after_sending_delivers_once(start_worker, create, store, leases, mail: MailServer, tmp_path, keyed, deliveries) -> None:
+def test_email_step_killed_after_sending_delivers_once(
+    start_worker, create, store, leases, mail: MailServer, tmp_path, keyed, deliveries
+) -> None:
     log = tmp_path / "steps.log"
     start_worker(concurrency=1)
     run_id = create("probe", {"log": str(log), "after": {"mail": 60}, "unkeyed": not keyed})
@@ -67,7 +71,9 @@ def test_email_step_killed_after_sending_delivers_once(start_worker, create, sto
     assert stats["duplicate_deliveries"] == deliveries - 1
 
 
-def test_ledger_keeps_an_effect_without_idempotency_from_repeating(start_worker, create, store, leases, tmp_path) -> None:
+def test_ledger_keeps_an_effect_without_idempotency_from_repeating(
+    start_worker, create, store, leases, tmp_path
+) -> None:
     log = tmp_path / "steps.log"
     start_worker(concurrency=1)
     run_id = create("probe", {"log": str(log), "after": {"once": 60}})
@@ -78,7 +84,9 @@ def test_ledger_keeps_an_effect_without_idempotency_from_repeating(start_worker,
     assert (tmp_path / "steps.log.effects").read_text().splitlines() == [f"cairn:{run_id}:once:0"]
 
 
-def test_kill_between_the_effects_write_and_commit_leaves_neither(start_worker, create, store, sql, send, tmp_path) -> None:
+def test_kill_between_the_effects_write_and_commit_leaves_neither(
+    start_worker, create, store, sql, send, tmp_path
+) -> None:
     log = tmp_path / "steps.log"
     w = start_worker(concurrency=1)
     run_id = create("probe", {"log": str(log), "after": {"ledger": 60}})
@@ -94,7 +102,9 @@ def test_kill_between_the_effects_write_and_commit_leaves_neither(start_worker, 
     assert sql("SELECT idempotency_key FROM invoice_ledger") == [(f"cairn:{run_id}:ledger:0",)]
 
 
-def test_zombie_after_sigstop_writes_nothing_and_sends_nothing(start_worker, start_beat, create, store, leases, mail: MailServer, tmp_path) -> None:
+def test_zombie_after_sigstop_writes_nothing_and_sends_nothing(
+    start_worker, start_beat, create, store, leases, mail: MailServer, tmp_path
+) -> None:
     log = tmp_path / "steps.log"
     a = start_worker(concurrency=1)
     run_id = create("probe", {"log": str(log), "before": {"two": 2 * LEASE_TTL + 2}})
@@ -115,7 +125,9 @@ def test_zombie_after_sigstop_writes_nothing_and_sends_nothing(start_worker, sta
     assert mail.stats()["deliveries"] == 1 and mail.stats()["attempts"] == 1
 
 
-def test_two_deliveries_of_one_run_never_run_concurrently(start_worker, create, store, send, tmp_path) -> None:
+def test_two_deliveries_of_one_run_never_run_concurrently(
+    start_worker, create, store, send, tmp_path
+) -> None:
     log = tmp_path / "steps.log"
     start_worker(concurrency=1)
     start_worker(concurrency=1)
@@ -125,7 +137,9 @@ def test_two_deliveries_of_one_run_never_run_concurrently(start_worker, create, 
     assert starts(log) == ["one", "two", "mail", "ledger", "once"]
 
 
-def test_reaper_recovers_a_run_whose_whole_worker_was_lost(start_worker, start_beat, create, store, tmp_path) -> None:
+def test_reaper_recovers_a_run_whose_whole_worker_was_lost(
+    start_worker, start_beat, create, store, tmp_path
+) -> None:
     log = tmp_path / "steps.log"
     a = start_worker(concurrency=1)
     start_beat()
@@ -140,7 +154,9 @@ def test_reaper_recovers_a_run_whose_whole_worker_was_lost(start_worker, start_b
     _done(store, run_id)
 
 
-def test_redelivered_finished_run_does_nothing(start_worker, create, store, send, mail: MailServer, tmp_path) -> None:
+def test_redelivered_finished_run_does_nothing(
+    start_worker, create, store, send, mail: MailServer, tmp_path
+) -> None:
     log = tmp_path / "steps.log"
     w = start_worker(concurrency=1)
     run_id = create("probe", {"log": str(log)})

@@ -18,7 +18,9 @@ def _probe_input(tmp_path: Path, **extra: object) -> dict:
     return {"log": str(tmp_path / "steps.log"), **extra}
 
 
-def test_run_to_done_with_every_kind_of_effect(create, deps, store: PgStore, mail: MailServer, sql, tmp_path) -> None:
+def test_run_to_done_with_every_kind_of_effect(
+    create, deps, store: PgStore, mail: MailServer, sql, tmp_path
+) -> None:
     run_id = create("probe", _probe_input(tmp_path), queue=False)
     assert loop.run(run_id, deps) == "done"
     cp = store.load(run_id)
@@ -31,7 +33,9 @@ def test_run_to_done_with_every_kind_of_effect(create, deps, store: PgStore, mai
     assert (tmp_path / "steps.log.effects").read_text() == f"cairn:{run_id}:once:0\n"
 
 
-def test_redelivered_finished_run_does_nothing(create, deps, store: PgStore, leases: Leases, mail: MailServer, tmp_path) -> None:
+def test_redelivered_finished_run_does_nothing(
+    create, deps, store: PgStore, leases: Leases, mail: MailServer, tmp_path
+) -> None:
     run_id = create("probe", _probe_input(tmp_path), queue=False)
     loop.run(run_id, deps)
     before = store.load(run_id)
@@ -62,8 +66,16 @@ def test_each_visit_of_a_looping_step_gets_its_own_key(create, deps, mail: MailS
 
 
 def test_cost_counts_every_token_kind() -> None:
-    usage = type("U", (), dict(input_tokens=1_000_000, output_tokens=1_000_000,
-                               cache_creation_input_tokens=1_000_000, cache_read_input_tokens=1_000_000))
+    usage = type(
+        "U",
+        (),
+        dict(
+            input_tokens=1_000_000,
+            output_tokens=1_000_000,
+            cache_creation_input_tokens=1_000_000,
+            cache_read_input_tokens=1_000_000,
+        ),
+    )
     assert cost_of("claude-haiku-4-5", usage) == pytest.approx(1.0 + 5.0 + 1.25 + 0.10)
     assert cost_of("some-future-model", usage) > cost_of("claude-haiku-4-5", usage)
 
@@ -71,7 +83,9 @@ def test_cost_counts_every_token_kind() -> None:
 def test_compaction_fits_the_budget_and_the_loaded_window_is_what_the_model_saw(
     create, deps, store: PgStore
 ) -> None:
-    window = [{"role": "user" if i % 2 == 0 else "assistant", "content": "x" * 400} for i in range(40)]
+    window = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": "x" * 400} for i in range(40)
+    ]
     out = compact(window, budget_tokens=1000, keep_last=4)
     assert out[0]["content"].startswith("[Summary") and out[1:] == window[-3:]
     assert compact(window[:2], budget_tokens=1000) is not None
@@ -104,17 +118,26 @@ def test_a_failing_step_fails_the_run_clearly_and_keeps_the_checkpoint(
 ) -> None:
     run_id = create("bad", {"mode": mode}, queue=False)
     before = store.load(run_id)
-    small = dataclasses.replace(deps, settings=dataclasses.replace(deps.settings, max_window_bytes=100_000))
+    small = dataclasses.replace(
+        deps, settings=dataclasses.replace(deps.settings, max_window_bytes=100_000)
+    )
     assert loop.run(run_id, small) == "failed"
     after = store.load(run_id)
     assert after is not None and before is not None
     assert error in (after.error or "")
-    assert (after.seq, after.cursor, after.state, after.window) == (before.seq, before.cursor, before.state, before.window)
+    assert (after.seq, after.cursor, after.state, after.window) == (
+        before.seq,
+        before.cursor,
+        before.state,
+        before.window,
+    )
     other = create("bad", {"mode": "fine"}, queue=False)
     assert loop.run(other, small) == "done"  # other runs unaffected
 
 
-def test_foreign_version_is_refused_and_recorded(create, deps, store: PgStore, sql, tmp_path) -> None:
+def test_foreign_version_is_refused_and_recorded(
+    create, deps, store: PgStore, sql, tmp_path
+) -> None:
     run_id = create("probe", _probe_input(tmp_path), queue=False)
     sql("UPDATE checkpoints SET version = 7 WHERE run_id = %s", run_id)
     assert loop.run(run_id, deps) == "failed"
@@ -142,7 +165,9 @@ def test_run_of_unregistered_workflow_fails_with_a_clear_error(deps, store: PgSt
     assert cp is not None and "unknown workflow 'ghost'" in (cp.error or "")
 
 
-def test_model_429_and_529_are_retried_and_the_run_finishes(create, deps, store: PgStore, model, tmp_path) -> None:
+def test_model_429_and_529_are_retried_and_the_run_finishes(
+    create, deps, store: PgStore, model, tmp_path
+) -> None:
     run_id = create("probe", _probe_input(tmp_path), queue=False)
     model.control(fail_next=2, status=429)
     assert loop.run(run_id, deps) == "done"

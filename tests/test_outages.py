@@ -17,8 +17,12 @@ pytestmark = pytest.mark.slow
 
 
 def _service(action: str, name: str) -> None:
-    subprocess.run(["bash", str(ROOT / "scripts/services.sh"), action, name], check=True,
-                   capture_output=True, timeout=60)
+    subprocess.run(
+        ["bash", str(ROOT / "scripts/services.sh"), action, name],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture
@@ -35,7 +39,9 @@ def restarts():
         _service("up", name)
 
 
-def test_postgres_restarted_mid_run(start_worker, create, store: PgStore, mail: MailServer, restarts, tmp_path: Path) -> None:
+def test_postgres_restarted_mid_run(
+    start_worker, create, store: PgStore, mail: MailServer, restarts, tmp_path: Path
+) -> None:
     log = tmp_path / "steps.log"
     start_worker(concurrency=1)
     run_id = create("probe", {"log": str(log), "after": {"two": 1.5}})
@@ -50,7 +56,9 @@ def test_postgres_restarted_mid_run(start_worker, create, store: PgStore, mail: 
     assert mail.stats()["deliveries"] == 1 and mail.stats()["duplicate_deliveries"] == 0
 
 
-def test_redis_restarted_mid_run(start_worker, start_beat, create, store: PgStore, mail: MailServer, restarts, tmp_path: Path) -> None:
+def test_redis_restarted_mid_run(
+    start_worker, start_beat, create, store: PgStore, mail: MailServer, restarts, tmp_path: Path
+) -> None:
     log = tmp_path / "steps.log"
     start_worker(concurrency=1)
     start_beat()
@@ -66,7 +74,9 @@ def test_redis_restarted_mid_run(start_worker, start_beat, create, store: PgStor
     assert mail.stats()["deliveries"] == 1 and mail.stats()["duplicate_deliveries"] == 0
 
 
-def test_second_delivery_defers_and_survives_the_first_workers_death(start_worker, create, store: PgStore, send, tmp_path: Path) -> None:
+def test_second_delivery_defers_and_survives_the_first_workers_death(
+    start_worker, create, store: PgStore, send, tmp_path: Path
+) -> None:
     log = tmp_path / "steps.log"
     first = start_worker(concurrency=1)
     run_id = create("probe", {"log": str(log), "before": {"two": 60}})

@@ -115,8 +115,12 @@ def test_ledger(store: PgStore) -> None:
     assert store.was_done("k") == (True, {"id": 7})
 
 
-@hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.sampled_from("ab"), st.integers(1, 6), st.integers(0, 3)), max_size=12))
+@hsettings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(st.tuples(st.sampled_from("ab"), st.integers(1, 6), st.integers(0, 3)), max_size=12)
+)
 def test_any_interleaving_leaves_the_newest_accepted_write(store: PgStore, sql, writes) -> None:
     sql("TRUNCATE runs CASCADE")
     base = _run(store)
@@ -131,17 +135,32 @@ def test_any_interleaving_leaves_the_newest_accepted_write(store: PgStore, sql, 
             assert not (seq > accepted.seq and epoch >= accepted.epoch)
     now = store.load("r1")
     assert now is not None and (now.seq, now.epoch, now.cursor) == (
-        accepted.seq, accepted.epoch, accepted.cursor
+        accepted.seq,
+        accepted.epoch,
+        accepted.cursor,
     )
 
 
 def test_sweep_removes_only_old_terminal_runs(store: PgStore, sql) -> None:
-    for run_id, status in (("old-done", "done"), ("old-failed", "failed"), ("old-running", "running"), ("new-done", "done")):
+    for run_id, status in (
+        ("old-done", "done"),
+        ("old-failed", "failed"),
+        ("old-running", "running"),
+        ("new-done", "done"),
+    ):
         cp = _run(store, run_id)
-        store.save(dataclasses.replace(cp, seq=1, status=status, window=({"role": "user", "content": "m"},)), cp)
+        store.save(
+            dataclasses.replace(
+                cp, seq=1, status=status, window=({"role": "user", "content": "m"},)
+            ),
+            cp,
+        )
         store.mark_done(f"k-{run_id}", run_id, None)
     sql("UPDATE checkpoints SET updated_at = now() - interval '8 days' WHERE run_id LIKE 'old-%'")
     assert store.sweep(older_than=7 * 24 * 3600) == 2
     assert sorted(r["run_id"] for r in store.list_runs()) == ["new-done", "old-running"]
-    assert sorted(r[0] for r in sql("SELECT run_id FROM window_messages")) == ["new-done", "old-running"]
+    assert sorted(r[0] for r in sql("SELECT run_id FROM window_messages")) == [
+        "new-done",
+        "old-running",
+    ]
     assert sorted(r[0] for r in sql("SELECT run_id FROM effects")) == ["new-done", "old-running"]

@@ -80,7 +80,7 @@ def run_task(self, run_id: str) -> str:  # type: ignore[no-untyped-def]
         if attempt >= settings.transient_retries:
             logger.error("run %s: giving up after %d retries: %s", run_id, attempt, exc)
             raise
-        countdown = min(2.0 * 2**min(attempt, 5), 60.0)
+        countdown = min(2.0 * 2 ** min(attempt, 5), 60.0)
         logger.warning("run %s: %s; retry %d in %.0fs", run_id, exc, attempt + 1, countdown)
         raise self.retry(countdown=countdown) from None
 

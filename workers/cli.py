@@ -42,7 +42,9 @@ _DB_DEFAULT = "postgresql://postgres@127.0.0.1:54329/cairn"
 _REDIS_DEFAULT = "redis://127.0.0.1:63790/0"
 
 
-def _env(database_url: str | None = None, redis_url: str | None = None, workflows: str | None = None) -> None:
+def _env(
+    database_url: str | None = None, redis_url: str | None = None, workflows: str | None = None
+) -> None:
     """Options win over the environment; workers.app reads the environment once."""
     for name, value in (
         ("CAIRN_DATABASE_URL", database_url),
@@ -60,9 +62,21 @@ def _fail(message: str, code: int = 1) -> None:
 
 @app.command()
 def worker(
-    concurrency: Annotated[int, typer.Option("--concurrency", "-c", envvar="CAIRN_CONCURRENCY", help="Processes in the pool.")] = 2,
-    beat: Annotated[bool, typer.Option("--beat", help="Also run the reaper/sweep schedule (run it on one worker only).")] = False,
-    loglevel: Annotated[str, typer.Option("--loglevel", envvar="CAIRN_LOGLEVEL", help="Log level.")] = "INFO",
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            "--concurrency", "-c", envvar="CAIRN_CONCURRENCY", help="Processes in the pool."
+        ),
+    ] = 2,
+    beat: Annotated[
+        bool,
+        typer.Option(
+            "--beat", help="Also run the reaper/sweep schedule (run it on one worker only)."
+        ),
+    ] = False,
+    loglevel: Annotated[
+        str, typer.Option("--loglevel", envvar="CAIRN_LOGLEVEL", help="Log level.")
+    ] = "INFO",
     name: Annotated[str, typer.Option("--name", "-n", help="Celery node name.")] = "cairn@%h",
     database_url: DatabaseUrl = _DB_DEFAULT,
     redis_url: RedisUrl = _REDIS_DEFAULT,
@@ -78,8 +92,12 @@ def worker(
 
 @app.command("beat")
 def beat_cmd(
-    loglevel: Annotated[str, typer.Option("--loglevel", envvar="CAIRN_LOGLEVEL", help="Log level.")] = "INFO",
-    schedule: Annotated[str, typer.Option("--schedule", help="Beat's schedule file.")] = ".cairn/beat-schedule",
+    loglevel: Annotated[
+        str, typer.Option("--loglevel", envvar="CAIRN_LOGLEVEL", help="Log level.")
+    ] = "INFO",
+    schedule: Annotated[
+        str, typer.Option("--schedule", help="Beat's schedule file.")
+    ] = ".cairn/beat-schedule",
     database_url: DatabaseUrl = _DB_DEFAULT,
     redis_url: RedisUrl = _REDIS_DEFAULT,
 ) -> None:
@@ -95,7 +113,9 @@ def beat_cmd(
 def enqueue(
     workflow: Annotated[str, typer.Argument(help="Registered workflow name, e.g. invoice.")],
     input: Annotated[str, typer.Argument(help="The run's input as a JSON object.")] = "{}",
-    run_id: Annotated[str | None, typer.Option("--run-id", help="Explicit run id; an existing one resumes.")] = None,
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", help="Explicit run id; an existing one resumes.")
+    ] = None,
     database_url: DatabaseUrl = _DB_DEFAULT,
     redis_url: RedisUrl = _REDIS_DEFAULT,
     workflows: Workflows = "",
@@ -105,7 +125,7 @@ def enqueue(
     try:
         data = json.loads(input)
     except json.JSONDecodeError as exc:
-        _fail(f"input is not JSON ({exc}); pass an object like '{{\"customer\": \"acme\"}}'", 2)
+        _fail(f'input is not JSON ({exc}); pass an object like \'{{"customer": "acme"}}\'', 2)
     from store import CairnError
     from workers.client import enqueue as do_enqueue
 
@@ -123,7 +143,9 @@ def _store() -> Any:
 
 @app.command()
 def runs(
-    status: Annotated[str | None, typer.Option("--status", help="pending, running, done or failed.")] = None,
+    status: Annotated[
+        str | None, typer.Option("--status", help="pending, running, done or failed.")
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", help="Rows to show.")] = 30,
     database_url: DatabaseUrl = _DB_DEFAULT,
 ) -> None:
@@ -134,9 +156,14 @@ def runs(
     for r in _store().list_runs(status, limit):
         colour = {"done": "green", "failed": "red", "running": "yellow"}.get(r["status"], "")
         table.add_row(
-            r["workflow"], f"[{colour}]{r['status']}[/]" if colour else r["status"],
-            r["cursor"], str(r["seq"]), f"{r['cost_usd']:.6f}", str(r["resumes"]),
-            r["updated_at"].strftime("%H:%M:%S"), r["run_id"],
+            r["workflow"],
+            f"[{colour}]{r['status']}[/]" if colour else r["status"],
+            r["cursor"],
+            str(r["seq"]),
+            f"{r['cost_usd']:.6f}",
+            str(r["resumes"]),
+            r["updated_at"].strftime("%H:%M:%S"),
+            r["run_id"],
         )
     console.print(table)
 
@@ -153,11 +180,24 @@ def show(
     row = _store().load_row(run_id)
     if row is None:
         _fail(f"no run {run_id!r}")
-    for key in ("run_id", "workflow", "status", "cursor", "seq", "version", "epoch", "resumes", "cost_usd", "updated_at"):
+    for key in (
+        "run_id",
+        "workflow",
+        "status",
+        "cursor",
+        "seq",
+        "version",
+        "epoch",
+        "resumes",
+        "cost_usd",
+        "updated_at",
+    ):
         console.print(f"[bold]{key:>10}[/] {row[key]}")
     if row["error"]:
         console.print(f"[bold red]{'error':>10}[/] {row['error']}")
-    console.print(f"[bold]{'window':>10}[/] {len(row['window'])} messages (from index {row['win_start']})")
+    console.print(
+        f"[bold]{'window':>10}[/] {len(row['window'])} messages (from index {row['win_start']})"
+    )
     console.print(f"[bold]{'input':>10}[/] {json.dumps(row['input'])}")
     console.print(f"[bold]{'state':>10}[/] {json.dumps(row['state'], default=str)}")
     try:
@@ -182,7 +222,9 @@ def db_upgrade(database_url: DatabaseUrl = _DB_DEFAULT) -> None:
 def demo(
     runs: Annotated[int, typer.Option("--runs", help="Invoice runs to enqueue.")] = 20,
     workers: Annotated[int, typer.Option("--workers", help="Worker processes to start.")] = 2,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the summary as one JSON object.")
+    ] = False,
     database_url: DatabaseUrl = _DB_DEFAULT,
     redis_url: RedisUrl = _REDIS_DEFAULT,
 ) -> None:
@@ -201,7 +243,9 @@ def demo(
 def standin(
     kind: Annotated[str, typer.Argument(help="mail or model.")],
     port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1.")] = 0,
-    delay_ms: Annotated[int, typer.Option("--delay-ms", help="Latency to add to each request.")] = 0,
+    delay_ms: Annotated[
+        int, typer.Option("--delay-ms", help="Latency to add to each request.")
+    ] = 0,
 ) -> None:
     """Run a local stand-in: the mail API, or a server speaking the Anthropic Messages API."""
     from steps import standins
@@ -210,7 +254,11 @@ def standin(
 
 
 @app.command(
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+    context_settings={
+        "allow_extra_args": True,
+        "ignore_unknown_options": True,
+        "help_option_names": [],
+    }
 )
 def bench(ctx: typer.Context) -> None:
     """Benchmarks against the floor and the peers (`cairn bench --help` for options)."""

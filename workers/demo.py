@@ -53,7 +53,9 @@ def run_demo(runs: int = 20, workers: int = 2, quiet: bool = False) -> dict[str,
     real_model = bool(os.environ.get("ANTHROPIC_API_KEY")) and not settings.anthropic_base_url
     model = None if real_model else ModelServer(delay_ms=250).start()
     base_url = settings.anthropic_base_url or (model.url if model else "")
-    err.print(f"[bold]mail API[/]: local stand-in at {mail.url} (records and dedupes on Idempotency-Key)")
+    err.print(
+        f"[bold]mail API[/]: local stand-in at {mail.url} (records and dedupes on Idempotency-Key)"
+    )
     if model:
         err.print(
             f"[bold]model[/]: ANTHROPIC_API_KEY is unset, so the anthropic SDK is pointed at a local "
@@ -64,8 +66,11 @@ def run_demo(runs: int = 20, workers: int = 2, quiet: bool = False) -> dict[str,
 
     lease_ttl = 5.0
     env = fleet.child_env(
-        CAIRN_REDIS_URL=redis_url, CAIRN_DATABASE_URL=settings.database_url,
-        CAIRN_MAIL_URL=mail.url, CAIRN_LEASE_TTL=str(lease_ttl), CAIRN_REAPER_INTERVAL="1",
+        CAIRN_REDIS_URL=redis_url,
+        CAIRN_DATABASE_URL=settings.database_url,
+        CAIRN_MAIL_URL=mail.url,
+        CAIRN_LEASE_TTL=str(lease_ttl),
+        CAIRN_REAPER_INTERVAL="1",
         CAIRN_DEFER_SECONDS="1",
     )
     if base_url:
@@ -94,8 +99,13 @@ def run_demo(runs: int = 20, workers: int = 2, quiet: bool = False) -> dict[str,
 
         rows: dict[str, dict[str, Any]] = {}
         with Progress(
-            TextColumn("[bold]runs"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TextColumn("{task.description}"), TimeElapsedColumn(), console=err, disable=quiet,
+            TextColumn("[bold]runs"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=err,
+            disable=quiet,
         ) as progress:
             bar = progress.add_task("", total=runs)
             deadline = time.monotonic() + 240
@@ -104,7 +114,8 @@ def run_demo(runs: int = 20, workers: int = 2, quiet: bool = False) -> dict[str,
                 finished = sum(r["status"] in ("done", "failed") for r in rows.values())
                 active = [r for r in rows.values() if r["status"] == "running"]
                 progress.update(
-                    bar, completed=finished,
+                    bar,
+                    completed=finished,
                     description=f"running {len(active)} · kills {len(kills)} · "
                     f"emails {mail.stats()['deliveries']}",
                 )
@@ -117,7 +128,8 @@ def run_demo(runs: int = 20, workers: int = 2, quiet: bool = False) -> dict[str,
         with db.connection() as conn:
             ledger_rows = conn.execute(
                 "SELECT count(*) AS n, count(DISTINCT run_id) AS runs FROM invoice_ledger"
-                " WHERE run_id = ANY(%s)", (ids,),
+                " WHERE run_id = ANY(%s)",
+                (ids,),
             ).fetchone()
         stats = mail.stats()
         summary = {
@@ -158,8 +170,14 @@ def run_demo(runs: int = 20, workers: int = 2, quiet: bool = False) -> dict[str,
 
 
 def _maybe_kill(
-    kills: list[dict[str, Any]], active: list[dict[str, Any]], leases: Leases,
-    procs: list[fleet.Proc], env: dict[str, str], stamp: str, err: Console, mail: MailServer,
+    kills: list[dict[str, Any]],
+    active: list[dict[str, Any]],
+    leases: Leases,
+    procs: list[fleet.Proc],
+    env: dict[str, str],
+    stamp: str,
+    err: Console,
+    mail: MailServer,
 ) -> None:
     """First a pool child whose email went out but whose checkpoint is not saved yet (the
     replay trap), then a whole worker mid-run."""
@@ -174,18 +192,26 @@ def _maybe_kill(
             continue
         if not kills:
             os.kill(pid, signal.SIGKILL)
-            kills.append({"kind": "pool child", "pid": pid, "run": row["run_id"], "step": row["cursor"]})
-            err.print(f"[red]SIGKILL[/] pool process {pid} right after {row['run_id']} sent its "
-                      "email, before its checkpoint: the broker redelivers the run")
+            kills.append(
+                {"kind": "pool child", "pid": pid, "run": row["run_id"], "step": row["cursor"]}
+            )
+            err.print(
+                f"[red]SIGKILL[/] pool process {pid} right after {row['run_id']} sent its "
+                "email, before its checkpoint: the broker redelivers the run"
+            )
             return
         owner = next((p for p in procs if p.alive() and pid in p.children()), None)
         if owner is None:
             continue
         owner.kill()
-        kills.append({"kind": "whole worker", "pid": owner.pid, "run": row["run_id"], "step": row["cursor"]})
-        err.print(f"[red]SIGKILL[/] whole worker {owner.name} (pid {owner.pid} and its pool) while "
-                  f"{row['run_id']} was at {row['cursor']}; starting a replacement; the reaper "
-                  "re-enqueues its runs when their leases expire")
+        kills.append(
+            {"kind": "whole worker", "pid": owner.pid, "run": row["run_id"], "step": row["cursor"]}
+        )
+        err.print(
+            f"[red]SIGKILL[/] whole worker {owner.name} (pid {owner.pid} and its pool) while "
+            f"{row['run_id']} was at {row['cursor']}; starting a replacement; the reaper "
+            "re-enqueues its runs when their leases expire"
+        )
         procs.append(fleet.start_worker(env, STATE / f"worker-{stamp}-r.log", "demo-r", 2))
         return
 
@@ -193,14 +219,21 @@ def _maybe_kill(
 def _print_summary(out: Console, s: dict[str, Any]) -> None:
     table = Table(title="cairn demo", show_header=False)
     for label, key in (
-        ("runs finished", "runs_finished"), ("runs failed", "runs_failed"),
-        ("runs resumed after a kill", "runs_resumed"), ("emails attempted", "emails_attempted"),
-        ("emails delivered", "emails_delivered"), ("replays deduplicated", "emails_deduplicated"),
-        ("duplicate deliveries", "duplicate_deliveries"), ("ledger rows", "ledger_rows"),
-        ("model cost (USD)", "cost_usd"), ("seconds", "seconds"),
+        ("runs finished", "runs_finished"),
+        ("runs failed", "runs_failed"),
+        ("runs resumed after a kill", "runs_resumed"),
+        ("emails attempted", "emails_attempted"),
+        ("emails delivered", "emails_delivered"),
+        ("replays deduplicated", "emails_deduplicated"),
+        ("duplicate deliveries", "duplicate_deliveries"),
+        ("ledger rows", "ledger_rows"),
+        ("model cost (USD)", "cost_usd"),
+        ("seconds", "seconds"),
     ):
         table.add_row(label, str(s[key]))
-    table.add_row("kills", "; ".join(f"{k['kind']} pid {k['pid']} at {k['step']}" for k in s["kills"]))
+    table.add_row(
+        "kills", "; ".join(f"{k['kind']} pid {k['pid']} at {k['step']}" for k in s["kills"])
+    )
     out.print(table)
     verdict = "[bold green]OK[/]" if s["ok"] else "[bold red]FAILED[/]"
     out.print(f"{verdict}: every run finished, each email delivered once" if s["ok"] else verdict)

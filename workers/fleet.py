@@ -33,7 +33,10 @@ class Proc:
         with log.open("ab") as out:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "workers.app", *args],
-                env=dict(env), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                env=dict(env),
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
 
@@ -75,8 +78,14 @@ def start_worker(
     env: Mapping[str, str], log: Path, name: str, concurrency: int = 1, wait: float = 60.0
 ) -> Proc:
     args = [
-        "worker", f"--concurrency={concurrency}", "--loglevel=INFO", "-n", f"{name}@%h",
-        "--without-mingle", "--without-gossip", "--without-heartbeat",
+        "worker",
+        f"--concurrency={concurrency}",
+        "--loglevel=INFO",
+        "-n",
+        f"{name}@%h",
+        "--without-mingle",
+        "--without-gossip",
+        "--without-heartbeat",
     ]
     w = Proc(args, env, log, name)
     wait_for(lambda: "ready." in w.text() or not w.alive(), wait, f"worker {name} to start")

@@ -25,10 +25,12 @@ from store import (
     Leases,
     PgStore,
     StaleWrite,
+    StoreUnavailable,
     Transient,
     UnknownRun,
     WindowTooLarge,
 )
+from store.db import is_transient
 from workers import faults
 from workers.settings import Settings
 
@@ -61,7 +63,7 @@ def run(run_id: str, deps: Deps) -> str:
     Raises Deferred (held elsewhere), Transient (retry later), LeaseLost/StaleWrite
     (another worker has the run: stop, touch nothing).
     """
-    store, settings = deps.store, deps.settings
+    store = deps.store
     try:
         cp = store.load(run_id)
     except (IncompatibleCheckpoint, CorruptCheckpoint) as exc:
@@ -152,7 +154,11 @@ def _step(cp: Checkpoint, flow: registry.Workflow, lease: Any, deps: Deps) -> Ch
             result = fn(ctx)
         except (Transient, LeaseLost, StaleWrite):
             raise
-        except Exception as exc:  # noqa: BLE001 (a bug or a permanent refusal in the step)
+        except Exception as exc:
+            if is_transient(exc):
+                raise StoreUnavailable(
+                    f"postgres unavailable in step {cp.cursor!r}: {exc}"
+                ) from exc
             logger.error("run %s step %r raised:\n%s", cp.run_id, cp.cursor, traceback.format_exc())
             failed = f"step {cp.cursor!r} raised {type(exc).__name__}: {exc}"
             store.mark_failed(cp, failed)

@@ -53,7 +53,9 @@ class Settings:
             database_url=env.get("CAIRN_DATABASE_URL", d.database_url),
             redis_url=env.get("CAIRN_REDIS_URL", d.redis_url),
             broker_url=env.get("CAIRN_BROKER_URL") or None,
-            workflows=tuple(m.strip() for m in env.get("CAIRN_WORKFLOWS", "").split(",") if m.strip()),
+            workflows=tuple(
+                m.strip() for m in env.get("CAIRN_WORKFLOWS", "").split(",") if m.strip()
+            ),
             lease_ttl=_float("CAIRN_LEASE_TTL", d.lease_ttl),
             visibility_timeout=_float("CAIRN_VISIBILITY_TIMEOUT", d.visibility_timeout),
             reaper_interval=_float("CAIRN_REAPER_INTERVAL", d.reaper_interval),
