@@ -88,24 +88,8 @@ def _checkpoint(row: dict[str, Any]) -> Checkpoint:
         raise CorruptCheckpoint(
             f"run {row['run_id']}: window rows {row['win_start']}..{row['win_end']} incomplete"
         )
-    return Checkpoint(
-        run_id=row["run_id"],
-        workflow=row["workflow"],
-        input=row["input"],
-        seq=row["seq"],
-        cursor=row["cursor"],
-        state=row["state"],
-        visits=row["visits"],
-        window=tuple(row["window"]),
-        win_start=row["win_start"],
-        cost_usd=row["cost_usd"],
-        version=row["version"],
-        status=row["status"],
-        error=row["error"],
-        epoch=row["epoch"],
-        resumes=row["resumes"],
-        updated_at=row["updated_at"],
-    )
+    fields = {f.name: row[f.name] for f in dataclasses.fields(Checkpoint) if f.name != "window"}
+    return Checkpoint(window=tuple(row["window"]), **fields)
 
 
 class PgStore:

@@ -2,19 +2,136 @@
 
 The loop calls hit() at three boundaries of every step: "before_effect" (before the step
 function runs), "after_effect" (it returned; the checkpoint is not saved yet) and
-"after_save". With CAIRN_FAULTS unset, hit() is a no-op (one attribute check).
+"after_save". With CAIRN_FAULTS unset, hit() is a no-op (one global check).
+
+With CAIRN_FAULTS=<path to a JSON plan> (written by `cairn chaos` before it starts the
+workers), every hit:
+
+* at "before_effect", counts the attempt (Redis HINCRBY per cursor and per run+seq) and
+  tags this process's outgoing httpx requests with ``X-Cairn-Step: run seq cursor attempt``
+  so the chaos mail stand-in can attribute every delivery to a step attempt, keyed or not;
+* decides from the plan whether this point dies: a point is (run_id, seq, boundary) and
+  it dies if it is listed in ``kills`` or if ``hash(seed, run_id, seq, boundary)`` falls
+  under ``rate`` (or ``rates[boundary]``). Same seed and run ids, same schedule: a failing
+  one can be replayed. A point dies at most once (a Redis SET NX marker), so the replay
+  after the kill goes through;
+* when it dies, records the kill first (run, seq, cursor, boundary, pid, wall-clock time)
+  and then sends itself SIGKILL: a pool child dies, Celery's parent replaces it and the
+  broker redelivers the message (task_reject_on_worker_lost).
+
+Plan keys: redis_url, prefix (Redis key prefix), seed, rate, rates, kills, spare_pid (a
+process that must never kill itself: the chaos driver).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import signal
+import time
 from typing import Any
 
 BOUNDARIES = ("before_effect", "after_effect", "after_save")
+STEP_HEADER = "X-Cairn-Step"
 
-_plan: Any = None if not os.environ.get("CAIRN_FAULTS") else ...
+
+def decide(seed: int | str, run_id: str, seq: int, boundary: str, rate: float) -> bool:
+    """The seeded rule: does (run_id, seq, boundary) die? Pure, so chaos can predict it."""
+    if rate <= 0:
+        return False
+    digest = hashlib.blake2b(f"{seed}|{run_id}|{seq}|{boundary}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64 < rate
+
+
+class Plan:
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.redis_url: str = data["redis_url"]
+        self.prefix: str = data.get("prefix", "chaos")
+        self.seed = data.get("seed", 0)
+        rate = float(data.get("rate", 0.0))
+        self.rates = {b: float(data.get("rates", {}).get(b, rate)) for b in BOUNDARIES}
+        self.kills = {(str(r), int(s), str(b)) for r, s, b in data.get("kills", [])}
+        self.spare_pid = data.get("spare_pid")
+        self._client: Any = None
+        self._client_pid = 0
+        self._patched = False
+        self.current: str | None = None  # "run seq cursor attempt" of the running step
+
+    @classmethod
+    def load(cls, path: str) -> Plan:
+        with open(path) as f:
+            return cls(json.load(f))
+
+    def redis(self) -> Any:
+        """A client made in this process (pool children must not share the parent's)."""
+        pid = os.getpid()
+        if self._client is None or self._client_pid != pid:
+            import redis
+
+            self._client = redis.Redis.from_url(
+                self.redis_url, socket_timeout=5, socket_connect_timeout=5
+            )
+            self._client_pid = pid
+        return self._client
+
+    def due(self, boundary: str, run_id: str, seq: int) -> bool:
+        return (run_id, seq, boundary) in self.kills or decide(
+            self.seed, run_id, seq, boundary, self.rates[boundary]
+        )
+
+    def hit(self, boundary: str, run_id: str, seq: int, cursor: str) -> None:
+        r = self.redis()
+        p = self.prefix
+        if boundary == "before_effect":
+            self._patch_httpx()
+            pipe = r.pipeline(transaction=False)
+            pipe.hincrby(f"{p}:attempts", cursor, 1)
+            pipe.hincrby(f"{p}:step_attempts", f"{run_id}|{seq}", 1)
+            attempt = pipe.execute()[1]
+            self.current = f"{run_id} {seq} {cursor} {attempt}"
+        elif boundary == "after_effect":
+            self.current = None
+        if not self.due(boundary, run_id, seq) or os.getpid() == self.spare_pid:
+            return
+        if not r.set(f"{p}:killed:{run_id}|{seq}|{boundary}", 1, nx=True):
+            return  # this point already died once: the replay goes through
+        record = {
+            "kind": "boundary", "boundary": boundary, "run_id": run_id, "seq": seq,
+            "cursor": cursor, "pid": os.getpid(), "ts": time.time(),
+        }
+        r.rpush(f"{p}:kills", json.dumps(record))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def _patch_httpx(self) -> None:
+        """Tag outgoing httpx requests with the step attempt (chaos mode only)."""
+        if self._patched:
+            return
+        self._patched = True
+        try:
+            import httpx
+        except ImportError:  # pragma: no cover
+            return
+        original = httpx.Client.send
+        plan = self
+
+        def send(client: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+            if plan.current and STEP_HEADER not in request.headers:
+                request.headers[STEP_HEADER] = plan.current
+            return original(client, request, *args, **kwargs)
+
+        httpx.Client.send = send  # type: ignore[method-assign]
+
+
+def _load() -> Plan | None:
+    path = os.environ.get("CAIRN_FAULTS")
+    return Plan.load(path) if path else None
+
+
+_plan: Plan | None = _load()
 
 
 def hit(boundary: str, run_id: str, seq: int, cursor: str) -> None:
     if _plan is None:
         return
+    _plan.hit(boundary, run_id, seq, cursor)
