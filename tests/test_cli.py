@@ -12,7 +12,7 @@ import pytest
 from store import PgStore
 from tests.conftest import ROOT
 
-COMMANDS = ["worker", "beat", "enqueue", "runs", "show", "db", "db upgrade", "demo", "standin"]
+COMMANDS = ["worker", "beat", "enqueue", "runs", "show", "db", "db upgrade", "demo", "standin", "chaos"]
 
 
 def _cairn(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -7,6 +7,7 @@ import os
 import threading
 
 from celery import Celery
+from kombu import Queue
 
 from steps import registry
 from steps.model import ModelClient
@@ -36,12 +37,17 @@ app.conf.update(
     accept_content=["json"],
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
+    # Workers consume three queues, round-robin: new runs, resumed runs and the reaper's
+    # ticks. A resumed run or a reaper tick then never waits behind the whole backlog.
+    task_queues=[Queue("celery"), Queue("cairn.resume"), Queue("cairn.control")],
+    task_routes={"cairn.reap": {"queue": "cairn.control"}, "cairn.sweep": {"queue": "cairn.control"}},
     beat_schedule={
         "cairn-reaper": {"task": "cairn.reap", "schedule": settings.reaper_interval},
         "cairn-sweep": {"task": "cairn.sweep", "schedule": 3600.0},
     },
 )
 
+RESUME = "cairn.resume"
 _deps: dict[int, loop.Deps] = {}
 _deps_lock = threading.Lock()
 
@@ -70,7 +76,7 @@ def run_task(self, run_id: str) -> str:  # type: ignore[no-untyped-def]
         return loop.run(run_id, deps())
     except loop.Deferred as exc:
         logger.info("run %s: %s; retrying in %ss", run_id, exc, settings.defer_seconds)
-        raise self.retry(countdown=settings.defer_seconds) from None
+        raise self.retry(countdown=settings.defer_seconds, queue=RESUME) from None
     except (LeaseLost, StaleWrite) as exc:
         # Another worker owns the run now: it will finish it. Do nothing more.
         logger.warning("run %s: stopped, %s", run_id, exc)
@@ -82,7 +88,7 @@ def run_task(self, run_id: str) -> str:  # type: ignore[no-untyped-def]
             raise
         countdown = min(2.0 * 2 ** min(attempt, 5), 60.0)
         logger.warning("run %s: %s; retry %d in %.0fs", run_id, exc, attempt + 1, countdown)
-        raise self.retry(countdown=countdown) from None
+        raise self.retry(countdown=countdown, queue=RESUME) from None
 
 
 @app.task(name="cairn.reap")
@@ -97,7 +103,7 @@ def reap() -> int:
     n = 0
     for run_id in d.leases.unheld(stalled):
         if d.leases.mark_reaped(run_id, settings.lease_ttl):
-            run_task.delay(run_id)
+            run_task.apply_async((run_id,), queue=RESUME)
             n += 1
     if n:
         logger.warning("reaper re-enqueued %d run(s)", n)

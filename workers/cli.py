@@ -267,7 +267,14 @@ def bench(ctx: typer.Context) -> None:
     raise typer.Exit(bench_main(list(ctx.args)))
 
 
+def _register_plugins() -> None:
+    from workers import chaos  # light at import: its heavy imports wait for the command
+
+    chaos.register(app)
+
+
 def main() -> None:
+    _register_plugins()
     app()
 
 

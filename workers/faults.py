@@ -7,20 +7,23 @@ function runs), "after_effect" (it returned; the checkpoint is not saved yet) an
 With CAIRN_FAULTS=<path to a JSON plan> (written by `cairn chaos` before it starts the
 workers), every hit:
 
-* at "before_effect", counts the attempt (Redis HINCRBY per cursor and per run+seq) and
-  tags this process's outgoing httpx requests with ``X-Cairn-Step: run seq cursor attempt``
-  so the chaos mail stand-in can attribute every delivery to a step attempt, keyed or not;
+* at "before_effect", journals the attempt and tags this process's outgoing httpx
+  requests with ``X-Cairn-Step: <run> <seq> <cursor> <attempt>`` so the chaos mail
+  stand-in can attribute every delivery to a step attempt, keyed or not;
 * decides from the plan whether this point dies: a point is (run_id, seq, boundary) and
   it dies if it is listed in ``kills`` or if ``hash(seed, run_id, seq, boundary)`` falls
   under ``rate`` (or ``rates[boundary]``). Same seed and run ids, same schedule: a failing
-  one can be replayed. A point dies at most once (a Redis SET NX marker), so the replay
+  one can be replayed. A point dies at most once (an O_EXCL marker file), so the replay
   after the kill goes through;
-* when it dies, records the kill first (run, seq, cursor, boundary, pid, wall-clock time)
-  and then sends itself SIGKILL: a pool child dies, Celery's parent replaces it and the
-  broker redelivers the message (task_reject_on_worker_lost).
+* when it dies, journals the kill first (run, seq, cursor, boundary, pid, wall-clock
+  time) and then sends itself SIGKILL: a pool child dies, Celery's parent replaces it and
+  the broker redelivers the message (task_reject_on_worker_lost).
 
-Plan keys: redis_url, prefix (Redis key prefix), seed, rate, rates, kills, spare_pid (a
-process that must never kill itself: the chaos driver).
+The bookkeeping is files in the plan's ``dir`` (the chaos workers all run on this
+machine), not Redis: one append-only journal written with single O_APPEND writes, which
+survive the SIGKILL that follows, and which a FLUSHDB of the broker's database cannot
+erase. Plan keys: dir, seed, rate, rates, kills, spare_pid (a process that must never
+kill itself: the chaos driver).
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ import os
 import signal
 import time
 from typing import Any
+from urllib.parse import quote
 
 BOUNDARIES = ("before_effect", "after_effect", "after_save")
 STEP_HEADER = "X-Cairn-Step"
+JOURNAL = "journal.jsonl"
 
 
 def decide(seed: int | str, run_id: str, seq: int, boundary: str, rate: float) -> bool:
@@ -46,15 +51,14 @@ def decide(seed: int | str, run_id: str, seq: int, boundary: str, rate: float) -
 
 class Plan:
     def __init__(self, data: dict[str, Any]) -> None:
-        self.redis_url: str = data["redis_url"]
-        self.prefix: str = data.get("prefix", "chaos")
+        self.dir: str = data["dir"]
         self.seed = data.get("seed", 0)
         rate = float(data.get("rate", 0.0))
         self.rates = {b: float(data.get("rates", {}).get(b, rate)) for b in BOUNDARIES}
         self.kills = {(str(r), int(s), str(b)) for r, s, b in data.get("kills", [])}
         self.spare_pid = data.get("spare_pid")
-        self._client: Any = None
-        self._client_pid = 0
+        self._fd = -1
+        self._fd_pid = 0
         self._patched = False
         self.current: str | None = None  # "run seq cursor attempt" of the running step
 
@@ -63,17 +67,15 @@ class Plan:
         with open(path) as f:
             return cls(json.load(f))
 
-    def redis(self) -> Any:
-        """A client made in this process (pool children must not share the parent's)."""
+    def journal(self, record: dict[str, Any]) -> None:
+        """One line, one write(2) on an O_APPEND descriptor opened by this process."""
         pid = os.getpid()
-        if self._client is None or self._client_pid != pid:
-            import redis
-
-            self._client = redis.Redis.from_url(
-                self.redis_url, socket_timeout=5, socket_connect_timeout=5
+        if self._fd_pid != pid:  # a forked pool child opens its own
+            self._fd = os.open(
+                os.path.join(self.dir, JOURNAL), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
             )
-            self._client_pid = pid
-        return self._client
+            self._fd_pid = pid
+        os.write(self._fd, (json.dumps(record) + "\n").encode())
 
     def due(self, boundary: str, run_id: str, seq: int) -> bool:
         return (run_id, seq, boundary) in self.kills or decide(
@@ -81,26 +83,25 @@ class Plan:
         )
 
     def hit(self, boundary: str, run_id: str, seq: int, cursor: str) -> None:
-        r = self.redis()
-        p = self.prefix
         if boundary == "before_effect":
             self._patch_httpx()
-            pipe = r.pipeline(transaction=False)
-            pipe.hincrby(f"{p}:attempts", cursor, 1)
-            pipe.hincrby(f"{p}:step_attempts", f"{run_id}|{seq}", 1)
-            attempt = pipe.execute()[1]
+            attempt = time.time_ns()  # attempts of one visit are sequential: time orders them
             self.current = f"{run_id} {seq} {cursor} {attempt}"
+            self.journal({"e": "attempt", "run_id": run_id, "seq": seq, "cursor": cursor,
+                          "attempt": attempt, "pid": os.getpid()})
         elif boundary == "after_effect":
             self.current = None
         if not self.due(boundary, run_id, seq) or os.getpid() == self.spare_pid:
             return
-        if not r.set(f"{p}:killed:{run_id}|{seq}|{boundary}", 1, nx=True):
+        marker = os.path.join(self.dir, "killed", f"{quote(run_id, safe='')}.{seq}.{boundary}")
+        try:
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except FileExistsError:
             return  # this point already died once: the replay goes through
-        record = {
-            "kind": "boundary", "boundary": boundary, "run_id": run_id, "seq": seq,
-            "cursor": cursor, "pid": os.getpid(), "ts": time.time(),
-        }
-        r.rpush(f"{p}:kills", json.dumps(record))
+        self.journal({
+            "e": "kill", "kind": "boundary", "boundary": boundary, "run_id": run_id,
+            "seq": seq, "cursor": cursor, "pid": os.getpid(), "ts": time.time(),
+        })
         os.kill(os.getpid(), signal.SIGKILL)
 
     def _patch_httpx(self) -> None:
@@ -121,6 +122,21 @@ class Plan:
             return original(client, request, *args, **kwargs)
 
         httpx.Client.send = send  # type: ignore[method-assign]
+
+
+def read_journal(directory: str) -> list[dict[str, Any]]:
+    """The journal's records, in write order (a torn last line is skipped)."""
+    path = os.path.join(directory, JOURNAL)
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
 
 
 def _load() -> Plan | None:

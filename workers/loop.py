@@ -77,6 +77,7 @@ def run(run_id: str, deps: Deps) -> str:
         logger.info("run %s is already %s; nothing to do", run_id, cp.status)
         return cp.status
 
+    claimed_before = cp.epoch > 0  # some worker started this run before us
     lease = _acquire(run_id, cp.epoch, deps)
     lease.start_heartbeat()
     try:
@@ -85,7 +86,7 @@ def run(run_id: str, deps: Deps) -> str:
         cp = store.require(run_id)  # the freshest row, now fenced to our epoch
         if cp.status in TERMINAL:
             return cp.status
-        resumed = cp.status == "running"
+        resumed = claimed_before or cp.status == "running"
         if resumed:
             logger.warning("run %s: resuming at %r (seq %d)", run_id, cp.cursor, cp.seq)
         cp = dataclasses.replace(

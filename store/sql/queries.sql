@@ -94,8 +94,11 @@ SELECT status, count(*) AS n, coalesce(sum(resumes), 0) AS resumes,
 -- Reaper candidates: running runs not saved for a while (their lease is checked in
 -- Redis; a save proves the lease was live within half a TTL), and pending runs that
 -- waited longer than any queue should (their message may sit with a dead worker).
+-- A pending run with an epoch was claimed by a worker that may have died in its first
+-- step: it is treated as running.
 SELECT run_id, status FROM checkpoints
- WHERE (status = 'running' AND updated_at < now() - make_interval(secs => %(running_after)s))
+ WHERE (status = 'running' OR (status = 'pending' AND epoch > 0))
+       AND updated_at < now() - make_interval(secs => %(running_after)s)
     OR (status = 'pending' AND updated_at < now() - make_interval(secs => %(pending_after)s));
 
 -- name: sweep

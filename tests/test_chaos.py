@@ -1,0 +1,152 @@
+"""`cairn chaos`: real worker processes SIGKILLed at step boundaries (and from outside).
+
+The end-to-end tests call workers.chaos (the same code as the CLI command) against
+this suite's Postgres server and a flushed Redis database from the redis_url fixture.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from tests.conftest import BASE_DB
+from workers import chaos, faults
+from workers.faults import BOUNDARIES
+
+# ---------------------------------------------------------------------------------------
+# Fast: the pieces, without processes
+# ---------------------------------------------------------------------------------------
+
+
+def test_hit_is_a_no_op_without_a_plan() -> None:
+    assert faults._plan is None  # conftest clears CAIRN_*; the worker hot path stays free
+    faults.hit("before_effect", "r", 0, "x")
+
+
+def test_the_kill_schedule_is_a_pure_function_of_the_seed() -> None:
+    points = [(f"run-{i}", s, b) for i in range(200) for s in range(4) for b in BOUNDARIES]
+    a = {p for p in points if faults.decide(42, *p, 0.05)}
+    assert a == {p for p in points if faults.decide(42, *p, 0.05)}
+    assert a != {p for p in points if faults.decide(43, *p, 0.05)}
+    assert 80 < len(a) < 160  # ~5% of 2400
+    assert not any(faults.decide(42, *p, 0.0) for p in points)
+    plan = faults.Plan({"dir": "/nonexistent", "seed": 1, "kills": [["r", 3, "after_save"]]})
+    assert plan.due("after_save", "r", 3) and not plan.due("before_effect", "r", 3)
+
+
+def _row(i: int, run: str, kind: str, seq: int, epoch: int, status: str = "running") -> dict:
+    return {"id": i, "run_id": run, "kind": kind, "seq": seq, "epoch": epoch,
+            "cursor": "c", "status": status, "at": float(i)}
+
+
+def test_history_check_flags_a_checkpoint_going_backwards() -> None:
+    good = [_row(1, "a", "create", 0, 0, "pending"), _row(2, "a", "claim", 0, 1, "pending"),
+            _row(3, "a", "save", 1, 1), _row(4, "a", "claim", 1, 2), _row(5, "a", "save", 2, 2),
+            _row(6, "a", "save", 3, 2, "done"), _row(7, "a", "claim", 3, 3, "done")]
+    assert chaos.check_history(good) == []
+    bad = [*good[:5], _row(6, "a", "save", 1, 2), _row(7, "a", "save", 2, 1),
+           _row(8, "a", "save", 2, 3)]
+    problems = chaos.check_history(bad)
+    assert any("seq went back 2 -> 1" in p for p in problems)
+    assert any("epoch went back" in p for p in problems)
+    assert any("did not advance" in p for p in problems)
+
+
+def test_recovery_is_measured_to_the_next_owner() -> None:
+    rows = [_row(1, "a", "create", 0, 0, "pending"), _row(2, "a", "claim", 0, 1, "pending"),
+            _row(3, "a", "save", 1, 1), _row(10, "a", "claim", 1, 2), _row(11, "a", "save", 2, 2,
+            "done")]
+    kills = [{"kind": "boundary", "run_id": "a", "ts": 4.5},
+             {"kind": "pool_child", "run_id": "a", "ts": 12.0}]
+    rec = chaos.recoveries(kills, rows)
+    assert rec[0]["seconds"] == 5.5
+    assert rec[1]["seconds"] is None and rec[1]["note"] == "run had already finished"
+
+
+def test_step_report_counts_replays_of_one_visit_as_duplicates() -> None:
+    events = [
+        # keyed: the replay (attempt 2) is deduplicated by the mail API
+        {"step": "r1 2 send 1", "key": "cairn:r1:send:0", "id": "m1", "delivered": True},
+        {"step": "r1 2 send 2", "key": "cairn:r1:send:0", "id": "m1", "delivered": False},
+        # unkeyed: the replay is delivered again
+        {"step": "r2 2 send 1", "key": None, "id": "m2", "delivered": True},
+        {"step": "r2 2 send 2", "key": None, "id": "m3", "delivered": True},
+        {"step": "r3 2 send 1", "key": None, "id": "m4", "delivered": True},
+    ]
+    (send,) = chaos.step_report(events, {"send": 5}, ["fetch", "send"])
+    assert send["sends"] == 5 and send["delivered"] == 4 and send["deduplicated"] == 1
+    assert send["keys"] == 1 and send["max_per_key"] == 1 and send["unkeyed"] == 3
+    assert send["duplicates"] == 1 and send["visits"] == 3
+
+
+# ---------------------------------------------------------------------------------------
+# Slow: real workers, real SIGKILLs
+# ---------------------------------------------------------------------------------------
+
+RUNS = 100
+SEED = 1234
+RATE = 0.03
+
+
+@pytest.mark.slow
+def test_invoice_survives_kills_at_every_boundary(template_db: str, redis_url: str, tmp_path: Path) -> None:
+    report = chaos.run_chaos(
+        "invoice", runs=RUNS, workers=2, concurrency=2, seed=SEED, rate=RATE, random_kills=3,
+        lease_ttl=2.0, deadline=150, pending_after=20, mail_delay_ms=5, model_delay_ms=0, database_url=BASE_DB,
+        redis_url=redis_url, state_dir=tmp_path, quiet=True,
+    )
+    assert report["ok"], report["problems"]
+    assert report["runs_finished"] == RUNS and report["runs_lost"] == 0
+    assert report["duplicates"] == 0 and report["history_violations"] == 0
+    assert report["history_rows"] >= RUNS * 5  # create + 4 saves per run, at least
+    kills = report["kills"]
+    assert sum(kills[b] for b in BOUNDARIES) + kills["random_pool_child"] + kills["whole_worker"] >= 20
+    assert all(kills[b] >= 3 for b in BOUNDARIES), kills
+    # Replayable: the boundary kills are exactly the points the seed picks (an outside
+    # kill between a save and its after_save hit may skip one after_save point).
+    predicted = {
+        (f"chaos-{SEED}-{i:04d}", seq, b)
+        for i in range(RUNS) for seq in range(4) for b in BOUNDARIES
+        if faults.decide(SEED, f"chaos-{SEED}-{i:04d}", seq, b, RATE)
+    }
+    actual = {(k["run_id"], k["seq"], k["boundary"]) for k in report["kill_log"] if k["kind"] == "boundary"}
+    assert actual <= predicted
+    assert len(actual) >= len(predicted) - kills["random_pool_child"] - kills["whole_worker"]
+    send = next(s for s in report["steps"] if s["step"] == "send_email")
+    assert send["delivered"] == RUNS and send["keys"] == RUNS and send["max_per_key"] == 1
+    assert send["deduplicated"] >= kills["after_effect"] > 0 or send["deduplicated"] > 0
+    assert report["recovery"]["pool_child"]["n"] >= 10
+    assert report["recovery"]["pool_child"]["p95"] < 15
+
+
+@pytest.mark.slow
+def test_unkeyed_effect_is_reported_as_the_step_that_duplicates(template_db: str, redis_url: str, tmp_path: Path) -> None:
+    app = typer.Typer()
+    chaos.register(app)
+
+    @app.callback()
+    def _root() -> None:
+        pass
+
+    seed = 5
+    kills = [f"chaos-{seed}-{i:04d}:2:after_effect" for i in (0, 3)]  # send_email is seq 2
+    args = [
+        "chaos", "unkeyed", "--runs", "6", "--workers", "1", "--seed", str(seed), "--rate", "0",
+        "--random-kills", "0", "--lease-ttl", "2", "--deadline", "90", "--json",
+        "--workflows", "tests.chaos_flows", "--database-url", BASE_DB, "--redis-url", redis_url,
+        *[a for k in kills for a in ("--kill", k)],
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert not report["ok"] and report["runs_finished"] == 6
+    assert report["kills"]["after_effect"] == 2
+    assert any("'send_email'" in p and "without an idempotency key" in p for p in report["problems"])
+    by_step = {s["step"]: s for s in report["steps"]}
+    assert by_step["send_email"]["duplicates"] == 2
+    assert by_step["send_email"]["delivered"] == 8 and by_step["send_email"]["keys"] == 0
+    assert all(s["duplicates"] == 0 for name, s in by_step.items() if name != "send_email")
