@@ -1,0 +1,194 @@
+"""cairn itself (in process and through Celery) and the floor it is measured against."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import redis
+from celery import Celery
+from psycopg.types.json import Jsonb
+
+from bench import flows
+from bench.common import measure
+from store import Database, Leases, PgStore, upgrade
+from workers import loop
+from workers.settings import Settings
+
+# -- the floor -----------------------------------------------------------------------------
+FLOOR_DDL = """
+CREATE TABLE IF NOT EXISTS floor_checkpoints (
+    run_id     text PRIMARY KEY,
+    seq        bigint NOT NULL,
+    state      jsonb NOT NULL,
+    win        jsonb NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+FLOOR_UPSERT = """
+INSERT INTO floor_checkpoints AS c (run_id, seq, state, win, updated_at)
+VALUES (%s, %s, %s, %s, now())
+ON CONFLICT (run_id) DO UPDATE
+   SET seq = EXCLUDED.seq, state = EXCLUDED.state, win = EXCLUDED.win, updated_at = now()
+ WHERE c.seq < EXCLUDED.seq
+"""
+
+
+def floor_setup(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(FLOOR_DDL)
+
+
+def floor_run(
+    url: str, steps: int, win: list[dict[str, Any]], append: Callable[[int], Any] | None = None
+) -> tuple[float, int]:
+    """One bare seq-guarded upsert per step on one connection, the whole window each time.
+
+    With append, each step adds append(i) to the window first (the naive growing row).
+    """
+    run_id = f"floor-{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        window = list(win)
+
+        def go() -> None:
+            for i in range(1, steps + 1):
+                if append is not None:
+                    window.append(append(i))
+                conn.execute(
+                    FLOOR_UPSERT, (run_id, i, Jsonb({"n": i}), Jsonb(window)), prepare=True
+                )
+
+        elapsed, wal, _ = measure(url, go)
+    return elapsed, wal
+
+
+# -- cairn ---------------------------------------------------------------------------------
+def cairn_setup(url: str) -> None:
+    upgrade(url)
+
+
+def create_run(
+    store: PgStore,
+    steps: int,
+    win: list[dict[str, Any]],
+    append_bytes: int = 0,
+    workflow: str = flows.NOOP,
+    extra: dict[str, Any] | None = None,
+) -> str:
+    """A run of the bench workflow whose checkpoint starts with win as its model window."""
+    run_id = f"{workflow}-{uuid.uuid4().hex[:10]}"
+    data = {"steps": steps, "append_bytes": append_bytes, **(extra or {})}
+    store.create_run(run_id, workflow, data, "tick" if workflow == flows.NOOP else "nap")
+    if win:
+        with store.db.connection() as conn, conn.transaction():
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO window_messages (run_id, idx, message) VALUES (%s, %s, %s)",
+                    [(run_id, i, Jsonb(m)) for i, m in enumerate(win)],
+                )
+            conn.execute(
+                "UPDATE checkpoints SET win_start = 0, win_end = %s WHERE run_id = %s",
+                (len(win), run_id),
+            )
+    return run_id
+
+
+def settings_for(url: str, redis_url: str, **over: Any) -> Settings:
+    return Settings(database_url=url, redis_url=redis_url, **over)
+
+
+class InProcess:
+    """workers.loop.run with the real PgStore and Leases, no broker."""
+
+    def __init__(self, url: str, redis_url: str, **settings: Any) -> None:
+        self.settings = settings_for(url, redis_url, **settings)
+        self.db = Database(url, give_up_after=self.settings.store_give_up_after)
+        self.store = PgStore(self.db)
+        self.leases = Leases.from_url(redis_url)
+        self.deps = loop.Deps(
+            settings=self.settings, store=self.store, leases=self.leases, model=None
+        )
+        self.url = url
+
+    def run(
+        self, steps: int, win: list[dict[str, Any]], append_bytes: int = 0
+    ) -> tuple[float, int]:
+        run_id = create_run(self.store, steps, win, append_bytes)
+        # warm the pool's connection so the timing is the loop, not the first connect
+        self.db.one("position", {"run_id": run_id})
+        elapsed, wal, status = measure(self.url, lambda: loop.run(run_id, self.deps))
+        if status != "done":
+            raise RuntimeError(f"cairn run {run_id} ended {status}")
+        return elapsed, wal
+
+    def close(self) -> None:
+        self.db.close()
+        self.leases.client.close()
+
+
+class Client:
+    """Sends cairn.run / bench.noop messages to the bench broker."""
+
+    def __init__(self, redis_url: str) -> None:
+        self.app = Celery("cairn-bench", broker=redis_url)
+        self.app.conf.broker_transport_options = {"visibility_timeout": 3600.0}
+        self.redis = redis.Redis.from_url(redis_url)
+
+    def send_run(self, run_id: str, queue: str | None = None) -> None:
+        self.app.send_task("cairn.run", args=[run_id], queue=queue)
+
+    def send_noop(self, queue: str | None = None) -> None:
+        self.app.send_task("bench.noop", queue=queue)
+
+    def release(self, held: str, queue: str = "celery") -> None:
+        """Move every message parked on list `held` onto the worker's queue at once."""
+        self.redis.rename(held, queue)
+
+    def close(self) -> None:
+        self.app.close()
+        self.redis.close()
+
+
+def wait_done(url: str, run_ids: list[str], timeout: float) -> float:
+    """Wait until every run is done; returns the latest final save time (epoch seconds)."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(url, autocommit=True) as conn:
+        while True:
+            row = conn.execute(
+                "SELECT count(*) FILTER (WHERE status = 'done'),"
+                " count(*) FILTER (WHERE status = 'failed'),"
+                " extract(epoch from max(updated_at)) FROM checkpoints WHERE run_id = ANY(%s)",
+                (run_ids,),
+            ).fetchone()
+            assert row is not None
+            done, failed, last = row
+            if failed:
+                raise RuntimeError(f"{failed} bench run(s) failed")
+            if done == len(run_ids):
+                return float(last)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out: {done}/{len(run_ids)} runs done")
+            time.sleep(0.02)
+
+
+def through_celery(
+    url: str,
+    client: Client,
+    store: PgStore,
+    steps: int,
+    win: list[dict[str, Any]],
+    timeout: float = 300.0,
+) -> tuple[float, int]:
+    """Enqueue one run on a live worker; seconds from enqueue to its final save."""
+    run_id = create_run(store, steps, win)
+
+    def go() -> float:
+        t0 = time.time()
+        client.send_run(run_id)
+        return wait_done(url, [run_id], timeout) - t0
+
+    _, wal, elapsed = measure(url, go)
+    return float(elapsed), wal

@@ -1,0 +1,163 @@
+"""Shared plumbing: scratch databases, WAL accounting, payloads, progress lines."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import random
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DB = "postgresql://postgres@127.0.0.1:54329/cairn"
+DEFAULT_REDIS = "redis://127.0.0.1:63790/0"
+BENCH_REDIS_DB = 15
+INSTALL_HINT = "not installed: pip install -e '.[bench]'"
+
+
+def base_db() -> str:
+    return os.environ.get("CAIRN_DATABASE_URL") or DEFAULT_DB
+
+
+def bench_redis() -> str:
+    base = os.environ.get("CAIRN_REDIS_URL") or DEFAULT_REDIS
+    return base.rsplit("/", 1)[0] + f"/{BENCH_REDIS_DB}"
+
+
+def with_db(url: str, name: str) -> str:
+    return url.rsplit("/", 1)[0] + "/" + name
+
+
+_t0 = time.monotonic()
+_quiet = False
+
+
+def set_quiet(quiet: bool) -> None:
+    global _quiet
+    _quiet = quiet
+
+
+def progress(msg: str) -> None:
+    if not _quiet:
+        print(f"[bench {time.monotonic() - _t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+# -- scratch databases ---------------------------------------------------------------------
+class Databases:
+    """Fresh bench_* databases; every one made here is dropped by close()."""
+
+    def __init__(self, base: str | None = None) -> None:
+        self.base = base or base_db()
+        self.made: list[str] = []
+        self.tag = f"{os.getpid()}_{uuid.uuid4().hex[:6]}"
+
+    def fresh(self, label: str) -> str:
+        name = f"bench_{label}_{self.tag}_{len(self.made)}".lower()
+        with psycopg.connect(self.base, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            conn.execute(f"CREATE DATABASE {name}")
+        self.made.append(name)
+        return with_db(self.base, name)
+
+    def drop(self, url: str) -> None:
+        name = url.rsplit("/", 1)[1]
+        with psycopg.connect(self.base, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        if name in self.made:
+            self.made.remove(name)
+
+    def close(self) -> None:
+        for name in list(self.made):
+            with contextlib.suppress(Exception):
+                self.drop(with_db(self.base, name))
+
+
+# -- WAL -----------------------------------------------------------------------------------
+class Wal:
+    """pg_current_wal_lsn() around a block; the difference is the cluster's WAL bytes.
+
+    The counter is cluster-wide: anything else writing to this Postgres meanwhile is
+    counted too, so callers take the minimum over repetitions.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.conn = psycopg.connect(url, autocommit=True)
+
+    def lsn(self) -> str:
+        row = self.conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        assert row is not None
+        return str(row[0])
+
+    def diff(self, start: str, end: str) -> int:
+        row = self.conn.execute(
+            "SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)", (end, start)
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def measure(url: str, fn: Callable[[], Any]) -> tuple[float, int, Any]:
+    """(seconds, WAL bytes, fn's result) of one call."""
+    wal = Wal(url)
+    try:
+        start = wal.lsn()
+        t0 = time.perf_counter()
+        result = fn()
+        elapsed = time.perf_counter() - t0
+        end = wal.lsn()
+        return elapsed, wal.diff(start, end), result
+    finally:
+        wal.close()
+
+
+# -- payloads ------------------------------------------------------------------------------
+def text(nbytes: int, seed: int) -> str:
+    """Incompressible ASCII (base64 of random bytes), so pglz/TOAST cannot hide bytes."""
+    rnd = random.Random(seed)
+    raw = rnd.randbytes((nbytes * 3) // 4 + 3)
+    return base64.b64encode(raw).decode()[:nbytes]
+
+
+def message(nbytes: int, seed: int) -> dict[str, Any]:
+    """One model message whose JSON is about nbytes long."""
+    role = "user" if seed % 2 == 0 else "assistant"
+    overhead = len(json.dumps({"role": role, "content": ""}))
+    return {"role": role, "content": text(max(nbytes - overhead, 1), seed)}
+
+
+def window(total_bytes: int, msg_bytes: int = 1024) -> list[dict[str, Any]]:
+    count = max(1, total_bytes // msg_bytes)
+    return [message(msg_bytes, i) for i in range(count)]
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return float(ordered[k])
+
+
+@contextlib.contextmanager
+def timed(label: str) -> Iterator[None]:
+    t0 = time.monotonic()
+    progress(f"{label} …")
+    yield
+    progress(f"{label} done in {time.monotonic() - t0:.1f}s")

@@ -1,0 +1,54 @@
+"""The bench's workflows (plugged into workers with CAIRN_WORKFLOWS=bench.flows) and a
+no-op Celery task, the ceiling of the queue itself."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celery import shared_task
+
+from bench.common import message
+from steps import Context, StepResult, workflow
+
+NOOP = "bench_noop"
+SLOW = "bench_slow"
+NOOP_COUNTER = "bench:noop:done"
+
+noop = workflow(NOOP, max_steps=1_000_000)
+
+
+@noop.step()
+def tick(ctx: Context) -> StepResult:
+    """input: steps (how many visits), append_bytes (0: leave the window as it is)."""
+    n = int(ctx.state.get("n", 0)) + 1
+    size = int(ctx.input.get("append_bytes", 0))
+    win = [*ctx.window, message(size, n)] if size else None
+    cursor = "done" if n >= int(ctx.input["steps"]) else "tick"
+    return StepResult(cursor=cursor, state={"n": n}, window=win)
+
+
+slow = workflow(SLOW, max_steps=1_000_000)
+
+
+@slow.step()
+def nap(ctx: Context) -> StepResult:
+    """A long run of short steps, to be killed in the middle of."""
+    time.sleep(float(ctx.input.get("sleep", 0.02)))
+    n = int(ctx.state.get("n", 0)) + 1
+    return StepResult(cursor="done" if n >= int(ctx.input["steps"]) else "nap", state={"n": n})
+
+
+_redis: Any = None
+
+
+@shared_task(name="bench.noop", ignore_result=True)
+def noop_task() -> None:
+    """Counts itself done in Redis: one round trip, next to cairn's save + lease."""
+    global _redis
+    if _redis is None:
+        import redis
+
+        _redis = redis.Redis.from_url(os.environ["CAIRN_REDIS_URL"])
+    _redis.incr(NOOP_COUNTER)

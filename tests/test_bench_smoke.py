@@ -1,0 +1,59 @@
+"""Smoke test of the benchmark suite: `bench --quick` runs end to end against the test
+Postgres/Redis and writes every section with positive numbers. No timing assertions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import bench
+from tests.conftest import BASE_DB, BASE_REDIS
+
+
+def _measured(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if "skipped" not in r]
+
+
+@pytest.mark.slow
+def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # conftest clears CAIRN_* from the environment; the bench reads its services from it
+    monkeypatch.setenv("CAIRN_DATABASE_URL", BASE_DB)
+    monkeypatch.setenv("CAIRN_REDIS_URL", BASE_REDIS)
+    out = tmp_path / "r.json"
+
+    assert bench.main(["--quick", "--quiet", "--json", str(out)]) == 0
+
+    data = json.loads(out.read_text())
+    for section in ("meta", "per_step", "growth", "recovery", "fleet", "targets"):
+        assert section in data, section
+        assert "error" not in data[section], data[section]
+
+    per = data["per_step"]["rows"]
+    keys = {r["key"] for r in per}
+    assert {"floor", "cairn", "celery", "dbos", "langgraph-async", "langgraph-sync"} <= keys
+    for r in _measured(per):
+        assert r["steps_per_s"] > 0 and r["wal_bytes_per_step"] > 0, r
+    # a peer may be absent (no [bench] extra), but one that is installed must run
+    for r in per + data["growth"]["rows"]:
+        if "skipped" in r:
+            assert r["skipped"].startswith("not installed: pip install -e '.[bench]'"), r
+
+    grow = data["growth"]["rows"]
+    assert {"cairn", "naive"} <= {r["key"] for r in _measured(grow)}
+    for r in _measured(grow):
+        assert r["wal_bytes"] > 0 and r["n"] > 0, r
+
+    modes = data["recovery"]["modes"]
+    assert [m["mode"] for m in modes] == ["child", "worker"]
+    for m in modes:
+        assert m["seconds"] and all(s > 0 for s in m["seconds"]), m
+
+    fleet = data["fleet"]["rows"]
+    assert fleet
+    for r in fleet:
+        assert r["runs_per_s"] > 0 and r["steps_per_s"] > 0 and r["noop_tasks_per_s"] > 0, r
+        assert r["pgbench_tps"] is None or r["pgbench_tps"] > 0, r
+
+    assert data["targets"] and all("pass" in t for t in data["targets"])
