@@ -39,7 +39,9 @@ class Context:
         self.visit = cp.visits.get(cp.cursor, 0)
         self.input: Mapping[str, Any] = types.MappingProxyType(cp.input)
         self.state: Mapping[str, Any] = types.MappingProxyType(cp.state)
-        self.window: list[dict[str, Any]] = [dict(m) for m in cp.window]
+        # The very message dicts of the checkpoint (no copy: the loop tells an appended
+        # window from a rewritten one by identity). Build new lists; never edit a message.
+        self.window: list[dict[str, Any]] = list(cp.window)
         self.config = config
         self.cost_usd = 0.0
         self._store, self._lease, self._model = store, lease, model

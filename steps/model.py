@@ -110,9 +110,22 @@ def text_of(message: Any) -> str:
 Summarizer = Callable[[Sequence[dict[str, Any]]], str]
 
 
+def json_size(value: Any) -> int:
+    """Bytes of compact JSON: the unit of the window's size limit and token estimate."""
+    return len(json.dumps(value, separators=(",", ":")))
+
+
+def grown_size(size: int, count: int, added: Sequence[dict[str, Any]]) -> int:
+    """json_size of a list of `count` messages (size bytes) after appending `added`."""
+    for m in added:
+        size += json_size(m) + (1 if count else 0)  # "," before all but the first
+        count += 1
+    return size
+
+
 def estimate_tokens(messages: Sequence[dict[str, Any]]) -> int:
     # ~4 bytes a token for English and JSON: good enough to hold a budget.
-    return len(json.dumps(messages, separators=(",", ":"))) // 4
+    return json_size(messages) // 4
 
 
 def extractive_summary(messages: Sequence[dict[str, Any]], limit: int = 2000) -> str:

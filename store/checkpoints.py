@@ -47,6 +47,9 @@ class Checkpoint:
     epoch: int = 0  # fencing epoch of the lease that wrote it
     resumes: int = 0
     updated_at: dt.datetime | None = None
+    # Not stored: the window's compact-JSON size, carried from step to step so the size
+    # check costs the new messages, not the whole window. -1: not known yet.
+    window_bytes: int = dataclasses.field(default=-1, compare=False, repr=False)
 
     @property
     def win_end(self) -> int:
@@ -55,7 +58,7 @@ class Checkpoint:
 
 class CheckpointStore(Protocol):
     def load(self, run_id: str) -> Checkpoint | None: ...
-    def claim(self, run_id: str, epoch: int) -> bool: ...
+    def claim(self, run_id: str, epoch: int) -> Checkpoint | None: ...
     def save(
         self, cp: Checkpoint, previous: Checkpoint, conn: psycopg.Connection[Any] | None = None
     ) -> None: ...
@@ -88,7 +91,11 @@ def _checkpoint(row: dict[str, Any]) -> Checkpoint:
         raise CorruptCheckpoint(
             f"run {row['run_id']}: window rows {row['win_start']}..{row['win_end']} incomplete"
         )
-    fields = {f.name: row[f.name] for f in dataclasses.fields(Checkpoint) if f.name != "window"}
+    fields = {
+        f.name: row[f.name]
+        for f in dataclasses.fields(Checkpoint)
+        if f.name not in ("window", "window_bytes")
+    }
     return Checkpoint(window=tuple(row["window"]), **fields)
 
 
@@ -127,8 +134,10 @@ class PgStore:
             raise UnknownRun(f"no run {run_id!r}")
         return cp
 
-    def claim(self, run_id: str, epoch: int) -> bool:
-        return self.db.one("claim", {"run_id": run_id, "epoch": epoch}) is not None
+    def claim(self, run_id: str, epoch: int) -> Checkpoint | None:
+        """Fence the run at epoch and return it; None if a newer epoch already holds it."""
+        row = self.db.one("claim", {"run_id": run_id, "epoch": epoch})
+        return _checkpoint(row) if row else None
 
     # -- the per-step write ----------------------------------------------------------
     def save(

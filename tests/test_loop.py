@@ -69,12 +69,12 @@ def test_cost_counts_every_token_kind() -> None:
     usage = type(
         "U",
         (),
-        dict(
-            input_tokens=1_000_000,
-            output_tokens=1_000_000,
-            cache_creation_input_tokens=1_000_000,
-            cache_read_input_tokens=1_000_000,
-        ),
+        {
+            "input_tokens": 1_000_000,
+            "output_tokens": 1_000_000,
+            "cache_creation_input_tokens": 1_000_000,
+            "cache_read_input_tokens": 1_000_000,
+        },
     )
     assert cost_of("claude-haiku-4-5", usage) == pytest.approx(1.0 + 5.0 + 1.25 + 0.10)
     assert cost_of("some-future-model", usage) > cost_of("claude-haiku-4-5", usage)
@@ -177,3 +177,13 @@ def test_model_429_and_529_are_retried_and_the_run_finishes(
     assert model.stats()["failures"] == 3 and model.stats()["requests"] == 5
     cp = store.load(run_id)
     assert cp is not None and cp.cost_usd > 0
+
+
+@pytest.mark.parametrize("before", [0, 1, 5])
+@pytest.mark.parametrize("added", [0, 1, 3])
+def test_the_carried_window_size_equals_the_real_one(before: int, added: int) -> None:
+    from steps.model import grown_size, json_size
+
+    old = [{"role": "user", "content": f"m{i} ünï"} for i in range(before)]
+    new = [{"role": "assistant", "content": [{"type": "text", "text": f"r{i}"}]} for i in range(added)]
+    assert grown_size(json_size(old), len(old), new) == json_size(old + new)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import socket
@@ -13,7 +12,7 @@ from typing import Any
 
 from steps import registry
 from steps.context import Context
-from steps.model import ModelClient, compact
+from steps.model import ModelClient, compact, grown_size, json_size
 from steps.registry import DONE, StepResult
 from store import (
     TERMINAL,
@@ -81,9 +80,10 @@ def run(run_id: str, deps: Deps) -> str:
     lease = _acquire(run_id, cp.epoch, deps)
     lease.start_heartbeat()
     try:
-        if not store.claim(run_id, lease.epoch):
+        claimed = store.claim(run_id, lease.epoch)  # the freshest row, fenced to our epoch
+        if claimed is None:
             raise StaleWrite(run_id, cp.seq, lease.epoch)
-        cp = store.require(run_id)  # the freshest row, now fenced to our epoch
+        cp = claimed
         if cp.status in TERMINAL:
             return cp.status
         resumed = claimed_before or cp.status == "running"
@@ -181,16 +181,21 @@ def _next(
         raise CairnError(f"step {cp.cursor!r} returned {type(result).__name__}, not StepResult")
     if result.cursor != DONE and result.cursor not in flow.steps:
         raise CairnError(f"step {cp.cursor!r} returned unknown cursor {result.cursor!r}")
-    window = list(cp.window) if result.window is None else list(result.window)
-    window = compact(window, settings.window_budget_tokens)
-    size = len(json.dumps(window))
+    old = cp.window
+    window = list(old) if result.window is None else list(result.window)
+    # Identity makes this prefix check cheap: the step got the very same message dicts.
+    extends = window[: len(old)] == list(old)
+    known = cp.window_bytes if cp.window_bytes >= 0 else json_size(list(old))
+    size = grown_size(known, len(old), window[len(old) :]) if extends else json_size(window)
+    if size // 4 > settings.window_budget_tokens:
+        window = compact(window, settings.window_budget_tokens)
+        extends = window[: len(old)] == list(old)
+        size = json_size(window)
     if size > settings.max_window_bytes:
         raise WindowTooLarge(
             f"run {cp.run_id}: window is {size} bytes after compaction, over "
             f"CAIRN_MAX_WINDOW_BYTES={settings.max_window_bytes}; the checkpoint was not written"
         )
-    old = list(cp.window)
-    extends = window[: len(old)] == old
     return dataclasses.replace(
         cp,
         seq=cp.seq + 1,
@@ -198,6 +203,7 @@ def _next(
         state={**cp.state, **result.state},
         visits={**cp.visits, cp.cursor: ctx.visit + 1},
         window=tuple(window),
+        window_bytes=size,
         win_start=cp.win_start if extends else cp.win_end,
         cost_usd=cp.cost_usd + ctx.cost_usd + result.cost_usd,
         status="done" if result.cursor == DONE else "running",

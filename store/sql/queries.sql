@@ -29,10 +29,19 @@ SELECT c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_
 
 -- name: claim
 -- Fence: raise the stored epoch to the new lease's, so a zombie holding an older lease
--- can no longer save even before the new owner's first step ends.
-UPDATE checkpoints SET epoch = %(epoch)s
-WHERE run_id = %(run_id)s AND epoch < %(epoch)s
-RETURNING run_id;
+-- can no longer save even before the new owner's first step ends. Returns the fenced
+-- checkpoint as `load` does: one round trip for both.
+WITH c AS (
+    UPDATE checkpoints SET epoch = %(epoch)s
+     WHERE run_id = %(run_id)s AND epoch < %(epoch)s
+    RETURNING *
+)
+SELECT c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_start,
+       c.win_end, c.cost_usd, c.version, c.status, c.error, c.epoch, c.resumes, c.updated_at,
+       (SELECT coalesce(jsonb_agg(w.message ORDER BY w.idx), '[]'::jsonb)
+          FROM window_messages w
+         WHERE w.run_id = c.run_id AND w.idx >= c.win_start AND w.idx < c.win_end) AS window
+  FROM c JOIN runs r USING (run_id);
 
 -- name: save
 -- The per-step write: one statement, one round trip. The guard is the point: an older
