@@ -74,9 +74,8 @@ class Proc:
             pass
 
 
-def start_worker(
-    env: Mapping[str, str], log: Path, name: str, concurrency: int = 1, wait: float = 60.0
-) -> Proc:
+def spawn_worker(env: Mapping[str, str], log: Path, name: str, concurrency: int = 1) -> Proc:
+    """Start a worker without waiting for it (several can then boot in parallel)."""
     args = [
         "worker",
         f"--concurrency={concurrency}",
@@ -87,11 +86,20 @@ def start_worker(
         "--without-gossip",
         "--without-heartbeat",
     ]
-    w = Proc(args, env, log, name)
-    wait_for(lambda: "ready." in w.text() or not w.alive(), wait, f"worker {name} to start")
+    return Proc(args, env, log, name)
+
+
+def wait_ready(w: Proc, timeout: float = 60.0) -> Proc:
+    wait_for(lambda: "ready." in w.text() or not w.alive(), timeout, f"worker {w.name} to start")
     if not w.alive():
-        raise RuntimeError(f"worker {name} exited at start:\n{w.text()[-3000:]}")
+        raise RuntimeError(f"worker {w.name} exited at start:\n{w.text()[-3000:]}")
     return w
+
+
+def start_worker(
+    env: Mapping[str, str], log: Path, name: str, concurrency: int = 1, wait: float = 60.0
+) -> Proc:
+    return wait_ready(spawn_worker(env, log, name, concurrency), wait)
 
 
 def start_beat(env: Mapping[str, str], log: Path, schedule: Path) -> Proc:
