@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -74,17 +75,20 @@ def test_redis_restarted_mid_run(
     assert mail.stats()["deliveries"] == 1 and mail.stats()["duplicate_deliveries"] == 0
 
 
-def test_second_delivery_defers_and_survives_the_first_workers_death(
-    start_worker, create, store: PgStore, send, tmp_path: Path
+def test_redelivery_past_the_visibility_timeout_defers_and_survives_the_owners_death(
+    start_worker, create, store: PgStore, tmp_path: Path
 ) -> None:
+    # A visibility timeout shorter than a step: the broker hands the running run to a
+    # second worker while the first is alive and working.
+    opts = json.dumps({"unacked_restore_interval": 0.5, "unacked_restore_throttle": 1})
+    broker = {"CAIRN_VISIBILITY_TIMEOUT": "2", "CAIRN_BROKER_TRANSPORT_OPTIONS": opts}
     log = tmp_path / "steps.log"
-    first = start_worker(concurrency=1)
+    first = start_worker(concurrency=1, **broker)
     run_id = create("probe", {"log": str(log), "before": {"two": 60}})
     wait_for(lambda: _sleeping(log, "two", "before"), 30, "step two")
-    second = start_worker(concurrency=1)
-    send(run_id)  # what a visibility timeout shorter than the step does
-    wait_for(lambda: "held by" in second.text(), 20, "the second delivery to defer")
+    second = start_worker(concurrency=1, **broker)
+    wait_for(lambda: "held by" in second.text(), 45, "the broker to redeliver and the run to defer")
     assert starts(log) == ["one", "two"]  # deferred, not run concurrently
-    first.kill()  # no reaper running: only the deferred delivery can finish the run
+    first.kill()  # no reaper running: only the redelivered message can finish the run
     _done(store, run_id, timeout=30)
     assert starts(log) == ["one", "two", "two", "mail", "ledger", "once"]

@@ -31,7 +31,10 @@ app.conf.update(
     # Hold one message per process: a dying worker strands as little as possible.
     worker_prefetch_multiplier=1,
     # See Settings.visibility_timeout: long on purpose; recovery is the reaper's job.
-    broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+    broker_transport_options={
+        "visibility_timeout": settings.visibility_timeout,
+        **settings.broker_transport_options,
+    },
     task_ignore_result=True,
     task_serializer="json",
     accept_content=["json"],

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from typing import Any
 
 
 def _float(name: str, default: float) -> float:
@@ -14,6 +16,19 @@ def _float(name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise SystemExit(f"{name}={raw!r} is not a number") from None
+
+
+def _json(name: str) -> dict[str, Any]:
+    raw = os.environ.get(name, "")
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"{name} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise SystemExit(f"{name} must be a JSON object")
+    return value
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -29,6 +44,9 @@ class Settings:
     # shorter than a run, and Celery starts the same task twice while the first still
     # runs. Crash recovery comes from the lease and the reaper, not from this.
     visibility_timeout: float = 3600.0
+    # Extra kombu Redis transport options, e.g. unacked_restore_interval (how often an
+    # unacked message past the visibility timeout is looked for).
+    broker_transport_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     reaper_interval: float = 2.0
     pending_after: float = 300.0  # a pending run untouched this long is re-enqueued
     defer_seconds: float = 2.0  # countdown when another live worker holds the run
@@ -58,6 +76,7 @@ class Settings:
             ),
             lease_ttl=_float("CAIRN_LEASE_TTL", d.lease_ttl),
             visibility_timeout=_float("CAIRN_VISIBILITY_TIMEOUT", d.visibility_timeout),
+            broker_transport_options=_json("CAIRN_BROKER_TRANSPORT_OPTIONS"),
             reaper_interval=_float("CAIRN_REAPER_INTERVAL", d.reaper_interval),
             pending_after=_float("CAIRN_PENDING_AFTER", d.pending_after),
             defer_seconds=_float("CAIRN_DEFER_SECONDS", d.defer_seconds),
