@@ -61,9 +61,13 @@ def validate(ctx: Context) -> StepResult:
 @flow.step()
 def send_email(ctx: Context) -> StepResult:
     """The one external effect, keyed by run + cursor + visit: a replay is deduped."""
+    return send_invoice_email(ctx, ctx.idempotency_key())
+
+
+def send_invoice_email(ctx: Context, key: str | None) -> StepResult:
+    """POST the invoice email; with key=None the mail API cannot dedupe a replay."""
     if not ctx.state["validated"]:
         return StepResult(cursor=DONE, state={"outcome": "rejected by validation"})
-    key = ctx.idempotency_key()
     total = sum(i["amount_cents"] for i in ctx.state["invoices"])
     body = {
         "to": ctx.input["email"],
@@ -75,7 +79,7 @@ def send_email(ctx: Context) -> StepResult:
         resp = httpx.post(
             f"{ctx.config.mail_url}/v1/send",
             json=body,
-            headers={"Idempotency-Key": key},
+            headers={"Idempotency-Key": key} if key else {},
             timeout=30.0,
         )
     except httpx.TransportError as exc:

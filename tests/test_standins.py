@@ -20,22 +20,11 @@ from steps.standins import MailServer, ModelServer
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def mail() -> Iterator[MailServer]:
-    with MailServer() as server:
-        yield server
-
-
+# `mail` and `model` (fresh servers per test) come from conftest.py.
 @pytest.fixture
 def http() -> Iterator[httpx.Client]:
     with httpx.Client(timeout=10) as client:
         yield client
-
-
-@pytest.fixture
-def model() -> Iterator[ModelServer]:
-    with ModelServer() as server:
-        yield server
 
 
 @pytest.fixture
