@@ -6,13 +6,13 @@ import logging
 import os
 import threading
 
-from celery import Celery
+from celery import Celery, signals
 from kombu import Queue
 
 from steps import registry
 from steps.model import ModelClient
 from store import Database, LeaseLost, Leases, PgStore, StaleWrite, Transient
-from workers import loop
+from workers import loop, metrics
 from workers.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,10 @@ app.conf.update(
     # Workers consume three queues, round-robin: new runs, resumed runs and the reaper's
     # ticks. A resumed run or a reaper tick then never waits behind the whole backlog.
     task_queues=[Queue("celery"), Queue("cairn.resume"), Queue("cairn.control")],
-    task_routes={"cairn.reap": {"queue": "cairn.control"}, "cairn.sweep": {"queue": "cairn.control"}},
+    task_routes={
+        "cairn.reap": {"queue": "cairn.control"},
+        "cairn.sweep": {"queue": "cairn.control"},
+    },
     beat_schedule={
         "cairn-reaper": {"task": "cairn.reap", "schedule": settings.reaper_interval},
         "cairn-sweep": {"task": "cairn.sweep", "schedule": 3600.0},
@@ -72,19 +75,29 @@ def deps() -> loop.Deps:
         return _deps[pid]
 
 
+@signals.worker_process_shutdown.connect
+def _process_exited(pid: int | None = None, **_: object) -> None:
+    metrics.process_exited(pid or os.getpid())
+
+
 @app.task(name="cairn.run", bind=True, max_retries=None)
 def run_task(self, run_id: str) -> str:  # type: ignore[no-untyped-def]
     """Resume or start one run: the whole recovery path is calling this again."""
+    outcome = "error"
     try:
-        return loop.run(run_id, deps())
+        outcome = loop.run(run_id, deps())
+        return outcome
     except loop.Deferred as exc:
+        outcome = "deferred"
         logger.info("run %s: %s; retrying in %ss", run_id, exc, settings.defer_seconds)
         raise self.retry(countdown=settings.defer_seconds, queue=RESUME) from None
     except (LeaseLost, StaleWrite) as exc:
         # Another worker owns the run now: it will finish it. Do nothing more.
         logger.warning("run %s: stopped, %s", run_id, exc)
-        return "lost"
+        outcome = "lost"
+        return outcome
     except Transient as exc:
+        outcome = "retry"
         attempt = self.request.retries
         if attempt >= settings.transient_retries:
             logger.error("run %s: giving up after %d retries: %s", run_id, attempt, exc)
@@ -92,6 +105,8 @@ def run_task(self, run_id: str) -> str:  # type: ignore[no-untyped-def]
         countdown = min(2.0 * 2 ** min(attempt, 5), 60.0)
         logger.warning("run %s: %s; retry %d in %.0fs", run_id, exc, attempt + 1, countdown)
         raise self.retry(countdown=countdown, queue=RESUME) from None
+    finally:
+        metrics.RUNS.labels(outcome).inc()
 
 
 @app.task(name="cairn.reap")

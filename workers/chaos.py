@@ -121,10 +121,14 @@ def chaos_mail(**options: Any) -> Any:
             status, result, extra = super()._send(headers, raw)
             if status == 200 and isinstance(result, dict):
                 with self._events_lock:
-                    self._events.append({
-                        "step": step, "key": key, "id": result.get("id"),
-                        "delivered": not result.get("deduplicated"),
-                    })
+                    self._events.append(
+                        {
+                            "step": step,
+                            "key": key,
+                            "id": result.get("id"),
+                            "delivered": not result.get("deduplicated"),
+                        }
+                    )
             return status, result, extra
 
     return ChaosMail(**options)
@@ -221,9 +225,7 @@ def check_history(rows: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
-def recoveries(
-    kills: list[dict[str, Any]], rows: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
+def recoveries(kills: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """For each (kill, run): seconds from the kill to the run's first checkpoint row
     written under a newer epoch (another owner), or why there is none."""
     by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -235,8 +237,14 @@ def recoveries(
             history = by_run.get(run_id, [])
             before = [r for r in history if r["at"] <= kill["ts"]]
             after = [r for r in history if r["at"] > kill["ts"]]
-            entry = {"kind": kill["kind"], "run_id": run_id, "seconds": None, "note": "",
-                     "at": kill.get("boundary") or "outside", "cursor": kill.get("cursor")}
+            entry = {
+                "kind": kill["kind"],
+                "run_id": run_id,
+                "seconds": None,
+                "note": "",
+                "at": kill.get("boundary") or "outside",
+                "cursor": kill.get("cursor"),
+            }
             if before and before[-1]["status"] in ("done", "failed"):
                 entry["note"] = "run had already finished"
             else:
@@ -263,11 +271,22 @@ def step_report(
     steps: dict[str, dict[str, Any]] = {}
 
     def row(cursor: str) -> dict[str, Any]:
-        return steps.setdefault(cursor, {
-            "step": cursor, "attempts": attempts.get(cursor, 0), "sends": 0, "delivered": 0,
-            "deduplicated": 0, "keyed": 0, "unkeyed": 0, "keys": 0, "max_per_key": 0,
-            "visits": 0, "duplicates": 0,
-        })
+        return steps.setdefault(
+            cursor,
+            {
+                "step": cursor,
+                "attempts": attempts.get(cursor, 0),
+                "sends": 0,
+                "delivered": 0,
+                "deduplicated": 0,
+                "keyed": 0,
+                "unkeyed": 0,
+                "keys": 0,
+                "max_per_key": 0,
+                "visits": 0,
+                "duplicates": 0,
+            },
+        )
 
     per_visit: dict[tuple[str, str], dict[Any, int]] = defaultdict(lambda: defaultdict(int))
     per_key: dict[tuple[str, str], int] = defaultdict(int)
@@ -368,15 +387,17 @@ def run_chaos(
     # merely waiting in a long queue get a second message each.
     pending_after = max(60.0, deadline / 2) if pending_after is None else pending_after
 
-    base_db = database_url or os.environ.get("CAIRN_DATABASE_URL") or (
-        "postgresql://postgres@127.0.0.1:54329/cairn"
+    base_db = (
+        database_url
+        or os.environ.get("CAIRN_DATABASE_URL")
+        or ("postgresql://postgres@127.0.0.1:54329/cairn")
     )
     redis_url = redis_url or chaos_redis_url(
         os.environ.get("CAIRN_REDIS_URL") or "redis://127.0.0.1:63790/0"
     )
     stamp = time.strftime("%Y%m%d_%H%M%S")
     db_name = f"chaos_{stamp}_{os.getpid()}"
-    state = (state_dir or STATE / db_name)
+    state = state_dir or STATE / db_name
     state.mkdir(parents=True, exist_ok=True)
 
     rclient = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
@@ -393,24 +414,34 @@ def run_chaos(
         shutil.rmtree(faults_dir, ignore_errors=True)  # a reused state dir starts clean
         (faults_dir / "killed").mkdir(parents=True)
         plan = {
-            "dir": str(faults_dir), "seed": seed, "rate": rate,
-            "kills": [list(k) for k in (kills or [])], "spare_pid": os.getpid(),
+            "dir": str(faults_dir),
+            "seed": seed,
+            "rate": rate,
+            "kills": [list(k) for k in (kills or [])],
+            "spare_pid": os.getpid(),
         }
         plan_path = state / "faults.json"
         plan_path.write_text(json.dumps(plan))
         env = fleet.child_env(
-            CAIRN_FAULTS=str(plan_path), CAIRN_DATABASE_URL=db_url, CAIRN_REDIS_URL=redis_url,
-            CAIRN_MAIL_URL=mail.url, ANTHROPIC_BASE_URL=model.url,
-            CAIRN_LEASE_TTL=str(lease_ttl), CAIRN_REAPER_INTERVAL=str(min(1.0, lease_ttl / 3)),
+            CAIRN_FAULTS=str(plan_path),
+            CAIRN_DATABASE_URL=db_url,
+            CAIRN_REDIS_URL=redis_url,
+            CAIRN_MAIL_URL=mail.url,
+            ANTHROPIC_BASE_URL=model.url,
+            CAIRN_LEASE_TTL=str(lease_ttl),
+            CAIRN_REAPER_INTERVAL=str(min(1.0, lease_ttl / 3)),
             CAIRN_DEFER_SECONDS=str(min(1.0, lease_ttl / 4)),
-            CAIRN_PENDING_AFTER=str(pending_after), CAIRN_WORKFLOWS=",".join(modules),
+            CAIRN_PENDING_AFTER=str(pending_after),
+            CAIRN_WORKFLOWS=",".join(modules),
             CAIRN_STORE_GIVE_UP_AFTER="20",
         )
         env.pop("CAIRN_BROKER_URL", None)
         env.pop("ANTHROPIC_API_KEY", None)
 
-        say(f"[bold]chaos[/]: {runs} {workflow} runs, {workers} workers x {concurrency}, "
-            f"seed {seed}, rate {rate}, lease TTL {lease_ttl:g}s, database {db_name}")
+        say(
+            f"[bold]chaos[/]: {runs} {workflow} runs, {workers} workers x {concurrency}, "
+            f"seed {seed}, rate {rate}, lease TTL {lease_ttl:g}s, database {db_name}"
+        )
         numbers = itertools.count(workers)  # replacements are chaos<K>, chaos<K+1>, ...
         problems_starting: list[str] = []
 
@@ -453,8 +484,11 @@ def run_chaos(
             app.send_task("cairn.run", args=[run_id])
 
         rng = random.Random(seed)
-        whole = set(rng.sample(range(random_kills), max(1, random_kills // 4))) if (
-            random_kills >= 2) else set()
+        whole = (
+            set(rng.sample(range(random_kills), max(1, random_kills // 4)))
+            if (random_kills >= 2)
+            else set()
+        )
         outside: list[dict[str, Any]] = []
         replacing: list[threading.Thread] = []
         next_kill = time.monotonic() + rng.uniform(1.0, 3.0)
@@ -462,8 +496,13 @@ def run_chaos(
         flushed = False
         depths: list[int] = []
         with Progress(
-            TextColumn("[bold]runs"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TextColumn("{task.description}"), TimeElapsedColumn(), console=err, disable=quiet,
+            TextColumn("[bold]runs"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=err,
+            disable=quiet,
         ) as progress:
             bar = progress.add_task("", total=runs)
             end = time.monotonic() + deadline
@@ -472,14 +511,17 @@ def run_chaos(
                 depths.append(int(rclient.llen("celery")))  # Celery's default queue
                 finished = counts.get("done", 0) + counts.get("failed", 0)
                 progress.update(
-                    bar, completed=finished,
+                    bar,
+                    completed=finished,
                     description=f"running {counts.get('running', 0)} · kills "
                     f"{len(os.listdir(faults_dir / 'killed')) + len(outside)}",
                 )
                 if not flushed and not rclient.exists(SENTINEL):
                     flushed = True
-                    say(f"[yellow]warning[/]: the Redis database {redis_url} was flushed by "
-                        "another process during the run (queued messages and leases lost)")
+                    say(
+                        f"[yellow]warning[/]: the Redis database {redis_url} was flushed by "
+                        "another process during the run (queued messages and leases lost)"
+                    )
                 if finished >= runs:
                     break
                 if len(outside) < random_kills and time.monotonic() >= next_kill:
@@ -489,8 +531,10 @@ def run_chaos(
                         outside.append(kill)
                         next_kill = time.monotonic() + rng.uniform(1.0, 4.0)
                         if kill["kind"] == "whole_worker":
-                            say(f"[red]SIGKILL[/] whole worker {kill['worker']} "
-                                f"({len(kill['runs'])} runs); starting a replacement")
+                            say(
+                                f"[red]SIGKILL[/] whole worker {kill['worker']} "
+                                f"({len(kill['runs'])} runs); starting a replacement"
+                            )
                             t = threading.Thread(target=replace, daemon=True)
                             t.start()
                             replacing.append(t)
@@ -517,16 +561,33 @@ def run_chaos(
         events = mail.events()
         all_kills = inside + outside
         return _report(
-            workflow=workflow, flow_steps=list(flow.steps), runs=runs, workers=workers,
-            concurrency=concurrency, seed=seed, rate=rate, lease_ttl=lease_ttl,
-            deadline=deadline, elapsed=elapsed, final=final, history=history,
-            kills=all_kills, attempts=attempts, events=events, database=db_name,
-            kept=keep, state=state, random_kills=random_kills,
+            workflow=workflow,
+            flow_steps=list(flow.steps),
+            runs=runs,
+            workers=workers,
+            concurrency=concurrency,
+            seed=seed,
+            rate=rate,
+            lease_ttl=lease_ttl,
+            deadline=deadline,
+            elapsed=elapsed,
+            final=final,
+            history=history,
+            kills=all_kills,
+            attempts=attempts,
+            events=events,
+            database=db_name,
+            kept=keep,
+            state=state,
+            random_kills=random_kills,
             extra_args=_extra_args(input, modules, concurrency, kills),
             queue_depths=depths,
-            warnings=problems_starting + (
+            warnings=problems_starting
+            + (
                 [f"the Redis database {redis_url} was flushed by another process"]
-                if flushed else []),
+                if flushed
+                else []
+            ),
         )
     finally:
         for p in procs:
@@ -547,7 +608,9 @@ def run_chaos(
 
 
 def _extra_args(
-    input: dict[str, Any] | None, modules: tuple[str, ...], concurrency: int,
+    input: dict[str, Any] | None,
+    modules: tuple[str, ...],
+    concurrency: int,
     kills: list[tuple[str, int, str]] | None,
 ) -> str:
     import shlex
@@ -565,7 +628,10 @@ def _extra_args(
 
 
 def _kill_from_outside(
-    store: PgStore, rclient: redis.Redis, procs: list[fleet.Proc], whole: bool,
+    store: PgStore,
+    rclient: redis.Redis,
+    procs: list[fleet.Proc],
+    whole: bool,
     rng: random.Random,
 ) -> dict[str, Any] | None:
     """SIGKILL a random busy pool child (or the whole worker holding it)."""
@@ -593,7 +659,10 @@ def _kill_from_outside(
         victims = [r for child in proc.children() for r in held.get(child, [])]
         proc.kill()
         return {
-            "kind": "whole_worker", "worker": proc.name, "pid": proc.pid, "ts": now,
+            "kind": "whole_worker",
+            "worker": proc.name,
+            "pid": proc.pid,
+            "ts": now,
             "run_id": victims[0]["run_id"] if victims else None,
             "runs": [r["run_id"] for r in victims],
             "cursor": ",".join(r["cursor"] for r in victims),
@@ -603,16 +672,39 @@ def _kill_from_outside(
     except ProcessLookupError:
         return None
     row = held[pid][0]
-    return {"kind": "pool_child", "pid": pid, "ts": now, "run_id": row["run_id"],
-            "cursor": row["cursor"], "seq": row["seq"]}
+    return {
+        "kind": "pool_child",
+        "pid": pid,
+        "ts": now,
+        "run_id": row["run_id"],
+        "cursor": row["cursor"],
+        "seq": row["seq"],
+    }
 
 
 def _report(
-    *, workflow: str, flow_steps: list[str], runs: int, workers: int, concurrency: int,
-    seed: int, rate: float, lease_ttl: float, deadline: float, elapsed: float,
-    final: list[dict[str, Any]], history: list[dict[str, Any]], kills: list[dict[str, Any]],
-    attempts: dict[str, int], events: list[dict[str, Any]], database: str, kept: bool,
-    state: Path, random_kills: int, extra_args: str = "", warnings: list[str] | None = None,
+    *,
+    workflow: str,
+    flow_steps: list[str],
+    runs: int,
+    workers: int,
+    concurrency: int,
+    seed: int,
+    rate: float,
+    lease_ttl: float,
+    deadline: float,
+    elapsed: float,
+    final: list[dict[str, Any]],
+    history: list[dict[str, Any]],
+    kills: list[dict[str, Any]],
+    attempts: dict[str, int],
+    events: list[dict[str, Any]],
+    database: str,
+    kept: bool,
+    state: Path,
+    random_kills: int,
+    extra_args: str = "",
+    warnings: list[str] | None = None,
     queue_depths: list[int] | None = None,
 ) -> dict[str, Any]:
     done = [r for r in final if r["status"] == "done"]
@@ -628,21 +720,28 @@ def _report(
     steps = step_report(events, attempts, flow_steps)
     problems: list[str] = []
     if lost:
-        problems.append(f"{len(lost)} run(s) lost: not finished within {deadline:g}s "
-                        f"(e.g. {lost[0]['run_id']} at {lost[0]['cursor']})")
+        problems.append(
+            f"{len(lost)} run(s) lost: not finished within {deadline:g}s "
+            f"(e.g. {lost[0]['run_id']} at {lost[0]['cursor']})"
+        )
     if failed:
-        problems.append(f"{len(failed)} run(s) failed (e.g. {failed[0]['run_id']}: "
-                        f"{(failed[0]['error'] or '')[:200]})")
+        problems.append(
+            f"{len(failed)} run(s) failed (e.g. {failed[0]['run_id']}: "
+            f"{(failed[0]['error'] or '')[:200]})"
+        )
     for s in steps:
         if s["duplicates"]:
             how = "without an idempotency key" if s["unkeyed"] else "with idempotency keys"
-            problems.append(f"step {s['step']!r} delivered {s['duplicates']} duplicate "
-                            f"effect(s) ({how})")
+            problems.append(
+                f"step {s['step']!r} delivered {s['duplicates']} duplicate effect(s) ({how})"
+            )
     problems.extend(backwards[:20])
     if len(backwards) > 20:
         problems.append(f"... and {len(backwards) - 20} more history violations")
-    replay = (f"cairn chaos {workflow} --runs {runs} --workers {workers} --seed {seed} "
-              f"--rate {rate:g} --lease-ttl {lease_ttl:g}" + extra_args)
+    replay = (
+        f"cairn chaos {workflow} --runs {runs} --workers {workers} --seed {seed} "
+        f"--rate {rate:g} --lease-ttl {lease_ttl:g}" + extra_args
+    )
     return {
         "ok": not problems,
         "problems": problems,
@@ -665,17 +764,28 @@ def _report(
         "kills_total": len(kills),
         "random_kills_planned": random_kills,
         "recovery": {
-            "pool_child": {"n": len(child), "p50": percentile(child, 50),
-                           "p95": percentile(child, 95), "max": percentile(child, 100)},
-            "whole_worker": {"n": len(whole), "p50": percentile(whole, 50),
-                             "p95": percentile(whole, 95), "max": percentile(whole, 100)},
+            "pool_child": {
+                "n": len(child),
+                "p50": percentile(child, 50),
+                "p95": percentile(child, 95),
+                "max": percentile(child, 100),
+            },
+            "whole_worker": {
+                "n": len(whole),
+                "p50": percentile(whole, 50),
+                "p95": percentile(whole, 95),
+                "max": percentile(whole, 100),
+            },
             "after_run_finished": sum(1 for e in rec if e["note"] == "run had already finished"),
             "never_continued": sum(1 for e in rec if e["note"] == "never continued"),
-            "slowest": sorted((e for e in rec if e["seconds"] is not None),
-                              key=lambda e: -e["seconds"])[:3],
+            "slowest": sorted(
+                (e for e in rec if e["seconds"] is not None), key=lambda e: -e["seconds"]
+            )[:3],
         },
-        "queue_depth": {"p50": percentile([float(d) for d in queue_depths or []], 50),
-                        "max": max(queue_depths or [0])},
+        "queue_depth": {
+            "p50": percentile([float(d) for d in queue_depths or []], 50),
+            "max": max(queue_depths or [0]),
+        },
         "steps": steps,
         "duplicates": sum(s["duplicates"] for s in steps),
         "history_rows": len(history),
@@ -692,14 +802,19 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
 
     out = console or Console()
     steps = Table(title=f"cairn chaos {report['workflow']}: per step")
-    for col in ("step", "tries", "sends", "sent", "dedup", "keys", "max/key", "no key",
-                "dups"):
+    for col in ("step", "tries", "sends", "sent", "dedup", "keys", "max/key", "no key", "dups"):
         steps.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
     for s in report["steps"]:
         dup = str(s["duplicates"])
         steps.add_row(
-            s["step"], str(s["attempts"]), str(s["sends"]), str(s["delivered"]),
-            str(s["deduplicated"]), str(s["keys"]), str(s["max_per_key"]), str(s["unkeyed"]),
+            s["step"],
+            str(s["attempts"]),
+            str(s["sends"]),
+            str(s["delivered"]),
+            str(s["deduplicated"]),
+            str(s["keys"]),
+            str(s["max_per_key"]),
+            str(s["unkeyed"]),
             f"[bold red]{dup}[/]" if s["duplicates"] else dup,
         )
     out.print(steps)
@@ -712,26 +827,45 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
 
     summary = Table(show_header=False, title="summary")
     for label, value in (
-        ("runs finished / failed / lost",
-         f"{report['runs_finished']} / {report['runs_failed']} / {report['runs_lost']}"
-         + f" of {report['runs']}"),
+        (
+            "runs finished / failed / lost",
+            f"{report['runs_finished']} / {report['runs_failed']} / {report['runs_lost']}"
+            + f" of {report['runs']}",
+        ),
         ("runs resumed (resumes)", f"{report['runs_resumed']} ({report['resumes']})"),
-        ("kills at before_effect / after_effect / after_save",
-         f"{k['before_effect']} / {k['after_effect']} / {k['after_save']}"),
-        ("random kills: pool child / whole worker",
-         f"{k['random_pool_child']} / {k['whole_worker']}"),
+        (
+            "kills at before_effect / after_effect / after_save",
+            f"{k['before_effect']} / {k['after_effect']} / {k['after_save']}",
+        ),
+        (
+            "random kills: pool child / whole worker",
+            f"{k['random_pool_child']} / {k['whole_worker']}",
+        ),
         ("recovery after a pool-child kill", pct(rec["pool_child"])),
         ("recovery after a whole-worker kill", pct(rec["whole_worker"])),
-        ("slowest recoveries", "; ".join(
-            f"{e['seconds']:.1f}s {e['run_id']} (" + (
-                f"{e['kind'].replace('_', ' ')} killed during {e['cursor']}"
-                if e["at"] == "outside" else f"killed at {e['at']} of {e['cursor']}") + ")"
-            for e in rec.get("slowest", [])) or "n/a"),
-        ("broker queue depth while running",
-         f"p50 {report['queue_depth']['p50']} · max {report['queue_depth']['max']}"),
+        (
+            "slowest recoveries",
+            "; ".join(
+                f"{e['seconds']:.1f}s {e['run_id']} ("
+                + (
+                    f"{e['kind'].replace('_', ' ')} killed during {e['cursor']}"
+                    if e["at"] == "outside"
+                    else f"killed at {e['at']} of {e['cursor']}"
+                )
+                + ")"
+                for e in rec.get("slowest", [])
+            )
+            or "n/a",
+        ),
+        (
+            "broker queue depth while running",
+            f"p50 {report['queue_depth']['p50']} · max {report['queue_depth']['max']}",
+        ),
         ("duplicate deliveries", str(report["duplicates"])),
-        ("checkpoint history rows / violations",
-         f"{report['history_rows']} / {report['history_violations']}"),
+        (
+            "checkpoint history rows / violations",
+            f"{report['history_rows']} / {report['history_violations']}",
+        ),
         ("lease TTL", f"{report['lease_ttl']:g}s"),
         ("workers x processes", f"{report['workers']} x {report['concurrency']}"),
         ("seconds", str(report["seconds"])),
@@ -742,8 +876,10 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
     for w in report.get("warnings", []):
         out.print(f"[yellow]warning[/]: {w}")
     if report["ok"]:
-        out.print("[bold green]OK[/]: every run finished, no effect delivered twice, "
-                  "no checkpoint went backwards")
+        out.print(
+            "[bold green]OK[/]: every run finished, no effect delivered twice, "
+            "no checkpoint went backwards"
+        )
     else:
         out.print("[bold red]FAILED[/]:")
         for p in report["problems"]:
@@ -771,38 +907,83 @@ def register(app: typer.Typer) -> None:
         workflow: Annotated[str, typer.Argument(help="Registered workflow name, e.g. invoice.")],
         runs: Annotated[int, typer.Option("--runs", help="Runs to enqueue.")] = 20,
         workers: Annotated[int, typer.Option("--workers", help="Worker processes to start.")] = 2,
-        input: Annotated[str | None, typer.Option(
-            "--input", help="Each run's input as a JSON object; \"{i}\" in a string becomes the "
-            "run's index. Default for invoice: a customer and email per run.")] = None,
-        seed: Annotated[int | None, typer.Option(
-            "--seed", help="Seed of the kill schedule (random if unset; printed for replay).")] = None,
-        rate: Annotated[float, typer.Option(
-            "--rate", help="Probability that a given step boundary of a run is killed.")] = 0.03,
-        kill: Annotated[list[str] | None, typer.Option(
-            "--kill", help="Also kill at RUN_ID:SEQ:BOUNDARY (repeatable).")] = None,
-        random_kills: Annotated[int | None, typer.Option(
-            "--random-kills", help="Kills from outside (a busy pool child; every 4th or so a "
-            "whole worker). Default: runs/25, at least 2.")] = None,
-        concurrency: Annotated[int, typer.Option(
-            "--concurrency", help="Pool processes per worker.")] = 2,
-        lease_ttl: Annotated[float, typer.Option(
-            "--lease-ttl", help="CAIRN_LEASE_TTL for the workers (shorter than the usual 10s "
-            "so recovery is quick).")] = 3.0,
-        deadline: Annotated[float, typer.Option(
-            "--deadline", help="Seconds after which an unfinished run counts as lost.")] = 300.0,
-        keep: Annotated[bool, typer.Option(
-            "--keep", help="Keep the chaos_* database for inspection.")] = False,
+        input: Annotated[
+            str | None,
+            typer.Option(
+                "--input",
+                help='Each run\'s input as a JSON object; "{i}" in a string becomes the '
+                "run's index. Default for invoice: a customer and email per run.",
+            ),
+        ] = None,
+        seed: Annotated[
+            int | None,
+            typer.Option(
+                "--seed", help="Seed of the kill schedule (random if unset; printed for replay)."
+            ),
+        ] = None,
+        rate: Annotated[
+            float,
+            typer.Option(
+                "--rate", help="Probability that a given step boundary of a run is killed."
+            ),
+        ] = 0.03,
+        kill: Annotated[
+            list[str] | None,
+            typer.Option("--kill", help="Also kill at RUN_ID:SEQ:BOUNDARY (repeatable)."),
+        ] = None,
+        random_kills: Annotated[
+            int | None,
+            typer.Option(
+                "--random-kills",
+                help="Kills from outside (a busy pool child; every 4th or so a "
+                "whole worker). Default: runs/25, at least 2.",
+            ),
+        ] = None,
+        concurrency: Annotated[
+            int, typer.Option("--concurrency", help="Pool processes per worker.")
+        ] = 2,
+        lease_ttl: Annotated[
+            float,
+            typer.Option(
+                "--lease-ttl",
+                help="CAIRN_LEASE_TTL for the workers (shorter than the usual 10s "
+                "so recovery is quick).",
+            ),
+        ] = 3.0,
+        deadline: Annotated[
+            float,
+            typer.Option(
+                "--deadline", help="Seconds after which an unfinished run counts as lost."
+            ),
+        ] = 300.0,
+        keep: Annotated[
+            bool, typer.Option("--keep", help="Keep the chaos_* database for inspection.")
+        ] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-        database_url: Annotated[str, typer.Option(
-            "--database-url", envvar="CAIRN_DATABASE_URL",
-            help="Postgres server to create the fresh chaos_* database on.")] = (
-            "postgresql://postgres@127.0.0.1:54329/cairn"),
-        redis_url: Annotated[str | None, typer.Option(
-            "--redis-url", help="Redis database for broker and leases; FLUSHED at start. "
-            f"Default: CAIRN_REDIS_URL's server, database {CHAOS_REDIS_DB}.")] = None,
-        workflows: Annotated[str, typer.Option(
-            "--workflows", envvar="CAIRN_WORKFLOWS",
-            help="Comma-separated modules to import so their workflows register.")] = "",
+        database_url: Annotated[
+            str,
+            typer.Option(
+                "--database-url",
+                envvar="CAIRN_DATABASE_URL",
+                help="Postgres server to create the fresh chaos_* database on.",
+            ),
+        ] = ("postgresql://postgres@127.0.0.1:54329/cairn"),
+        redis_url: Annotated[
+            str | None,
+            typer.Option(
+                "--redis-url",
+                help="Redis database for broker and leases; FLUSHED at start. "
+                f"Default: CAIRN_REDIS_URL's server, database {CHAOS_REDIS_DB}.",
+            ),
+        ] = None,
+        workflows: Annotated[
+            str,
+            typer.Option(
+                "--workflows",
+                envvar="CAIRN_WORKFLOWS",
+                help="Comma-separated modules to import so their workflows register.",
+            ),
+        ] = "",
     ) -> None:
         """Kill workers at every step boundary while N runs work; report what broke."""
         from store import CairnError
@@ -815,10 +996,22 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2) from None
         try:
             report = run_chaos(
-                workflow, runs=runs, workers=workers, input=data, seed=seed, rate=rate,
-                kills=points, random_kills=random_kills, concurrency=concurrency,
-                lease_ttl=lease_ttl, deadline=deadline, keep=keep, database_url=database_url,
-                redis_url=redis_url, workflows=workflows, quiet=as_json,
+                workflow,
+                runs=runs,
+                workers=workers,
+                input=data,
+                seed=seed,
+                rate=rate,
+                kills=points,
+                random_kills=random_kills,
+                concurrency=concurrency,
+                lease_ttl=lease_ttl,
+                deadline=deadline,
+                keep=keep,
+                database_url=database_url,
+                redis_url=redis_url,
+                workflows=workflows,
+                quiet=as_json,
             )
         except CairnError as exc:
             typer.echo(f"error: {exc}", err=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from typing import Annotated, Any
 
 import typer
@@ -78,14 +79,28 @@ def worker(
         str, typer.Option("--loglevel", envvar="CAIRN_LOGLEVEL", help="Log level.")
     ] = "INFO",
     name: Annotated[str, typer.Option("--name", "-n", help="Celery node name.")] = "cairn@%h",
+    metrics_port: Annotated[
+        int,
+        typer.Option(
+            "--metrics-port",
+            envvar="CAIRN_METRICS_PORT",
+            help="Serve Prometheus metrics on this port (0: off).",
+        ),
+    ] = 0,
     database_url: DatabaseUrl = _DB_DEFAULT,
     redis_url: RedisUrl = _REDIS_DEFAULT,
     workflows: Workflows = "",
 ) -> None:
     """Start a Celery worker that runs cairn runs (start as many as you like)."""
     _env(database_url, redis_url, workflows)
+    if metrics_port:
+        # Multiprocess mode must be chosen before prometheus_client is first imported.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="cairn-metrics-")
+    from workers import metrics
     from workers.app import app as celery_app
 
+    if metrics_port:
+        metrics.serve(metrics_port)
     argv = ["worker", f"--concurrency={concurrency}", f"--loglevel={loglevel}", "-n", name]
     celery_app.worker_main([*argv, *(["--beat"] if beat else [])])
 

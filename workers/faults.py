@@ -87,8 +87,16 @@ class Plan:
             self._patch_httpx()
             attempt = time.time_ns()  # attempts of one visit are sequential: time orders them
             self.current = f"{run_id} {seq} {cursor} {attempt}"
-            self.journal({"e": "attempt", "run_id": run_id, "seq": seq, "cursor": cursor,
-                          "attempt": attempt, "pid": os.getpid()})
+            self.journal(
+                {
+                    "e": "attempt",
+                    "run_id": run_id,
+                    "seq": seq,
+                    "cursor": cursor,
+                    "attempt": attempt,
+                    "pid": os.getpid(),
+                }
+            )
         elif boundary == "after_effect":
             self.current = None
         if not self.due(boundary, run_id, seq) or os.getpid() == self.spare_pid:
@@ -98,10 +106,18 @@ class Plan:
             os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         except FileExistsError:
             return  # this point already died once: the replay goes through
-        self.journal({
-            "e": "kill", "kind": "boundary", "boundary": boundary, "run_id": run_id,
-            "seq": seq, "cursor": cursor, "pid": os.getpid(), "ts": time.time(),
-        })
+        self.journal(
+            {
+                "e": "kill",
+                "kind": "boundary",
+                "boundary": boundary,
+                "run_id": run_id,
+                "seq": seq,
+                "cursor": cursor,
+                "pid": os.getpid(),
+                "ts": time.time(),
+            }
+        )
         os.kill(os.getpid(), signal.SIGKILL)
 
     def _patch_httpx(self) -> None:

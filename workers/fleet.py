@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+CELERY = [sys.executable, "-m", "celery", "-A", "workers.app"]
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
@@ -25,14 +26,14 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: flo
 
 
 class Proc:
-    """A `celery worker` or `celery beat` process in its own session (killable whole)."""
+    """A process in its own session (killable whole): a worker, beat, or any command."""
 
-    def __init__(self, args: list[str], env: Mapping[str, str], log: Path, name: str) -> None:
+    def __init__(self, cmd: list[str], env: Mapping[str, str], log: Path, name: str) -> None:
         self.log, self.name = log, name
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "workers.app", *args],
+                cmd,
                 env=dict(env),
                 cwd=ROOT,
                 stdout=out,
@@ -86,7 +87,7 @@ def spawn_worker(env: Mapping[str, str], log: Path, name: str, concurrency: int 
         "--without-gossip",
         "--without-heartbeat",
     ]
-    return Proc(args, env, log, name)
+    return Proc(CELERY + args, env, log, name)
 
 
 def wait_ready(w: Proc, timeout: float = 60.0) -> Proc:
@@ -103,7 +104,7 @@ def start_worker(
 
 
 def start_beat(env: Mapping[str, str], log: Path, schedule: Path) -> Proc:
-    return Proc(["beat", "--loglevel=INFO", f"--schedule={schedule}"], env, log, "beat")
+    return Proc(CELERY + ["beat", "--loglevel=INFO", f"--schedule={schedule}"], env, log, "beat")
 
 
 def child_env(**overrides: str) -> dict[str, str]:

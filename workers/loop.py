@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import socket
+import time
 import traceback
 import uuid
 from typing import Any
@@ -30,7 +31,7 @@ from store import (
     WindowTooLarge,
 )
 from store.db import is_transient
-from workers import faults
+from workers import faults, metrics
 from workers.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ def run(run_id: str, deps: Deps) -> str:
         resumed = claimed_before or cp.status == "running"
         if resumed:
             logger.warning("run %s: resuming at %r (seq %d)", run_id, cp.cursor, cp.seq)
+            metrics.RESUMES.labels(cp.workflow).inc()
         cp = dataclasses.replace(
             cp, epoch=lease.epoch, status="running", resumes=cp.resumes + int(resumed)
         )
@@ -148,6 +150,7 @@ def _step(cp: Checkpoint, flow: registry.Workflow, lease: Any, deps: Deps) -> Ch
     if cp.seq >= flow.max_steps:
         raise CairnError(f"run {cp.run_id} passed max_steps={flow.max_steps} without finishing")
     lease.ensure()
+    started = time.perf_counter()
     ctx = Context(cp, store=store, lease=lease, model=deps.model, config=settings)
     try:
         faults.hit("before_effect", cp.run_id, cp.seq, cp.cursor)
@@ -169,6 +172,10 @@ def _step(cp: Checkpoint, flow: registry.Workflow, lease: Any, deps: Deps) -> Ch
         lease.ensure()  # last chance to stop before a write that would be fenced anyway
         store.save(nxt, cp, conn=ctx.open_transaction)
         faults.hit("after_save", cp.run_id, cp.seq, cp.cursor)
+        metrics.STEPS.labels(cp.workflow, cp.cursor).inc()
+        metrics.STEP_SECONDS.labels(cp.workflow).observe(time.perf_counter() - started)
+        if nxt.cost_usd > cp.cost_usd:
+            metrics.COST.labels(cp.workflow).inc(nxt.cost_usd - cp.cost_usd)
         return nxt
     finally:
         ctx.close()

@@ -1,0 +1,40 @@
+"""Prometheus metrics of the step loop, served by `cairn worker --metrics-port`.
+
+Celery's prefork pool runs steps in child processes, so the metrics use
+prometheus_client's multiprocess mode: each process writes to files under
+PROMETHEUS_MULTIPROC_DIR, and the worker's main process serves their sum. The directory
+must be set before prometheus_client is imported, which `cairn worker` does.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess, start_http_server
+
+STEPS = Counter("cairn_steps_total", "Steps saved.", ["workflow", "step"])
+STEP_SECONDS = Histogram(
+    "cairn_step_seconds",
+    "Time from a step's start to its saved checkpoint.",
+    ["workflow"],
+    buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 2, 10, 60, 300),
+)
+RUNS = Counter(
+    "cairn_runs_total",
+    "Run task deliveries by how they ended (done, failed, deferred, lost, retry, error).",
+    ["outcome"],
+)
+RESUMES = Counter("cairn_resumes_total", "Runs resumed after their worker was lost.", ["workflow"])
+COST = Counter("cairn_model_cost_usd_total", "Model cost counted from usage.", ["workflow"])
+
+
+def serve(port: int) -> None:
+    """Expose the summed metrics of every process of this worker on :port/metrics."""
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    start_http_server(port, registry=registry)
+
+
+def process_exited(pid: int) -> None:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess.mark_process_dead(pid)
