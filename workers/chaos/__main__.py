@@ -1,0 +1,8 @@
+"""`python -m workers.chaos chaos WORKFLOW ...`"""
+
+from __future__ import annotations
+
+from workers.chaos.cli import main
+
+if __name__ == "__main__":
+    main()

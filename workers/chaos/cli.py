@@ -1,0 +1,160 @@
+"""The `cairn chaos WORKFLOW` command: its options, errors as exit code 2, and the verdict
+as exit code 1 when not OK."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from workers.chaos.config import CHAOS_REDIS_DB, DEFAULT_DATABASE_URL
+from workers.chaos.report import print_report
+from workers.chaos.runner import run_chaos
+from workers.faults import BOUNDARIES
+
+
+def _parse_kill(text: str) -> tuple[str, int, str]:
+    """RUN_ID:SEQ:BOUNDARY (a run id may itself contain colons)."""
+    run_id, _, rest = text.rpartition(":")
+    run_id, _, seq = run_id.rpartition(":")
+    if not run_id or not seq.isdigit() or rest not in BOUNDARIES:
+        raise ValueError(f"--kill wants RUN_ID:SEQ:BOUNDARY with BOUNDARY in {BOUNDARIES}")
+    return run_id, int(seq), rest
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `chaos` command to the cairn Typer app."""
+
+    @app.command("chaos")
+    def chaos(
+        workflow: Annotated[str, typer.Argument(help="Registered workflow name, e.g. invoice.")],
+        runs: Annotated[int, typer.Option("--runs", help="Runs to enqueue.")] = 20,
+        workers: Annotated[int, typer.Option("--workers", help="Worker processes to start.")] = 2,
+        input: Annotated[
+            str | None,
+            typer.Option(
+                "--input",
+                help='Each run\'s input as a JSON object; "{i}" in a string becomes the '
+                "run's index. Default for invoice: a customer and email per run.",
+            ),
+        ] = None,
+        seed: Annotated[
+            int | None,
+            typer.Option(
+                "--seed", help="Seed of the kill schedule (random if unset; printed for replay)."
+            ),
+        ] = None,
+        rate: Annotated[
+            float,
+            typer.Option(
+                "--rate", help="Probability that a given step boundary of a run is killed."
+            ),
+        ] = 0.03,
+        kill: Annotated[
+            list[str] | None,
+            typer.Option("--kill", help="Also kill at RUN_ID:SEQ:BOUNDARY (repeatable)."),
+        ] = None,
+        random_kills: Annotated[
+            int | None,
+            typer.Option(
+                "--random-kills",
+                help="Kills from outside (a busy pool child; every 4th or so a "
+                "whole worker). Default: runs/25, at least 2.",
+            ),
+        ] = None,
+        concurrency: Annotated[
+            int, typer.Option("--concurrency", help="Pool processes per worker.")
+        ] = 2,
+        lease_ttl: Annotated[
+            float,
+            typer.Option(
+                "--lease-ttl",
+                help="CAIRN_LEASE_TTL for the workers (shorter than the usual 10s "
+                "so recovery is quick).",
+            ),
+        ] = 3.0,
+        deadline: Annotated[
+            float,
+            typer.Option(
+                "--deadline", help="Seconds after which an unfinished run counts as lost."
+            ),
+        ] = 300.0,
+        keep: Annotated[
+            bool, typer.Option("--keep", help="Keep the chaos_* database for inspection.")
+        ] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+        database_url: Annotated[
+            str,
+            typer.Option(
+                "--database-url",
+                envvar="CAIRN_DATABASE_URL",
+                help="Postgres server to create the fresh chaos_* database on.",
+            ),
+        ] = DEFAULT_DATABASE_URL,
+        redis_url: Annotated[
+            str | None,
+            typer.Option(
+                "--redis-url",
+                help="Redis database for broker and leases; FLUSHED at start. "
+                f"Default: CAIRN_REDIS_URL's server, database {CHAOS_REDIS_DB}.",
+            ),
+        ] = None,
+        workflows: Annotated[
+            str,
+            typer.Option(
+                "--workflows",
+                envvar="CAIRN_WORKFLOWS",
+                help="Comma-separated modules to import so their workflows register.",
+            ),
+        ] = "",
+    ) -> None:
+        """Kill workers at every step boundary while N runs work; report what broke."""
+        from store import CairnError
+
+        try:
+            data = None if input is None else json.loads(input)
+            points = [_parse_kill(k) for k in kill or []]
+        except (json.JSONDecodeError, ValueError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        try:
+            report = run_chaos(
+                workflow,
+                runs=runs,
+                workers=workers,
+                input=data,
+                seed=seed,
+                rate=rate,
+                kills=points,
+                random_kills=random_kills,
+                concurrency=concurrency,
+                lease_ttl=lease_ttl,
+                deadline=deadline,
+                keep=keep,
+                database_url=database_url,
+                redis_url=redis_url,
+                workflows=workflows,
+                quiet=as_json,
+            )
+        except CairnError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        if as_json:
+            print(json.dumps(report, default=str))
+        else:
+            print_report(report)
+        if not report["ok"]:
+            raise typer.Exit(1)
+
+
+def main() -> None:
+    """`python -m workers.chaos chaos ...`: the same command as `cairn chaos`."""
+    app = typer.Typer(add_completion=False)
+    register(app)
+
+    @app.callback()
+    def _root() -> None:  # keeps `chaos` a subcommand
+        pass
+
+    app()

@@ -1,0 +1,95 @@
+"""What one chaos run is set up to do: its options, with every default filled in."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workers import fleet
+
+CHAOS_REDIS_DB = 13
+SENTINEL = "chaos:sentinel"
+STATE = fleet.ROOT / ".cairn" / "chaos"
+DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:54329/cairn"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:63790/0"
+
+DEFAULT_INPUTS: dict[str, dict[str, Any]] = {
+    "invoice": {"customer": "customer-{i}", "email": "billing{i}@example.com"},
+    "unkeyed": {"customer": "customer-{i}", "email": "billing{i}@example.com"},
+}
+
+
+def with_path(url: str, path: str) -> str:
+    """url with its path replaced by "/" + path (a database name or a Redis index)."""
+    return urllib.parse.urlsplit(url)._replace(path="/" + path).geturl()
+
+
+def chaos_redis_url(url: str) -> str:
+    """The chaos Redis database (index CHAOS_REDIS_DB) on the server of url."""
+    return with_path(url, str(CHAOS_REDIS_DB))
+
+
+def fill(value: Any, i: int) -> Any:
+    """Replace "{i}" in every string of the input with the run's index."""
+    if isinstance(value, str):
+        return value.replace("{i}", str(i))
+    if isinstance(value, list):
+        return [fill(v, i) for v in value]
+    if isinstance(value, dict):
+        return {k: fill(v, i) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChaosConfig:
+    """One chaos run's options, resolved (run_chaos documents their defaults)."""
+
+    workflow: str
+    runs: int
+    workers: int
+    input: dict[str, Any] | None  # as given: None means DEFAULT_INPUTS (and no --input)
+    seed: int
+    rate: float
+    kills: list[tuple[str, int, str]] | None  # as given, for the plan and the replay
+    random_kills: int
+    concurrency: int
+    lease_ttl: float
+    deadline: float
+    pending_after: float
+    mail_delay_ms: int
+    model_delay_ms: int
+    base_db: str  # the server the chaos database is created next to
+    redis_url: str
+    modules: tuple[str, ...]
+    keep: bool
+    db_name: str
+    state: Path
+    quiet: bool
+
+    def template(self) -> dict[str, Any]:
+        """Each run's input before "{i}" is filled in."""
+        return self.input if self.input is not None else DEFAULT_INPUTS.get(self.workflow, {})
+
+    def replay(self) -> str:
+        """The `cairn chaos` command line that replays this run's kill schedule."""
+        return (
+            f"cairn chaos {self.workflow} --runs {self.runs} --workers {self.workers} "
+            f"--seed {self.seed} --rate {self.rate:g} --lease-ttl {self.lease_ttl:g}"
+            + self._extra_args()
+        )
+
+    def _extra_args(self) -> str:
+        args = []
+        if self.input is not None:
+            args += ["--input", json.dumps(self.input)]
+        if self.modules:
+            args += ["--workflows", ",".join(self.modules)]
+        if self.concurrency != 2:
+            args += ["--concurrency", str(self.concurrency)]
+        for run_id, seq, boundary in self.kills or []:
+            args += ["--kill", f"{run_id}:{seq}:{boundary}"]
+        return "".join(" " + shlex.quote(a) for a in args)

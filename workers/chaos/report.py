@@ -1,0 +1,335 @@
+"""What a chaos run recorded, turned into its report: per step (attempts, sends,
+deliveries, duplicates), per run (finished, failed, lost, resumed), kills per boundary and
+the time from each kill to the run continuing under another owner; and how it prints."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+from workers.chaos.history import check_history
+from workers.faults import BOUNDARIES
+
+if TYPE_CHECKING:
+    from workers.chaos.config import ChaosConfig
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))  # ceil
+    return round(ordered[int(rank) - 1], 3)
+
+
+def recoveries(kills: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each (kill, run): seconds from the kill to the run's first checkpoint row
+    written under a newer epoch (another owner), or why there is none."""
+    by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_run[row["run_id"]].append(row)
+    out = []
+    for kill in kills:
+        for run_id in kill.get("runs") or [kill["run_id"]]:
+            history = by_run.get(run_id, [])
+            before = [r for r in history if r["at"] <= kill["ts"]]
+            after = [r for r in history if r["at"] > kill["ts"]]
+            entry = {
+                "kind": kill["kind"],
+                "run_id": run_id,
+                "seconds": None,
+                "note": "",
+                "at": kill.get("boundary") or "outside",
+                "cursor": kill.get("cursor"),
+            }
+            if before and before[-1]["status"] in ("done", "failed"):
+                entry["note"] = "run had already finished"
+            else:
+                epoch = max((r["epoch"] for r in before), default=0)
+                nxt = next((r for r in after if r["epoch"] > epoch), None)
+                if nxt is None:
+                    entry["note"] = "never continued"
+                else:
+                    entry["seconds"] = round(nxt["at"] - kill["ts"], 3)
+            out.append(entry)
+    return out
+
+
+def step_report(
+    events: list[dict[str, Any]], attempts: dict[str, int], order: list[str]
+) -> list[dict[str, Any]]:
+    """Per step: attempts, sends, deliveries, dedupes, keys, duplicates.
+
+    A delivery belongs to a step visit (run, seq, cursor), known from the X-Cairn-Step
+    header (or, without it, from a cairn idempotency key). A duplicate is a delivery of a
+    visit by an attempt other than the first one that delivered it: the customer got the
+    effect twice.
+    """
+    steps: dict[str, dict[str, Any]] = {}
+
+    def row(cursor: str) -> dict[str, Any]:
+        return steps.setdefault(
+            cursor,
+            {
+                "step": cursor,
+                "attempts": attempts.get(cursor, 0),
+                "sends": 0,
+                "delivered": 0,
+                "deduplicated": 0,
+                "keyed": 0,
+                "unkeyed": 0,
+                "keys": 0,
+                "max_per_key": 0,
+                "visits": 0,
+                "duplicates": 0,
+            },
+        )
+
+    per_visit: dict[tuple[str, str], dict[Any, int]] = defaultdict(lambda: defaultdict(int))
+    per_key: dict[tuple[str, str], int] = defaultdict(int)
+    for e in events:
+        run = cursor = visit = attempt = None
+        if e.get("step"):
+            parts = e["step"].split(" ")
+            if len(parts) == 4:
+                run, visit, cursor, attempt = parts[0], f"seq{parts[1]}", parts[2], parts[3]
+        if cursor is None and e.get("key", "") and e["key"].startswith("cairn:"):
+            parts = e["key"].split(":")
+            if len(parts) >= 4:
+                run, cursor, visit = parts[1], parts[2], f"visit{parts[3]}"
+        if cursor is None:
+            cursor, run, visit = "?", "?", e.get("id")
+        r = row(cursor)
+        r["sends"] += 1
+        if not e["delivered"]:
+            r["deduplicated"] += 1
+            continue
+        r["delivered"] += 1
+        r["keyed" if e.get("key") else "unkeyed"] += 1
+        if e.get("key"):
+            per_key[(cursor, e["key"])] += 1
+        per_visit[(cursor, f"{run}|{visit}")][attempt] += 1
+    for (cursor, _), by_attempt in per_visit.items():
+        r = row(cursor)
+        r["visits"] += 1
+        total = sum(by_attempt.values())
+        if None in by_attempt:  # attempt unknown: any second delivery is a duplicate
+            r["duplicates"] += total - 1
+        else:
+            first = min(by_attempt, key=lambda a: int(a))
+            r["duplicates"] += total - by_attempt[first]
+    for (cursor, _), n in per_key.items():
+        r = row(cursor)
+        r["keys"] += 1
+        r["max_per_key"] = max(r["max_per_key"], n)
+    for cursor in order:
+        if attempts.get(cursor):
+            row(cursor)
+    rank = {c: i for i, c in enumerate(order)}
+    return sorted(steps.values(), key=lambda s: rank.get(s["step"], len(rank)))
+
+
+def build_report(
+    config: ChaosConfig,
+    *,
+    flow_steps: list[str],
+    elapsed: float,
+    final: list[dict[str, Any]],
+    history: list[dict[str, Any]],
+    kills: list[dict[str, Any]],
+    attempts: dict[str, int],
+    events: list[dict[str, Any]],
+    warnings: list[str] | None = None,
+    queue_depths: list[int] | None = None,
+) -> dict[str, Any]:
+    """The report of one chaos run from what it recorded; report["ok"] is the verdict:
+    every run finished, no effect delivered twice, no checkpoint went backwards."""
+    done = [r for r in final if r["status"] == "done"]
+    failed = [r for r in final if r["status"] == "failed"]
+    lost = [r for r in final if r["status"] not in ("done", "failed")]
+    per_boundary = {b: sum(1 for k in kills if k.get("boundary") == b) for b in BOUNDARIES}
+    per_boundary["random_pool_child"] = sum(1 for k in kills if k["kind"] == "pool_child")
+    per_boundary["whole_worker"] = sum(1 for k in kills if k["kind"] == "whole_worker")
+    rec = recoveries([k for k in kills if k.get("run_id") or k.get("runs")], history)
+    child = [e["seconds"] for e in rec if e["kind"] != "whole_worker" and e["seconds"] is not None]
+    whole = [e["seconds"] for e in rec if e["kind"] == "whole_worker" and e["seconds"] is not None]
+    backwards = check_history(history)
+    steps = step_report(events, attempts, flow_steps)
+    problems: list[str] = []
+    if lost:
+        problems.append(
+            f"{len(lost)} run(s) lost: not finished within {config.deadline:g}s "
+            f"(e.g. {lost[0]['run_id']} at {lost[0]['cursor']})"
+        )
+    if failed:
+        problems.append(
+            f"{len(failed)} run(s) failed (e.g. {failed[0]['run_id']}: "
+            f"{(failed[0]['error'] or '')[:200]})"
+        )
+    for s in steps:
+        if s["duplicates"]:
+            how = "without an idempotency key" if s["unkeyed"] else "with idempotency keys"
+            problems.append(
+                f"step {s['step']!r} delivered {s['duplicates']} duplicate effect(s) ({how})"
+            )
+    problems.extend(backwards[:20])
+    if len(backwards) > 20:
+        problems.append(f"... and {len(backwards) - 20} more history violations")
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "warnings": warnings or [],
+        "workflow": config.workflow,
+        "seed": config.seed,
+        "rate": config.rate,
+        "replay": config.replay(),
+        "runs": config.runs,
+        "workers": config.workers,
+        "concurrency": config.concurrency,
+        "lease_ttl": config.lease_ttl,
+        "seconds": round(elapsed, 1),
+        "runs_finished": len(done),
+        "runs_failed": len(failed),
+        "runs_lost": len(lost),
+        "runs_resumed": sum(1 for r in final if r["resumes"] > 0),
+        "resumes": sum(r["resumes"] for r in final),
+        "kills": per_boundary,
+        "kills_total": len(kills),
+        "random_kills_planned": config.random_kills,
+        "recovery": {
+            "pool_child": {
+                "n": len(child),
+                "p50": percentile(child, 50),
+                "p95": percentile(child, 95),
+                "max": percentile(child, 100),
+            },
+            "whole_worker": {
+                "n": len(whole),
+                "p50": percentile(whole, 50),
+                "p95": percentile(whole, 95),
+                "max": percentile(whole, 100),
+            },
+            "after_run_finished": sum(1 for e in rec if e["note"] == "run had already finished"),
+            "never_continued": sum(1 for e in rec if e["note"] == "never continued"),
+            "slowest": sorted(
+                (e for e in rec if e["seconds"] is not None), key=lambda e: -e["seconds"]
+            )[:3],
+        },
+        "queue_depth": {
+            "p50": percentile([float(d) for d in queue_depths or []], 50),
+            "max": max(queue_depths or [0]),
+        },
+        "steps": steps,
+        "duplicates": sum(s["duplicates"] for s in steps),
+        "history_rows": len(history),
+        "history_violations": len(backwards),
+        "kill_log": kills,
+        "database": config.db_name + (" (kept)" if config.keep else " (dropped)"),
+        "logs": str(config.state),
+    }
+
+
+def print_report(report: dict[str, Any], console: Any = None) -> None:
+    """Print a chaos report as two tables and the verdict (on console, else stdout)."""
+    from rich.console import Console
+
+    out = console or Console()
+    out.print(_steps_table(report))
+    out.print(_summary_table(report))
+    for w in report.get("warnings", []):
+        out.print(f"[yellow]warning[/]: {w}")
+    if report["ok"]:
+        out.print(
+            "[bold green]OK[/]: every run finished, no effect delivered twice, "
+            "no checkpoint went backwards"
+        )
+    else:
+        out.print("[bold red]FAILED[/]:")
+        for p in report["problems"]:
+            out.print(f"  - {p}")
+
+
+def _steps_table(report: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    steps = Table(title=f"cairn chaos {report['workflow']}: per step")
+    for col in ("step", "tries", "sends", "sent", "dedup", "keys", "max/key", "no key", "dups"):
+        steps.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
+    for s in report["steps"]:
+        dup = str(s["duplicates"])
+        steps.add_row(
+            s["step"],
+            str(s["attempts"]),
+            str(s["sends"]),
+            str(s["delivered"]),
+            str(s["deduplicated"]),
+            str(s["keys"]),
+            str(s["max_per_key"]),
+            str(s["unkeyed"]),
+            f"[bold red]{dup}[/]" if s["duplicates"] else dup,
+        )
+    return steps
+
+
+def _summary_table(report: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    k, rec = report["kills"], report["recovery"]
+    summary = Table(show_header=False, title="summary")
+    for label, value in (
+        (
+            "runs finished / failed / lost",
+            f"{report['runs_finished']} / {report['runs_failed']} / {report['runs_lost']}"
+            + f" of {report['runs']}",
+        ),
+        ("runs resumed (resumes)", f"{report['runs_resumed']} ({report['resumes']})"),
+        (
+            "kills at before_effect / after_effect / after_save",
+            f"{k['before_effect']} / {k['after_effect']} / {k['after_save']}",
+        ),
+        (
+            "random kills: pool child / whole worker",
+            f"{k['random_pool_child']} / {k['whole_worker']}",
+        ),
+        ("recovery after a pool-child kill", _recovery_time(rec["pool_child"])),
+        ("recovery after a whole-worker kill", _recovery_time(rec["whole_worker"])),
+        ("slowest recoveries", _slowest(rec.get("slowest", []))),
+        (
+            "broker queue depth while running",
+            f"p50 {report['queue_depth']['p50']} · max {report['queue_depth']['max']}",
+        ),
+        ("duplicate deliveries", str(report["duplicates"])),
+        (
+            "checkpoint history rows / violations",
+            f"{report['history_rows']} / {report['history_violations']}",
+        ),
+        ("lease TTL", f"{report['lease_ttl']:g}s"),
+        ("workers x processes", f"{report['workers']} x {report['concurrency']}"),
+        ("seconds", str(report["seconds"])),
+        ("replay", report["replay"]),
+    ):
+        summary.add_row(label, value)
+    return summary
+
+
+def _recovery_time(d: dict[str, Any]) -> str:
+    if not d["n"]:
+        return "n/a"
+    return f"p50 {d['p50']:.2f}s · p95 {d['p95']:.2f}s · max {d['max']:.2f}s (n={d['n']})"
+
+
+def _slowest(entries: list[dict[str, Any]]) -> str:
+    return (
+        "; ".join(
+            f"{e['seconds']:.1f}s {e['run_id']} ("
+            + (
+                f"{e['kind'].replace('_', ' ')} killed during {e['cursor']}"
+                if e["at"] == "outside"
+                else f"killed at {e['at']} of {e['cursor']}"
+            )
+            + ")"
+            for e in entries
+        )
+        or "n/a"
+    )

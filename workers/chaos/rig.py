@@ -1,0 +1,141 @@
+"""What the chaos run stands on: the mail stand-in that attributes every request to a
+step attempt, the faulted workers' environment, and the workers themselves (K started in
+parallel, replacements for the ones killed whole, and the beat)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from workers import fleet
+from workers.faults import STEP_HEADER
+
+if TYPE_CHECKING:
+    from workers.chaos.config import ChaosConfig
+
+
+def chaos_mail(**options: Any) -> Any:
+    """A MailServer (not started) that also remembers, per request, the X-Cairn-Step
+    header the faulted workers add (run, seq, cursor, attempt) and the Idempotency-Key:
+    MailServer.messages() records neither the header nor the requests it deduplicated.
+    (Defined here, not at import, so that `cairn --help` does not import the stand-ins.)"""
+    from steps.standins import MailServer
+
+    class ChaosMail(MailServer):
+        def __init__(self, **options: Any) -> None:
+            super().__init__(**options)
+            self._events: list[dict[str, Any]] = []
+            self._events_lock = threading.Lock()
+
+        def events(self) -> list[dict[str, Any]]:
+            with self._events_lock:
+                return [dict(e) for e in self._events]
+
+        def _send(self, headers: dict[str, str], raw: bytes) -> tuple[int, Any, dict[str, str]]:
+            lower = {k.lower(): v for k, v in headers.items()}
+            step = lower.get(STEP_HEADER.lower())
+            key = (lower.get("idempotency-key") or "").strip() or None
+            status, result, extra = super()._send(headers, raw)
+            if status == 200 and isinstance(result, dict):
+                with self._events_lock:
+                    self._events.append(
+                        {
+                            "step": step,
+                            "key": key,
+                            "id": result.get("id"),
+                            "delivered": not result.get("deduplicated"),
+                        }
+                    )
+            return status, result, extra
+
+    return ChaosMail(**options)
+
+
+def faulted_env(
+    config: ChaosConfig, faults_dir: Path, db_url: str, mail_url: str, model_url: str
+) -> dict[str, str]:
+    """Write the fault plan (workers/faults.py) and return the workers' environment.
+
+    faults_dir starts empty but for killed/, where the workers journal their kills."""
+    shutil.rmtree(faults_dir, ignore_errors=True)  # a reused state dir starts clean
+    (faults_dir / "killed").mkdir(parents=True)
+    plan = {
+        "dir": str(faults_dir),
+        "seed": config.seed,
+        "rate": config.rate,
+        "kills": [list(k) for k in (config.kills or [])],
+        "spare_pid": os.getpid(),
+    }
+    plan_path = config.state / "faults.json"
+    plan_path.write_text(json.dumps(plan))
+    env = fleet.child_env(
+        CAIRN_FAULTS=str(plan_path),
+        CAIRN_DATABASE_URL=db_url,
+        CAIRN_REDIS_URL=config.redis_url,
+        CAIRN_MAIL_URL=mail_url,
+        ANTHROPIC_BASE_URL=model_url,
+        CAIRN_LEASE_TTL=str(config.lease_ttl),
+        CAIRN_REAPER_INTERVAL=str(min(1.0, config.lease_ttl / 3)),
+        CAIRN_DEFER_SECONDS=str(min(1.0, config.lease_ttl / 4)),
+        CAIRN_PENDING_AFTER=str(config.pending_after),
+        CAIRN_WORKFLOWS=",".join(config.modules),
+        CAIRN_STORE_GIVE_UP_AFTER="20",
+    )
+    env.pop("CAIRN_BROKER_URL", None)
+    env.pop("ANTHROPIC_API_KEY", None)
+    return env
+
+
+class Crew:
+    """The chaos workers chaos0..chaos<K-1>, their replacements chaos<K>, chaos<K+1>, ...
+    and the beat (reaper); procs holds every one started, for the killers and teardown."""
+
+    def __init__(self, env: dict[str, str], state: Path, workers: int, concurrency: int) -> None:
+        self.procs: list[fleet.Proc] = []
+        self.warnings: list[str] = []  # replacements that did not start
+        self._env, self._state = env, state
+        self._workers, self._concurrency = workers, concurrency
+        self._numbers = itertools.count(workers)
+
+    def start(self) -> None:
+        """Start the K workers in parallel (each waits until ready), then the beat."""
+        started: list[Any] = [None] * self._workers
+
+        def start_into(i: int) -> None:
+            try:
+                started[i] = self._start(f"chaos{i}")
+            except Exception as exc:  # noqa: BLE001 (re-raised below)
+                started[i] = exc
+
+        threads = [threading.Thread(target=start_into, args=(i,)) for i in range(self._workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.procs.extend(p for p in started if isinstance(p, fleet.Proc))
+        failed_start = [p for p in started if not isinstance(p, fleet.Proc)]
+        if failed_start:
+            raise RuntimeError(f"a worker did not start: {failed_start[0]}")
+        state = self._state
+        self.procs.append(fleet.start_beat(self._env, state / "beat.log", state / "beat-schedule"))
+
+    def replace(self) -> None:
+        """Start one more worker (for one killed whole); a failure becomes a warning."""
+        try:
+            self.procs.append(self._start(f"chaos{next(self._numbers)}"))
+        except Exception as exc:  # noqa: BLE001 (reported, and the run goes on)
+            self.warnings.append(f"a replacement worker did not start: {exc}")
+
+    def kill(self) -> None:
+        """SIGKILL every process started."""
+        for p in self.procs:
+            p.kill()
+
+    def _start(self, name: str) -> fleet.Proc:
+        log = self._state / f"{name}.log"
+        return fleet.start_worker(self._env, log, name, self._concurrency, wait=90)

@@ -1,0 +1,265 @@
+"""run_chaos: N runs of a workflow on K real workers, killed at step boundaries and from
+outside; then what was recorded, as a report."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from workers.chaos.config import (
+    DEFAULT_DATABASE_URL,
+    DEFAULT_REDIS_URL,
+    SENTINEL,
+    STATE,
+    ChaosConfig,
+    chaos_redis_url,
+    fill,
+)
+from workers.chaos.history import create_database, drop_database, read_history
+from workers.chaos.kills import OutsideKiller
+from workers.chaos.report import build_report
+from workers.chaos.rig import Crew, chaos_mail, faulted_env
+from workers.faults import read_journal
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from steps.registry import Workflow
+    from store import PgStore
+
+
+def run_chaos(
+    workflow: str,
+    *,
+    runs: int = 20,
+    workers: int = 2,
+    input: dict[str, Any] | None = None,
+    seed: int | None = None,
+    rate: float = 0.03,
+    kills: list[tuple[str, int, str]] | None = None,
+    random_kills: int | None = None,
+    concurrency: int = 2,
+    lease_ttl: float = 3.0,
+    deadline: float = 300.0,
+    pending_after: float | None = None,
+    mail_delay_ms: int = 20,
+    model_delay_ms: int = 5,
+    database_url: str | None = None,
+    redis_url: str | None = None,
+    workflows: str = "",
+    keep: bool = False,
+    state_dir: Path | None = None,
+    quiet: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run the chaos experiment and return its report (report["ok"] is the verdict)."""
+    from rich.console import Console
+
+    err = Console(stderr=True, quiet=quiet)
+    say = log or (lambda text: err.print(text))
+    db_name = f"chaos_{time.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}"
+    config = ChaosConfig(
+        workflow=workflow,
+        runs=runs,
+        workers=workers,
+        input=input,
+        seed=random.SystemRandom().randrange(1, 10**6) if seed is None else seed,
+        rate=rate,
+        kills=kills,
+        random_kills=max(2, runs // 25) if random_kills is None else random_kills,
+        concurrency=concurrency,
+        lease_ttl=lease_ttl,
+        deadline=deadline,
+        # The reaper re-enqueues a pending run untouched this long (its message may have
+        # sat with a worker killed whole). Shorter than the deadline, but not so short that
+        # runs merely waiting in a long queue get a second message each.
+        pending_after=max(60.0, deadline / 2) if pending_after is None else pending_after,
+        mail_delay_ms=mail_delay_ms,
+        model_delay_ms=model_delay_ms,
+        base_db=database_url or os.environ.get("CAIRN_DATABASE_URL") or DEFAULT_DATABASE_URL,
+        redis_url=redis_url
+        or chaos_redis_url(os.environ.get("CAIRN_REDIS_URL") or DEFAULT_REDIS_URL),
+        modules=tuple(m.strip() for m in workflows.split(",") if m.strip()),
+        keep=keep,
+        db_name=db_name,
+        state=state_dir or STATE / db_name,
+        quiet=quiet,
+    )
+    flow, inputs = _load_workflow(config)
+    config.state.mkdir(parents=True, exist_ok=True)
+    experiment = _Experiment(config, err, say)
+    try:
+        experiment.start()
+        return experiment.run(flow, inputs)
+    finally:
+        experiment.close()
+
+
+def _load_workflow(config: ChaosConfig) -> tuple[Workflow, list[dict[str, Any]]]:
+    """The workflow (its modules imported) and each run's validated input."""
+    from steps import registry
+
+    registry.import_modules(("steps.invoice", *config.modules))
+    flow = registry.get(config.workflow)
+    assert flow.first is not None, f"workflow {config.workflow!r} has no steps"
+    template = config.template()
+    return flow, [flow.validate(fill(template, i)) for i in range(config.runs)]
+
+
+class _Experiment:
+    """The services and processes of one chaos run, from start() to close()."""
+
+    def __init__(self, config: ChaosConfig, err: Console, say: Callable[[str], None]) -> None:
+        import redis
+
+        self.config, self._err, self._say = config, err, say
+        self._rclient = redis.Redis.from_url(
+            config.redis_url, socket_timeout=10, socket_connect_timeout=5
+        )
+        self._faults_dir = config.state / "faults"
+        self._mail: Any = None
+        self._model: Any = None
+        self._db: Any = None
+        self._app: Any = None
+        self._crew: Crew | None = None
+        self._db_url: str | None = None
+
+    def start(self) -> None:
+        """A flushed Redis database, the chaos database, the stand-ins, the workers."""
+        from steps.standins import ModelServer
+
+        c = self.config
+        self._rclient.flushdb()
+        self._rclient.set(SENTINEL, 1)  # gone mid-run: someone else flushed this Redis database
+        self._db_url = create_database(c.base_db, c.db_name)
+        self._mail = chaos_mail(delay_ms=c.mail_delay_ms).start()
+        self._model = ModelServer(delay_ms=c.model_delay_ms).start()
+        env = faulted_env(c, self._faults_dir, self._db_url, self._mail.url, self._model.url)
+        self._say(
+            f"[bold]chaos[/]: {c.runs} {c.workflow} runs, {c.workers} workers x {c.concurrency}, "
+            f"seed {c.seed}, rate {c.rate}, lease TTL {c.lease_ttl:g}s, database {c.db_name}"
+        )
+        self._crew = Crew(env, c.state, c.workers, c.concurrency)
+        self._crew.start()
+
+    def run(self, flow: Workflow, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """Enqueue the runs, watch (and kill) until they finish or the deadline, report."""
+        from celery import Celery
+
+        from store import Database, PgStore
+
+        c, crew = self.config, self._crew
+        assert crew is not None and self._db_url is not None, "start() first"
+        self._db = Database(self._db_url)
+        store = PgStore(self._db)
+        self._app = Celery("cairn-chaos", broker=c.redis_url)
+        self._app.conf.broker_transport_options = {"visibility_timeout": 3600.0}
+        started_at = time.monotonic()
+        for i, data in enumerate(inputs):
+            run_id = f"chaos-{c.seed}-{i:04d}"
+            store.create_run(run_id, c.workflow, data, flow.first)
+            self._app.send_task("cairn.run", args=[run_id])
+        killer = OutsideKiller(c.seed, c.random_kills, crew.replace, self._say)
+        depths, flushed = self._watch(store, killer)
+        elapsed = time.monotonic() - started_at
+        killer.join()
+        return self._report(flow, killer, elapsed, depths, flushed)
+
+    def _watch(self, store: PgStore, killer: OutsideKiller) -> tuple[list[int], bool]:
+        """Until every run has finished or the deadline: show progress, sample the queue
+        depth, kill from outside. Returns the depths and whether Redis was flushed."""
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        c, rclient = self.config, self._rclient
+        assert self._crew is not None
+        depths: list[int] = []
+        flushed = False
+        with Progress(
+            TextColumn("[bold]runs"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=self._err,
+            disable=c.quiet,
+        ) as progress:
+            bar = progress.add_task("", total=c.runs)
+            end = time.monotonic() + c.deadline
+            while time.monotonic() < end:
+                counts = {s: int(r["n"]) for s, r in store.counts().items()}
+                depths.append(int(rclient.llen("celery")))  # Celery's default queue
+                finished = counts.get("done", 0) + counts.get("failed", 0)
+                progress.update(
+                    bar,
+                    completed=finished,
+                    description=f"running {counts.get('running', 0)} · kills "
+                    f"{len(os.listdir(self._faults_dir / 'killed')) + len(killer.kills)}",
+                )
+                if not flushed and not rclient.exists(SENTINEL):
+                    flushed = True
+                    self._say(
+                        f"[yellow]warning[/]: the Redis database {c.redis_url} was flushed by "
+                        "another process during the run (queued messages and leases lost)"
+                    )
+                if finished >= c.runs:
+                    break
+                killer.tick(store, rclient, self._crew.procs)
+                time.sleep(0.1)
+        return depths, flushed
+
+    def _report(
+        self,
+        flow: Workflow,
+        killer: OutsideKiller,
+        elapsed: float,
+        depths: list[int],
+        flushed: bool,
+    ) -> dict[str, Any]:
+        """Collect what the database, the workers' journal and the mail API recorded."""
+        c, crew = self.config, self._crew
+        assert crew is not None and self._mail is not None
+        history, final = read_history(self._db)
+        journal = read_journal(str(self._faults_dir))
+        inside = [r for r in journal if r["e"] == "kill"]
+        attempts: dict[str, int] = defaultdict(int)
+        for r in journal:
+            if r["e"] == "attempt":
+                attempts[r["cursor"]] += 1
+        flush_warning = f"the Redis database {c.redis_url} was flushed by another process"
+        return build_report(
+            c,
+            flow_steps=list(flow.steps),
+            elapsed=elapsed,
+            final=final,
+            history=history,
+            kills=inside + killer.kills,
+            attempts=attempts,
+            events=self._mail.events(),
+            queue_depths=depths,
+            warnings=crew.warnings + ([flush_warning] if flushed else []),
+        )
+
+    def close(self) -> None:
+        """Kill the processes, stop the stand-ins, close clients, drop the database."""
+        import psycopg
+
+        if self._crew is not None:
+            self._crew.kill()
+        for server in (self._mail, self._model):
+            if server is not None:
+                server.stop()
+        if self._db is not None:
+            self._db.close()
+        if self._app is not None:
+            self._app.close()
+        self._rclient.close()
+        if self._db_url is not None and not self.config.keep:
+            try:
+                drop_database(self.config.base_db, self.config.db_name)
+            except psycopg.Error as exc:  # pragma: no cover
+                self._say(f"could not drop {self.config.db_name}: {exc}")
