@@ -12,7 +12,18 @@ import pytest
 from store import PgStore
 from tests.conftest import ROOT
 
-COMMANDS = ["worker", "beat", "enqueue", "runs", "show", "db", "db upgrade", "demo", "standin", "chaos"]
+COMMANDS = [
+    "worker",
+    "beat",
+    "enqueue",
+    "runs",
+    "show",
+    "db",
+    "db upgrade",
+    "demo",
+    "standin",
+    "chaos",
+]
 
 
 def _cairn(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -76,3 +87,22 @@ def test_show_prints_a_failed_runs_error_and_runs_lists_it(cli_env, create, deps
     foreign = _cairn("show", run_id, env=cli_env)
     assert "payload version 9" in foreign.stdout
     assert _cairn("show", "missing-run", env=cli_env).returncode == 1
+
+
+def test_postgres_down_is_a_clear_error_not_a_traceback() -> None:
+    down = {
+        "CAIRN_DATABASE_URL": "postgresql://postgres@127.0.0.1:9/cairn",
+        "CAIRN_STORE_GIVE_UP_AFTER": "1",
+    }
+    result = _cairn("runs", env=down)
+    assert result.returncode == 1
+    assert "error:" in result.stderr and "postgres unavailable" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_broker_down_at_enqueue_keeps_the_run_and_says_what_to_do(cli_env, store: PgStore) -> None:
+    env = {**cli_env, "CAIRN_REDIS_URL": "redis://127.0.0.1:9/0"}
+    data = json.dumps({"customer": "acme", "email": "a@example.com"})
+    result = _cairn("enqueue", "invoice", data, "--run-id", "r-1", env=env)
+    assert result.returncode == 2 and "broker is unreachable" in result.stderr
+    assert [r["run_id"] for r in store.list_runs()] == ["r-1"]  # recorded, resumable

@@ -289,8 +289,14 @@ def _register_plugins() -> None:
 
 
 def main() -> None:
+    from store import CairnError
+
     _register_plugins()
-    app()
+    try:
+        app()
+    except CairnError as exc:  # a domain error is the user's to act on, not a traceback
+        err.print(f"[bold red]error:[/] {exc}")
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ import functools
 import uuid
 from typing import Any
 
+from kombu.exceptions import OperationalError
+
 from steps import registry
-from store import Database, PgStore
+from store import Database, PgStore, StoreUnavailable
 from workers.app import run_task, settings
 
 
@@ -28,5 +30,11 @@ def enqueue(workflow: str, input: dict[str, Any], *, run_id: str | None = None) 
     run_id = run_id or uuid.uuid4().hex
     assert flow.first is not None, f"workflow {workflow!r} has no steps"
     store().create_run(run_id, workflow, data, flow.first)
-    run_task.delay(run_id)
+    try:
+        run_task.delay(run_id)
+    except OperationalError as exc:
+        raise StoreUnavailable(
+            f"run {run_id} is recorded but the broker is unreachable ({exc}); enqueue the "
+            "same run id again once it is back, or the reaper will after CAIRN_PENDING_AFTER"
+        ) from exc
     return run_id
