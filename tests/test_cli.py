@@ -30,6 +30,7 @@ def _cairn(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
     full = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "workers.cli", *args],
+        check=False,
         capture_output=True,
         text=True,
         env=full,
