@@ -17,7 +17,6 @@ from typing import Any
 import redis
 from celery import Celery
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import steps.invoice  # noqa: F401  (registers the invoice workflow)
@@ -98,15 +97,7 @@ def run_demo(runs: int = 20, workers: int = 2, quiet: bool = False) -> dict[str,
             ids.append(run_id)
 
         rows: dict[str, dict[str, Any]] = {}
-        with Progress(
-            TextColumn("[bold]runs"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TextColumn("{task.description}"),
-            TimeElapsedColumn(),
-            console=err,
-            disable=quiet,
-        ) as progress:
+        with fleet.runs_progress(err, quiet) as progress:
             bar = progress.add_task("", total=runs)
             deadline = time.monotonic() + 240
             while time.monotonic() < deadline:

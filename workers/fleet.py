@@ -113,3 +113,18 @@ def child_env(**overrides: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.update(overrides)
     return env
+
+
+def runs_progress(console: Any, quiet: bool) -> Any:
+    """The runs bar the demo and `cairn chaos` show on stderr while a fleet works."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("[bold]runs"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=quiet,
+    )

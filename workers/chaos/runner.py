@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workers import fleet
 from workers.chaos.config import (
     DEFAULT_DATABASE_URL,
     DEFAULT_REDIS_URL,
@@ -173,21 +174,12 @@ class _Experiment:
     def _watch(self, store: PgStore, killer: OutsideKiller) -> tuple[list[int], bool]:
         """Until every run has finished or the deadline: show progress, sample the queue
         depth, kill from outside. Returns the depths and whether Redis was flushed."""
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         c, rclient = self.config, self._rclient
         assert self._crew is not None
         depths: list[int] = []
         flushed = False
-        with Progress(
-            TextColumn("[bold]runs"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TextColumn("{task.description}"),
-            TimeElapsedColumn(),
-            console=self._err,
-            disable=c.quiet,
-        ) as progress:
+        with fleet.runs_progress(self._err, c.quiet) as progress:
             bar = progress.add_task("", total=c.runs)
             end = time.monotonic() + c.deadline
             while time.monotonic() < end:
