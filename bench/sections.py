@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,20 @@ def _row(
 
 def _skip(system: str, note: str, **extra: Any) -> dict[str, Any]:
     return {"system": system, "skipped": note, **extra}
+
+
+def _peer_rows(
+    system: str,
+    url: str,
+    tasks: list[dict[str, Any]],
+    labels: dict[str, str],
+    row_of: Callable[[str, dict[str, Any]], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """One row per peer result, or one skip row per label when the peer cannot run."""
+    got = run_peer(system, url, tasks)
+    if isinstance(got, str):
+        return [_skip(label, got, key=key) for key, label in labels.items()]
+    return [row_of(labels[r["key"]], r) for r in got]
 
 
 def run_peer(
@@ -231,27 +246,20 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
             for w in sz.windows
             for key, spec in key_tasks
         ]
-        got = run_peer(system, url, tasks)
         labels = {
             "dbos": "DBOS (@DBOS.step per step)",
             "langgraph-async": "LangGraph PostgresSaver, durability=async",
             "langgraph-sync": "LangGraph PostgresSaver, durability=sync",
         }
-        if isinstance(got, str):
-            for key, _ in key_tasks:
-                rows.append(_skip(labels[key], got, key=key))
-        else:
-            for r in got:
-                rows.append(
-                    _row(
-                        labels[r["key"]],
-                        r["elapsed"],
-                        r["wal"],
-                        n,
-                        key=r["key"],
-                        window_bytes=r["window_bytes"],
-                    )
-                )
+        rows += _peer_rows(
+            system,
+            url,
+            tasks,
+            {key: labels[key] for key, _ in key_tasks},
+            lambda label, r: _row(
+                label, r["elapsed"], r["wal"], n, key=r["key"], window_bytes=r["window_bytes"]
+            ),
+        )
         dbs.drop(url)
 
     # ratios to the floor at the same W, on the best repetition of each: on a noisy
@@ -319,22 +327,15 @@ def growth(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
             "langgraph-delta": "LangGraph DeltaChannel (beta), async",
             "dbos": "DBOS (step returns the message)",
         }
-        got = run_peer(system, url, tasks)
-        if isinstance(got, str):
-            for key, _ in specs:
-                rows.append(_skip(labels[key], got, key=key))
-        else:
-            for r in got:
-                rows.append(
-                    _row(
-                        labels[r["key"]],
-                        r["elapsed"],
-                        r["wal"],
-                        r["steps"],
-                        key=r["key"],
-                        n=r["steps"],
-                    )
-                )
+        rows += _peer_rows(
+            system,
+            url,
+            tasks,
+            {key: labels[key] for key, _ in specs},
+            lambda label, r: _row(
+                label, r["elapsed"], r["wal"], r["steps"], key=r["key"], n=r["steps"]
+            ),
+        )
         dbs.drop(url)
     return {
         "ns": list(sz.growth),
