@@ -21,6 +21,7 @@ from store import (
     Checkpoint,
     CorruptCheckpoint,
     IncompatibleCheckpoint,
+    Lease,
     LeaseLost,
     Leases,
     PgStore,
@@ -97,8 +98,6 @@ def run(run_id: str, deps: Deps) -> str:
         flow = registry.get(cp.workflow)
         while cp.cursor != DONE:
             cp = _step(cp, flow, lease, deps)
-            if cp.status == "failed":
-                return "failed"
         return "done"
     except CairnError as exc:
         if isinstance(exc, (Transient, LeaseLost, StaleWrite)):
@@ -110,7 +109,7 @@ def run(run_id: str, deps: Deps) -> str:
         lease.release()
 
 
-def _acquire(run_id: str, floor: int, deps: Deps) -> Any:
+def _acquire(run_id: str, floor: int, deps: Deps) -> Lease:
     """The run's lease, or Deferred. A lease whose owner is a dead process on this host
     (a SIGKILLed pool child) is broken at once instead of waiting out its TTL: the
     fencing epoch keeps even a wrong guess safe."""
@@ -141,7 +140,7 @@ def _dead_here(token: str) -> bool:
     return False
 
 
-def _step(cp: Checkpoint, flow: registry.Workflow, lease: Any, deps: Deps) -> Checkpoint:
+def _step(cp: Checkpoint, flow: registry.Workflow, lease: Lease, deps: Deps) -> Checkpoint:
     """Run the step at cp.cursor and save its checkpoint; returns the saved checkpoint."""
     settings, store = deps.settings, deps.store
     fn = flow.steps.get(cp.cursor)
@@ -164,9 +163,8 @@ def _step(cp: Checkpoint, flow: registry.Workflow, lease: Any, deps: Deps) -> Ch
                     f"postgres unavailable in step {cp.cursor!r}: {exc}"
                 ) from exc
             logger.error("run %s step %r raised:\n%s", cp.run_id, cp.cursor, traceback.format_exc())
-            failed = f"step {cp.cursor!r} raised {type(exc).__name__}: {exc}"
-            store.mark_failed(cp, failed)
-            return dataclasses.replace(cp, status="failed", error=failed)
+            # run() records it on the run, with the checkpoint as it was before this step.
+            raise CairnError(f"step {cp.cursor!r} raised {type(exc).__name__}: {exc}") from exc
         nxt = _next(cp, flow, result, ctx, settings)
         faults.hit("after_effect", cp.run_id, cp.seq, cp.cursor)
         lease.ensure()  # last chance to stop before a write that would be fenced anyway
