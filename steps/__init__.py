@@ -10,6 +10,6 @@ def hello(ctx):
 """
 
 from steps.context import Context
-from steps.registry import DONE, StepResult, Workflow, get, names, workflow
+from steps.registry import DONE, StepResult, Workflow, get, workflow
 
-__all__ = ["DONE", "Context", "StepResult", "Workflow", "get", "names", "workflow"]
+__all__ = ["DONE", "Context", "StepResult", "Workflow", "get", "workflow"]

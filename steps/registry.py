@@ -101,10 +101,6 @@ def get(name: str) -> Workflow:
         ) from None
 
 
-def names() -> list[str]:
-    return sorted(_REGISTRY)
-
-
 def import_modules(modules: Iterable[str]) -> None:
     """Import the modules named in CAIRN_WORKFLOWS so their workflows register."""
     for module in modules:

@@ -10,7 +10,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from store.db import Database, translated
-from store.errors import CorruptCheckpoint, IncompatibleCheckpoint, StaleWrite, UnknownRun
+from store.errors import CorruptCheckpoint, IncompatibleCheckpoint, StaleWrite
 from store.sql import QUERIES
 
 # Bump when the persisted shape changes; a checkpoint of another version is refused.
@@ -127,12 +127,6 @@ class PgStore:
     def load(self, run_id: str) -> Checkpoint | None:
         row = self.load_row(run_id)
         return _checkpoint(row) if row else None
-
-    def require(self, run_id: str) -> Checkpoint:
-        cp = self.load(run_id)
-        if cp is None:
-            raise UnknownRun(f"no run {run_id!r}")
-        return cp
 
     def claim(self, run_id: str, epoch: int) -> Checkpoint | None:
         """Fence the run at epoch and return it; None if a newer epoch already holds it."""
