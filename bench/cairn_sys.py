@@ -14,9 +14,9 @@ from psycopg.types.json import Jsonb
 
 from bench import flows
 from bench.common import measure
-from store import Database, Leases, PgStore, upgrade
-from workers import loop
-from workers.settings import Settings
+from cairn.store import Database, Leases, PgStore, upgrade
+from cairn.workers import loop
+from cairn.workers.settings import Settings
 
 # -- the floor -----------------------------------------------------------------------------
 FLOOR_DDL = """

@@ -17,19 +17,19 @@ from typing import Any
 
 import psycopg
 
+from cairn.workers.settings import Settings
+
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DB = "postgresql://postgres@127.0.0.1:54329/cairn"
-DEFAULT_REDIS = "redis://127.0.0.1:63790/0"
 BENCH_REDIS_DB = 15
 INSTALL_HINT = "not installed: pip install -e '.[bench]'"
 
 
 def base_db() -> str:
-    return os.environ.get("CAIRN_DATABASE_URL") or DEFAULT_DB
+    return Settings.from_env().database_url
 
 
 def bench_redis() -> str:
-    base = os.environ.get("CAIRN_REDIS_URL") or DEFAULT_REDIS
+    base = Settings.from_env().redis_url
     return base.rsplit("/", 1)[0] + f"/{BENCH_REDIS_DB}"
 
 

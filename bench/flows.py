@@ -10,7 +10,7 @@ from typing import Any
 from celery import shared_task
 
 from bench.common import message
-from steps import Context, StepResult, workflow
+from cairn.steps import Context, StepResult, workflow
 
 NOOP = "bench_noop"
 SLOW = "bench_slow"

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 from bench.common import ROOT
-from workers import fleet
+from cairn.testing import fleet
 
 
 def worker_env(db_url: str, redis_url: str, **extra: str) -> dict[str, str]:

@@ -31,7 +31,7 @@ from bench.common import (
     window,
 )
 from bench.procs import Fleet, worker_env
-from store import Database, PgStore
+from cairn.store import Database, LeaseToken, PgStore
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,8 +350,8 @@ def _lease(r: redis.Redis, run_id: str) -> tuple[int, int] | None:
     raw = r.get(f"cairn:lease:{run_id}")
     if not raw:
         return None
-    owner, epoch = raw.decode().rsplit("|", 1)
-    return int(owner.split(":")[1]), int(epoch)
+    token = LeaseToken.parse(raw.decode())
+    return token.pid, token.epoch
 
 
 def _position(conn: psycopg.Connection[Any], run_id: str) -> tuple[int, int, float, str]:

@@ -1,6 +1,6 @@
 """The step API: write a workflow as named steps, each returning the next cursor.
 
-from steps import StepResult, workflow
+from cairn.steps import StepResult, workflow
 
 flow = workflow("greet")
 
@@ -9,7 +9,7 @@ def hello(ctx):
     return StepResult(cursor="done", state={"greeted": ctx.input["name"]})
 """
 
-from steps.context import Context
-from steps.registry import DONE, StepResult, Workflow, get, workflow
+from cairn.steps.context import Context
+from cairn.steps.registry import DONE, StepResult, Workflow, get, workflow
 
 __all__ = ["DONE", "Context", "StepResult", "Workflow", "get", "workflow"]

@@ -7,13 +7,12 @@ import types
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from store.errors import MultipleEffects
+from cairn.errors import MultipleEffects
 
 if TYPE_CHECKING:
-    import psycopg
-
-    from steps.model import ModelClient
-    from store import Checkpoint, Lease, PgStore
+    from cairn.steps.model import ModelClient
+    from cairn.store import Checkpoint, Lease, PgStore, StepTransaction
+    from cairn.store.tx import Connection
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -46,8 +45,7 @@ class Context:
         self.cost_usd = 0.0
         self._store, self._lease, self._model = store, lease, model
         self._effect: str | None = None
-        self._conn: psycopg.Connection[Any] | None = None
-        self._conn_cm: Any = None
+        self._tx: StepTransaction | None = None
 
     # -- effects ---------------------------------------------------------------------
     def idempotency_key(self, suffix: str = "") -> str:
@@ -83,41 +81,35 @@ class Context:
         return result
 
     @property
-    def db(self) -> psycopg.Connection[Any]:
+    def db(self) -> Connection:
         """A Postgres connection in a transaction that commits with this step's checkpoint.
 
         Writes here and the checkpoint land together or not at all: the one way to close
         the replay window, for effects that live in our own database.
         """
-        if self._conn is None:
+        if self._tx is None:
             self._lease.ensure()
-            self._conn_cm = self._store.db.connection()
-            conn = self._conn_cm.__enter__()
-            conn.autocommit = False
-            self._conn = conn
-        return self._conn
+            self._tx = self._store.transaction()
+        return self._tx.connection
 
     @property
-    def open_transaction(self) -> psycopg.Connection[Any] | None:
-        return self._conn
+    def transaction(self) -> StepTransaction | None:
+        """The step's transaction if it used ctx.db; the loop's save commits it."""
+        return self._tx
 
     def close(self) -> None:
         """Give the connection back; an uncommitted transaction is rolled back."""
-        if self._conn is None:
-            return
-        conn, self._conn = self._conn, None
-        try:
-            if not conn.closed:
-                conn.rollback()
-                conn.autocommit = True
-        finally:
-            self._conn_cm.__exit__(None, None, None)
+        if self._tx is not None:
+            self._tx.close()
 
     # -- model -----------------------------------------------------------------------
     def model(self, **request: Any) -> Any:
         """messages.create through the anthropic SDK, retried; its cost is counted."""
         if self._model is None:
             raise RuntimeError("no model client configured for this worker")
+        # A model call costs money and shapes the run: a worker that lost the run must not
+        # make one (a process resumed after SIGSTOP finds out here).
+        self._lease.ensure()
         message, cost = self._model.create(**request)
         self.cost_usd += cost
         return message

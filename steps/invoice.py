@@ -11,10 +11,10 @@ from typing import Any
 
 import httpx
 
-from steps.context import Context
-from steps.model import text_of
-from steps.registry import DONE, StepResult, workflow
-from store.errors import InvalidInput, Transient
+from cairn.errors import InvalidInput, Transient
+from cairn.steps.context import Context
+from cairn.steps.model import text_of
+from cairn.steps.registry import DONE, StepResult, workflow
 
 
 def _validate(data: dict[str, Any]) -> dict[str, Any]:

@@ -1,18 +1,15 @@
-"""Model calls through the anthropic SDK: retries, cost from usage, window compaction."""
+"""Model calls through the anthropic SDK: retries, and cost from usage."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from collections.abc import Callable, Sequence
 from typing import Any
 
-import anthropic
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_delay
 from tenacity.wait import wait_random_exponential
 
-from store.errors import ModelUnavailable
+from cairn.errors import ModelUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +35,14 @@ def cost_of(model: str, usage: Any) -> float:
     return sum(n * p for n, p in zip(tokens, price, strict=True)) / 1_000_000
 
 
+def preload_sdk() -> None:
+    """Import the anthropic SDK now (workers do, before their pool forks)."""
+    import anthropic  # noqa: F401
+
+
 def _transient(exc: BaseException) -> bool:
+    import anthropic
+
     if isinstance(exc, anthropic.APIConnectionError):  # includes timeouts
         return True
     return isinstance(exc, anthropic.APIStatusError) and (
@@ -70,6 +74,8 @@ class ModelClient:
         give_up_after: float = 60.0,
         timeout: float = 120.0,
     ) -> None:
+        import anthropic  # here, not at import: only workers that call a model load the SDK
+
         # The SDK's own retries are off: one retry policy, ours, which the task can see.
         self.client = anthropic.Anthropic(
             api_key=api_key or os.environ.get("ANTHROPIC_API_KEY") or "local-stand-in",
@@ -104,62 +110,3 @@ class ModelClient:
 def text_of(message: Any) -> str:
     """The concatenated text blocks of a response."""
     return "".join(getattr(b, "text", "") for b in message.content)
-
-
-# -- compaction ------------------------------------------------------------------------
-Summarizer = Callable[[Sequence[dict[str, Any]]], str]
-
-
-def json_size(value: Any) -> int:
-    """Bytes of compact JSON: the unit of the window's size limit and token estimate."""
-    return len(json.dumps(value, separators=(",", ":")))
-
-
-def grown_size(size: int, count: int, added: Sequence[dict[str, Any]]) -> int:
-    """json_size of a list of `count` messages (size bytes) after appending `added`."""
-    for m in added:
-        size += json_size(m) + (1 if count else 0)  # "," before all but the first
-        count += 1
-    return size
-
-
-def estimate_tokens(messages: Sequence[dict[str, Any]]) -> int:
-    # ~4 bytes a token for English and JSON: good enough to hold a budget.
-    return json_size(messages) // 4
-
-
-def extractive_summary(messages: Sequence[dict[str, Any]], limit: int = 2000) -> str:
-    """A cheap, deterministic summary: the start of each dropped message."""
-    parts = []
-    for m in messages:
-        content = m.get("content")
-        if isinstance(content, list):
-            content = " ".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
-        parts.append(f"{m.get('role', '?')}: {str(content)[:200]}")
-    return "\n".join(parts)[:limit]
-
-
-def compact(
-    window: list[dict[str, Any]],
-    budget_tokens: int,
-    *,
-    keep_last: int = 4,
-    summarize: Summarizer = extractive_summary,
-) -> list[dict[str, Any]]:
-    """Replace the oldest messages by one summary message when over the token budget.
-
-    Returns the window itself when it fits (so the save appends only the new tail).
-    """
-    if estimate_tokens(window) <= budget_tokens or len(window) <= keep_last:
-        return window
-    cut = len(window) - keep_last
-    # The tail opens with an assistant turn so user/assistant keep alternating after the
-    # summary (which is a user turn).
-    while cut < len(window) and window[cut].get("role") != "assistant":
-        cut += 1
-    head, tail = window[:cut], window[cut:]
-    summary = {
-        "role": "user",
-        "content": f"[Summary of the earlier conversation]\n{summarize(head)}",
-    }
-    return [summary, *tail]

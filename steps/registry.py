@@ -7,10 +7,10 @@ import importlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from store.errors import InvalidInput, UnknownWorkflow
+from cairn.errors import InvalidInput, UnknownWorkflow
 
 if TYPE_CHECKING:
-    from steps.context import Context
+    from cairn.steps.context import Context
 
 DONE = "done"
 
@@ -88,6 +88,11 @@ def workflow(name: str, **options: Any) -> Workflow:
     flow = Workflow(name, **options)
     _REGISTRY[name] = flow
     return flow
+
+
+def find(name: str) -> Workflow | None:
+    """The workflow registered under name in this process, if any."""
+    return _REGISTRY.get(name)
 
 
 def get(name: str) -> Workflow:

@@ -1,48 +1,66 @@
 """Durable state: the Postgres checkpoint store, the effect ledger, the Redis lease.
 
-Only this package imports psycopg and redis.
+The only package that imports psycopg and redis: driver errors become cairn.errors here.
+Names load on first use, so an enqueuer that needs Postgres never imports redis.
 """
 
-from store.checkpoints import CHECKPOINT_VERSION, TERMINAL, Checkpoint, CheckpointStore, PgStore
-from store.db import Database, upgrade
-from store.errors import (
-    CairnError,
-    CorruptCheckpoint,
-    IncompatibleCheckpoint,
-    InvalidInput,
-    LeaseLost,
-    ModelUnavailable,
-    MultipleEffects,
-    StaleWrite,
-    StoreUnavailable,
-    Transient,
-    UnknownRun,
-    UnknownWorkflow,
-    WindowTooLarge,
-)
-from store.lease import Lease, Leases
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_LAZY = {
+    "CHECKPOINT_VERSION": "cairn.store.checkpoints",
+    "START": "cairn.store.checkpoints",
+    "TERMINAL": "cairn.store.checkpoints",
+    "Checkpoint": "cairn.store.checkpoints",
+    "CheckpointStore": "cairn.store.checkpoints",
+    "PgStore": "cairn.store.checkpoints",
+    "Database": "cairn.store.db",
+    "upgrade": "cairn.store.db",
+    "Lease": "cairn.store.lease",
+    "LeaseToken": "cairn.store.lease",
+    "Leases": "cairn.store.lease",
+    "Run": "cairn.store.runs",
+    "StepTransaction": "cairn.store.tx",
+}
+
+if TYPE_CHECKING:
+    from cairn.store.checkpoints import (
+        CHECKPOINT_VERSION,
+        START,
+        TERMINAL,
+        Checkpoint,
+        CheckpointStore,
+        PgStore,
+    )
+    from cairn.store.db import Database, upgrade
+    from cairn.store.lease import Lease, Leases, LeaseToken
+    from cairn.store.runs import Run
+    from cairn.store.tx import StepTransaction
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cairn.store' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CHECKPOINT_VERSION",
+    "START",
     "TERMINAL",
-    "CairnError",
     "Checkpoint",
     "CheckpointStore",
-    "CorruptCheckpoint",
     "Database",
-    "IncompatibleCheckpoint",
-    "InvalidInput",
     "Lease",
-    "LeaseLost",
+    "LeaseToken",
     "Leases",
-    "ModelUnavailable",
-    "MultipleEffects",
     "PgStore",
-    "StaleWrite",
-    "StoreUnavailable",
-    "Transient",
-    "UnknownRun",
-    "UnknownWorkflow",
-    "WindowTooLarge",
+    "Run",
+    "StepTransaction",
     "upgrade",
 ]

@@ -6,18 +6,28 @@ import dataclasses
 import datetime as dt
 from typing import Any, Literal, Protocol, TypedDict
 
-import psycopg
 from psycopg.types.json import Jsonb
 
-from store.db import Database, translated
-from store.errors import CorruptCheckpoint, IncompatibleCheckpoint, StaleWrite
-from store.sql import QUERIES
+from cairn.errors import (
+    CorruptCheckpoint,
+    IncompatibleCheckpoint,
+    RunIdConflict,
+    StaleWrite,
+    StoreUnavailable,
+)
+from cairn.store.db import Database, outage, translated
+from cairn.store.runs import Run
+from cairn.store.sql import QUERIES
+from cairn.store.tx import StepTransaction
 
 # Bump when the persisted shape changes; a checkpoint of another version is refused.
 CHECKPOINT_VERSION = 1
 
 Status = Literal["pending", "running", "done", "failed"]
 TERMINAL: frozenset[str] = frozenset({"done", "failed"})
+# The cursor of a run that no worker has started: the workflow's first step, resolved by
+# the worker, so an enqueuer needs only the workflow's name, not its code.
+START = ""
 
 
 class Message(TypedDict, total=False):
@@ -60,7 +70,7 @@ class CheckpointStore(Protocol):
     def load(self, run_id: str) -> Checkpoint | None: ...
     def claim(self, run_id: str, epoch: int) -> Checkpoint | None: ...
     def save(
-        self, cp: Checkpoint, previous: Checkpoint, conn: psycopg.Connection[Any] | None = None
+        self, cp: Checkpoint, previous: Checkpoint, tx: StepTransaction | None = None
     ) -> None: ...
     def mark_failed(self, cp: Checkpoint, error: str) -> bool: ...
 
@@ -106,8 +116,13 @@ class PgStore:
         self.db = db
 
     # -- runs ------------------------------------------------------------------------
-    def create_run(self, run_id: str, workflow: str, input: dict[str, Any], cursor: str) -> bool:
-        """Insert a run at seq 0; False if it existed (a failed one is re-armed)."""
+    def create_run(
+        self, run_id: str, workflow: str, input: dict[str, Any], cursor: str = START
+    ) -> bool:
+        """Insert a run at seq 0; False if it existed (a failed one is re-armed).
+
+        Raises RunIdConflict if run_id exists with another workflow or input.
+        """
         params = {
             "run_id": run_id,
             "workflow": workflow,
@@ -118,8 +133,21 @@ class PgStore:
         }
         if self.db.one("create_run", params):
             return True
+        row = self.db.one("existing_run", params)
+        if row is None:  # swept between the two statements: create it afresh
+            return self.create_run(run_id, workflow, input, cursor)
+        if not (row["same_workflow"] and row["same_input"]):
+            what = "workflow" if not row["same_workflow"] else "input"
+            raise RunIdConflict(
+                f"run id {run_id!r} already names a {row['workflow']!r} run with another "
+                f"{what}; use a new run id, or the same workflow and input to resume it"
+            )
         self.db.one("rearm_failed", {"run_id": run_id})
         return False
+
+    def get(self, run_id: str) -> Run | None:
+        row = self.db.one("get_run", {"run_id": run_id})
+        return Run.from_row(row) if row else None
 
     def load_row(self, run_id: str) -> dict[str, Any] | None:
         return self.db.one("load", {"run_id": run_id})
@@ -134,13 +162,20 @@ class PgStore:
         return _checkpoint(row) if row else None
 
     # -- the per-step write ----------------------------------------------------------
-    def save(
-        self, cp: Checkpoint, previous: Checkpoint, conn: psycopg.Connection[Any] | None = None
-    ) -> None:
+    def transaction(self) -> StepTransaction:
+        """A step's own connection (ctx.db), committed by save() with the checkpoint."""
+        return StepTransaction(self.db)
+
+    @staticmethod
+    def outage(exc: BaseException) -> StoreUnavailable | None:
+        """StoreUnavailable for a driver error raised in a step (its ctx.db), else None."""
+        return outage(exc)
+
+    def save(self, cp: Checkpoint, previous: Checkpoint, tx: StepTransaction | None = None) -> None:
         """Write cp (and the window's new messages) if it is newer; else raise StaleWrite.
 
-        With conn, the save runs inside that connection's open transaction and commits it,
-        so the step's own Postgres writes land with the checkpoint or not at all.
+        With a transaction the step used, the save runs inside it and commits it, so the
+        step's own Postgres writes land with the checkpoint or not at all.
         """
         first_idx, messages = appended(previous, cp)
         params = {
@@ -160,6 +195,7 @@ class PgStore:
             "first_idx": first_idx,
             "messages": Jsonb(messages),
         }
+        conn = tx.open if tx is not None else None
         if conn is not None:
             with translated():
                 applied = conn.execute(QUERIES["save"], params).fetchone() is not None
@@ -214,8 +250,10 @@ class PgStore:
         self.db.one("mark_done", {"key": key, "run_id": run_id, "result": Jsonb(result)})
 
     # -- queries for the CLI, the reaper and the sweep -------------------------------
-    def list_runs(self, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-        return self.db.all("list_runs", {"status": status, "limit": limit})
+    def list_runs(self, status: str | None = None, limit: int = 50) -> list[Run]:
+        return [
+            Run.from_row(r) for r in self.db.all("list_runs", {"status": status, "limit": limit})
+        ]
 
     def counts(self) -> dict[str, dict[str, Any]]:
         return {row["status"]: row for row in self.db.all("count_by_status")}

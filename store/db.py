@@ -18,8 +18,8 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from store.errors import StoreUnavailable
-from store.sql import QUERIES, migrations
+from cairn.errors import StoreUnavailable
+from cairn.store.sql import QUERIES, migrations
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -28,10 +28,12 @@ T = TypeVar("T")
 _TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, psycopg_pool.PoolTimeout)
 
 
-def is_transient(exc: BaseException) -> bool:
-    """True for a driver error that means the server or link is gone (e.g. raised by a
-    step's own ctx.db query): the run should retry, not fail."""
-    return isinstance(exc, _TRANSIENT)
+def outage(exc: BaseException) -> StoreUnavailable | None:
+    """The domain error for a driver error that means the server or link is gone (also
+    when raised by a step's own ctx.db query: the run retries, not fails); else None."""
+    if isinstance(exc, _TRANSIENT):
+        return StoreUnavailable(f"postgres unavailable: {exc}".strip())
+    return None
 
 
 @contextlib.contextmanager
@@ -39,7 +41,7 @@ def translated() -> Iterator[None]:
     try:
         yield
     except _TRANSIENT as exc:
-        raise StoreUnavailable(f"postgres unavailable: {exc}".strip()) from exc
+        raise outage(exc) from exc  # type: ignore[misc]
 
 
 def retrying(give_up_after: float) -> Retrying:

@@ -3,23 +3,71 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
 import redis
 
-from store import keys
-from store.errors import LeaseLost, StoreUnavailable
+from cairn.errors import LeaseLost, StoreUnavailable
+from cairn.store import keys
 
 logger = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
+class LeaseToken:
+    """Who holds a lease: "<host>:<pid>:<nonce>|<epoch>" in Redis (the one place the
+    format lives). The nonce tells two leases of one process apart."""
+
+    host: str
+    pid: int
+    nonce: str
+    epoch: int = 0
+
+    @classmethod
+    def mine(cls) -> LeaseToken:
+        return cls(socket.gethostname(), os.getpid(), uuid.uuid4().hex[:8])
+
+    @classmethod
+    def parse(cls, text: str) -> LeaseToken:
+        owner, _, epoch = text.partition("|")
+        host, _, rest = owner.partition(":")
+        pid, _, nonce = rest.partition(":")
+        if not pid.isdigit():
+            raise ValueError(f"not a lease token: {text!r}")
+        return cls(host, int(pid), nonce, int(epoch) if epoch.isdigit() else 0)
+
+    @property
+    def owner(self) -> str:
+        return f"{self.host}:{self.pid}:{self.nonce}"
+
+    def __str__(self) -> str:
+        return f"{self.owner}|{self.epoch}"
+
+    def dead_here(self) -> bool:
+        """True when the owner is a process of this host that no longer exists (a
+        SIGKILLed pool child): its lease can be broken without waiting out the TTL."""
+        if self.host != socket.gethostname():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+
 def _script(client: redis.Redis, name: str) -> Any:
-    return client.register_script(resources.files("store").joinpath("lua", name).read_text())
+    return client.register_script(resources.files("cairn.store").joinpath("lua", name).read_text())
 
 
 @contextlib.contextmanager
@@ -38,14 +86,9 @@ class Lease:
     its last renewal old and learns it lost the run before doing anything.
     """
 
-    def __init__(self, leases: Leases, run_id: str, token: str, epoch: int, ttl: float) -> None:
-        self._leases, self.run_id, self.token, self.epoch, self.ttl = (
-            leases,
-            run_id,
-            token,
-            epoch,
-            ttl,
-        )
+    def __init__(self, leases: Leases, run_id: str, token: LeaseToken, ttl: float) -> None:
+        self._leases, self.run_id, self.token, self.ttl = leases, run_id, token, ttl
+        self.epoch = token.epoch
         self._renewed_at = time.monotonic()
         self._lost: str | None = None
         self._stop = threading.Event()
@@ -72,7 +115,7 @@ class Lease:
         started = time.monotonic()
         with translated():
             held = self._leases._renew(
-                keys=[keys.lease(self.run_id)], args=[self.token, int(self.ttl * 1000)]
+                keys=[keys.lease(self.run_id)], args=[str(self.token), int(self.ttl * 1000)]
             )
         if held != 1:
             self._lost = f"now held by {held.decode() if held else 'nobody (expired)'}"
@@ -100,7 +143,7 @@ class Lease:
             self._thread.join(timeout=self.ttl)
         try:
             with translated():
-                self._leases._release(keys=[keys.lease(self.run_id)], args=[self.token])
+                self._leases._release(keys=[keys.lease(self.run_id)], args=[str(self.token)])
         except StoreUnavailable as exc:
             logger.warning("run %s: lease release failed (it will expire): %s", self.run_id, exc)
 
@@ -118,35 +161,44 @@ class Leases:
     def from_url(cls, url: str) -> Leases:
         return cls(redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5))
 
-    def acquire(self, run_id: str, owner: str, ttl: float, floor: int = 0) -> Lease | None:
+    def acquire(
+        self, run_id: str, ttl: float, floor: int = 0, owner: LeaseToken | None = None
+    ) -> Lease | None:
+        """The run's lease with an epoch above floor, or None while another owner holds it."""
+        owner = owner or LeaseToken.mine()
         with translated():
-            epoch, token = self._acquire(
+            epoch, _ = self._acquire(
                 keys=[keys.lease(run_id), keys.epoch(run_id)],
-                args=[owner, int(ttl * 1000), floor],
+                args=[owner.owner, int(ttl * 1000), floor],
             )
         if not epoch:
             return None
-        return Lease(self, run_id, token.decode(), int(epoch), ttl)
+        return Lease(self, run_id, dataclasses.replace(owner, epoch=int(epoch)), ttl)
 
-    def holder(self, run_id: str) -> str | None:
+    def holder(self, run_id: str) -> LeaseToken | None:
         with translated():
             value = self.client.get(keys.lease(run_id))
-        return value.decode() if value else None
+        return LeaseToken.parse(value.decode()) if value else None
 
-    def unheld(self, run_ids: list[str]) -> list[str]:
-        """The run ids whose lease is gone (one MGET per 500 runs)."""
-        free = []
+    def holders(self, run_ids: list[str]) -> dict[str, LeaseToken | None]:
+        """Each run's lease holder (one MGET per 500 runs)."""
+        out: dict[str, LeaseToken | None] = {}
         for i in range(0, len(run_ids), 500):
             chunk = run_ids[i : i + 500]
             with translated():
                 values = self.client.mget([keys.lease(r) for r in chunk])
-            free += [r for r, v in zip(chunk, values, strict=True) if v is None]
-        return free
+            for r, v in zip(chunk, values, strict=True):
+                out[r] = LeaseToken.parse(v.decode()) if v else None
+        return out
 
-    def break_dead(self, run_id: str, token: str) -> bool:
+    def unheld(self, run_ids: list[str]) -> list[str]:
+        """The run ids whose lease is gone."""
+        return [r for r, token in self.holders(run_ids).items() if token is None]
+
+    def break_dead(self, run_id: str, token: LeaseToken) -> bool:
         """Delete a lease whose owner is known dead, only if it is still that token."""
         with translated():
-            return bool(self._release(keys=[keys.lease(run_id)], args=[token]))
+            return bool(self._release(keys=[keys.lease(run_id)], args=[str(token)]))
 
     def mark_reaped(self, run_id: str, window: float) -> bool:
         with translated():

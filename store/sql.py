@@ -22,7 +22,7 @@ def _parse(text: str) -> dict[str, str]:
 
 
 def sql_text(name: str) -> str:
-    return resources.files("store").joinpath("sql", name).read_text()
+    return resources.files("cairn.store").joinpath("sql", name).read_text()
 
 
 QUERIES = _parse(sql_text("queries.sql"))
@@ -31,7 +31,7 @@ QUERIES = _parse(sql_text("queries.sql"))
 def migrations() -> list[tuple[int, str, str]]:
     """(version, name, sql) for every numbered migration, in order."""
     found = []
-    for entry in resources.files("store").joinpath("sql", "migrations").iterdir():
+    for entry in resources.files("cairn.store").joinpath("sql", "migrations").iterdir():
         m = re.match(r"^(\d{4})_(\w+)\.sql$", entry.name)
         if m:
             found.append((int(m.group(1)), m.group(2), entry.read_text()))

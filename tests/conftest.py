@@ -13,17 +13,19 @@ from typing import Any
 import psycopg
 import pytest
 import redis as redis_lib
-from celery import Celery
 
-from steps.model import ModelClient
-from steps.standins import MailServer, ModelServer
-from store import Database, Leases, PgStore, upgrade
-from workers import fleet, loop
-from workers.settings import Settings
+from cairn.steps import registry
+from cairn.steps.model import ModelClient
+from cairn.store import Database, Leases, PgStore, upgrade
+from cairn.testing import fleet
+from cairn.testing.standins import MailServer, ModelServer
+from cairn.workers import loop
+from cairn.workers.client import Client
+from cairn.workers.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-BASE_DB = os.environ.get("CAIRN_DATABASE_URL", "postgresql://postgres@127.0.0.1:54329/cairn")
-BASE_REDIS = os.environ.get("CAIRN_REDIS_URL", "redis://127.0.0.1:63790/0")
+BASE_DB = Settings.from_env().database_url
+BASE_REDIS = Settings.from_env().redis_url
 TEMPLATE = "cairn_test_template"
 LEASE_TTL = 3.0
 
@@ -125,7 +127,7 @@ def leases(settings: Settings) -> Iterator[Leases]:
 
 @pytest.fixture
 def deps(settings: Settings, store: PgStore, leases: Leases) -> Iterator[loop.Deps]:
-    import steps.invoice  # noqa: F401
+    import cairn.steps.invoice  # noqa: F401
     import tests.flows  # noqa: F401  (registers probe, loop, bad)
 
     model = ModelClient(base_url=settings.anthropic_base_url, give_up_after=10.0)
@@ -201,29 +203,26 @@ def start_beat(worker_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[
 
 
 @pytest.fixture
-def send(settings: Settings) -> Iterator[Callable[[str], None]]:
-    """Put a cairn.run message on the test broker, as enqueue() does."""
-    app = Celery("cairn-test", broker=settings.redis_url)
-    app.conf.broker_transport_options = {"visibility_timeout": settings.visibility_timeout}
-
-    def send(run_id: str) -> None:
-        app.send_task("cairn.run", args=[run_id])
-
-    yield send
-    app.close()
+def client(settings: Settings) -> Iterator[Client]:
+    with Client(settings=settings) as client:
+        yield client
 
 
 @pytest.fixture
-def create(store: PgStore, deps: loop.Deps, send: Callable[[str], None]) -> Callable[..., str]:
+def send(client: Client) -> Callable[[str], None]:
+    """Put a cairn.run message on the test broker, as enqueue() does."""
+    return client.send
+
+
+@pytest.fixture
+def create(store: PgStore, deps: loop.Deps, client: Client) -> Callable[..., str]:
     """Create a run of a registered workflow (and, with queue=True, send it)."""
-    from steps import registry
 
     def create(workflow: str, input: dict[str, Any], queue: bool = True) -> str:
-        flow = registry.get(workflow)
         run_id = f"{workflow}-{uuid.uuid4().hex[:10]}"
-        store.create_run(run_id, workflow, flow.validate(input), flow.first or "")
         if queue:
-            send(run_id)
+            return client.enqueue(workflow, input, run_id=run_id)
+        store.create_run(run_id, workflow, registry.get(workflow).validate(input))
         return run_id
 
     return create
@@ -231,7 +230,7 @@ def create(store: PgStore, deps: loop.Deps, send: Callable[[str], None]) -> Call
 
 def holder_pid(leases: Leases, run_id: str) -> int | None:
     token = leases.holder(run_id)
-    return int(token.split("|")[0].split(":")[1]) if token else None
+    return token.pid if token else None
 
 
 def step_log(path: Path) -> list[tuple[str, int, int, str]]:

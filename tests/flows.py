@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
-from steps import Context, StepResult, workflow
-from steps.model import text_of
+from cairn.steps import Context, StepResult, workflow
+from cairn.steps.model import text_of
 
 probe = workflow("probe")
 

@@ -7,24 +7,31 @@ this suite's Postgres server and a flushed Redis database from the redis_url fix
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import typer
 from typer.testing import CliRunner
 
+from cairn.testing import chaos, faults
+from cairn.testing.faults import BOUNDARIES
 from tests.conftest import BASE_DB
-from workers import chaos, faults
-from workers.faults import BOUNDARIES
 
 # ---------------------------------------------------------------------------------------
 # Fast: the pieces, without processes
 # ---------------------------------------------------------------------------------------
 
 
-def test_hit_is_a_no_op_without_a_plan() -> None:
-    assert faults._plan is None  # conftest clears CAIRN_*; the worker hot path stays free
-    faults.hit("before_effect", "r", 0, "x")
+def test_the_production_worker_never_loads_the_fault_machinery() -> None:
+    code = (
+        "import sys, cairn.workers.main as m; "
+        "assert m.app.cairn.hooks.__class__.__name__ == 'StepHooks'; "
+        "print(sorted(n for n in sys.modules if n.startswith('cairn.testing')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_the_kill_schedule_is_a_pure_function_of_the_seed() -> None:

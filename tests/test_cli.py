@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from store import PgStore
+from cairn.store import PgStore
 from tests.conftest import ROOT
 
 COMMANDS = [
@@ -72,11 +72,11 @@ def test_enqueue_prints_the_id_and_an_existing_id_resumes(cli_env, store: PgStor
     assert first.returncode == 0 and first.stdout.strip() == "order-1"
     again = _cairn("enqueue", "invoice", data, "--run-id", "order-1", env=cli_env)
     assert again.returncode == 0
-    assert [r["run_id"] for r in store.list_runs()] == ["order-1"]
+    assert [r.run_id for r in store.list_runs()] == ["order-1"]
 
 
 def test_show_prints_a_failed_runs_error_and_runs_lists_it(cli_env, create, deps, sql) -> None:
-    from workers import loop
+    from cairn.workers import loop
 
     run_id = create("bad", {"mode": "raise"}, queue=False)
     loop.run(run_id, deps)
@@ -106,4 +106,4 @@ def test_broker_down_at_enqueue_keeps_the_run_and_says_what_to_do(cli_env, store
     data = json.dumps({"customer": "acme", "email": "a@example.com"})
     result = _cairn("enqueue", "invoice", data, "--run-id", "r-1", env=env)
     assert result.returncode == 2 and "broker is unreachable" in result.stderr
-    assert [r["run_id"] for r in store.list_runs()] == ["r-1"]  # recorded, resumable
+    assert [r.run_id for r in store.list_runs()] == ["r-1"]  # recorded, resumable

@@ -6,46 +6,47 @@ import time
 
 import pytest
 
-from store import LeaseLost, Leases
+from cairn.errors import LeaseLost
+from cairn.store import Leases
 
 
 def test_second_owner_is_kept_off(leases: Leases) -> None:
-    a = leases.acquire("r", "a", ttl=2)
+    a = leases.acquire("r", ttl=2)
     assert a is not None
-    assert leases.acquire("r", "b", ttl=2) is None
+    assert leases.acquire("r", ttl=2) is None
     assert leases.holder("r") == a.token
 
 
 def test_epoch_grows_and_respects_the_stored_floor(leases: Leases) -> None:
-    a = leases.acquire("r", "a", ttl=2)
+    a = leases.acquire("r", ttl=2)
     assert a is not None
     a.release()
-    b = leases.acquire("r", "b", ttl=2)
+    b = leases.acquire("r", ttl=2)
     assert b is not None and b.epoch == a.epoch + 1
     b.release()
     leases.client.flushdb()  # Redis lost its data: the checkpoint's epoch still fences
-    c = leases.acquire("r", "c", ttl=2, floor=41)
+    c = leases.acquire("r", ttl=2, floor=41)
     assert c is not None and c.epoch == 42
 
 
 def test_release_never_deletes_a_successors_lease(leases: Leases) -> None:
-    a = leases.acquire("r", "a", ttl=0.3)
+    a = leases.acquire("r", ttl=0.3)
     assert a is not None
     time.sleep(0.4)
-    b = leases.acquire("r", "b", ttl=5)
+    b = leases.acquire("r", ttl=5)
     assert b is not None
     a.release()
     assert leases.holder("r") == b.token
 
 
 def test_heartbeat_keeps_it_and_loss_is_detected(leases: Leases) -> None:
-    a = leases.acquire("r", "a", ttl=0.6).start_heartbeat()  # type: ignore[union-attr]
+    a = leases.acquire("r", ttl=0.6).start_heartbeat()  # type: ignore[union-attr]
     time.sleep(1.5)  # > 2 TTLs: only the heartbeat can have kept it
     a.ensure()
     assert leases.holder("r") == a.token
-    leases.client.set("cairn:lease:r", "thief|99")
+    leases.client.set("cairn:lease:r", "thief:1:x|99")
     time.sleep(0.5)
     with pytest.raises(LeaseLost, match="thief"):
         a.ensure()
     a.release()
-    assert leases.holder("r") == "thief|99"
+    assert str(leases.holder("r")) == "thief:1:x|99"

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from steps import registry
-from steps.model import compact, cost_of
-from steps.standins import MailServer
-from store import IncompatibleCheckpoint, InvalidInput, Leases, PgStore, UnknownWorkflow
-from workers import loop
+from cairn.errors import IncompatibleCheckpoint, InvalidInput, UnknownWorkflow
+from cairn.steps import registry
+from cairn.steps.model import cost_of
+from cairn.steps.window import compact
+from cairn.store import Leases, PgStore
+from cairn.testing.standins import MailServer
+from cairn.workers import loop
 
 
 def _probe_input(tmp_path: Path, **extra: object) -> dict:
@@ -49,7 +51,7 @@ def test_redelivered_finished_run_does_nothing(
 
 def test_a_held_lease_defers_the_run(create, deps, leases: Leases, tmp_path) -> None:
     run_id = create("probe", _probe_input(tmp_path), queue=False)
-    other = leases.acquire(run_id, "someone-else", ttl=5)
+    other = leases.acquire(run_id, ttl=5)
     assert other is not None
     with pytest.raises(loop.Deferred):
         loop.run(run_id, deps)
@@ -182,7 +184,7 @@ def test_model_429_and_529_are_retried_and_the_run_finishes(
 @pytest.mark.parametrize("before", [0, 1, 5])
 @pytest.mark.parametrize("added", [0, 1, 3])
 def test_the_carried_window_size_equals_the_real_one(before: int, added: int) -> None:
-    from steps.model import grown_size, json_size
+    from cairn.steps.window import grown_size, json_size
 
     old = [{"role": "user", "content": f"m{i} ünï"} for i in range(before)]
     new = [{"role": "assistant", "content": [{"type": "text", "text": f"r{i}"}]} for i in range(added)]

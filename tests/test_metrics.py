@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from store import PgStore
+from cairn.store import PgStore
+from cairn.testing import fleet
 from tests.conftest import wait_for
 from tests.test_crash import _done
-from workers import fleet
 
 pytestmark = pytest.mark.slow
 

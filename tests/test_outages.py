@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from steps.standins import MailServer
-from store import PgStore
+from cairn.store import PgStore
+from cairn.testing.standins import MailServer
 from tests.conftest import ROOT, starts, wait_for
 from tests.test_crash import _done, _sleeping
 

@@ -15,7 +15,7 @@ import anthropic
 import httpx
 import pytest
 
-from steps.standins import MailServer, ModelServer
+from cairn.testing.standins import MailServer, ModelServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -341,7 +341,7 @@ def test_sdk_connection_error_when_down() -> None:
                                   ["model", "--fail-every", "2", "--fail-status", "529"]])
 def test_cli_prints_url_and_serves(args: list[str]) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "steps.standins", *args, "--port", "0", "--quiet"],
+        [sys.executable, "-m", "cairn.testing.standins", *args, "--port", "0", "--quiet"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from store import CHECKPOINT_VERSION, Checkpoint, IncompatibleCheckpoint, PgStore, StaleWrite
-from store.errors import CorruptCheckpoint
+from cairn.errors import CorruptCheckpoint, IncompatibleCheckpoint, RunIdConflict, StaleWrite
+from cairn.store import CHECKPOINT_VERSION, Checkpoint, PgStore
 
 
 def _run(store: PgStore, run_id: str = "r1") -> Checkpoint:
@@ -28,7 +28,11 @@ def test_create_is_idempotent_and_never_restarts(store: PgStore) -> None:
     cp = _run(store)
     nxt = _advance(cp, cursor="two", state={"a": 1})
     store.save(nxt, cp)
-    assert store.create_run("r1", "probe", {"x": 2}, "one") is False
+    assert store.create_run("r1", "probe", {"x": 1}, "one") is False
+    with pytest.raises(RunIdConflict, match="another input"):
+        store.create_run("r1", "probe", {"x": 2})
+    with pytest.raises(RunIdConflict, match="another workflow"):
+        store.create_run("r1", "other", {"x": 1})
     again = store.load("r1")
     assert again is not None and (again.seq, again.cursor, again.input) == (1, "two", {"x": 1})
 
@@ -158,7 +162,7 @@ def test_sweep_removes_only_old_terminal_runs(store: PgStore, sql) -> None:
         store.mark_done(f"k-{run_id}", run_id, None)
     sql("UPDATE checkpoints SET updated_at = now() - interval '8 days' WHERE run_id LIKE 'old-%'")
     assert store.sweep(older_than=7 * 24 * 3600) == 2
-    assert sorted(r["run_id"] for r in store.list_runs()) == ["new-done", "old-running"]
+    assert sorted(r.run_id for r in store.list_runs()) == ["new-done", "old-running"]
     assert sorted(r[0] for r in sql("SELECT run_id FROM window_messages")) == [
         "new-done",
         "old-running",

@@ -23,37 +23,51 @@ console = Console()
 err = Console(stderr=True)
 
 DatabaseUrl = Annotated[
-    str,
+    str | None,
     typer.Option(
-        "--database-url", envvar="CAIRN_DATABASE_URL", help="Postgres URL of the checkpoint store."
+        "--database-url",
+        envvar="CAIRN_DATABASE_URL",
+        help="Postgres URL of the checkpoint store.",
+        show_default=False,
     ),
 ]
 RedisUrl = Annotated[
-    str, typer.Option("--redis-url", envvar="CAIRN_REDIS_URL", help="Redis URL (leases, broker).")
+    str | None,
+    typer.Option(
+        "--redis-url",
+        envvar="CAIRN_REDIS_URL",
+        help="Redis URL (leases; the broker unless CAIRN_BROKER_URL is set).",
+        show_default=False,
+    ),
 ]
 Workflows = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--workflows",
         envvar="CAIRN_WORKFLOWS",
         help="Comma-separated modules to import so their workflows register.",
+        show_default=False,
     ),
 ]
-_DB_DEFAULT = "postgresql://postgres@127.0.0.1:54329/cairn"
-_REDIS_DEFAULT = "redis://127.0.0.1:63790/0"
+LogLevel = Annotated[
+    str | None, typer.Option("--loglevel", envvar="CAIRN_LOGLEVEL", help="Log level [INFO].")
+]
 
 
-def _env(
-    database_url: str | None = None, redis_url: str | None = None, workflows: str | None = None
-) -> None:
-    """Options win over the environment; workers.app reads the environment once."""
-    for name, value in (
-        ("CAIRN_DATABASE_URL", database_url),
-        ("CAIRN_REDIS_URL", redis_url),
-        ("CAIRN_WORKFLOWS", workflows),
-    ):
-        if value:
-            os.environ[name] = value
+def _settings(**options: Any) -> Any:
+    """Settings.from_env() with the options that were given on top."""
+    from cairn.workers.settings import Settings
+
+    workflows = options.pop("workflows", None)
+    if workflows is not None:
+        options["workflows"] = tuple(m.strip() for m in workflows.split(",") if m.strip())
+    return Settings.from_env().with_options(**options)
+
+
+def _client(settings: Any) -> Any:
+    from cairn.workers.client import Client
+
+    return Client(settings=settings)
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -64,64 +78,82 @@ def _fail(message: str, code: int = 1) -> None:
 @app.command()
 def worker(
     concurrency: Annotated[
-        int,
+        int | None,
         typer.Option(
-            "--concurrency", "-c", envvar="CAIRN_CONCURRENCY", help="Processes in the pool."
+            "--concurrency", "-c", envvar="CAIRN_CONCURRENCY", help="Processes in the pool [2]."
         ),
-    ] = 2,
+    ] = None,
     beat: Annotated[
         bool,
         typer.Option(
             "--beat", help="Also run the reaper/sweep schedule (run it on one worker only)."
         ),
     ] = False,
-    loglevel: Annotated[
-        str, typer.Option("--loglevel", envvar="CAIRN_LOGLEVEL", help="Log level.")
-    ] = "INFO",
-    name: Annotated[str, typer.Option("--name", "-n", help="Celery node name.")] = "cairn@%h",
+    loglevel: LogLevel = None,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name", "-n", help="Celery node name [cairn-<pid>@<host>: unique per worker]."
+        ),
+    ] = None,
     metrics_port: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--metrics-port",
             envvar="CAIRN_METRICS_PORT",
-            help="Serve Prometheus metrics on this port (0: off).",
+            help="Serve Prometheus metrics on this port (0: off) [0].",
         ),
-    ] = 0,
-    database_url: DatabaseUrl = _DB_DEFAULT,
-    redis_url: RedisUrl = _REDIS_DEFAULT,
-    workflows: Workflows = "",
+    ] = None,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    workflows: Workflows = None,
 ) -> None:
     """Start a Celery worker that runs cairn runs (start as many as you like)."""
-    _env(database_url, redis_url, workflows)
-    if metrics_port:
-        # Multiprocess mode must be chosen before prometheus_client is first imported.
+    settings = _settings(
+        concurrency=concurrency,
+        loglevel=loglevel,
+        metrics_port=metrics_port,
+        database_url=database_url,
+        redis_url=redis_url,
+        workflows=workflows,
+    )
+    if settings.metrics_port:
+        # prometheus_client's multiprocess mode is chosen by this variable, read when it
+        # is first imported: set it before the app (and its metrics module) loads.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="cairn-metrics-")
-    from workers import metrics
-    from workers.app import app as celery_app
+    from cairn.workers import metrics
+    from cairn.workers.app import create_app
 
-    if metrics_port:
-        metrics.serve(metrics_port)
-    argv = ["worker", f"--concurrency={concurrency}", f"--loglevel={loglevel}", "-n", name]
+    celery_app = create_app(settings)
+    if settings.metrics_port:
+        metrics.serve(settings.metrics_port)
+    argv = [
+        "worker",
+        f"--concurrency={settings.concurrency}",
+        f"--loglevel={settings.loglevel}",
+        "-n",
+        name or f"cairn-{os.getpid()}@%h",
+    ]
     celery_app.worker_main([*argv, *(["--beat"] if beat else [])])
 
 
 @app.command("beat")
 def beat_cmd(
-    loglevel: Annotated[
-        str, typer.Option("--loglevel", envvar="CAIRN_LOGLEVEL", help="Log level.")
-    ] = "INFO",
+    loglevel: LogLevel = None,
     schedule: Annotated[
-        str, typer.Option("--schedule", help="Beat's schedule file.")
+        str, typer.Option("--schedule", envvar="CAIRN_BEAT_SCHEDULE", help="Beat's schedule file.")
     ] = ".cairn/beat-schedule",
-    database_url: DatabaseUrl = _DB_DEFAULT,
-    redis_url: RedisUrl = _REDIS_DEFAULT,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
 ) -> None:
     """Run the schedule: the reaper (every CAIRN_REAPER_INTERVAL s) and the hourly sweep."""
-    _env(database_url, redis_url)
-    from workers.app import app as celery_app
+    settings = _settings(loglevel=loglevel, database_url=database_url, redis_url=redis_url)
+    from cairn.workers.app import create_app
 
     os.makedirs(os.path.dirname(schedule) or ".", exist_ok=True)
-    celery_app.start(["beat", f"--loglevel={loglevel}", f"--schedule={schedule}"])
+    create_app(settings).start(
+        ["beat", f"--loglevel={settings.loglevel}", f"--schedule={schedule}"]
+    )
 
 
 @app.command()
@@ -131,29 +163,28 @@ def enqueue(
     run_id: Annotated[
         str | None, typer.Option("--run-id", help="Explicit run id; an existing one resumes.")
     ] = None,
-    database_url: DatabaseUrl = _DB_DEFAULT,
-    redis_url: RedisUrl = _REDIS_DEFAULT,
-    workflows: Workflows = "",
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    workflows: Workflows = None,
 ) -> None:
     """Enqueue a run and print its id."""
-    _env(database_url, redis_url, workflows)
+    settings = _settings(database_url=database_url, redis_url=redis_url, workflows=workflows)
     try:
         data = json.loads(input)
     except json.JSONDecodeError as exc:
         _fail(f'input is not JSON ({exc}); pass an object like \'{{"customer": "acme"}}\'', 2)
-    from store import CairnError
-    from workers.client import enqueue as do_enqueue
+    from cairn.errors import CairnError
+    from cairn.steps import registry
 
     try:
-        console.print(do_enqueue(workflow, data, run_id=run_id))
+        # At a terminal, a typo should fail here, not on a worker: the CLI knows the
+        # shipped workflows and --workflows (a web app's Client needs only the name).
+        registry.import_modules(("cairn.steps.invoice", *settings.workflows))
+        registry.get(workflow)
+        with _client(settings) as client:
+            console.print(client.enqueue(workflow, data, run_id=run_id))
     except CairnError as exc:
         _fail(str(exc), 2)
-
-
-def _store() -> Any:
-    from workers.client import store
-
-    return store()
 
 
 @app.command()
@@ -162,23 +193,24 @@ def runs(
         str | None, typer.Option("--status", help="pending, running, done or failed.")
     ] = None,
     limit: Annotated[int, typer.Option("--limit", help="Rows to show.")] = 30,
-    database_url: DatabaseUrl = _DB_DEFAULT,
+    database_url: DatabaseUrl = None,
 ) -> None:
     """List runs, newest first."""
-    _env(database_url)
     table = Table("workflow", "status", "cursor", "seq", "cost $", "resumes", "updated")
     table.add_column("run", no_wrap=True)
-    for r in _store().list_runs(status, limit):
-        colour = {"done": "green", "failed": "red", "running": "yellow"}.get(r["status"], "")
+    with _client(_settings(database_url=database_url)) as client:
+        found = client.list(status, limit)
+    for r in found:
+        colour = {"done": "green", "failed": "red", "running": "yellow"}.get(r.status, "")
         table.add_row(
-            r["workflow"],
-            f"[{colour}]{r['status']}[/]" if colour else r["status"],
-            r["cursor"],
-            str(r["seq"]),
-            f"{r['cost_usd']:.6f}",
-            str(r["resumes"]),
-            r["updated_at"].strftime("%H:%M:%S"),
-            r["run_id"],
+            r.workflow,
+            f"[{colour}]{r.status}[/]" if colour else r.status,
+            r.cursor,
+            str(r.seq),
+            f"{r.cost_usd:.6f}",
+            str(r.resumes),
+            r.updated_at.strftime("%H:%M:%S"),
+            r.run_id,
         )
     console.print(table)
 
@@ -186,14 +218,15 @@ def runs(
 @app.command()
 def show(
     run_id: Annotated[str, typer.Argument(help="The run id.")],
-    database_url: DatabaseUrl = _DB_DEFAULT,
+    database_url: DatabaseUrl = None,
 ) -> None:
     """Show one run's checkpoint, its error if it failed, and its window size."""
-    _env(database_url)
-    from store import CairnError
+    from cairn.errors import CairnError
 
-    row = _store().load_row(run_id)
+    client = _client(_settings(database_url=database_url))
+    row = client.store.load_row(run_id)
     if row is None:
+        client.close()
         _fail(f"no run {run_id!r}")
     for key in (
         "run_id",
@@ -216,18 +249,21 @@ def show(
     console.print(f"[bold]{'input':>10}[/] {json.dumps(row['input'])}")
     console.print(f"[bold]{'state':>10}[/] {json.dumps(row['state'], default=str)}")
     try:
-        _store().load(run_id)
+        client.store.load(run_id)
     except CairnError as exc:
         console.print(f"[bold red]{'unreadable':>10}[/] {exc}")
+    finally:
+        client.close()
 
 
 @db_app.command("upgrade")
-def db_upgrade(database_url: DatabaseUrl = _DB_DEFAULT) -> None:
+def db_upgrade(database_url: DatabaseUrl = None) -> None:
     """Apply pending schema migrations."""
-    from store import StoreUnavailable, upgrade
+    from cairn.errors import StoreUnavailable
+    from cairn.store import upgrade
 
     try:
-        applied = upgrade(database_url)
+        applied = upgrade(_settings(database_url=database_url).database_url)
     except StoreUnavailable as exc:
         _fail(f"{exc}\nIs Postgres running? `bash scripts/services.sh up` starts the local one.")
     console.print(f"applied migrations: {applied}" if applied else "schema is up to date")
@@ -240,14 +276,14 @@ def demo(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the summary as one JSON object.")
     ] = False,
-    database_url: DatabaseUrl = _DB_DEFAULT,
-    redis_url: RedisUrl = _REDIS_DEFAULT,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
 ) -> None:
     """A fleet of workers doing invoice runs; workers are SIGKILLed mid-run; effects counted."""
-    _env(database_url, redis_url)
-    from workers.demo import run_demo
+    from cairn.testing.demo import run_demo
 
-    summary = run_demo(runs=runs, workers=workers, quiet=as_json)
+    settings = _settings(database_url=database_url, redis_url=redis_url)
+    summary = run_demo(settings, runs=runs, workers=workers, quiet=as_json)
     if as_json:
         print(json.dumps(summary))
     if not summary["ok"]:
@@ -263,33 +299,19 @@ def standin(
     ] = 0,
 ) -> None:
     """Run a local stand-in: the mail API, or a server speaking the Anthropic Messages API."""
-    from steps import standins
+    from cairn.testing import standins
 
     raise typer.Exit(standins.main([kind, "--port", str(port), "--delay-ms", str(delay_ms)]))
 
 
-@app.command(
-    context_settings={
-        "allow_extra_args": True,
-        "ignore_unknown_options": True,
-        "help_option_names": [],
-    }
-)
-def bench(ctx: typer.Context) -> None:
-    """Benchmarks against the floor and the peers (`cairn bench --help` for options)."""
-    from bench import main as bench_main
-
-    raise typer.Exit(bench_main(list(ctx.args)))
-
-
 def _register_plugins() -> None:
-    from workers import chaos  # light at import: its heavy imports wait for the command
+    from cairn.testing import chaos  # light at import: its heavy imports wait for the command
 
     chaos.register(app)
 
 
 def main() -> None:
-    from store import CairnError
+    from cairn.errors import CairnError
 
     _register_plugins()
     try:

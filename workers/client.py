@@ -1,40 +1,115 @@
-"""enqueue(): what a web app calls to start (or resume) a run."""
+"""Client: what a web app uses to start runs and read them. Enqueues by workflow name.
+
+It needs neither the workflows' code nor Celery's worker: it writes the run to Postgres
+and sends one message naming the run. Celery is imported on the first enqueue.
+"""
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
-from kombu.exceptions import OperationalError
+from cairn.errors import StoreUnavailable
+from cairn.steps import registry
+from cairn.store.checkpoints import PgStore
+from cairn.store.db import Database
+from cairn.store.runs import Run
+from cairn.workers import broker
+from cairn.workers.settings import Settings
 
-from steps import registry
-from store import Database, PgStore, StoreUnavailable
-from workers.app import run_task, settings
+if TYPE_CHECKING:
+    from celery import Celery
 
 
-@functools.cache
-def store() -> PgStore:
-    return PgStore(Database(settings.database_url, give_up_after=settings.store_give_up_after))
+class Client:
+    """Enqueue, get and list runs.
 
+        with cairn.Client() as client:            # CAIRN_DATABASE_URL, CAIRN_BROKER_URL
+            run_id = client.enqueue("invoice", {"customer": "acme", "email": "a@acme.test"})
+            print(client.get(run_id).status)
 
-def enqueue(workflow: str, input: dict[str, Any], *, run_id: str | None = None) -> str:
-    """Record the run and send it to the workers; returns its run id.
-
-    Enqueueing an existing run id resumes that run where it is (a failed run is re-armed
-    at its cursor); it never starts it over. Raises UnknownWorkflow or InvalidInput
-    before anything is written.
+    URLs not given come from the environment (Settings.from_env()).
     """
-    flow = registry.get(workflow)
-    data = flow.validate(input)
-    run_id = run_id or uuid.uuid4().hex
-    assert flow.first is not None, f"workflow {workflow!r} has no steps"
-    store().create_run(run_id, workflow, data, flow.first)
-    try:
-        run_task.delay(run_id)
-    except OperationalError as exc:
-        raise StoreUnavailable(
-            f"run {run_id} is recorded but the broker is unreachable ({exc}); enqueue the "
-            "same run id again once it is back, or the reaper will after CAIRN_PENDING_AFTER"
-        ) from exc
-    return run_id
+
+    def __init__(
+        self,
+        database_url: str | None = None,
+        broker_url: str | None = None,
+        *,
+        settings: Settings | None = None,
+    ) -> None:
+        base = settings or Settings.from_env()
+        self.settings = base.with_options(database_url=database_url, broker_url=broker_url)
+        s = self.settings
+        self.store = PgStore(Database(s.database_url, give_up_after=s.store_give_up_after))
+        self._producer: Celery | None = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.store.db.close()
+        if self._producer is not None:
+            self._producer.close()
+
+    def enqueue(
+        self, workflow: str, input: dict[str, Any] | None = None, *, run_id: str | None = None
+    ) -> str:
+        """Record the run and send it to the workers; returns its run id.
+
+        The same run id with the same workflow and input is the same run: a retried
+        enqueue returns it (a failed run is re-armed at its cursor), never starts it over.
+        The same id with another workflow or input raises RunIdConflict. When the
+        workflow is registered in this process its input is validated here (InvalidInput
+        before anything is written); otherwise the worker validates it.
+        """
+        data = {} if input is None else input
+        flow = registry.find(workflow)
+        if flow is not None:
+            data = flow.validate(data)
+        run_id = run_id or uuid.uuid4().hex
+        self.store.create_run(run_id, workflow, data)
+        self.send(run_id)
+        return run_id
+
+    def send(self, run_id: str) -> None:
+        """Put one message for run_id on the broker (the run must exist)."""
+        try:
+            self.producer.send_task(broker.RUN_TASK, args=[run_id], queue=broker.RUNS)
+        except Exception as exc:
+            from kombu.exceptions import OperationalError
+
+            if not isinstance(exc, OperationalError):
+                raise
+            raise StoreUnavailable(
+                f"run {run_id} is recorded but the broker is unreachable ({exc}); enqueue "
+                "the same run id again once it is back, or the reaper will after "
+                "CAIRN_PENDING_AFTER"
+            ) from exc
+
+    def get(self, run_id: str, *, window: bool = False) -> Run | None:
+        """The run's status, cursor, state (its result once done), error and cost; the
+        model window too with window=True. None if there is no such run."""
+        run = self.store.get(run_id)
+        if run is None or not window:
+            return run
+        row = self.store.load_row(run_id)
+        return dataclasses.replace(run, window=tuple(row["window"]) if row else ())
+
+    def list(self, status: str | None = None, limit: int = 50) -> list[Run]:
+        """Runs, newest first."""
+        return self.store.list_runs(status, limit)
+
+    @property
+    def producer(self) -> Celery:
+        if self._producer is None:
+            from celery import Celery
+
+            app = Celery("cairn-client")
+            app.conf.update(broker.conf(self.settings))
+            self._producer = app
+        return self._producer

@@ -4,36 +4,32 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import socket
 import time
 import traceback
-import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from steps import registry
-from steps.context import Context
-from steps.model import ModelClient, compact, grown_size, json_size
-from steps.registry import DONE, StepResult
-from store import (
-    TERMINAL,
+from cairn.errors import (
     CairnError,
-    Checkpoint,
     CorruptCheckpoint,
     IncompatibleCheckpoint,
-    Lease,
-    LeaseLost,
-    Leases,
-    PgStore,
     StaleWrite,
-    StoreUnavailable,
+    Superseded,
     Transient,
     UnknownRun,
     WindowTooLarge,
 )
-from store.db import is_transient
-from workers import faults, metrics
-from workers.settings import Settings
+from cairn.steps import registry
+from cairn.steps.context import Context
+from cairn.steps.registry import DONE, StepResult
+from cairn.steps.window import compact, grown_size, json_size
+from cairn.store.checkpoints import START, TERMINAL, Checkpoint, PgStore
+from cairn.store.lease import Lease, Leases
+from cairn.workers import metrics
+from cairn.workers.hooks import NO_HOOKS, StepHooks
+from cairn.workers.settings import Settings
+
+if TYPE_CHECKING:
+    from cairn.steps.model import ModelClient
 
 logger = logging.getLogger(__name__)
 
@@ -52,17 +48,14 @@ class Deps:
     store: PgStore
     leases: Leases
     model: ModelClient | None
-
-
-def owner_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    hooks: StepHooks = NO_HOOKS
 
 
 def run(run_id: str, deps: Deps) -> str:
     """Drive one run to its end, or until this worker loses it. Returns the final status.
 
-    Raises Deferred (held elsewhere), Transient (retry later), LeaseLost/StaleWrite
-    (another worker has the run: stop, touch nothing).
+    Raises Deferred (held elsewhere), Transient (retry later), Superseded (another
+    worker has the run: stop, touch nothing).
     """
     store = deps.store
     try:
@@ -72,7 +65,7 @@ def run(run_id: str, deps: Deps) -> str:
         store.mark_failed_raw(run_id, str(exc))
         return "failed"
     if cp is None:
-        raise UnknownRun(f"no run {run_id!r}: enqueue it with cairn.enqueue()")
+        raise UnknownRun(f"no run {run_id!r}: enqueue it with cairn.Client().enqueue()")
     if cp.status in TERMINAL:
         # A warm shutdown or a reaper race can deliver a finished run again.
         logger.info("run %s is already %s; nothing to do", run_id, cp.status)
@@ -89,18 +82,25 @@ def run(run_id: str, deps: Deps) -> str:
         if cp.status in TERMINAL:
             return cp.status
         resumed = claimed_before or cp.status == "running"
+        flow = registry.get(cp.workflow)
+        # The enqueuer may not have the workflow's code: its input is checked, and its
+        # first step found, here (validators are pure, so every delivery agrees).
+        cp = dataclasses.replace(
+            cp,
+            input=flow.validate(cp.input),
+            cursor=(flow.first or DONE) if cp.cursor == START else cp.cursor,
+            epoch=lease.epoch,
+            status="running",
+            resumes=cp.resumes + int(resumed),
+        )
         if resumed:
             logger.warning("run %s: resuming at %r (seq %d)", run_id, cp.cursor, cp.seq)
             metrics.RESUMES.labels(cp.workflow).inc()
-        cp = dataclasses.replace(
-            cp, epoch=lease.epoch, status="running", resumes=cp.resumes + int(resumed)
-        )
-        flow = registry.get(cp.workflow)
         while cp.cursor != DONE:
             cp = _step(cp, flow, lease, deps)
         return "done"
     except CairnError as exc:
-        if isinstance(exc, (Transient, LeaseLost, StaleWrite)):
+        if isinstance(exc, (Transient, Superseded)):
             raise
         logger.error("run %s failed: %s", run_id, exc)
         store.mark_failed(cp, str(exc))
@@ -114,35 +114,21 @@ def _acquire(run_id: str, floor: int, deps: Deps) -> Lease:
     (a SIGKILLed pool child) is broken at once instead of waiting out its TTL: the
     fencing epoch keeps even a wrong guess safe."""
     leases, ttl = deps.leases, deps.settings.lease_ttl
-    lease = leases.acquire(run_id, owner_id(), ttl, floor=floor)
+    lease = leases.acquire(run_id, ttl, floor=floor)
     if lease is not None:
         return lease
     holder = leases.holder(run_id)
-    if holder and _dead_here(holder) and leases.break_dead(run_id, holder):
+    if holder and holder.dead_here() and leases.break_dead(run_id, holder):
         logger.warning("run %s: owner %s is dead; taking the run over", run_id, holder)
-        lease = leases.acquire(run_id, owner_id(), ttl, floor=floor)
+        lease = leases.acquire(run_id, ttl, floor=floor)
         if lease is not None:
             return lease
-    raise Deferred(run_id, holder)
-
-
-def _dead_here(token: str) -> bool:
-    host, _, rest = token.partition(":")
-    pid = rest.split(":", 1)[0]
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    raise Deferred(run_id, str(holder) if holder else None)
 
 
 def _step(cp: Checkpoint, flow: registry.Workflow, lease: Lease, deps: Deps) -> Checkpoint:
     """Run the step at cp.cursor and save its checkpoint; returns the saved checkpoint."""
-    settings, store = deps.settings, deps.store
+    settings, store, hooks = deps.settings, deps.store, deps.hooks
     fn = flow.steps.get(cp.cursor)
     if fn is None:
         raise CairnError(f"workflow {flow.name!r} has no step {cp.cursor!r}")
@@ -152,24 +138,22 @@ def _step(cp: Checkpoint, flow: registry.Workflow, lease: Lease, deps: Deps) -> 
     started = time.perf_counter()
     ctx = Context(cp, store=store, lease=lease, model=deps.model, config=settings)
     try:
-        faults.hit("before_effect", cp.run_id, cp.seq, cp.cursor)
+        hooks.before_step(cp)
         try:
             result = fn(ctx)
-        except (Transient, LeaseLost, StaleWrite):
+        except (Transient, Superseded):
             raise
         except Exception as exc:
-            if is_transient(exc):
-                raise StoreUnavailable(
-                    f"postgres unavailable in step {cp.cursor!r}: {exc}"
-                ) from exc
+            if (down := store.outage(exc)) is not None:  # the step's own ctx.db query
+                raise down from exc
             logger.error("run %s step %r raised:\n%s", cp.run_id, cp.cursor, traceback.format_exc())
             # run() records it on the run, with the checkpoint as it was before this step.
             raise CairnError(f"step {cp.cursor!r} raised {type(exc).__name__}: {exc}") from exc
         nxt = _next(cp, flow, result, ctx, settings)
-        faults.hit("after_effect", cp.run_id, cp.seq, cp.cursor)
+        hooks.after_effect(cp)
         lease.ensure()  # last chance to stop before a write that would be fenced anyway
-        store.save(nxt, cp, conn=ctx.open_transaction)
-        faults.hit("after_save", cp.run_id, cp.seq, cp.cursor)
+        store.save(nxt, cp, ctx.transaction)
+        hooks.after_save(cp)
         metrics.STEPS.labels(cp.workflow, cp.cursor).inc()
         metrics.STEP_SECONDS.labels(cp.workflow).observe(time.perf_counter() - started)
         if nxt.cost_usd > cp.cost_usd:

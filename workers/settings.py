@@ -1,15 +1,20 @@
-"""One settings object, read from CAIRN_* environment variables at the edge."""
+"""One settings object, read from CAIRN_* environment variables at the edge.
+
+This is the one place defaults live: the CLI layers its options on top (`with_options`),
+the app factory, the Client and the tests take a Settings, nothing else reads CAIRN_*.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 
-def _float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
     if raw in (None, ""):
         return default
     try:
@@ -18,8 +23,8 @@ def _float(name: str, default: float) -> float:
         raise SystemExit(f"{name}={raw!r} is not a number") from None
 
 
-def _json(name: str) -> dict[str, Any]:
-    raw = os.environ.get(name, "")
+def _json(env: Mapping[str, str], name: str) -> dict[str, Any]:
+    raw = env.get(name, "")
     if not raw:
         return {}
     try:
@@ -58,14 +63,21 @@ class Settings:
     model: str = "claude-haiku-4-5"
     anthropic_base_url: str | None = None
     mail_url: str = "http://127.0.0.1:8025"
+    concurrency: int = 2  # cairn worker: processes in the pool
+    loglevel: str = "INFO"
+    metrics_port: int = 0  # cairn worker: Prometheus metrics on this port (0: off)
 
     @property
     def broker(self) -> str:
         return self.broker_url or self.redis_url
 
+    def with_options(self, **options: Any) -> Settings:
+        """These settings with the options that were given (None: not given) on top."""
+        return dataclasses.replace(self, **{k: v for k, v in options.items() if v is not None})
+
     @classmethod
-    def from_env(cls) -> Settings:
-        env = os.environ
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
         d = cls()
         return cls(
             database_url=env.get("CAIRN_DATABASE_URL", d.database_url),
@@ -74,18 +86,23 @@ class Settings:
             workflows=tuple(
                 m.strip() for m in env.get("CAIRN_WORKFLOWS", "").split(",") if m.strip()
             ),
-            lease_ttl=_float("CAIRN_LEASE_TTL", d.lease_ttl),
-            visibility_timeout=_float("CAIRN_VISIBILITY_TIMEOUT", d.visibility_timeout),
-            broker_transport_options=_json("CAIRN_BROKER_TRANSPORT_OPTIONS"),
-            reaper_interval=_float("CAIRN_REAPER_INTERVAL", d.reaper_interval),
-            pending_after=_float("CAIRN_PENDING_AFTER", d.pending_after),
-            defer_seconds=_float("CAIRN_DEFER_SECONDS", d.defer_seconds),
-            transient_retries=int(_float("CAIRN_TRANSIENT_RETRIES", d.transient_retries)),
-            store_give_up_after=_float("CAIRN_STORE_GIVE_UP_AFTER", d.store_give_up_after),
-            retention=_float("CAIRN_RETENTION_SECONDS", d.retention),
-            window_budget_tokens=int(_float("CAIRN_WINDOW_BUDGET_TOKENS", d.window_budget_tokens)),
-            max_window_bytes=int(_float("CAIRN_MAX_WINDOW_BYTES", d.max_window_bytes)),
+            lease_ttl=_float(env, "CAIRN_LEASE_TTL", d.lease_ttl),
+            visibility_timeout=_float(env, "CAIRN_VISIBILITY_TIMEOUT", d.visibility_timeout),
+            broker_transport_options=_json(env, "CAIRN_BROKER_TRANSPORT_OPTIONS"),
+            reaper_interval=_float(env, "CAIRN_REAPER_INTERVAL", d.reaper_interval),
+            pending_after=_float(env, "CAIRN_PENDING_AFTER", d.pending_after),
+            defer_seconds=_float(env, "CAIRN_DEFER_SECONDS", d.defer_seconds),
+            transient_retries=int(_float(env, "CAIRN_TRANSIENT_RETRIES", d.transient_retries)),
+            store_give_up_after=_float(env, "CAIRN_STORE_GIVE_UP_AFTER", d.store_give_up_after),
+            retention=_float(env, "CAIRN_RETENTION_SECONDS", d.retention),
+            window_budget_tokens=int(
+                _float(env, "CAIRN_WINDOW_BUDGET_TOKENS", d.window_budget_tokens)
+            ),
+            max_window_bytes=int(_float(env, "CAIRN_MAX_WINDOW_BYTES", d.max_window_bytes)),
             model=env.get("CAIRN_MODEL", d.model),
             anthropic_base_url=env.get("ANTHROPIC_BASE_URL") or None,
             mail_url=env.get("CAIRN_MAIL_URL", d.mail_url),
+            concurrency=int(_float(env, "CAIRN_CONCURRENCY", d.concurrency)),
+            loglevel=env.get("CAIRN_LOGLEVEL", d.loglevel),
+            metrics_port=int(_float(env, "CAIRN_METRICS_PORT", d.metrics_port)),
         )

@@ -11,6 +11,14 @@ INSERT INTO checkpoints (run_id, seq, cursor, state, version, status)
 SELECT run_id, 0, %(cursor)s, %(state)s, %(version)s, 'pending' FROM new_run
 RETURNING run_id;
 
+-- name: existing_run
+-- A retried enqueue of a known run id: the same workflow and input (jsonb equality, so
+-- key order does not matter) is the same run; anything else is a conflict.
+SELECT r.workflow = %(workflow)s AS same_workflow, r.input = %(input)s AS same_input,
+       r.workflow, c.status
+  FROM runs r JOIN checkpoints c USING (run_id)
+ WHERE r.run_id = %(run_id)s;
+
 -- name: rearm_failed
 -- Enqueueing a failed run again resumes it at its cursor (after the cause is fixed).
 UPDATE checkpoints SET status = 'pending', error = NULL, updated_at = now()
@@ -86,9 +94,16 @@ INSERT INTO effects (key, run_id, result) VALUES (%(key)s, %(run_id)s, %(result)
 ON CONFLICT (key) DO NOTHING
 RETURNING key;
 
+-- name: get_run
+-- What Client.get shows: position, result and error, not the window.
+SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
+       r.created_at, c.updated_at, r.input, c.state
+  FROM checkpoints c JOIN runs r USING (run_id)
+ WHERE c.run_id = %(run_id)s;
+
 -- name: list_runs
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
-       c.updated_at
+       r.created_at, c.updated_at
   FROM checkpoints c JOIN runs r USING (run_id)
  WHERE %(status)s::text IS NULL OR c.status = %(status)s
  ORDER BY r.created_at DESC, c.run_id

@@ -11,8 +11,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-CELERY = [sys.executable, "-m", "celery", "-A", "workers.app"]
+# Logs and scratch files of the demo and chaos: .cairn/ under the current directory.
+STATE = Path(os.environ.get("CAIRN_STATE_DIR") or ".cairn").absolute()
+WORKER_APP = "cairn.workers.main"  # the production app; chaos passes its faulted one
+
+
+def celery(app: str) -> list[str]:
+    # `python -m` puts the current directory on sys.path: the user's workflow modules
+    # there import as they would for `cairn worker`.
+    return [sys.executable, "-m", "celery", "-A", app]
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
@@ -28,14 +35,16 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: flo
 class Proc:
     """A process in its own session (killable whole): a worker, beat, or any command."""
 
-    def __init__(self, cmd: list[str], env: Mapping[str, str], log: Path, name: str) -> None:
+    def __init__(
+        self, cmd: list[str], env: Mapping[str, str], log: Path, name: str, cwd: Path | None = None
+    ) -> None:
         self.log, self.name = log, name
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(
                 cmd,
                 env=dict(env),
-                cwd=ROOT,
+                cwd=cwd,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -75,7 +84,14 @@ class Proc:
             pass
 
 
-def spawn_worker(env: Mapping[str, str], log: Path, name: str, concurrency: int = 1) -> Proc:
+def spawn_worker(
+    env: Mapping[str, str],
+    log: Path,
+    name: str,
+    concurrency: int = 1,
+    app: str = WORKER_APP,
+    cwd: Path | None = None,
+) -> Proc:
     """Start a worker without waiting for it (several can then boot in parallel)."""
     args = [
         "worker",
@@ -87,7 +103,7 @@ def spawn_worker(env: Mapping[str, str], log: Path, name: str, concurrency: int 
         "--without-gossip",
         "--without-heartbeat",
     ]
-    return Proc(CELERY + args, env, log, name)
+    return Proc(celery(app) + args, env, log, name, cwd)
 
 
 def wait_ready(w: Proc, timeout: float = 60.0) -> Proc:
@@ -98,21 +114,25 @@ def wait_ready(w: Proc, timeout: float = 60.0) -> Proc:
 
 
 def start_worker(
-    env: Mapping[str, str], log: Path, name: str, concurrency: int = 1, wait: float = 60.0
+    env: Mapping[str, str],
+    log: Path,
+    name: str,
+    concurrency: int = 1,
+    wait: float = 60.0,
+    app: str = WORKER_APP,
+    cwd: Path | None = None,
 ) -> Proc:
-    return wait_ready(spawn_worker(env, log, name, concurrency), wait)
+    return wait_ready(spawn_worker(env, log, name, concurrency, app, cwd), wait)
 
 
 def start_beat(env: Mapping[str, str], log: Path, schedule: Path) -> Proc:
-    return Proc(CELERY + ["beat", "--loglevel=INFO", f"--schedule={schedule}"], env, log, "beat")
+    args = ["beat", "--loglevel=INFO", f"--schedule={schedule}"]
+    return Proc(celery(WORKER_APP) + args, env, log, "beat")
 
 
 def child_env(**overrides: str) -> dict[str, str]:
-    """The current environment with the repo importable and overrides applied."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env.update(overrides)
-    return env
+    """The current environment with overrides applied."""
+    return {**os.environ, **overrides}
 
 
 def runs_progress(console: Any, quiet: bool) -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.chaos.cli import main
+from cairn.testing.chaos.cli import main
 
 if __name__ == "__main__":
     main()

@@ -1,4 +1,10 @@
-"""Every error cairn raises; one root so callers can catch the family."""
+"""Every error cairn raises, in one hierarchy, so callers can catch a family.
+
+CairnError
+├── Transient           retry later; never fails the run (StoreUnavailable, ModelUnavailable)
+├── Superseded          another worker has the run: stop at once (LeaseLost, StaleWrite)
+└── the rest            permanent: the run (or the call) fails with the message
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,10 @@ class CairnError(Exception):
 
 
 class Transient(CairnError):
-    """An outside service failed in a way a later attempt may not: retry, never fail the run."""
+    """An outside service failed in a way a later attempt may not: retry this step later.
+
+    Raise it from a step for "not now" (a 503, a rate limit): the run is retried, not failed.
+    """
 
 
 class StoreUnavailable(Transient):
@@ -19,8 +28,14 @@ class ModelUnavailable(Transient):
     """The model API kept answering 429/5xx/overloaded, or could not be reached."""
 
 
-class StaleWrite(CairnError):
-    """A save did not apply: a newer seq or a newer lease epoch owns the run. Stop at once."""
+class Superseded(CairnError):
+    """Another worker owns the run now: touch nothing more, it will finish the run."""
+
+    run_id: str
+
+
+class StaleWrite(Superseded):
+    """A save did not apply: a newer seq or a newer lease epoch owns the run."""
 
     def __init__(self, run_id: str, seq: int, epoch: int) -> None:
         super().__init__(
@@ -30,7 +45,7 @@ class StaleWrite(CairnError):
         self.run_id, self.seq, self.epoch = run_id, seq, epoch
 
 
-class LeaseLost(CairnError):
+class LeaseLost(Superseded):
     """This worker's lease on the run expired or was taken by another worker."""
 
     def __init__(self, run_id: str, detail: str) -> None:
@@ -62,7 +77,11 @@ class UnknownWorkflow(CairnError):
 
 
 class InvalidInput(CairnError):
-    """The run's input failed the workflow's validation."""
+    """The run's input (or run id) was refused: the message says what to change."""
+
+
+class RunIdConflict(CairnError):
+    """A run with this id exists with another workflow or another input."""
 
 
 class WindowTooLarge(CairnError):

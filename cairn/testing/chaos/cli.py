@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
-from workers.chaos.config import CHAOS_REDIS_DB, DEFAULT_DATABASE_URL
-from workers.chaos.report import print_report
-from workers.chaos.runner import run_chaos
-from workers.faults import BOUNDARIES
+from cairn.testing.chaos.config import CHAOS_REDIS_DB
+from cairn.testing.chaos.report import print_report
+from cairn.testing.chaos.runner import run_chaos
+from cairn.testing.faults import BOUNDARIES
 
 
 def _parse_kill(text: str) -> tuple[str, int, str]:
@@ -85,13 +85,14 @@ def register(app: typer.Typer) -> None:
         ] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
         database_url: Annotated[
-            str,
+            str | None,
             typer.Option(
                 "--database-url",
                 envvar="CAIRN_DATABASE_URL",
                 help="Postgres server to create the fresh chaos_* database on.",
+                show_default=False,
             ),
-        ] = DEFAULT_DATABASE_URL,
+        ] = None,
         redis_url: Annotated[
             str | None,
             typer.Option(
@@ -110,7 +111,7 @@ def register(app: typer.Typer) -> None:
         ] = "",
     ) -> None:
         """Kill workers at every step boundary while N runs work; report what broke."""
-        from store import CairnError
+        from cairn.errors import CairnError
 
         try:
             data = None if input is None else json.loads(input)
@@ -149,7 +150,7 @@ def register(app: typer.Typer) -> None:
 
 
 def main() -> None:
-    """`python -m workers.chaos chaos ...`: the same command as `cairn chaos`."""
+    """`python -m cairn.testing.chaos chaos ...`: the same command as `cairn chaos`."""
     app = typer.Typer(add_completion=False)
     register(app)
 

@@ -4,28 +4,21 @@ from __future__ import annotations
 
 import json
 import shlex
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workers import fleet
+from cairn.store.admin import with_path
+from cairn.testing import fleet
 
 CHAOS_REDIS_DB = 13
 SENTINEL = "chaos:sentinel"
-STATE = fleet.ROOT / ".cairn" / "chaos"
-DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:54329/cairn"
-DEFAULT_REDIS_URL = "redis://127.0.0.1:63790/0"
+STATE = fleet.STATE / "chaos"
 
 DEFAULT_INPUTS: dict[str, dict[str, Any]] = {
     "invoice": {"customer": "customer-{i}", "email": "billing{i}@example.com"},
     "unkeyed": {"customer": "customer-{i}", "email": "billing{i}@example.com"},
 }
-
-
-def with_path(url: str, path: str) -> str:
-    """url with its path replaced by "/" + path (a database name or a Redis index)."""
-    return urllib.parse.urlsplit(url)._replace(path="/" + path).geturl()
 
 
 def chaos_redis_url(url: str) -> str:

@@ -129,8 +129,9 @@ class _StandIn:
 
     name = "standin"
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, delay_ms: int = 0,
-                 verbose: bool = False) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, *, delay_ms: int = 0, verbose: bool = False
+    ) -> None:
         self.host = host
         self.port = port
         # Plain attribute, read on every request, so a test may change it while running.
@@ -152,8 +153,10 @@ class _StandIn:
         self.port = httpd.server_address[1]
         self._httpd = httpd
         self._thread = threading.Thread(
-            target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
-            name=f"{self.name}-{self.port}", daemon=True,
+            target=httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"{self.name}-{self.port}",
+            daemon=True,
         )
         self._thread.start()
         return self
@@ -186,8 +189,9 @@ class _StandIn:
         if self.delay_ms > 0:
             time.sleep(self.delay_ms / 1000)
 
-    def _handle(self, method: str, path: str, headers: dict[str, str],
-                raw: bytes) -> tuple[int, Any, dict[str, str]]:
+    def _handle(
+        self, method: str, path: str, headers: dict[str, str], raw: bytes
+    ) -> tuple[int, Any, dict[str, str]]:
         raise NotImplementedError
 
 
@@ -215,8 +219,9 @@ class MailServer(_StandIn):
 
     name = "mail"
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, delay_ms: int = 0,
-                 verbose: bool = False) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, *, delay_ms: int = 0, verbose: bool = False
+    ) -> None:
         super().__init__(host, port, delay_ms=delay_ms, verbose=verbose)
         self._reset_state()
 
@@ -249,8 +254,9 @@ class MailServer(_StandIn):
         with self._lock:
             self._reset_state()
 
-    def _handle(self, method: str, path: str, headers: dict[str, str],
-                raw: bytes) -> tuple[int, Any, dict[str, str]]:
+    def _handle(
+        self, method: str, path: str, headers: dict[str, str], raw: bytes
+    ) -> tuple[int, Any, dict[str, str]]:
         if method == "POST" and path == "/v1/send":
             return self._send(headers, raw)
         if method == "GET" and path == "/v1/stats":
@@ -279,10 +285,16 @@ class MailServer(_StandIn):
             else:
                 msg_id = f"msg_{len(self._messages) + 1}"
                 ref = data.get("ref")
-                self._messages.append({
-                    "id": msg_id, "to": to, "subject": data.get("subject"),
-                    "body": data.get("body"), "ref": ref, "idempotency_key": key or None,
-                })
+                self._messages.append(
+                    {
+                        "id": msg_id,
+                        "to": to,
+                        "subject": data.get("subject"),
+                        "body": data.get("body"),
+                        "ref": ref,
+                        "idempotency_key": key or None,
+                    }
+                )
                 # A message without a ref is delivered but not part of duplicate counting.
                 if isinstance(ref, str) and ref:
                     self._by_ref[ref] = self._by_ref.get(ref, 0) + 1
@@ -303,9 +315,10 @@ def _mail_error(kind: str, message: str) -> dict[str, Any]:
 
 
 def _anthropic_error(status: int, message: str) -> dict[str, Any]:
-    return {"type": "error",
-            "error": {"type": _ANTHROPIC_ERROR_TYPES.get(status, "api_error"),
-                      "message": message}}
+    return {
+        "type": "error",
+        "error": {"type": _ANTHROPIC_ERROR_TYPES.get(status, "api_error"), "message": message},
+    }
 
 
 def _text_of(content: Any) -> str:
@@ -314,7 +327,8 @@ def _text_of(content: Any) -> str:
         return content
     if isinstance(content, list):
         return "\n".join(
-            b["text"] for b in content
+            b["text"]
+            for b in content
             if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
         )
     return ""
@@ -366,8 +380,16 @@ class ModelServer(_StandIn):
 
     name = "model"
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, delay_ms: int = 0,
-                 fail_every: int = 0, fail_status: int = 429, verbose: bool = False) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        delay_ms: int = 0,
+        fail_every: int = 0,
+        fail_status: int = 429,
+        verbose: bool = False,
+    ) -> None:
         super().__init__(host, port, delay_ms=delay_ms, verbose=verbose)
         _check_status(fail_status)
         self.fail_every = fail_every
@@ -392,9 +414,16 @@ class ModelServer(_StandIn):
         with self._lock:
             return list(self._received)
 
-    def control(self, *, fail_next: int | None = None, status: int | None = None,
-                fail_every: int | None = None, fail_status: int | None = None,
-                delay_ms: int | None = None, reset: bool = False) -> None:
+    def control(
+        self,
+        *,
+        fail_next: int | None = None,
+        status: int | None = None,
+        fail_every: int | None = None,
+        fail_status: int | None = None,
+        delay_ms: int | None = None,
+        reset: bool = False,
+    ) -> None:
         """Change failure injection at run time (same fields as ``POST /_control``)."""
         for s in (status, fail_status):
             if s is not None:
@@ -412,16 +441,20 @@ class ModelServer(_StandIn):
             if delay_ms is not None:
                 self.delay_ms = max(0, int(delay_ms))
 
-    def _handle(self, method: str, path: str, headers: dict[str, str],
-                raw: bytes) -> tuple[int, Any, dict[str, str]]:
+    def _handle(
+        self, method: str, path: str, headers: dict[str, str], raw: bytes
+    ) -> tuple[int, Any, dict[str, str]]:
         if method == "POST" and path == "/v1/messages":
             return self._messages(raw)
         if method == "GET" and path == "/_stats":
             return 200, self.stats(), {"request-id": "req_local_stats"}
         if method == "POST" and path == "/_control":
             return self._control(raw)
-        return (404, _anthropic_error(404, f"no route {method} {path}"),
-                {"request-id": "req_local_404"})
+        return (
+            404,
+            _anthropic_error(404, f"no route {method} {path}"),
+            {"request-id": "req_local_404"},
+        )
 
     def _control(self, raw: bytes) -> tuple[int, Any, dict[str, str]]:
         data = _parse_json_object(raw)
@@ -437,9 +470,13 @@ class ModelServer(_StandIn):
         except (TypeError, ValueError) as exc:
             return 400, _anthropic_error(400, str(exc)), hdrs
         with self._lock:
-            state = {"fail_next": self._fail_next, "status": self._fail_next_status,
-                     "fail_every": self.fail_every, "fail_status": self.fail_status,
-                     "delay_ms": self.delay_ms}
+            state = {
+                "fail_next": self._fail_next,
+                "status": self._fail_next_status,
+                "fail_every": self.fail_every,
+                "fail_status": self.fail_status,
+                "delay_ms": self.delay_ms,
+            }
         return 200, state, hdrs
 
     def _messages(self, raw: bytes) -> tuple[int, Any, dict[str, str]]:
@@ -474,21 +511,25 @@ class ModelServer(_StandIn):
         with self._lock:
             self._served += 1
             msg_no = self._served
-        return 200, {
-            "id": f"msg_local_{msg_no}",
-            "type": "message",
-            "role": "assistant",
-            "model": data["model"],
-            "content": [{"type": "text", "text": reply}],
-            "stop_reason": "end_turn",
-            "stop_sequence": None,
-            "usage": {
-                "input_tokens": max(1, len(prompt) // 4),
-                "output_tokens": max(1, len(reply) // 4),
-                "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
+        return (
+            200,
+            {
+                "id": f"msg_local_{msg_no}",
+                "type": "message",
+                "role": "assistant",
+                "model": data["model"],
+                "content": [{"type": "text", "text": reply}],
+                "stop_reason": "end_turn",
+                "stop_sequence": None,
+                "usage": {
+                    "input_tokens": max(1, len(prompt) // 4),
+                    "output_tokens": max(1, len(reply) // 4),
+                    "cache_creation_input_tokens": 0,
+                    "cache_read_input_tokens": 0,
+                },
             },
-        }, headers
+            headers,
+        )
 
 
 _FAIL_MESSAGES: dict[int, str] = {
@@ -515,8 +556,9 @@ def _check_status(status: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one stand-in in the foreground until SIGINT/SIGTERM."""
-    parser = argparse.ArgumentParser(prog="python -m steps.standins",
-                                     description="Run a cairn loopback stand-in.")
+    parser = argparse.ArgumentParser(
+        prog="python -m steps.standins", description="Run a cairn loopback stand-in."
+    )
     sub = parser.add_subparsers(dest="which", required=True)
     for which in ("mail", "model"):
         p = sub.add_parser(which, help=f"run the {which} stand-in")
@@ -533,9 +575,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.which == "mail":
         server = MailServer(args.host, args.port, delay_ms=args.delay_ms, verbose=not args.quiet)
     else:
-        server = ModelServer(args.host, args.port, delay_ms=args.delay_ms,
-                             fail_every=args.fail_every, fail_status=args.fail_status,
-                             verbose=not args.quiet)
+        server = ModelServer(
+            args.host,
+            args.port,
+            delay_ms=args.delay_ms,
+            fail_every=args.fail_every,
+            fail_status=args.fail_status,
+            verbose=not args.quiet,
+        )
 
     stop = threading.Event()
     # SIGTERM (docker stop, kill) should close the socket as cleanly as Ctrl-C does.

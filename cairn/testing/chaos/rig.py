@@ -12,11 +12,11 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workers import fleet
-from workers.faults import STEP_HEADER
+from cairn.testing import fleet
+from cairn.testing.faults import STEP_HEADER
 
 if TYPE_CHECKING:
-    from workers.chaos.config import ChaosConfig
+    from cairn.testing.chaos.config import ChaosConfig
 
 
 def chaos_mail(**options: Any) -> Any:
@@ -24,7 +24,7 @@ def chaos_mail(**options: Any) -> Any:
     header the faulted workers add (run, seq, cursor, attempt) and the Idempotency-Key:
     MailServer.messages() records neither the header nor the requests it deduplicated.
     (Defined here, not at import, so that `cairn --help` does not import the stand-ins.)"""
-    from steps.standins import MailServer
+    from cairn.testing.standins import MailServer
 
     class ChaosMail(MailServer):
         def __init__(self, **options: Any) -> None:
@@ -59,7 +59,7 @@ def chaos_mail(**options: Any) -> Any:
 def faulted_env(
     config: ChaosConfig, faults_dir: Path, db_url: str, mail_url: str, model_url: str
 ) -> dict[str, str]:
-    """Write the fault plan (workers/faults.py) and return the workers' environment.
+    """Write the fault plan (cairn/testing/faults.py) and return the workers' environment.
 
     faults_dir starts empty but for killed/, where the workers journal their kills."""
     shutil.rmtree(faults_dir, ignore_errors=True)  # a reused state dir starts clean
@@ -138,4 +138,6 @@ class Crew:
 
     def _start(self, name: str) -> fleet.Proc:
         log = self._state / f"{name}.log"
-        return fleet.start_worker(self._env, log, name, self._concurrency, wait=90)
+        return fleet.start_worker(
+            self._env, log, name, self._concurrency, wait=90, app="cairn.testing.faulted"
+        )

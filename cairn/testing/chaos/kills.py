@@ -12,44 +12,27 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from workers import fleet
+from cairn.testing import fleet
 
 if TYPE_CHECKING:
-    import redis
-
-    from store import PgStore
-
-
-def _pid_of(token: bytes | str | None) -> int | None:
-    """The owner's pid in a lease token (host:pid:...), or None."""
-    if not token:
-        return None
-    text = token.decode() if isinstance(token, bytes) else token
-    try:
-        return int(text.split("|")[0].split(":")[1])
-    except (IndexError, ValueError):
-        return None
+    from cairn.store import Leases, PgStore, Run
 
 
 def kill_from_outside(
     store: PgStore,
-    rclient: redis.Redis,
+    leases: Leases,
     procs: list[fleet.Proc],
     whole: bool,
     rng: random.Random,
 ) -> dict[str, Any] | None:
     """SIGKILL a random busy pool child (or the whole worker holding it)."""
-    from store import keys
-
-    running = [r for r in store.list_runs("running", limit=100_000)]
+    running = {r.run_id: r for r in store.list_runs("running", limit=100_000)}
     if not running:
         return None
-    tokens = rclient.mget([keys.lease(r["run_id"]) for r in running])
-    held: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for r, token in zip(running, tokens, strict=True):
-        pid = _pid_of(token)
-        if pid is not None:
-            held[pid].append(r)
+    held: dict[int, list[Run]] = defaultdict(list)
+    for run_id, token in leases.holders(list(running)).items():
+        if token is not None:
+            held[token.pid].append(running[run_id])
     owners = {pid: p for p in procs if p.alive() and p.name != "beat" for pid in p.children()}
     busy = sorted(pid for pid in held if pid in owners)
     if not busy:
@@ -65,9 +48,9 @@ def kill_from_outside(
             "worker": proc.name,
             "pid": proc.pid,
             "ts": now,
-            "run_id": victims[0]["run_id"] if victims else None,
-            "runs": [r["run_id"] for r in victims],
-            "cursor": ",".join(r["cursor"] for r in victims),
+            "run_id": victims[0].run_id if victims else None,
+            "runs": [r.run_id for r in victims],
+            "cursor": ",".join(r.cursor for r in victims),
         }
     try:
         os.kill(pid, signal.SIGKILL)
@@ -78,9 +61,9 @@ def kill_from_outside(
         "kind": "pool_child",
         "pid": pid,
         "ts": now,
-        "run_id": row["run_id"],
-        "cursor": row["cursor"],
-        "seq": row["seq"],
+        "run_id": row.run_id,
+        "cursor": row.cursor,
+        "seq": row.seq,
     }
 
 
@@ -107,13 +90,13 @@ class OutsideKiller:
         self._next = time.monotonic() + self._rng.uniform(1.0, 3.0)
         self.kills: list[dict[str, Any]] = []
 
-    def tick(self, store: PgStore, rclient: redis.Redis, procs: list[fleet.Proc]) -> None:
+    def tick(self, store: PgStore, leases: Leases, procs: list[fleet.Proc]) -> None:
         """Kill now if a kill is due (and there is a busy pool child to kill)."""
         if len(self.kills) >= self._planned or time.monotonic() < self._next:
             return
         # One whole worker down at a time: not while a replacement is still starting.
         as_whole = len(self.kills) in self._whole and not any(t.is_alive() for t in self._replacing)
-        kill = kill_from_outside(store, rclient, procs, as_whole, self._rng)
+        kill = kill_from_outside(store, leases, procs, as_whole, self._rng)
         if kill is None:
             return
         self.kills.append(kill)

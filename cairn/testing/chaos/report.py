@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from workers.chaos.history import check_history
-from workers.faults import BOUNDARIES
+from cairn.testing.chaos.history import check_history
+from cairn.testing.faults import BOUNDARIES
 
 if TYPE_CHECKING:
-    from workers.chaos.config import ChaosConfig
+    from cairn.testing.chaos.config import ChaosConfig
 
 
 def percentile(values: list[float], q: float) -> float | None:

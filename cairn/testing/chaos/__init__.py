@@ -6,7 +6,7 @@ starts the mail and model stand-ins, K worker processes and the beat (reaper) pr
 enqueues N runs of WORKFLOW and, while they work:
 
 * the workers kill themselves at step boundaries chosen from ``--seed``
-  (workers/faults.py: before the effect, after the effect before the checkpoint is
+  (cairn/testing/faults.py: before the effect, after the effect before the checkpoint is
   saved, after the save). Same seed, same runs, same rate: same kill points, so a
   failing schedule can be replayed;
 * this process kills from outside, at random (seeded) moments, a busy pool child or
@@ -27,12 +27,18 @@ Importing it stays cheap: the heavy imports wait until chaos runs.
 
 from __future__ import annotations
 
-from workers.chaos.cli import main, register
-from workers.chaos.config import CHAOS_REDIS_DB, DEFAULT_INPUTS, SENTINEL, STATE, chaos_redis_url
-from workers.chaos.history import HISTORY_SQL, check_history, create_database, drop_database
-from workers.chaos.report import percentile, print_report, recoveries, step_report
-from workers.chaos.rig import chaos_mail
-from workers.chaos.runner import run_chaos
+from cairn.testing.chaos.cli import main, register
+from cairn.testing.chaos.config import (
+    CHAOS_REDIS_DB,
+    DEFAULT_INPUTS,
+    SENTINEL,
+    STATE,
+    chaos_redis_url,
+)
+from cairn.testing.chaos.history import HISTORY_SQL, check_history, create_database, drop_database
+from cairn.testing.chaos.report import percentile, print_report, recoveries, step_report
+from cairn.testing.chaos.rig import chaos_mail
+from cairn.testing.chaos.runner import run_chaos
 
 __all__ = [
     "CHAOS_REDIS_DB",

@@ -12,40 +12,34 @@ import os
 import signal
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import redis
-from celery import Celery
 from rich.console import Console
 from rich.table import Table
 
-import steps.invoice  # noqa: F401  (registers the invoice workflow)
-from steps import registry
-from steps.standins import MailServer, ModelServer
-from store import Database, Leases, PgStore, upgrade
-from workers import fleet
-from workers.settings import Settings
+import cairn.steps.invoice  # noqa: F401  (registers the invoice workflow: checked here)
+from cairn.store import Leases, admin, upgrade
+from cairn.testing import fleet
+from cairn.testing.standins import MailServer, ModelServer
+from cairn.workers.client import Client
+from cairn.workers.settings import Settings
 
-STATE = fleet.ROOT / ".cairn" / "demo"
+if TYPE_CHECKING:
+    from cairn.store import Run
 
-
-def _demo_redis(url: str) -> str:
-    """The demo's own Redis database, flushed: old messages cannot leak into it."""
-    return url.rsplit("/", 1)[0] + "/14"
+STATE = fleet.STATE / "demo"
 
 
-def _pid_of(token: str | None) -> int | None:
-    return int(token.split("|")[0].split(":")[1]) if token else None
-
-
-def run_demo(runs: int = 20, workers: int = 2, quiet: bool = False) -> dict[str, Any]:
+def run_demo(
+    settings: Settings, runs: int = 20, workers: int = 2, quiet: bool = False
+) -> dict[str, Any]:
     err = Console(stderr=True)
     out = Console()
-    settings = Settings.from_env()
-    redis_url = _demo_redis(settings.redis_url)
+    # The demo's own Redis database, flushed: old messages cannot leak into it.
+    redis_url = admin.with_path(settings.redis_url, "14")
     upgrade(settings.database_url)
-    client = redis.Redis.from_url(redis_url)
-    client.flushdb()
+    redis_db = admin.RedisDatabase(redis_url)
+    redis_db.flush()
     STATE.mkdir(parents=True, exist_ok=True)
 
     mail = MailServer(delay_ms=300).start()
@@ -76,9 +70,8 @@ def run_demo(runs: int = 20, workers: int = 2, quiet: bool = False) -> dict[str,
         env["ANTHROPIC_BASE_URL"] = base_url
     stamp = time.strftime("%H%M%S")
     procs: list[fleet.Proc] = []
-    db = Database(settings.database_url)
-    store, leases = PgStore(db), Leases.from_url(redis_url)
-    app = Celery("cairn-demo", broker=redis_url)
+    client = Client(settings=settings.with_options(redis_url=redis_url, broker_url=redis_url))
+    store, leases = client.store, Leases.from_url(redis_url)
     kills: list[dict[str, Any]] = []
     started = time.monotonic()
     try:
@@ -87,23 +80,23 @@ def run_demo(runs: int = 20, workers: int = 2, quiet: bool = False) -> dict[str,
             procs.append(fleet.start_worker(env, STATE / f"worker-{stamp}-{i}.log", f"demo{i}", 2))
         procs.append(fleet.start_beat(env, STATE / f"beat-{stamp}.log", STATE / "beat-schedule"))
 
-        flow = registry.get("invoice")
-        ids = []
-        for i in range(runs):
-            run_id = f"demo-{stamp}-{i:02d}-{uuid.uuid4().hex[:4]}"
-            data = flow.validate({"customer": f"customer-{i}", "email": f"billing{i}@example.com"})
-            store.create_run(run_id, "invoice", data, flow.first or "fetch")
-            app.send_task("cairn.run", args=[run_id])
-            ids.append(run_id)
+        ids = [
+            client.enqueue(
+                "invoice",
+                {"customer": f"customer-{i}", "email": f"billing{i}@example.com"},
+                run_id=f"demo-{stamp}-{i:02d}-{uuid.uuid4().hex[:4]}",
+            )
+            for i in range(runs)
+        ]
 
         rows: dict[str, dict[str, Any]] = {}
         with fleet.runs_progress(err, quiet) as progress:
             bar = progress.add_task("", total=runs)
             deadline = time.monotonic() + 240
             while time.monotonic() < deadline:
-                rows = {r["run_id"]: r for r in store.list_runs(limit=10_000) if r["run_id"] in ids}
-                finished = sum(r["status"] in ("done", "failed") for r in rows.values())
-                active = [r for r in rows.values() if r["status"] == "running"]
+                rows = {r.run_id: r for r in store.list_runs(limit=10_000) if r.run_id in ids}
+                finished = sum(r.status in ("done", "failed") for r in rows.values())
+                active = [r for r in rows.values() if r.status == "running"]
                 progress.update(
                     bar,
                     completed=finished,
@@ -115,27 +108,26 @@ def run_demo(runs: int = 20, workers: int = 2, quiet: bool = False) -> dict[str,
                 _maybe_kill(kills, active, leases, procs, env, stamp, err, mail)
                 time.sleep(0.05)
         elapsed = time.monotonic() - started
-        rows = {r["run_id"]: r for r in store.list_runs(limit=10_000) if r["run_id"] in ids}
-        with db.connection() as conn:
-            ledger_rows = conn.execute(
-                "SELECT count(*) AS n, count(DISTINCT run_id) AS runs FROM invoice_ledger"
-                " WHERE run_id = ANY(%s)",
-                (ids,),
-            ).fetchone()
+        rows = {r.run_id: r for r in store.list_runs(limit=10_000) if r.run_id in ids}
+        (ledger_rows,) = admin.execute(
+            settings.database_url,
+            "SELECT count(*) AS n FROM invoice_ledger WHERE run_id = ANY(%s)",
+            (ids,),
+        )
         stats = mail.stats()
         summary = {
             "runs": runs,
             "workers": workers,
-            "runs_finished": sum(r["status"] == "done" for r in rows.values()),
-            "runs_failed": sum(r["status"] == "failed" for r in rows.values()),
-            "runs_resumed": sum(r["resumes"] > 0 for r in rows.values()),
+            "runs_finished": sum(r.status == "done" for r in rows.values()),
+            "runs_failed": sum(r.status == "failed" for r in rows.values()),
+            "runs_resumed": sum(r.resumes > 0 for r in rows.values()),
             "kills": kills,
             "emails_attempted": stats["attempts"],
             "emails_delivered": stats["deliveries"],
             "emails_deduplicated": stats["deduplicated"],
             "duplicate_deliveries": stats["duplicate_deliveries"],
-            "ledger_rows": ledger_rows["n"] if ledger_rows else 0,
-            "cost_usd": round(sum(r["cost_usd"] for r in rows.values()), 6),
+            "ledger_rows": ledger_rows["n"],
+            "cost_usd": round(sum(r.cost_usd for r in rows.values()), 6),
             "seconds": round(elapsed, 1),
             "model": "anthropic" if real_model else "local stand-in",
         }
@@ -155,14 +147,14 @@ def run_demo(runs: int = 20, workers: int = 2, quiet: bool = False) -> dict[str,
         mail.stop()
         if model:
             model.stop()
-        db.close()
         client.close()
-        app.close()
+        leases.client.close()
+        redis_db.close()
 
 
 def _maybe_kill(
     kills: list[dict[str, Any]],
-    active: list[dict[str, Any]],
+    active: list[Run],
     leases: Leases,
     procs: list[fleet.Proc],
     env: dict[str, str],
@@ -176,18 +168,17 @@ def _maybe_kill(
         return
     sent = mail.stats()["by_ref"]
     for row in active:
-        if not kills and not (row["cursor"] == "send_email" and row["run_id"] in sent):
+        if not kills and not (row.cursor == "send_email" and row.run_id in sent):
             continue
-        pid = _pid_of(leases.holder(row["run_id"]))
-        if pid is None:
+        holder = leases.holder(row.run_id)
+        if holder is None:
             continue
+        pid = holder.pid
         if not kills:
             os.kill(pid, signal.SIGKILL)
-            kills.append(
-                {"kind": "pool child", "pid": pid, "run": row["run_id"], "step": row["cursor"]}
-            )
+            kills.append({"kind": "pool child", "pid": pid, "run": row.run_id, "step": row.cursor})
             err.print(
-                f"[red]SIGKILL[/] pool process {pid} right after {row['run_id']} sent its "
+                f"[red]SIGKILL[/] pool process {pid} right after {row.run_id} sent its "
                 "email, before its checkpoint: the broker redelivers the run"
             )
             return
@@ -196,11 +187,11 @@ def _maybe_kill(
             continue
         owner.kill()
         kills.append(
-            {"kind": "whole worker", "pid": owner.pid, "run": row["run_id"], "step": row["cursor"]}
+            {"kind": "whole worker", "pid": owner.pid, "run": row.run_id, "step": row.cursor}
         )
         err.print(
             f"[red]SIGKILL[/] whole worker {owner.name} (pid {owner.pid} and its pool) while "
-            f"{row['run_id']} was at {row['cursor']}; starting a replacement; the reaper "
+            f"{row.run_id} was at {row.cursor}; starting a replacement; the reaper "
             "re-enqueues its runs when their leases expire"
         )
         procs.append(fleet.start_worker(env, STATE / f"worker-{stamp}-r.log", "demo-r", 2))

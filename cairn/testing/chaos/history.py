@@ -3,12 +3,9 @@ every version of every checkpoint row (a trigger), and the check that none went 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from workers.chaos.config import with_path
-
-if TYPE_CHECKING:
-    from store import Database
+from cairn.store import admin
 
 HISTORY_SQL = """
 CREATE TABLE checkpoint_history (
@@ -50,38 +47,28 @@ CREATE TRIGGER chaos_history AFTER INSERT OR UPDATE ON checkpoints
 
 def create_database(base_url: str, name: str) -> str:
     """A fresh database next to base_url, migrated, with the checkpoint history trigger."""
-    import psycopg
+    from cairn.store import upgrade
 
-    from store import upgrade
-
-    with psycopg.connect(base_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = with_path(base_url, name)
+    url = admin.create_database(base_url, name)
     upgrade(url)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(HISTORY_SQL)
+    admin.execute(url, HISTORY_SQL)
     return url
 
 
-def drop_database(base_url: str, name: str) -> None:
-    """Drop the chaos database `name` next to base_url, even if clients are connected."""
-    import psycopg
-
-    with psycopg.connect(base_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+drop_database = admin.drop_database
 
 
-def read_history(db: Database) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def read_history(url: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The checkpoint_history rows (ordered by id, `at` in epoch seconds) and the runs'
     final checkpoints."""
-    with db.connection() as conn:
-        history = conn.execute(
-            "SELECT id, run_id, kind, seq, epoch, cursor, status,"
-            " extract(epoch FROM at)::float8 AS at FROM checkpoint_history ORDER BY id"
-        ).fetchall()
-        final = conn.execute(
-            "SELECT run_id, status, cursor, seq, resumes, error FROM checkpoints"
-        ).fetchall()
+    history = admin.execute(
+        url,
+        "SELECT id, run_id, kind, seq, epoch, cursor, status,"
+        " extract(epoch FROM at)::float8 AS at FROM checkpoint_history ORDER BY id",
+    )
+    final = admin.execute(
+        url, "SELECT run_id, status, cursor, seq, resumes, error FROM checkpoints"
+    )
     return history, final
 
 

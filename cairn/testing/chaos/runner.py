@@ -11,27 +11,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workers import fleet
-from workers.chaos.config import (
-    DEFAULT_DATABASE_URL,
-    DEFAULT_REDIS_URL,
+from cairn.testing import fleet
+from cairn.testing.chaos.config import (
     SENTINEL,
     STATE,
     ChaosConfig,
     chaos_redis_url,
     fill,
 )
-from workers.chaos.history import create_database, drop_database, read_history
-from workers.chaos.kills import OutsideKiller
-from workers.chaos.report import build_report
-from workers.chaos.rig import Crew, chaos_mail, faulted_env
-from workers.faults import read_journal
+from cairn.testing.chaos.history import create_database, drop_database, read_history
+from cairn.testing.chaos.kills import OutsideKiller
+from cairn.testing.chaos.report import build_report
+from cairn.testing.chaos.rig import Crew, chaos_mail, faulted_env
+from cairn.testing.faults import read_journal
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from steps.registry import Workflow
-    from store import PgStore
+    from cairn.steps.registry import Workflow
+    from cairn.store import PgStore
+    from cairn.workers.client import Client
 
 
 def run_chaos(
@@ -61,6 +60,9 @@ def run_chaos(
     """Run the chaos experiment and return its report (report["ok"] is the verdict)."""
     from rich.console import Console
 
+    from cairn.workers.settings import Settings
+
+    defaults = Settings.from_env()
     err = Console(stderr=True, quiet=quiet)
     say = log or (lambda text: err.print(text))
     db_name = f"chaos_{time.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}"
@@ -82,9 +84,8 @@ def run_chaos(
         pending_after=max(60.0, deadline / 2) if pending_after is None else pending_after,
         mail_delay_ms=mail_delay_ms,
         model_delay_ms=model_delay_ms,
-        base_db=database_url or os.environ.get("CAIRN_DATABASE_URL") or DEFAULT_DATABASE_URL,
-        redis_url=redis_url
-        or chaos_redis_url(os.environ.get("CAIRN_REDIS_URL") or DEFAULT_REDIS_URL),
+        base_db=database_url or defaults.database_url,
+        redis_url=redis_url or chaos_redis_url(defaults.redis_url),
         modules=tuple(m.strip() for m in workflows.split(",") if m.strip()),
         keep=keep,
         db_name=db_name,
@@ -103,9 +104,9 @@ def run_chaos(
 
 def _load_workflow(config: ChaosConfig) -> tuple[Workflow, list[dict[str, Any]]]:
     """The workflow (its modules imported) and each run's validated input."""
-    from steps import registry
+    from cairn.steps import registry
 
-    registry.import_modules(("steps.invoice", *config.modules))
+    registry.import_modules(("cairn.steps.invoice", *config.modules))
     flow = registry.get(config.workflow)
     assert flow.first is not None, f"workflow {config.workflow!r} has no steps"
     template = config.template()
@@ -116,27 +117,25 @@ class _Experiment:
     """The services and processes of one chaos run, from start() to close()."""
 
     def __init__(self, config: ChaosConfig, err: Console, say: Callable[[str], None]) -> None:
-        import redis
+        from cairn.store.admin import RedisDatabase
 
         self.config, self._err, self._say = config, err, say
-        self._rclient = redis.Redis.from_url(
-            config.redis_url, socket_timeout=10, socket_connect_timeout=5
-        )
+        self._redis = RedisDatabase(config.redis_url)
         self._faults_dir = config.state / "faults"
         self._mail: Any = None
         self._model: Any = None
-        self._db: Any = None
-        self._app: Any = None
+        self._client: Client | None = None
+        self._leases: Any = None
         self._crew: Crew | None = None
         self._db_url: str | None = None
 
     def start(self) -> None:
         """A flushed Redis database, the chaos database, the stand-ins, the workers."""
-        from steps.standins import ModelServer
+        from cairn.testing.standins import ModelServer
 
         c = self.config
-        self._rclient.flushdb()
-        self._rclient.set(SENTINEL, 1)  # gone mid-run: someone else flushed this Redis database
+        self._redis.flush()
+        self._redis.set(SENTINEL)  # gone mid-run: someone else flushed this Redis database
         self._db_url = create_database(c.base_db, c.db_name)
         self._mail = chaos_mail(delay_ms=c.mail_delay_ms).start()
         self._model = ModelServer(delay_ms=c.model_delay_ms).start()
@@ -150,21 +149,18 @@ class _Experiment:
 
     def run(self, flow: Workflow, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """Enqueue the runs, watch (and kill) until they finish or the deadline, report."""
-        from celery import Celery
-
-        from store import Database, PgStore
+        from cairn.store import Leases
+        from cairn.workers.client import Client
+        from cairn.workers.settings import Settings
 
         c, crew = self.config, self._crew
         assert crew is not None and self._db_url is not None, "start() first"
-        self._db = Database(self._db_url)
-        store = PgStore(self._db)
-        self._app = Celery("cairn-chaos", broker=c.redis_url)
-        self._app.conf.broker_transport_options = {"visibility_timeout": 3600.0}
+        self._client = Client(settings=Settings(database_url=self._db_url, redis_url=c.redis_url))
+        self._leases = Leases.from_url(c.redis_url)
+        store = self._client.store
         started_at = time.monotonic()
         for i, data in enumerate(inputs):
-            run_id = f"chaos-{c.seed}-{i:04d}"
-            store.create_run(run_id, c.workflow, data, flow.first)
-            self._app.send_task("cairn.run", args=[run_id])
+            self._client.enqueue(c.workflow, data, run_id=f"chaos-{c.seed}-{i:04d}")
         killer = OutsideKiller(c.seed, c.random_kills, crew.replace, self._say)
         depths, flushed = self._watch(store, killer)
         elapsed = time.monotonic() - started_at
@@ -175,7 +171,7 @@ class _Experiment:
         """Until every run has finished or the deadline: show progress, sample the queue
         depth, kill from outside. Returns the depths and whether Redis was flushed."""
 
-        c, rclient = self.config, self._rclient
+        c, broker = self.config, self._redis
         assert self._crew is not None
         depths: list[int] = []
         flushed = False
@@ -184,7 +180,7 @@ class _Experiment:
             end = time.monotonic() + c.deadline
             while time.monotonic() < end:
                 counts = {s: int(r["n"]) for s, r in store.counts().items()}
-                depths.append(int(rclient.llen("celery")))  # Celery's default queue
+                depths.append(broker.queue_length("celery"))  # Celery's default queue
                 finished = counts.get("done", 0) + counts.get("failed", 0)
                 progress.update(
                     bar,
@@ -192,7 +188,7 @@ class _Experiment:
                     description=f"running {counts.get('running', 0)} · kills "
                     f"{len(os.listdir(self._faults_dir / 'killed')) + len(killer.kills)}",
                 )
-                if not flushed and not rclient.exists(SENTINEL):
+                if not flushed and not broker.exists(SENTINEL):
                     flushed = True
                     self._say(
                         f"[yellow]warning[/]: the Redis database {c.redis_url} was flushed by "
@@ -200,7 +196,7 @@ class _Experiment:
                     )
                 if finished >= c.runs:
                     break
-                killer.tick(store, rclient, self._crew.procs)
+                killer.tick(store, self._leases, self._crew.procs)
                 time.sleep(0.1)
         return depths, flushed
 
@@ -215,7 +211,8 @@ class _Experiment:
         """Collect what the database, the workers' journal and the mail API recorded."""
         c, crew = self.config, self._crew
         assert crew is not None and self._mail is not None
-        history, final = read_history(self._db)
+        assert self._db_url is not None
+        history, final = read_history(self._db_url)
         journal = read_journal(str(self._faults_dir))
         inside = [r for r in journal if r["e"] == "kill"]
         attempts: dict[str, int] = defaultdict(int)
@@ -238,20 +235,20 @@ class _Experiment:
 
     def close(self) -> None:
         """Kill the processes, stop the stand-ins, close clients, drop the database."""
-        import psycopg
+        from cairn.errors import CairnError
 
         if self._crew is not None:
             self._crew.kill()
         for server in (self._mail, self._model):
             if server is not None:
                 server.stop()
-        if self._db is not None:
-            self._db.close()
-        if self._app is not None:
-            self._app.close()
-        self._rclient.close()
+        if self._client is not None:
+            self._client.close()
+        if self._leases is not None:
+            self._leases.client.close()
+        self._redis.close()
         if self._db_url is not None and not self.config.keep:
             try:
                 drop_database(self.config.base_db, self.config.db_name)
-            except psycopg.Error as exc:  # pragma: no cover
+            except CairnError as exc:  # pragma: no cover
                 self._say(f"could not drop {self.config.db_name}: {exc}")

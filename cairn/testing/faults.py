@@ -1,11 +1,10 @@
-"""Fault injection points for `cairn chaos`: SIGKILL this process at a step boundary.
+"""Fault injection for `cairn chaos`: StepHooks that SIGKILL this process at a step boundary.
 
-The loop calls hit() at three boundaries of every step: "before_effect" (before the step
-function runs), "after_effect" (it returned; the checkpoint is not saved yet) and
-"after_save". With CAIRN_FAULTS unset, hit() is a no-op (one global check).
-
-With CAIRN_FAULTS=<path to a JSON plan> (written by `cairn chaos` before it starts the
-workers), every hit:
+The loop calls its hooks at three boundaries of every step: "before_effect" (before the
+step function runs), "after_effect" (it returned; the checkpoint is not saved yet) and
+"after_save". The chaos workers run `cairn.testing.faulted`'s app, whose hooks are
+FaultHooks over the JSON plan named by CAIRN_FAULTS (written by `cairn chaos` before it
+starts them). Production workers never load this module. Every hit:
 
 * at "before_effect", journals the attempt and tags this process's outgoing httpx
   requests with ``X-Cairn-Step: <run> <seq> <cursor> <attempt>`` so the chaos mail
@@ -33,8 +32,13 @@ import json
 import os
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
+
+from cairn.workers.hooks import StepHooks
+
+if TYPE_CHECKING:
+    from cairn.store import Checkpoint
 
 BOUNDARIES = ("before_effect", "after_effect", "after_save")
 STEP_HEADER = "X-Cairn-Step"
@@ -155,15 +159,21 @@ def read_journal(directory: str) -> list[dict[str, Any]]:
     return out
 
 
-def _load() -> Plan | None:
-    path = os.environ.get("CAIRN_FAULTS")
-    return Plan.load(path) if path else None
+class FaultHooks(StepHooks):
+    """The plan's kill points, as the loop's hooks."""
 
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
 
-_plan: Plan | None = _load()
+    @classmethod
+    def from_env(cls) -> FaultHooks:
+        return cls(Plan.load(os.environ["CAIRN_FAULTS"]))
 
+    def before_step(self, cp: Checkpoint) -> None:
+        self.plan.hit("before_effect", cp.run_id, cp.seq, cp.cursor)
 
-def hit(boundary: str, run_id: str, seq: int, cursor: str) -> None:
-    if _plan is None:
-        return
-    _plan.hit(boundary, run_id, seq, cursor)
+    def after_effect(self, cp: Checkpoint) -> None:
+        self.plan.hit("after_effect", cp.run_id, cp.seq, cp.cursor)
+
+    def after_save(self, cp: Checkpoint) -> None:
+        self.plan.hit("after_save", cp.run_id, cp.seq, cp.cursor)

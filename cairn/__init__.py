@@ -1,0 +1,100 @@
+"""cairn: durable multi-step LLM agent runs on a Celery fleet.
+
+    import cairn
+
+    flow = cairn.workflow("greet")
+
+    @flow.step()
+    def hello(ctx: cairn.Context) -> cairn.StepResult:
+        return cairn.StepResult(cursor="done", state={"greeted": ctx.input["name"]})
+
+    with cairn.Client() as client:           # CAIRN_DATABASE_URL / CAIRN_BROKER_URL
+        run_id = client.enqueue("greet", {"name": "Ada"})
+
+Names are loaded on first use, so `import cairn` stays cheap for a web app: it imports
+neither Celery's worker, the anthropic SDK, prometheus_client, typer nor rich.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from cairn.errors import (
+    CairnError,
+    CorruptCheckpoint,
+    IncompatibleCheckpoint,
+    InvalidInput,
+    LeaseLost,
+    ModelUnavailable,
+    MultipleEffects,
+    RunIdConflict,
+    StaleWrite,
+    StoreUnavailable,
+    Superseded,
+    Transient,
+    UnknownRun,
+    UnknownWorkflow,
+    WindowTooLarge,
+)
+
+__version__ = "0.1.0"
+
+# name -> module that defines it, imported when the name is first read
+_LAZY = {
+    "workflow": "cairn.steps.registry",
+    "Workflow": "cairn.steps.registry",
+    "StepResult": "cairn.steps.registry",
+    "DONE": "cairn.steps.registry",
+    "Context": "cairn.steps.context",
+    "Client": "cairn.workers.client",
+    "Run": "cairn.store.runs",
+    "Settings": "cairn.workers.settings",
+}
+
+if TYPE_CHECKING:
+    from cairn.steps.context import Context
+    from cairn.steps.registry import DONE, StepResult, Workflow, workflow
+    from cairn.store.runs import Run
+    from cairn.workers.client import Client
+    from cairn.workers.settings import Settings
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cairn' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
+
+__all__ = [
+    "DONE",
+    "CairnError",
+    "Client",
+    "Context",
+    "CorruptCheckpoint",
+    "IncompatibleCheckpoint",
+    "InvalidInput",
+    "LeaseLost",
+    "ModelUnavailable",
+    "MultipleEffects",
+    "Run",
+    "RunIdConflict",
+    "Settings",
+    "StaleWrite",
+    "StepResult",
+    "StoreUnavailable",
+    "Superseded",
+    "Transient",
+    "UnknownRun",
+    "UnknownWorkflow",
+    "WindowTooLarge",
+    "Workflow",
+    "workflow",
+]

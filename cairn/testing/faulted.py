@@ -1,0 +1,10 @@
+"""The chaos workers' app: the worker app with FaultHooks from the plan in CAIRN_FAULTS.
+
+celery -A cairn.testing.faulted worker ...     (started by `cairn chaos`)
+"""
+
+from cairn.testing.faults import FaultHooks
+from cairn.workers.app import create_app
+from cairn.workers.settings import Settings
+
+app = create_app(Settings.from_env(), hooks=FaultHooks.from_env())

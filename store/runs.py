@@ -1,0 +1,49 @@
+"""What a caller reads of a run: its position, result and error, without the window."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Run:
+    """One run as `Client.get` and `Client.list` return it.
+
+    status: pending, running, done or failed. cursor: the step that comes next ("" before
+    the first step has been resolved by a worker). state: the result once done. window:
+    the model window, only when asked for (it can be large).
+    """
+
+    run_id: str
+    workflow: str
+    status: str
+    cursor: str
+    seq: int
+    cost_usd: float
+    resumes: int
+    error: str | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    input: Mapping[str, Any] | None = None
+    state: Mapping[str, Any] | None = None
+    window: tuple[dict[str, Any], ...] | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Run:
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in row.items() if k in names}
+        if values.get("window") is not None:
+            values["window"] = tuple(values["window"])
+        return cls(**values)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (timestamps as ISO 8601)."""
+        out = dataclasses.asdict(self)
+        for key in ("created_at", "updated_at"):
+            out[key] = out[key].isoformat()
+        if out["window"] is None:
+            del out["window"]
+        return out
