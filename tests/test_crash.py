@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from steps.standins import MailServer
-from store import Leases, PgStore
+from cairn.store import Leases, PgStore
+from cairn.testing.standins import MailServer, ModelServer
 from tests.conftest import LEASE_TTL, holder_pid, starts, step_log, wait_for
 
 pytestmark = pytest.mark.slow
@@ -103,7 +103,7 @@ def test_kill_between_the_effects_write_and_commit_leaves_neither(
 
 
 def test_zombie_after_sigstop_writes_nothing_and_sends_nothing(
-    start_worker, start_beat, create, store, leases, mail: MailServer, tmp_path
+    start_worker, start_beat, create, store, leases, mail: MailServer, model: ModelServer, tmp_path
 ) -> None:
     log = tmp_path / "steps.log"
     a = start_worker(concurrency=1)
@@ -116,13 +116,38 @@ def test_zombie_after_sigstop_writes_nothing_and_sends_nothing(
     _done(store, run_id, timeout=LEASE_TTL + 30)
     finished = store.load(run_id)
     lines_before = log.read_text()
+    assert model.stats()["requests"] == 1  # the new owner's call to the model
     a.signal_all(signal.SIGCONT)
-    wait_for(lambda: "lease lost" in a.text() or "StaleWrite" in a.text(), 20, "the zombie to stop")
+    wait_for(lambda: "lease lost" in a.text(), 20, "the zombie to stop")
     time.sleep(0.5)
     assert store.load(run_id) == finished
     assert log.read_text() == lines_before  # it started no further step
     assert not any(pid == zombie for c, _, pid, e in step_log(log) if c != "one" and c != "two")
+    # It woke up right before its model call: the call checks the lease first.
+    assert model.stats()["requests"] == 1
     assert mail.stats()["deliveries"] == 1 and mail.stats()["attempts"] == 1
+
+
+def test_zombie_at_the_same_seq_commits_no_ctx_db_write(
+    start_worker, start_beat, create, store, leases, sql, tmp_path
+) -> None:
+    """A pauses after its ctx.db write, before its save; B redoes the step and finishes.
+    A, resumed, must not commit its write nor its checkpoint."""
+    log = tmp_path / "steps.log"
+    a = start_worker(concurrency=1)
+    run_id = create("probe", {"log": str(log), "after": {"ledger": 2 * LEASE_TTL + 2}})
+    wait_for(lambda: _sleeping(log, "ledger", "after"), 30, "the ledger write")
+    a.signal_all(signal.SIGSTOP)
+    start_worker(concurrency=1)
+    start_beat()
+    _done(store, run_id, timeout=LEASE_TTL + 30)
+    finished = store.load(run_id)
+    a.signal_all(signal.SIGCONT)
+    wait_for(lambda: "lease lost" in a.text(), 20, "the zombie to stop")
+    time.sleep(0.5)
+    assert store.load(run_id) == finished
+    assert sql("SELECT idempotency_key FROM invoice_ledger") == [(f"cairn:{run_id}:ledger:0",)]
+    assert (tmp_path / "steps.log.effects").read_text().splitlines() == [f"cairn:{run_id}:once:0"]
 
 
 def test_two_deliveries_of_one_run_never_run_concurrently(
