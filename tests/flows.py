@@ -119,6 +119,17 @@ def think(ctx: Context) -> StepResult:
     return StepResult(cursor="done" if n >= ctx.input["visits"] else "think", state={"n": n})
 
 
+# Fails until a file exists: "fix the cause, then enqueue the same run id again".
+flaky = workflow("flaky")
+
+
+@flaky.step()
+def attempt(ctx: Context) -> StepResult:
+    if not os.path.exists(ctx.input["fixed"]):
+        raise RuntimeError("not fixed yet")
+    return StepResult(cursor="done")
+
+
 # Misbehaving steps, for the error paths.
 bad = workflow("bad")
 

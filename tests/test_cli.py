@@ -29,7 +29,7 @@ COMMANDS = [
 def _cairn(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args],
+        [sys.executable, "-m", "cairn.workers.cli", *args],
         check=False,
         capture_output=True,
         text=True,
@@ -49,10 +49,24 @@ def cli_env(settings) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_every_command_has_help(command: str) -> None:
+def test_every_command_has_help_with_its_options_and_their_variables(command: str) -> None:
+    import click
+    from typer.main import get_command
+
+    from cairn.workers import cli
+
+    cli._register_plugins()
+    cmd = get_command(cli.app)
+    for part in command.split():
+        cmd = cmd.commands[part]  # type: ignore[attr-defined]
     result = _cairn(*command.split(), "--help")
     assert result.returncode == 0, result.stderr
-    assert "Usage" in result.stdout
+    assert (cmd.help or "").split("\n")[0].strip()[:40] in " ".join(result.stdout.split())
+    for param in cmd.params:
+        if isinstance(param, click.Option) and not param.hidden:
+            assert param.opts[0] in result.stdout
+            if param.envvar:
+                assert f"env var: {param.envvar}" in result.stdout, (command, param.envvar)
 
 
 def test_enqueue_errors_say_what_to_do(cli_env, store: PgStore) -> None:

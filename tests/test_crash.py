@@ -102,13 +102,15 @@ def test_kill_between_the_effects_write_and_commit_leaves_neither(
     assert sql("SELECT idempotency_key FROM invoice_ledger") == [(f"cairn:{run_id}:ledger:0",)]
 
 
+@pytest.mark.parametrize("step", ["two", "mail"])  # paused before its model call / its send
 def test_zombie_after_sigstop_writes_nothing_and_sends_nothing(
-    start_worker, start_beat, create, store, leases, mail: MailServer, model: ModelServer, tmp_path
+    start_worker, start_beat, create, store, leases, mail: MailServer, model: ModelServer, tmp_path,
+    step,
 ) -> None:
     log = tmp_path / "steps.log"
     a = start_worker(concurrency=1)
-    run_id = create("probe", {"log": str(log), "before": {"two": 2 * LEASE_TTL + 2}})
-    wait_for(lambda: _sleeping(log, "two", "before"), 30, "step two")
+    run_id = create("probe", {"log": str(log), "before": {step: 2 * LEASE_TTL + 2}})
+    wait_for(lambda: _sleeping(log, step, "before"), 30, f"step {step}")
     zombie = holder_pid(leases, run_id)
     a.signal_all(signal.SIGSTOP)  # a partition: the process lives but says nothing
     start_worker(concurrency=1)
@@ -122,8 +124,8 @@ def test_zombie_after_sigstop_writes_nothing_and_sends_nothing(
     time.sleep(0.5)
     assert store.load(run_id) == finished
     assert log.read_text() == lines_before  # it started no further step
-    assert not any(pid == zombie for c, _, pid, e in step_log(log) if c != "one" and c != "two")
-    # It woke up right before its model call: the call checks the lease first.
+    assert not any(pid == zombie for c, _, pid, e in step_log(log) if c in ("ledger", "once"))
+    # It woke up right before its model call or its send: both check the lease first.
     assert model.stats()["requests"] == 1
     assert mail.stats()["deliveries"] == 1 and mail.stats()["attempts"] == 1
 
@@ -131,23 +133,26 @@ def test_zombie_after_sigstop_writes_nothing_and_sends_nothing(
 def test_zombie_at_the_same_seq_commits_no_ctx_db_write(
     start_worker, start_beat, create, store, leases, sql, tmp_path
 ) -> None:
-    """A pauses after its ctx.db write, before its save; B redoes the step and finishes.
-    A, resumed, must not commit its write nor its checkpoint."""
+    """A pauses after its ctx.db write, before its save; B takes the run over and redoes
+    the step. A, resumed, must commit neither its write nor its checkpoint.
+
+    A's open transaction holds the row B inserts, so B waits on it until A, resumed,
+    learns it lost the lease and rolls back (then B's insert goes through)."""
     log = tmp_path / "steps.log"
     a = start_worker(concurrency=1)
     run_id = create("probe", {"log": str(log), "after": {"ledger": 2 * LEASE_TTL + 2}})
     wait_for(lambda: _sleeping(log, "ledger", "after"), 30, "the ledger write")
+    zombie = holder_pid(leases, run_id)
     a.signal_all(signal.SIGSTOP)
     start_worker(concurrency=1)
     start_beat()
-    _done(store, run_id, timeout=LEASE_TTL + 30)
-    finished = store.load(run_id)
+    wait_for(lambda: holder_pid(leases, run_id) not in (None, zombie), LEASE_TTL + 20, "B")
     a.signal_all(signal.SIGCONT)
     wait_for(lambda: "lease lost" in a.text(), 20, "the zombie to stop")
-    time.sleep(0.5)
-    assert store.load(run_id) == finished
+    _done(store, run_id, timeout=30)
     assert sql("SELECT idempotency_key FROM invoice_ledger") == [(f"cairn:{run_id}:ledger:0",)]
     assert (tmp_path / "steps.log.effects").read_text().splitlines() == [f"cairn:{run_id}:once:0"]
+    assert not any(pid == zombie for c, _, pid, _ in step_log(log) if c == "once")
 
 
 def test_two_deliveries_of_one_run_never_run_concurrently(

@@ -50,3 +50,13 @@ def test_heartbeat_keeps_it_and_loss_is_detected(leases: Leases) -> None:
         a.ensure()
     a.release()
     assert str(leases.holder("r")) == "thief:1:x|99"
+
+
+def test_ensure_asks_redis_once_the_last_renewal_is_old(leases: Leases) -> None:
+    a = leases.acquire("r", ttl=0.4)  # no heartbeat: as in a process paused by SIGSTOP
+    assert a is not None
+    time.sleep(0.5)  # its lease expired
+    b = leases.acquire("r", ttl=5)
+    assert b is not None
+    with pytest.raises(LeaseLost, match="now held by"):
+        a.ensure()

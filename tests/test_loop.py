@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from cairn.errors import IncompatibleCheckpoint, InvalidInput, UnknownWorkflow
+from cairn.errors import IncompatibleCheckpoint, InvalidInput, StaleWrite, UnknownWorkflow
 from cairn.steps import registry
 from cairn.steps.model import cost_of
 from cairn.steps.window import compact
-from cairn.store import Leases, PgStore
+from cairn.store import Checkpoint, Leases, PgStore, keys
 from cairn.testing.standins import MailServer
 from cairn.workers import loop
+from cairn.workers.hooks import StepHooks
 
 
 def _probe_input(tmp_path: Path, **extra: object) -> dict:
@@ -90,7 +91,8 @@ def test_compaction_fits_the_budget_and_the_loaded_window_is_what_the_model_saw(
     ]
     out = compact(window, budget_tokens=1000, keep_last=4)
     assert out[0]["content"].startswith("[Summary") and out[1:] == window[-3:]
-    assert compact(window[:2], budget_tokens=1000) is not None
+    short = window[:2]
+    assert compact(short, budget_tokens=1000) is short  # fits: kept as is, so saves append
     small = dataclasses.replace(deps.settings, window_budget_tokens=300)
     run_id = create("loop", {"visits": 1}, queue=False)
     cp = store.load(run_id)
@@ -135,6 +137,44 @@ def test_a_failing_step_fails_the_run_clearly_and_keeps_the_checkpoint(
     )
     other = create("bad", {"mode": "fine"}, queue=False)
     assert loop.run(other, small) == "done"  # other runs unaffected
+
+
+def test_enqueueing_a_failed_run_again_rearms_it(client, deps, store: PgStore, tmp_path) -> None:
+    data = {"fixed": str(tmp_path / "fixed")}
+    run_id = client.enqueue("flaky", data)
+    assert loop.run(run_id, deps) == "failed"
+    (tmp_path / "fixed").touch()  # the cause is fixed
+    assert loop.run(run_id, deps) == "failed"  # a failed run stays failed until re-armed
+    assert client.enqueue("flaky", data, run_id=run_id) == run_id
+    assert loop.run(run_id, deps) == "done"
+
+
+def test_claim_fences_the_old_owner_before_the_new_owners_first_save(
+    create, deps, store: PgStore, leases: Leases, tmp_path
+) -> None:
+    run_id = create("probe", _probe_input(tmp_path), queue=False)
+    old = leases.acquire(run_id, ttl=5)
+    assert old is not None
+    started = store.claim(run_id, old.epoch)  # the old owner started the run...
+    assert started is not None
+    leases.client.delete(keys.lease(run_id))  # ...and went silent: its lease expired
+    seen: list[str] = []
+
+    class OldOwnerSaves(StepHooks):
+        """Right after the new owner claimed the run, before its first save."""
+
+        def before_step(self, cp: Checkpoint) -> None:
+            if seen:
+                return
+            late = dataclasses.replace(started, seq=1, cursor="two", status="running")
+            try:
+                store.save(late, started)
+                seen.append("applied")
+            except StaleWrite:
+                seen.append("rejected")
+
+    assert loop.run(run_id, dataclasses.replace(deps, hooks=OldOwnerSaves())) == "done"
+    assert seen == ["rejected"]
 
 
 def test_foreign_version_is_refused_and_recorded(

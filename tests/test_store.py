@@ -61,6 +61,28 @@ def test_fenced_epoch_cannot_save_even_with_a_higher_seq(store: PgStore) -> None
     assert not store.claim("r1", 2), "claim must not go back or sideways"
 
 
+def test_the_steps_own_writes_commit_with_the_save_and_roll_back_with_a_rejection(
+    store: PgStore, sql
+) -> None:
+    cp = _run(store)
+    for epoch, key in ((1, "kept"), (0, "fenced")):  # the second writer's epoch is stale
+        tx = store.transaction()
+        tx.connection.execute(
+            "INSERT INTO invoice_ledger (idempotency_key, run_id, customer, amount_cents)"
+            " VALUES (%s, 'r1', 'c', 1)",
+            (key,),
+        )
+        try:
+            if key == "fenced":
+                with pytest.raises(StaleWrite):
+                    store.save(dataclasses.replace(cp, seq=5, epoch=epoch), cp, tx)
+            else:
+                store.save(_advance(cp, epoch=epoch), cp, tx)
+        finally:
+            tx.close()
+    assert sql("SELECT idempotency_key FROM invoice_ledger") == [("kept",)]
+
+
 def test_rejected_save_writes_no_window_messages(store: PgStore, sql) -> None:
     cp = _run(store)
     first = _advance(cp, window=({"role": "user", "content": "hi"},))

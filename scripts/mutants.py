@@ -1,0 +1,220 @@
+"""The mutation gauntlet: break one safety-critical line at a time, run the tests that
+must notice, and fail unless every mutant is killed.
+
+    .venv/bin/python scripts/mutants.py            # all mutants (scripts/test runs this)
+    .venv/bin/python scripts/mutants.py M4 M8      # some of them
+
+Each mutant is applied in place to this checkout (the installed package is the checkout,
+editable) and reverted in a `finally`, so it refuses to start on uncommitted changes to
+the files it mutates. A mutant's `old` text must occur exactly once: when the code moves
+on, the gauntlet fails loudly instead of testing nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    id: str
+    what: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+ZOMBIE = "tests/test_crash.py::test_zombie_after_sigstop_writes_nothing_and_sends_nothing"
+SAME_SEQ = "tests/test_crash.py::test_zombie_at_the_same_seq_commits_no_ctx_db_write"
+CLAIM = "tests/test_loop.py::test_claim_fences_the_old_owner_before_the_new_owners_first_save"
+
+MUTANTS = [
+    Mutant(
+        "M1",
+        "save without the epoch guard",
+        "store/sql/queries.sql",
+        "WHERE c.seq < EXCLUDED.seq AND c.epoch <= EXCLUDED.epoch",
+        "WHERE c.seq < EXCLUDED.seq",
+        (CLAIM,),
+    ),
+    Mutant(
+        "M2",
+        "save without the seq guard",
+        "store/sql/queries.sql",
+        "WHERE c.seq < EXCLUDED.seq AND c.epoch <= EXCLUDED.epoch",
+        "WHERE c.epoch <= EXCLUDED.epoch",
+        ("tests/test_store.py::test_older_writer_is_rejected_and_row_not_rewound",),
+    ),
+    Mutant(
+        "M3",
+        "claim does not raise the stored epoch",
+        "store/sql/queries.sql",
+        "UPDATE checkpoints SET epoch = %(epoch)s",
+        "UPDATE checkpoints SET epoch = epoch",
+        (CLAIM,),
+    ),
+    Mutant(
+        "M4",
+        "the worker skips claim",
+        "workers/loop.py",
+        "claimed = store.claim(run_id, lease.epoch)",
+        "claimed = cp",
+        (CLAIM,),
+    ),
+    Mutant(
+        "M5",
+        "a rejected save commits the step's ctx.db writes",
+        "store/checkpoints.py",
+        "                else:\n                    conn.rollback()",
+        "                else:\n                    conn.commit()",
+        (
+            "tests/test_store.py::"
+            "test_the_steps_own_writes_commit_with_the_save_and_roll_back_with_a_rejection",
+        ),
+    ),
+    Mutant(
+        "M6",
+        "no lease check before a keyed effect",
+        "steps/context.py",
+        "        self._lease.ensure()  # a worker that lost the run must not reach the effect",
+        "        pass",
+        (f"{ZOMBIE}[mail]",),
+    ),
+    Mutant(
+        "M7",
+        "no lease check before a model call",
+        "steps/context.py",
+        "        self._lease.ensure()\n        message, cost",
+        "        message, cost",
+        (f"{ZOMBIE}[two]",),
+    ),
+    Mutant(
+        "M8",
+        "no lease check before the save",
+        "workers/loop.py",
+        "        lease.ensure()  # last chance to stop before a write that would be fenced anyway",
+        "        pass",
+        (SAME_SEQ,),
+    ),
+    Mutant(
+        "M9",
+        "the lease check trusts the cached renewal forever",
+        "store/lease.py",
+        "        if age < self.ttl / 2:\n            return",
+        "        if True:\n            return",
+        ("tests/test_lease.py::test_ensure_asks_redis_once_the_last_renewal_is_old",),
+    ),
+    Mutant(
+        "M10",
+        "enqueueing a failed run again does not re-arm it",
+        "store/checkpoints.py",
+        '        self.db.one("rearm_failed", {"run_id": run_id})',
+        "        pass",
+        ("tests/test_loop.py::test_enqueueing_a_failed_run_again_rearms_it",),
+    ),
+    Mutant(
+        "M11",
+        "the effect key counts attempts, not visits",
+        "steps/context.py",
+        'key = f"cairn:{self.run_id}:{self.cursor}:{self.visit}"',
+        'key = f"cairn:{self.run_id}:{self.cursor}:{id(self)}"',
+        ("tests/test_crash.py::test_email_step_killed_after_sending_delivers_once",),
+    ),
+    Mutant(
+        "M12",
+        "the ledger is not consulted (ctx.once repeats its effect)",
+        "steps/context.py",
+        "        done, result = self._store.was_done(key)",
+        "        done, result = False, None",
+        ("tests/test_crash.py::test_ledger_keeps_an_effect_without_idempotency_from_repeating",),
+    ),
+    Mutant(
+        "M13",
+        "the lease epoch ignores the stored floor",
+        "store/lua/acquire.lua",
+        "if epoch <= floor then",
+        "if false then",
+        ("tests/test_lease.py::test_epoch_grows_and_respects_the_stored_floor",),
+    ),
+    Mutant(
+        "M14",
+        "release deletes a successor's lease",
+        "store/lua/release.lua",
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then",
+        "if true then",
+        ("tests/test_lease.py::test_release_never_deletes_a_successors_lease",),
+    ),
+    Mutant(
+        "M15",
+        "renewal extends another owner's lease",
+        "store/lua/renew.lua",
+        "if held == ARGV[1] then",
+        "if held then",
+        ("tests/test_lease.py::test_heartbeat_keeps_it_and_loss_is_detected",),
+    ),
+]
+
+
+def _run(m: Mutant) -> tuple[str, float, str]:
+    path = ROOT / m.file
+    original = path.read_text()
+    if original.count(m.old) != 1:
+        return "stale", 0.0, f"{m.old!r} occurs {original.count(m.old)} times in {m.file}"
+    started = time.monotonic()
+    try:
+        path.write_text(original.replace(m.old, m.new))
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *m.tests],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    finally:
+        path.write_text(original)
+    elapsed = time.monotonic() - started
+    tail = (proc.stdout.strip().splitlines() or [""])[-1]
+    # pytest exit 1: tests ran and failed (killed). 0: survived. Anything else (a
+    # collection error, an interrupted run) proves nothing, so it fails the gauntlet.
+    verdict = {0: "SURVIVED", 1: "killed"}.get(proc.returncode, f"error (pytest {proc.returncode})")
+    return verdict, elapsed, tail
+
+
+def main(argv: list[str]) -> int:
+    chosen = [m for m in MUTANTS if not argv or m.id in argv]
+    files = sorted({m.file for m in chosen})
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", *files],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    if dirty:
+        print(f"mutants: uncommitted changes in the files to mutate:\n{dirty}", file=sys.stderr)
+        return 2
+    print(f"mutation gauntlet: {len(chosen)} mutants", flush=True)
+    failed = 0
+    rows = []
+    for m in chosen:
+        verdict, elapsed, tail = _run(m)
+        failed += verdict != "killed"
+        killer = ", ".join(t.split("::")[-1] for t in m.tests)
+        rows.append((m.id, m.what, verdict, killer, elapsed))
+        print(f"  {m.id:<4} {verdict:<9} {elapsed:5.1f}s  {m.what}  <- {killer}", flush=True)
+        if verdict != "killed":
+            print(f"       {tail}", flush=True)
+    print(f"{len(chosen) - failed} killed, {failed} not killed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
