@@ -130,6 +130,15 @@ def attempt(ctx: Context) -> StepResult:
     return StepResult(cursor="done")
 
 
+# An agent loop that never says "done": max_steps stops it.
+spin = workflow("spin", max_steps=3)
+
+
+@spin.step()
+def again(ctx: Context) -> StepResult:
+    return StepResult(cursor="again")
+
+
 # Misbehaving steps, for the error paths.
 bad = workflow("bad")
 

@@ -184,6 +184,19 @@ def test_reaper_recovers_a_run_whose_whole_worker_was_lost(
     _done(store, run_id)
 
 
+def test_reaper_sends_a_pending_run_whose_message_was_lost(
+    start_worker, start_beat, create, store, tmp_path
+) -> None:
+    log = tmp_path / "steps.log"
+    start_worker(concurrency=1, CAIRN_PENDING_AFTER="1")
+    run_id = create("probe", {"log": str(log)}, queue=False)  # recorded, never sent
+    time.sleep(2)
+    assert store.load(run_id).status == "pending"
+    start_beat()
+    _done(store, run_id, timeout=30)
+    assert starts(log) == ["one", "two", "mail", "ledger", "once"]
+
+
 def test_redelivered_finished_run_does_nothing(
     start_worker, create, store, send, mail: MailServer, tmp_path
 ) -> None:

@@ -139,6 +139,13 @@ def test_a_failing_step_fails_the_run_clearly_and_keeps_the_checkpoint(
     assert loop.run(other, small) == "done"  # other runs unaffected
 
 
+def test_a_loop_that_never_ends_stops_at_max_steps(create, deps, store: PgStore) -> None:
+    run_id = create("spin", {}, queue=False)
+    assert loop.run(run_id, deps) == "failed"
+    cp = store.load(run_id)
+    assert cp is not None and cp.seq == 3 and "max_steps=3" in (cp.error or "")
+
+
 def test_enqueueing_a_failed_run_again_rearms_it(client, deps, store: PgStore, tmp_path) -> None:
     data = {"fixed": str(tmp_path / "fixed")}
     run_id = client.enqueue("flaky", data)
