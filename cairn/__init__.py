@@ -21,7 +21,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from cairn.errors import (
+    BudgetExceeded,
     CairnError,
+    Cancelled,
     CorruptCheckpoint,
     IncompatibleCheckpoint,
     InvalidInput,
@@ -45,6 +47,7 @@ _LAZY = {
     "workflow": "cairn.steps.registry",
     "Workflow": "cairn.steps.registry",
     "StepResult": "cairn.steps.registry",
+    "Retry": "cairn.steps.registry",
     "DONE": "cairn.steps.registry",
     "Context": "cairn.steps.context",
     "Client": "cairn.workers.client",
@@ -54,7 +57,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from cairn.steps.context import Context
-    from cairn.steps.registry import DONE, StepResult, Workflow, workflow
+    from cairn.steps.registry import DONE, Retry, StepResult, Workflow, workflow
     from cairn.store.runs import Run
     from cairn.workers.client import Client
     from cairn.workers.settings import Settings
@@ -75,7 +78,9 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "DONE",
+    "BudgetExceeded",
     "CairnError",
+    "Cancelled",
     "Client",
     "Context",
     "CorruptCheckpoint",
@@ -84,6 +89,7 @@ __all__ = [
     "LeaseLost",
     "ModelUnavailable",
     "MultipleEffects",
+    "Retry",
     "Run",
     "RunIdConflict",
     "Settings",

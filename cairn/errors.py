@@ -88,5 +88,13 @@ class WindowTooLarge(CairnError):
     """The model window is still over the size limit after compaction."""
 
 
+class Cancelled(CairnError):
+    """The run was cancelled: it performs no further effect."""
+
+
+class BudgetExceeded(CairnError):
+    """The next model call could take the run past its cost cap: the run stops first."""
+
+
 class MultipleEffects(CairnError):
     """A step asked for a second keyed effect: one externally visible effect per step."""

@@ -34,6 +34,7 @@ class Mutant:
 ZOMBIE = "tests/test_crash.py::test_zombie_after_sigstop_writes_nothing_and_sends_nothing"
 SAME_SEQ = "tests/test_crash.py::test_zombie_at_the_same_seq_commits_no_ctx_db_write"
 CLAIM = "tests/test_loop.py::test_claim_fences_the_old_owner_before_the_new_owners_first_save"
+OWN_WRITES = "test_the_steps_own_writes_commit_with_the_save_and_roll_back_with_a_rejection"
 
 MUTANTS = [
     Mutant(
@@ -74,16 +75,13 @@ MUTANTS = [
         "store/checkpoints.py",
         "                else:\n                    conn.rollback()",
         "                else:\n                    conn.commit()",
-        (
-            "tests/test_store.py::"
-            "test_the_steps_own_writes_commit_with_the_save_and_roll_back_with_a_rejection",
-        ),
+        (f"tests/test_store.py::{OWN_WRITES}",),
     ),
     Mutant(
         "M6",
         "no lease check before a keyed effect",
         "steps/context.py",
-        "        self._lease.ensure()  # a worker that lost the run must not reach the effect",
+        "        self._ensure()  # a worker that lost the run, or a cancelled run, must not reach it",
         "        pass",
         (f"{ZOMBIE}[mail]",),
     ),
@@ -91,8 +89,8 @@ MUTANTS = [
         "M7",
         "no lease check before a model call",
         "steps/context.py",
-        "        self._lease.ensure()\n        message, cost",
-        "        message, cost",
+        "        self._ensure()\n        if self._cap is not None:",
+        "        if self._cap is not None:",
         (f"{ZOMBIE}[two]",),
     ),
     Mutant(
@@ -134,6 +132,38 @@ MUTANTS = [
         "        done, result = self._store.was_done(key)",
         "        done, result = False, None",
         ("tests/test_crash.py::test_ledger_keeps_an_effect_without_idempotency_from_repeating",),
+    ),
+    Mutant(
+        "M16",
+        "the reaper re-enqueues a run whose retry is scheduled",
+        "store/sql/queries.sql",
+        "   AND (retry_at IS NULL OR retry_at < now() - make_interval(secs => %(running_after)s))",
+        "",
+        ("tests/test_lifecycle.py::test_a_failing_run_is_delivered_a_bounded_number_of_times",),
+    ),
+    Mutant(
+        "M17",
+        "an effect is not checked against a cancel",
+        "steps/context.py",
+        "        reason = self._store.cancel_reason(self.run_id)",
+        "        reason = None",
+        ("tests/test_lifecycle.py::test_cancel_a_running_run_stops_it_before_its_next_effect",),
+    ),
+    Mutant(
+        "M18",
+        "the budget is not checked before a model call",
+        "steps/context.py",
+        "            if spent + worst > self._cap:",
+        "            if False:",
+        ("tests/test_lifecycle.py::test_a_run_stops_before_the_model_call_that_would_pass_its_budget",),
+    ),
+    Mutant(
+        "M19",
+        "a save does not tell a new wait that its signal came first",
+        "store/sql/queries.sql",
+        "              AND s.consumed_seq IS NULL AND s.signal_id IS DISTINCT FROM %(consumed)s",
+        "              AND false",
+        ("tests/test_lifecycle.py::test_a_signal_sent_before_the_run_waits_is_not_lost",),
     ),
     Mutant(
         "M13",

@@ -7,7 +7,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from cairn.errors import MultipleEffects
+from cairn.errors import BudgetExceeded, Cancelled, MultipleEffects
 
 if TYPE_CHECKING:
     from cairn.steps.model import ModelClient
@@ -42,7 +42,13 @@ class Context:
         # window from a rewritten one by identity). Build new lists; never edit a message.
         self.window: list[dict[str, Any]] = list(cp.window)
         self.config = config
-        self.cost_usd = 0.0
+        # The signal this step was woken by (see StepResult.wait): its payload, its id.
+        self.signal: Any = cp.signal["payload"] if cp.signal else None
+        self.signal_id: str | None = cp.signal["id"] if cp.signal else None
+        self.cost_usd = 0.0  # this step's model cost so far
+        self._spent = cp.cost_usd  # the run's, before this step
+        cap = cp.max_cost_usd if cp.max_cost_usd is not None else getattr(config, "max_cost_usd", 0)
+        self._cap: float | None = cap or None
         self._store, self._lease, self._model = store, lease, model
         self._effect: str | None = None
         self._tx: StepTransaction | None = None
@@ -61,9 +67,21 @@ class Context:
                 f"step {self.cursor!r} of run {self.run_id} asked for a second effect key "
                 f"({key!r} after {self._effect!r}); one externally visible effect per step"
             )
-        self._lease.ensure()  # a worker that lost the run must not reach the effect
+        self._ensure()  # a worker that lost the run, or a cancelled run, must not reach it
         self._effect = key
         return key
+
+    @property
+    def effect_key(self) -> str | None:
+        """The key this step asked for, if any (recorded in the step history)."""
+        return self._effect
+
+    def _ensure(self) -> None:
+        """Before an effect: this worker still owns the run, and nobody cancelled it."""
+        self._lease.ensure()
+        reason = self._store.cancel_reason(self.run_id)
+        if reason is not None:
+            raise Cancelled(f"run {self.run_id} was cancelled: {reason}")
 
     def once(self, effect: Callable[[str], T], *, suffix: str = "") -> T:
         """Run effect(key) unless the done-ledger says this visit already ran it.
@@ -108,8 +126,16 @@ class Context:
         if self._model is None:
             raise RuntimeError("no model client configured for this worker")
         # A model call costs money and shapes the run: a worker that lost the run must not
-        # make one (a process resumed after SIGSTOP finds out here).
-        self._lease.ensure()
+        # make one (a process resumed after SIGSTOP finds out here), nor a cancelled run.
+        self._ensure()
+        if self._cap is not None:
+            worst = self._model.worst_cost(**request)
+            spent = self._spent + self.cost_usd
+            if spent + worst > self._cap:
+                raise BudgetExceeded(
+                    f"run {self.run_id}: spent ${spent:.6f}; the next model call could cost "
+                    f"up to ${worst:.6f}, over the cap of ${self._cap:.6f}"
+                )
         message, cost = self._model.create(**request)
         self.cost_usd += cost
         return message

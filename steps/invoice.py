@@ -1,7 +1,9 @@
 """The shipped `invoice` workflow, after the seed article.
 
 fetch → validate (model call) → send_email (HTTP mail API, idempotency key) →
-record (our own Postgres, same transaction as the checkpoint) → done.
+record (our own Postgres, same transaction as the checkpoint) → done; with
+"await_payment": true, record → await_payment (the run waits, holding no worker, for
+a "payment" signal or payment_timeout_s) → settle → done.
 """
 
 from __future__ import annotations
@@ -26,7 +28,15 @@ def _validate(data: dict[str, Any]) -> dict[str, Any]:
     invoices = data.get("invoices", 2)
     if not isinstance(invoices, int) or not 1 <= invoices <= 50:
         raise InvalidInput("invoice: 'invoices' must be a whole number from 1 to 50")
-    return {"customer": customer, "email": email, "invoices": invoices}
+    out = {"customer": customer, "email": email, "invoices": invoices}
+    if "await_payment" in data:
+        if not isinstance(data["await_payment"], bool):
+            raise InvalidInput("invoice: 'await_payment' must be true or false")
+        timeout = data.get("payment_timeout_s", 7 * 24 * 3600)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise InvalidInput("invoice: 'payment_timeout_s' must be a positive number")
+        out.update(await_payment=data["await_payment"], payment_timeout_s=timeout)
+    return out
 
 
 flow = workflow("invoice", validate=_validate)
@@ -98,4 +108,19 @@ def record(ctx: Context) -> StepResult:
         " VALUES (%s, %s, %s, %s) ON CONFLICT (idempotency_key) DO NOTHING",
         (ctx.idempotency_key(), ctx.run_id, ctx.input["customer"], ctx.state["total_cents"]),
     )
-    return StepResult(cursor=DONE, state={"outcome": "sent"})
+    nxt = "await_payment" if ctx.input.get("await_payment") else DONE
+    return StepResult(cursor=nxt, state={"outcome": "sent"})
+
+
+@flow.step()
+def await_payment(ctx: Context) -> StepResult:
+    """Wait for the "payment" signal without holding a worker (or give up at the timeout)."""
+    return StepResult.wait("payment", cursor="settle", timeout=ctx.input["payment_timeout_s"])
+
+
+@flow.step()
+def settle(ctx: Context) -> StepResult:
+    """Woken by the payment signal (its payload in ctx.signal), or by the timeout (None)."""
+    if ctx.signal is None:
+        return StepResult(cursor=DONE, state={"outcome": "unpaid"})
+    return StepResult(cursor=DONE, state={"outcome": "paid", "payment": ctx.signal})

@@ -10,6 +10,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_de
 from tenacity.wait import wait_random_exponential
 
 from cairn.errors import ModelUnavailable
+from cairn.steps.window import json_size
 
 logger = logging.getLogger(__name__)
 
@@ -23,9 +24,13 @@ PRICES: dict[str, tuple[float, float, float, float]] = {
 _FALLBACK_PRICE = max(PRICES.values())
 
 
+def _price(model: str) -> tuple[float, float, float, float]:
+    return next((p for name, p in PRICES.items() if model.startswith(name)), _FALLBACK_PRICE)
+
+
 def cost_of(model: str, usage: Any) -> float:
     """Cost in USD of one response, from its usage block (cache tokens included)."""
-    price = next((p for name, p in PRICES.items() if model.startswith(name)), _FALLBACK_PRICE)
+    price = _price(model)
     tokens = (
         getattr(usage, "input_tokens", 0) or 0,
         getattr(usage, "output_tokens", 0) or 0,
@@ -88,6 +93,16 @@ class ModelClient:
 
     def close(self) -> None:
         self.client.close()
+
+    def worst_cost(self, **request: Any) -> float:
+        """An upper estimate of a request's cost, for the budget check before the call: its
+        prompt at 3 bytes a token (English and JSON run nearer 4), uncached, and all of
+        max_tokens as output."""
+        model = request.get("model", self.default_model)
+        prompt = {k: request.get(k) for k in ("system", "messages", "tools")}
+        tokens_in = json_size(prompt) // 3 + 1
+        price_in, price_out, *_ = _price(model)
+        return (tokens_in * price_in + request.get("max_tokens", 1024) * price_out) / 1e6
 
     def create(self, **request: Any) -> tuple[Any, float]:
         request.setdefault("model", self.default_model)

@@ -7,7 +7,8 @@ import importlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cairn.errors import InvalidInput, UnknownWorkflow
+from cairn.errors import InvalidInput, Transient, UnknownWorkflow
+from cairn.store.runs import Wait
 
 if TYPE_CHECKING:
     from cairn.steps.context import Context
@@ -29,6 +30,54 @@ class StepResult:
     state: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     window: list[dict[str, Any]] | None = None
     cost_usd: float = 0.0
+    waits_for: Wait | None = None
+
+    @classmethod
+    def wait(
+        cls,
+        event: str,
+        *,
+        cursor: str,
+        timeout: float | None = None,
+        on_timeout: str | None = None,
+        state: Mapping[str, Any] | None = None,
+        window: list[dict[str, Any]] | None = None,
+    ) -> StepResult:
+        """Park the run until a signal of `event` arrives; then the step `cursor` runs and
+        finds it in ctx.signal. No worker holds a waiting run. With timeout (seconds), the
+        run goes on at on_timeout (default: cursor, with ctx.signal None) if no signal
+        came first. A signal sent before the run waits is kept for it."""
+        return cls(
+            cursor=cursor,
+            state=state or {},
+            window=window,
+            waits_for=Wait(event=event, timeout=timeout, on_timeout=on_timeout or cursor),
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Retry:
+    """How a step's failures are retried. Attempts are counted in the checkpoint, so a
+    crash does not reset them; when they are spent the run fails "retries exhausted".
+
+    attempts: tries in all, the first included. backoff: seconds before the first retry,
+    doubling each time up to max_backoff. on: the exceptions worth a retry (the default,
+    cairn.Transient, covers a model API that stays overloaded); anything else fails the
+    run at once.
+    """
+
+    attempts: int = 5
+    backoff: float = 2.0
+    max_backoff: float = 60.0
+    on: tuple[type[BaseException], ...] = (Transient,)
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.backoff < 0 or self.max_backoff < 0:
+            raise ValueError("Retry wants attempts >= 1 and backoffs >= 0")
+
+    def delay(self, failed: int) -> float:
+        """Seconds to wait after the failed-th failed attempt."""
+        return min(self.backoff * 2 ** max(failed - 1, 0), self.max_backoff)
 
 
 class StepFn(Protocol):
@@ -46,12 +95,18 @@ class Workflow:
     ) -> None:
         self.name = name
         self.steps: dict[str, StepFn] = {}
+        self.retries: dict[str, Retry] = {}
         self.first: str | None = None
         self._validate = validate
         self.max_steps = max_steps  # an agent loop that never says "done" fails, loudly
 
-    def step(self, name: str | None = None) -> Callable[[StepFn], StepFn]:
-        """Register a step: `@flow.step()` uses the function's name as the cursor."""
+    def step(
+        self, name: str | None = None, *, retry: Retry | None = None
+    ) -> Callable[[StepFn], StepFn]:
+        """Register a step: `@flow.step()` uses the function's name as the cursor.
+
+        retry: how its failures are retried (default: Retry(), which retries
+        cairn.Transient 5 times in all with backoff)."""
 
         def register(fn: StepFn) -> StepFn:
             cursor = name or fn.__name__  # type: ignore[attr-defined]
@@ -60,6 +115,7 @@ class Workflow:
             if cursor in self.steps:
                 raise ValueError(f"workflow {self.name!r} already has a step {cursor!r}")
             self.steps[cursor] = fn
+            self.retries[cursor] = retry or Retry()
             self.first = self.first or cursor
             return fn
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Any, Literal, Protocol, TypedDict
+import time
+from typing import Any, Literal, NamedTuple, Protocol, TypedDict
 
 from psycopg.types.json import Jsonb
 
@@ -16,15 +17,28 @@ from cairn.errors import (
     StoreUnavailable,
 )
 from cairn.store.db import Database, outage, translated
-from cairn.store.runs import Run
+from cairn.store.runs import Run, Wait
 from cairn.store.sql import QUERIES
 from cairn.store.tx import StepTransaction
 
 # Bump when the persisted shape changes; a checkpoint of another version is refused.
 CHECKPOINT_VERSION = 1
 
-Status = Literal["pending", "running", "done", "failed"]
-TERMINAL: frozenset[str] = frozenset({"done", "failed"})
+Status = Literal[
+    "pending",
+    "running",
+    "waiting",
+    "done",
+    "failed",
+    "cancelled",
+    "budget_exceeded",
+    "incompatible",
+]
+# Never delivered again, and swept after the retention period.
+TERMINAL: frozenset[str] = frozenset({"done", "failed", "cancelled", "budget_exceeded"})
+# Not worked on: the terminal states, and a checkpoint this code cannot read (until code
+# that reads it is deployed and the run is enqueued again).
+STOPPED: frozenset[str] = TERMINAL | {"incompatible"}
 # The cursor of a run that no worker has started: the workflow's first step, resolved by
 # the worker, so an enqueuer needs only the workflow's name, not its code.
 START = ""
@@ -57,6 +71,17 @@ class Checkpoint:
     epoch: int = 0  # fencing epoch of the lease that wrote it
     resumes: int = 0
     updated_at: dt.datetime | None = None
+    attempts: int = 0  # failed attempts of the step at cursor (a save resets it)
+    deliveries: int = 0  # claims since the last save (poison detection)
+    cancel_reason: str | None = None
+    max_cost_usd: float | None = None  # this run's cost cap (None: the workers' default)
+    # status waiting: the event awaited, and the cursor to take if the timeout comes first
+    wait_event: str | None = None
+    wait_timeout_cursor: str | None = None
+    # Read with the row, never written: the wait's timeout has passed; the oldest signal
+    # of the awaited event not yet consumed ({"id", "payload"}).
+    wait_over: bool = dataclasses.field(default=False, compare=False)
+    signal: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
     # Not stored: the window's compact-JSON size, carried from step to step so the size
     # check costs the new messages, not the whole window. -1: not known yet.
     window_bytes: int = dataclasses.field(default=-1, compare=False, repr=False)
@@ -66,13 +91,34 @@ class Checkpoint:
         return self.win_start + len(self.window)
 
 
+class Saved(NamedTuple):
+    """What a save learned: a cancel asked for, a signal already there for a new wait."""
+
+    cancel_reason: str | None
+    signalled: bool
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Attempt:
+    """One step attempt as the step history records it."""
+
+    started: float  # time.time() when the step began
+    worker: str = ""  # the lease owner (host:pid:nonce)
+    effect_key: str | None = None
+    signal_id: str | None = None  # the signal the step received (consumed by the save)
+
+
 class CheckpointStore(Protocol):
     def load(self, run_id: str) -> Checkpoint | None: ...
     def claim(self, run_id: str, epoch: int) -> Checkpoint | None: ...
     def save(
-        self, cp: Checkpoint, previous: Checkpoint, tx: StepTransaction | None = None
-    ) -> None: ...
-    def mark_failed(self, cp: Checkpoint, error: str) -> bool: ...
+        self,
+        cp: Checkpoint,
+        previous: Checkpoint,
+        tx: StepTransaction | None = None,
+        attempt: Attempt | None = None,
+    ) -> Saved: ...
+    def mark_failed(self, cp: Checkpoint, error: str, attempt: Attempt | None = None) -> bool: ...
 
 
 def appended(previous: Checkpoint, cp: Checkpoint) -> tuple[int, list[Message]]:
@@ -117,7 +163,12 @@ class PgStore:
 
     # -- runs ------------------------------------------------------------------------
     def create_run(
-        self, run_id: str, workflow: str, input: dict[str, Any], cursor: str = START
+        self,
+        run_id: str,
+        workflow: str,
+        input: dict[str, Any],
+        cursor: str = START,
+        max_cost_usd: float | None = None,
     ) -> bool:
         """Insert a run at seq 0; False if it existed (a failed one is re-armed).
 
@@ -130,12 +181,13 @@ class PgStore:
             "cursor": cursor,
             "state": Jsonb({}),
             "version": CHECKPOINT_VERSION,
+            "max_cost_usd": max_cost_usd,
         }
         if self.db.one("create_run", params):
             return True
         row = self.db.one("existing_run", params)
         if row is None:  # swept between the two statements: create it afresh
-            return self.create_run(run_id, workflow, input, cursor)
+            return self.create_run(run_id, workflow, input, cursor, max_cost_usd)
         if not (row["same_workflow"] and row["same_input"]):
             what = "workflow" if not row["same_workflow"] else "input"
             raise RunIdConflict(
@@ -171,13 +223,22 @@ class PgStore:
         """StoreUnavailable for a driver error raised in a step (its ctx.db), else None."""
         return outage(exc)
 
-    def save(self, cp: Checkpoint, previous: Checkpoint, tx: StepTransaction | None = None) -> None:
-        """Write cp (and the window's new messages) if it is newer; else raise StaleWrite.
+    def save(
+        self,
+        cp: Checkpoint,
+        previous: Checkpoint,
+        tx: StepTransaction | None = None,
+        attempt: Attempt | None = None,
+        wait: Wait | None = None,
+    ) -> Saved:
+        """Write cp (and the window's new messages, the step's history row, the wait and
+        the signal it consumed) if it is newer; else raise StaleWrite.
 
         With a transaction the step used, the save runs inside it and commits it, so the
         step's own Postgres writes land with the checkpoint or not at all.
         """
         first_idx, messages = appended(previous, cp)
+        attempt = attempt or Attempt(started=time.time())
         params = {
             "run_id": cp.run_id,
             "seq": cp.seq,
@@ -194,52 +255,125 @@ class PgStore:
             "resumes": cp.resumes,
             "first_idx": first_idx,
             "messages": Jsonb(messages),
+            "step": previous.cursor,
+            "visit": previous.visits.get(previous.cursor, 0),
+            "started": attempt.started,
+            "worker": attempt.worker,
+            "step_cost": cp.cost_usd - previous.cost_usd,
+            "effect_key": attempt.effect_key,
+            "consumed": attempt.signal_id,
+            "wait_event": wait.event if wait else None,
+            "wait_timeout": wait.timeout if wait else None,
+            "wait_timeout_cursor": wait.on_timeout if wait else None,
         }
         conn = tx.open if tx is not None else None
         if conn is not None:
             with translated():
-                applied = conn.execute(QUERIES["save"], params).fetchone() is not None
-                if applied:
+                row = conn.execute(QUERIES["save"], params).fetchone()
+                if row is not None:
                     conn.commit()
                 else:
                     conn.rollback()
-            if not applied:
+            if row is None:
                 raise StaleWrite(cp.run_id, cp.seq, cp.epoch)
-            return
+            return Saved(row["cancel_reason"], row["signalled"])
 
         tries = 0
 
-        def attempt() -> bool:
+        def write() -> dict[str, Any] | None:
             nonlocal tries
             tries += 1
             with self.db.connection() as c:
-                return c.execute(QUERIES["save"], params).fetchone() is not None
+                return c.execute(QUERIES["save"], params).fetchone()
 
-        if self.db.retry(attempt):
-            return
+        row = self.db.retry(write)
+        if row is not None:
+            return Saved(row["cancel_reason"], row["signalled"])
         if tries > 1:
             # A retried save whose first try committed before the link dropped finds its
             # own row (same seq, same epoch: same writer): success, not a lost run.
             now = self.db.one("position", {"run_id": cp.run_id})
             if now and now["seq"] == cp.seq and now["epoch"] == cp.epoch:
-                return
+                return Saved(self.cancel_reason(cp.run_id), wait is not None)
         raise StaleWrite(cp.run_id, cp.seq, cp.epoch)
 
-    def mark_failed(self, cp: Checkpoint, error: str) -> bool:
-        """Record a permanent error without touching the checkpoint's data."""
+    def end_attempt(
+        self,
+        cp: Checkpoint,
+        status: str,
+        error: str,
+        attempt: Attempt | None = None,
+        retry_in: float | None = None,
+    ) -> int | None:
+        """Record a step attempt that did not save: a retry in retry_in seconds (status
+        running), or the run stopping with status. Fenced like a save; returns the run's
+        failed attempts so far, or None if another worker owns the run."""
+        counted = retry_in is not None or status == "failed"
         row = self.db.one(
-            "mark_failed",
-            {"run_id": cp.run_id, "error": error[:4000], "epoch": cp.epoch, "seq": cp.seq},
+            "end_attempt",
+            {
+                "run_id": cp.run_id,
+                "seq": cp.seq,
+                "epoch": cp.epoch,
+                "status": status,
+                "error": error[:4000],
+                "attempt": int(counted and attempt is not None),
+                "retry_in": retry_in,
+                "step": cp.cursor if attempt is not None else None,
+                "visit": cp.visits.get(cp.cursor, 0),
+                "outcome": "retry" if retry_in is not None else status,
+                "started": attempt.started if attempt else 0.0,
+                "worker": attempt.worker if attempt else "",
+                "effect_key": attempt.effect_key if attempt else None,
+            },
         )
-        return row is not None
+        return int(row["attempts"]) if row else None
 
-    def mark_failed_raw(self, run_id: str, error: str) -> bool:
+    def signal(
+        self, run_id: str, event: str, payload: Any, signal_id: str
+    ) -> tuple[str, bool] | None:
+        """Store a signal; (the run's status, whether it was new), or None: no such run."""
+        row = self.db.one(
+            "signal",
+            {"run_id": run_id, "event": event, "payload": Jsonb(payload), "signal_id": signal_id},
+        )
+        return (row["status"], row["stored"]) if row else None
+
+    def cancel_reason(self, run_id: str) -> str | None:
+        row = self.db.one("cancel_reason", {"run_id": run_id})
+        return row["cancel_reason"] if row else None
+
+    def cancel(self, run_id: str, reason: str) -> str | None:
+        """Ask the run to stop; its status now (None: no such run, or it had ended)."""
+        row = self.db.one("cancel", {"run_id": run_id, "reason": reason})
+        return row["status"] if row else None
+
+    def history(self, run_id: str) -> list[dict[str, Any]]:
+        return self.db.all("history", {"run_id": run_id})
+
+    def mark_failed(self, cp: Checkpoint, error: str, attempt: Attempt | None = None) -> bool:
+        """Record a permanent error without touching the checkpoint's data."""
+        return self.end_attempt(cp, "failed", error, attempt) is not None
+
+    def mark_unreadable(self, run_id: str, status: str, error: str) -> bool:
         """For a row we cannot even parse: status and error only, whatever its seq."""
         row = self.load_row(run_id)
         if row is None:
             return False
-        params = {"run_id": run_id, "error": error[:4000], "epoch": row["epoch"], "seq": row["seq"]}
-        return self.db.one("mark_failed", params) is not None
+        cp = Checkpoint(
+            run_id=run_id,
+            workflow=row["workflow"],
+            input={},
+            seq=row["seq"],
+            cursor=row["cursor"],
+            state={},
+            visits={},
+            window=(),
+            win_start=0,
+            cost_usd=0.0,
+            epoch=row["epoch"],
+        )
+        return self.end_attempt(cp, status, error) is not None
 
     # -- ledger ----------------------------------------------------------------------
     def was_done(self, key: str) -> tuple[bool, Any]:

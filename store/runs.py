@@ -9,11 +9,22 @@ from typing import Any
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class Wait:
+    """A run parked until a signal of `event` arrives (or `timeout` seconds pass, and then
+    it goes on at `on_timeout`). Stored with the checkpoint: no worker holds the run."""
+
+    event: str
+    timeout: float | None = None
+    on_timeout: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Run:
     """One run as `Client.get` and `Client.list` return it.
 
-    status: pending, running, done or failed. cursor: the step that comes next ("" before
-    the first step has been resolved by a worker). state: the result once done. window:
+    status: pending, running, waiting (for a signal), done, failed, cancelled,
+    budget_exceeded or incompatible. cursor: the step that comes next ("" before the first
+    step has been resolved by a worker). state: the result once done. window:
     the model window, only when asked for (it can be large).
     """
 

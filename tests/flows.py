@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+import cairn
 from cairn.steps import Context, StepResult, workflow
 from cairn.steps.model import text_of
 
@@ -137,6 +138,39 @@ spin = workflow("spin", max_steps=3)
 @spin.step()
 def again(ctx: Context) -> StepResult:
     return StepResult(cursor="again")
+
+
+# Fails with a Transient error the first `fail` times (counted in a file), then finishes.
+hiccup = workflow("hiccup")
+
+
+def _call(ctx: Context) -> StepResult:
+    with open(ctx.input["log"], "a") as f:
+        f.write(f"call {os.getpid()}\n")
+    with open(ctx.input["log"]) as f:
+        tries = sum(1 for _ in f)
+    if tries <= ctx.input["fail"]:
+        raise cairn.Transient(f"the mail API answered 503 (try {tries})")
+    return StepResult(cursor="done", state={"tries": tries})
+
+
+hiccup.step("call", retry=cairn.Retry(attempts=3, backoff=0.2))(_call)
+# The same with a backoff longer than the reaper's patience (lease TTL / 2): the reaper
+# must leave a run whose retry is scheduled alone.
+slow_hiccup = workflow("slow_hiccup")
+slow_hiccup.step("call", retry=cairn.Retry(attempts=3, backoff=3.0))(_call)
+
+
+# A step whose process dies every time (an OOM kill): poison.
+oom = workflow("oom")
+
+
+@oom.step()
+def swell(ctx: Context) -> StepResult:
+    with open(ctx.input["log"], "a") as f:
+        f.write(f"swell {os.getpid()}\n")
+    os.kill(os.getpid(), 9)
+    return StepResult(cursor="done")
 
 
 # Misbehaving steps, for the error paths.

@@ -163,3 +163,21 @@ def test_unkeyed_effect_is_reported_as_the_step_that_duplicates(template_db: str
     assert by_step["send_email"]["duplicates"] == 2
     assert by_step["send_email"]["delivered"] == 8 and by_step["send_email"]["keys"] == 0
     assert all(s["duplicates"] == 0 for name, s in by_step.items() if name != "send_email")
+
+
+@pytest.mark.slow
+def test_signals_and_cancels_under_kills(template_db: str, redis_url: str, tmp_path: Path) -> None:
+    report = chaos.run_chaos(
+        "invoice", runs=40, workers=2, concurrency=2, seed=SEED, rate=RATE, random_kills=2,
+        lease_ttl=2.0, deadline=150, pending_after=20, mail_delay_ms=5, model_delay_ms=0,
+        database_url=BASE_DB, redis_url=redis_url, state_dir=tmp_path, quiet=True,
+        signals=True, cancel_rate=0.1,
+    )
+    assert report["ok"], report["problems"]
+    life = report["lifecycle"]
+    assert life["signals_lost"] == 0 and life["sends_after_cancel"] == 0
+    assert life["cancels_asked"] == report["runs_cancelled"] == 4
+    assert life["signals_duplicated"] > 0 and life["signals_early"] > 0
+    assert life["runs_paid"] == report["runs_finished"] == 40 - 4
+    assert report["duplicates"] == 0 and report["history_violations"] == 0
+

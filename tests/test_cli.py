@@ -18,6 +18,8 @@ COMMANDS = [
     "enqueue",
     "runs",
     "show",
+    "cancel",
+    "signal",
     "db",
     "db upgrade",
     "demo",

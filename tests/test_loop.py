@@ -185,17 +185,23 @@ def test_claim_fences_the_old_owner_before_the_new_owners_first_save(
 
 
 def test_foreign_version_is_refused_and_recorded(
-    create, deps, store: PgStore, sql, tmp_path
+    create, deps, client, store: PgStore, sql, tmp_path
 ) -> None:
     run_id = create("probe", _probe_input(tmp_path), queue=False)
     sql("UPDATE checkpoints SET version = 7 WHERE run_id = %s", run_id)
-    assert loop.run(run_id, deps) == "failed"
+    assert loop.run(run_id, deps) == "incompatible"
+    assert loop.run(run_id, deps) == "incompatible"  # never silently retried
     assert not (tmp_path / "steps.log").exists()
     status, error, version, seq = sql("SELECT status, error, version, seq FROM checkpoints")[0]
-    assert (status, version, seq) == ("failed", 7, 0)
+    assert (status, version, seq) == ("incompatible", 7, 0)
     assert "payload version 7" in error
+    assert [r.run_id for r in client.list(status="incompatible")] == [run_id]
     with pytest.raises(IncompatibleCheckpoint):
         store.load(run_id)
+    # Code that reads it is deployed (here: the row migrated), and the run enqueued again.
+    sql("UPDATE checkpoints SET version = 1 WHERE run_id = %s", run_id)
+    client.enqueue("probe", _probe_input(tmp_path), run_id=run_id)
+    assert loop.run(run_id, deps) == "done"
 
 
 def test_unknown_workflow_and_bad_input_are_clear() -> None:

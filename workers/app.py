@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import threading
 
@@ -29,6 +30,9 @@ class Runtime:
         self.settings, self.hooks = settings, hooks
         self._deps: dict[int, loop.Deps] = {}
         self._lock = threading.Lock()
+        # Made before the pool forks, so every pool process sees the main process set it
+        # when a warm shutdown (SIGTERM) begins.
+        self.stopping = multiprocessing.Event()
 
     def deps(self) -> loop.Deps:
         pid, s = os.getpid(), self.settings
@@ -40,6 +44,7 @@ class Runtime:
                     leases=Leases.from_url(s.redis_url),
                     model=ModelClient(base_url=s.anthropic_base_url, default_model=s.model),
                     hooks=self.hooks,
+                    stopping=self.stopping.is_set,
                 )
             return self._deps[pid]
 
@@ -69,6 +74,12 @@ def create_app(settings: Settings, hooks: StepHooks = NO_HOOKS) -> Celery:
     runtime = Runtime(settings, hooks)
     app.cairn = runtime  # type: ignore[attr-defined]
 
+    @signals.worker_shutting_down.connect(weak=False)
+    def _shutting_down(**_: object) -> None:
+        # Runs in the worker's main process: each run in hand stops at its next step
+        # boundary and is handed back to the queue, so a deploy waits one step, not a run.
+        runtime.stopping.set()
+
     @app.task(name=broker.RUN_TASK, bind=True, max_retries=None)
     def run_task(self, run_id: str) -> str:  # type: ignore[no-untyped-def]
         """Resume or start one run: the whole recovery path is calling this again."""
@@ -80,6 +91,16 @@ def create_app(settings: Settings, hooks: StepHooks = NO_HOOKS) -> Celery:
             outcome = "deferred"
             logger.info("run %s: %s; retrying in %ss", run_id, exc, settings.defer_seconds)
             raise self.retry(countdown=settings.defer_seconds, queue=broker.RESUME) from None
+        except loop.RetryLater as exc:
+            # The attempt is recorded in the checkpoint (and bounds the chain); the reaper
+            # leaves the run alone until this retry is due.
+            outcome = "retry"
+            raise self.retry(countdown=exc.delay, queue=broker.RESUME) from None
+        except loop.HandOff as exc:
+            outcome = "handed_off"
+            logger.warning("%s; handing it back to the queue", exc)
+            run_task.apply_async((run_id,), queue=broker.RESUME)
+            return outcome
         except Superseded as exc:
             # Another worker owns the run now: it will finish it. Do nothing more.
             logger.warning("run %s: stopped, %s", run_id, exc)

@@ -220,7 +220,7 @@ def show(
     run_id: Annotated[str, typer.Argument(help="The run id.")],
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Show one run's checkpoint, its error if it failed, and its window size."""
+    """Show one run: its checkpoint, its error, its window size and its step timeline."""
     from cairn.errors import CairnError
 
     client = _client(_settings(database_url=database_url))
@@ -237,6 +237,8 @@ def show(
         "version",
         "epoch",
         "resumes",
+        "attempts",
+        "deliveries",
         "cost_usd",
         "updated_at",
     ):
@@ -248,12 +250,81 @@ def show(
     )
     console.print(f"[bold]{'input':>10}[/] {json.dumps(row['input'])}")
     console.print(f"[bold]{'state':>10}[/] {json.dumps(row['state'], default=str)}")
+    if row["cancel_reason"]:
+        console.print(f"[bold]{'cancel':>10}[/] {row['cancel_reason']}")
     try:
         client.store.load(run_id)
     except CairnError as exc:
         console.print(f"[bold red]{'unreadable':>10}[/] {exc}")
+    try:
+        steps = client.history(run_id)
     finally:
         client.close()
+    timeline = Table("seq", "step", "visit", "outcome", "started", "seconds", "worker", "cost $")
+    timeline.add_column("effect key / error", overflow="fold")
+    colours = {"saved": "green", "retry": "yellow"}
+    previous_worker = None
+    for s in steps:
+        colour = colours.get(s["outcome"], "red")
+        worker = s["worker"]
+        # A new owner (a resume after a kill, a hand-off) shows as the worker changing.
+        moved = previous_worker is not None and worker != previous_worker
+        previous_worker = worker
+        timeline.add_row(
+            str(s["seq"]),
+            s["cursor"],
+            str(s["visit"]),
+            f"[{colour}]{s['outcome']}[/]",
+            s["started_at"].strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+            f"{(s['ended_at'] - s['started_at']).total_seconds():.3f}",
+            f"[bold]{worker}[/]" if moved else worker,
+            f"{s['cost_usd']:.6f}",
+            s["error"] or s["effect_key"] or "",
+        )
+    console.print(timeline)
+
+
+@app.command()
+def signal(
+    run_id: Annotated[str, typer.Argument(help="The run id.")],
+    event: Annotated[str, typer.Argument(help="The event the run waits for, e.g. payment.")],
+    payload: Annotated[str, typer.Argument(help="The signal's payload as JSON.")] = "null",
+    signal_id: Annotated[
+        str | None, typer.Option("--id", help="Signal id: the same id twice is one signal.")
+    ] = None,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Send a run a signal (StepResult.wait): stored durably, delivered once per id."""
+    try:
+        data = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        _fail(f"payload is not JSON ({exc})", 2)
+    from cairn.errors import CairnError
+
+    settings = _settings(database_url=database_url, redis_url=redis_url)
+    try:
+        with _client(settings) as client:
+            stored = client.signal(run_id, event, data, signal_id=signal_id)
+    except CairnError as exc:
+        _fail(str(exc), 2)
+    console.print(f"{run_id}: {event} " + ("sent" if stored else "already sent (same --id)"))
+
+
+@app.command()
+def cancel(
+    run_id: Annotated[str, typer.Argument(help="The run id.")],
+    reason: Annotated[str, typer.Option("--reason", help="Recorded on the run.")] = "cancelled",
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Cancel a run: a pending one at once, a running one at its next step boundary."""
+    with _client(_settings(database_url=database_url)) as client:
+        run = client.cancel(run_id, reason)
+    if run is None:
+        _fail(f"no run {run_id!r}")
+    console.print(
+        f"{run_id}: {run.status}" + ("" if run.status == "cancelled" else " (cancel asked)")
+    )
 
 
 @db_app.command("upgrade")

@@ -10,9 +10,9 @@ import dataclasses
 import uuid
 from typing import TYPE_CHECKING, Any, Self
 
-from cairn.errors import StoreUnavailable
+from cairn.errors import StoreUnavailable, UnknownRun
 from cairn.steps import registry
-from cairn.store.checkpoints import PgStore
+from cairn.store.checkpoints import STOPPED, PgStore
 from cairn.store.db import Database
 from cairn.store.runs import Run
 from cairn.workers import broker
@@ -57,7 +57,12 @@ class Client:
             self._producer.close()
 
     def enqueue(
-        self, workflow: str, input: dict[str, Any] | None = None, *, run_id: str | None = None
+        self,
+        workflow: str,
+        input: dict[str, Any] | None = None,
+        *,
+        run_id: str | None = None,
+        max_cost_usd: float | None = None,
     ) -> str:
         """Record the run and send it to the workers; returns its run id.
 
@@ -65,14 +70,15 @@ class Client:
         enqueue returns it (a failed run is re-armed at its cursor), never starts it over.
         The same id with another workflow or input raises RunIdConflict. When the
         workflow is registered in this process its input is validated here (InvalidInput
-        before anything is written); otherwise the worker validates it.
+        before anything is written); otherwise the worker validates it. max_cost_usd caps
+        the run's model cost (default: the workers' CAIRN_MAX_COST_USD).
         """
         data = {} if input is None else input
         flow = registry.find(workflow)
         if flow is not None:
             data = flow.validate(data)
         run_id = run_id or uuid.uuid4().hex
-        self.store.create_run(run_id, workflow, data)
+        self.store.create_run(run_id, workflow, data, max_cost_usd=max_cost_usd)
         self.send(run_id)
         return run_id
 
@@ -103,6 +109,32 @@ class Client:
     def list(self, status: str | None = None, limit: int = 50) -> list[Run]:
         """Runs, newest first."""
         return self.store.list_runs(status, limit)
+
+    def cancel(self, run_id: str, reason: str = "cancelled") -> Run | None:
+        """Stop a run: a pending one at once, a running one at its next step boundary
+        (before any further effect or model call). None if there is no such run."""
+        self.store.cancel(run_id, reason)
+        return self.get(run_id)
+
+    def signal(
+        self, run_id: str, event: str, payload: Any = None, *, signal_id: str | None = None
+    ) -> bool:
+        """Send the run a signal of `event` with a JSON payload. It is stored durably: a
+        run waiting for it wakes, a run that waits for it later finds it. The same
+        signal_id twice is one signal (returns False the second time). Raises UnknownRun."""
+        found = self.store.signal(run_id, event, payload, signal_id or uuid.uuid4().hex)
+        if found is None:
+            raise UnknownRun(f"no run {run_id!r}")
+        status, stored = found
+        if stored and status not in STOPPED:
+            self.send(run_id)  # a waiting run wakes; a busy one finds it at its wait
+        return stored
+
+    def history(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's step timeline, oldest first: one row per step attempt that ended
+        (seq, cursor, visit, outcome, started_at, ended_at, worker, epoch, cost_usd,
+        effect_key, error)."""
+        return self.store.history(run_id)
 
     @property
     def producer(self) -> Celery:

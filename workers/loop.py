@@ -6,13 +6,17 @@ import dataclasses
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cairn.errors import (
+    BudgetExceeded,
     CairnError,
+    Cancelled,
     CorruptCheckpoint,
     IncompatibleCheckpoint,
     StaleWrite,
+    StoreUnavailable,
     Superseded,
     Transient,
     UnknownRun,
@@ -22,7 +26,7 @@ from cairn.steps import registry
 from cairn.steps.context import Context
 from cairn.steps.registry import DONE, StepResult
 from cairn.steps.window import compact, grown_size, json_size
-from cairn.store.checkpoints import START, TERMINAL, Checkpoint, PgStore
+from cairn.store.checkpoints import START, STOPPED, Attempt, Checkpoint, PgStore
 from cairn.store.lease import Lease, Leases
 from cairn.workers import metrics
 from cairn.workers.hooks import NO_HOOKS, StepHooks
@@ -42,6 +46,34 @@ class Deferred(CairnError):
         self.holder = holder
 
 
+class RetryLater(CairnError):
+    """A step failed in a way its Retry policy retries; the attempt is recorded, and the
+    task is to run again in `delay` seconds (one retry chain per run)."""
+
+    def __init__(self, run_id: str, delay: float) -> None:
+        super().__init__(f"run {run_id}: retry in {delay:g}s")
+        self.delay = delay
+
+
+class HandOff(CairnError):
+    """Give the run back to the queue: the worker is shutting down (the step in hand is
+    saved), or the signal a new wait waits for had already come."""
+
+
+class Stop(CairnError):
+    """The run stops with status (failed, cancelled, budget_exceeded, incompatible)."""
+
+    def __init__(
+        self,
+        status: str,
+        message: str,
+        attempt: Attempt | None = None,
+        at: Checkpoint | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.attempt, self.at = status, attempt, at
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Deps:
     settings: Settings
@@ -49,24 +81,28 @@ class Deps:
     leases: Leases
     model: ModelClient | None
     hooks: StepHooks = NO_HOOKS
+    # True once this worker is shutting down: runs are handed back at a step boundary.
+    stopping: Callable[[], bool] = lambda: False
 
 
 def run(run_id: str, deps: Deps) -> str:
     """Drive one run to its end, or until this worker loses it. Returns the final status.
 
-    Raises Deferred (held elsewhere), Transient (retry later), Superseded (another
-    worker has the run: stop, touch nothing).
+    Raises Deferred (held elsewhere), Transient (retry later), RetryLater (a step's retry
+    is due later), HandOff (this worker is stopping), Superseded (another worker has the
+    run: stop, touch nothing).
     """
-    store = deps.store
+    store, settings = deps.store, deps.settings
     try:
         cp = store.load(run_id)
     except (IncompatibleCheckpoint, CorruptCheckpoint) as exc:
         logger.error("%s", exc)
-        store.mark_failed_raw(run_id, str(exc))
-        return "failed"
+        status = "incompatible" if isinstance(exc, IncompatibleCheckpoint) else "failed"
+        store.mark_unreadable(run_id, status, str(exc))
+        return status
     if cp is None:
         raise UnknownRun(f"no run {run_id!r}: enqueue it with cairn.Client().enqueue()")
-    if cp.status in TERMINAL:
+    if cp.status in STOPPED:
         # A warm shutdown or a reaper race can deliver a finished run again.
         logger.info("run %s is already %s; nothing to do", run_id, cp.status)
         return cp.status
@@ -79,16 +115,35 @@ def run(run_id: str, deps: Deps) -> str:
         if claimed is None:
             raise StaleWrite(run_id, cp.seq, lease.epoch)
         cp = claimed
-        if cp.status in TERMINAL:
+        if cp.status in STOPPED:
             return cp.status
-        resumed = claimed_before or cp.status == "running"
+        if cp.cancel_reason is not None:
+            raise Stop("cancelled", cp.cancel_reason)
+        if cp.status == "waiting" and cp.signal is None and not cp.wait_over:
+            return "waiting"  # woken for nothing: a duplicate message, another event
+        if cp.status != "waiting" and cp.deliveries - cp.attempts > settings.max_deliveries:
+            # Delivered again and again without a save or a recorded failure: the step
+            # kills its process (OOM, segfault). Stop delivering it.
+            raise Stop(
+                "failed",
+                f"poison: delivered {cp.deliveries} times without finishing step "
+                f"{cp.cursor or '(first)'!r} (CAIRN_MAX_DELIVERIES={settings.max_deliveries})",
+            )
+        # A crash resume: the run was running, or a worker claimed it and died in its first
+        # step. (A waiting run was saved and released on purpose.)
+        resumed = cp.status == "running" or (cp.status == "pending" and claimed_before)
+        timed_out = cp.status == "waiting" and cp.signal is None
         flow = registry.get(cp.workflow)
         # The enqueuer may not have the workflow's code: its input is checked, and its
         # first step found, here (validators are pure, so every delivery agrees).
         cp = dataclasses.replace(
             cp,
             input=flow.validate(cp.input),
-            cursor=(flow.first or DONE) if cp.cursor == START else cp.cursor,
+            cursor=(flow.first or DONE)
+            if cp.cursor == START
+            else (cp.wait_timeout_cursor or cp.cursor)
+            if timed_out
+            else cp.cursor,
             epoch=lease.epoch,
             status="running",
             resumes=cp.resumes + int(resumed),
@@ -96,11 +151,17 @@ def run(run_id: str, deps: Deps) -> str:
         if resumed:
             logger.warning("run %s: resuming at %r (seq %d)", run_id, cp.cursor, cp.seq)
             metrics.RESUMES.labels(cp.workflow).inc()
-        while cp.cursor != DONE:
+        while cp.cursor != DONE and cp.status != "waiting":
+            if deps.stopping():
+                raise HandOff(f"run {run_id}: worker shutting down at {cp.cursor!r}")
             cp = _step(cp, flow, lease, deps)
-        return "done"
+        return cp.status
+    except Stop as exc:
+        logger.warning("run %s %s: %s", run_id, exc.status, exc)
+        store.end_attempt(exc.at or cp, exc.status, str(exc), exc.attempt)
+        return exc.status
     except CairnError as exc:
-        if isinstance(exc, (Transient, Superseded)):
+        if isinstance(exc, (Transient, Superseded, RetryLater, HandOff)):
             raise
         logger.error("run %s failed: %s", run_id, exc)
         store.mark_failed(cp, str(exc))
@@ -136,31 +197,79 @@ def _step(cp: Checkpoint, flow: registry.Workflow, lease: Lease, deps: Deps) -> 
         raise CairnError(f"run {cp.run_id} passed max_steps={flow.max_steps} without finishing")
     lease.ensure()
     started = time.perf_counter()
+    attempt = Attempt(
+        started=time.time(),
+        worker=lease.token.owner,
+        signal_id=cp.signal["id"] if cp.signal else None,
+    )
     ctx = Context(cp, store=store, lease=lease, model=deps.model, config=settings)
     try:
         hooks.before_step(cp)
         try:
             result = fn(ctx)
-        except (Transient, Superseded):
-            raise
+        except (Superseded, StoreUnavailable):
+            raise  # another owner; or our own store is down: the task retries, bounded
+        except Cancelled as exc:
+            raise Stop("cancelled", str(exc), _with_key(attempt, ctx)) from exc
+        except BudgetExceeded as exc:
+            raise Stop("budget_exceeded", str(exc), _with_key(attempt, ctx)) from exc
         except Exception as exc:
             if (down := store.outage(exc)) is not None:  # the step's own ctx.db query
                 raise down from exc
-            logger.error("run %s step %r raised:\n%s", cp.run_id, cp.cursor, traceback.format_exc())
-            # run() records it on the run, with the checkpoint as it was before this step.
-            raise CairnError(f"step {cp.cursor!r} raised {type(exc).__name__}: {exc}") from exc
+            # Recorded on the run, whose checkpoint stays as it was before this step.
+            raise _retry_or_stop(cp, flow, exc, _with_key(attempt, ctx), store) from exc
         nxt = _next(cp, flow, result, ctx, settings)
         hooks.after_effect(cp)
         lease.ensure()  # last chance to stop before a write that would be fenced anyway
-        store.save(nxt, cp, ctx.transaction)
+        saved = store.save(nxt, cp, ctx.transaction, _with_key(attempt, ctx), result.waits_for)
         hooks.after_save(cp)
         metrics.STEPS.labels(cp.workflow, cp.cursor).inc()
         metrics.STEP_SECONDS.labels(cp.workflow).observe(time.perf_counter() - started)
         if nxt.cost_usd > cp.cost_usd:
             metrics.COST.labels(cp.workflow).inc(nxt.cost_usd - cp.cost_usd)
+        if saved.cancel_reason is not None and nxt.cursor != DONE:
+            raise Stop("cancelled", saved.cancel_reason, at=nxt)
+        if saved.signalled:
+            raise HandOff(f"run {cp.run_id}: the signal it now waits for had come; going on")
         return nxt
     finally:
         ctx.close()
+
+
+def _with_key(attempt: Attempt, ctx: Context) -> Attempt:
+    return dataclasses.replace(attempt, effect_key=ctx.effect_key) if ctx.effect_key else attempt
+
+
+def _retry_or_stop(
+    cp: Checkpoint, flow: registry.Workflow, exc: Exception, attempt: Attempt, store: PgStore
+) -> CairnError:
+    """What a step's exception becomes: a recorded retry (RetryLater), or the run failing
+    (its policy does not retry this exception, or its attempts are spent)."""
+    what = f"{type(exc).__name__}: {exc}"
+    policy = flow.retries[cp.cursor]
+    if not isinstance(exc, policy.on):
+        logger.error("run %s step %r raised:\n%s", cp.run_id, cp.cursor, traceback.format_exc())
+        return Stop("failed", f"step {cp.cursor!r} raised {what}", attempt)
+    failed = cp.attempts + 1
+    if failed >= policy.attempts:
+        return Stop(
+            "failed",
+            f"step {cp.cursor!r}: retries exhausted after {failed} attempts; last: {what}",
+            attempt,
+        )
+    delay = policy.delay(failed)
+    if store.end_attempt(cp, "running", what, attempt, retry_in=delay) is None:
+        return StaleWrite(cp.run_id, cp.seq, cp.epoch)
+    logger.warning(
+        "run %s step %r: %s; attempt %d of %d in %.1fs",
+        cp.run_id,
+        cp.cursor,
+        what,
+        failed + 1,
+        policy.attempts,
+        delay,
+    )
+    return RetryLater(cp.run_id, delay)
 
 
 def _next(
@@ -168,8 +277,10 @@ def _next(
 ) -> Checkpoint:
     if not isinstance(result, StepResult):
         raise CairnError(f"step {cp.cursor!r} returned {type(result).__name__}, not StepResult")
-    if result.cursor != DONE and result.cursor not in flow.steps:
-        raise CairnError(f"step {cp.cursor!r} returned unknown cursor {result.cursor!r}")
+    wait = result.waits_for
+    for cursor in (result.cursor, wait.on_timeout if wait else None):
+        if cursor is not None and cursor != DONE and cursor not in flow.steps:
+            raise CairnError(f"step {cp.cursor!r} returned unknown cursor {cursor!r}")
     old = cp.window
     window = list(old) if result.window is None else list(result.window)
     # Identity makes this prefix check cheap: the step got the very same message dicts.
@@ -195,6 +306,10 @@ def _next(
         window_bytes=size,
         win_start=cp.win_start if extends else cp.win_end,
         cost_usd=cp.cost_usd + ctx.cost_usd + result.cost_usd,
-        status="done" if result.cursor == DONE else "running",
+        status="waiting" if wait else "done" if result.cursor == DONE else "running",
         error=None,
+        wait_event=wait.event if wait else None,
+        wait_timeout_cursor=wait.on_timeout if wait else None,
+        signal=None,
+        wait_over=False,
     )

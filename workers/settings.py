@@ -55,7 +55,11 @@ class Settings:
     reaper_interval: float = 2.0
     pending_after: float = 300.0  # a pending run untouched this long is re-enqueued
     defer_seconds: float = 2.0  # countdown when another live worker holds the run
-    transient_retries: int = 30  # task retries on Postgres/Redis/model outages
+    transient_retries: int = 30  # task retries through Postgres/Redis outages
+    # A run delivered this many times more than its recorded failures, with no step saved
+    # in between, is poison (its step kills the process): it fails instead of looping.
+    max_deliveries: int = 10
+    max_cost_usd: float = 0.0  # default per-run cost cap in USD (0: none)
     store_give_up_after: float = 30.0  # tenacity budget for one store call
     retention: float = 7 * 24 * 3600.0  # terminal runs older than this are swept
     window_budget_tokens: int = 50_000
@@ -93,6 +97,8 @@ class Settings:
             pending_after=_float(env, "CAIRN_PENDING_AFTER", d.pending_after),
             defer_seconds=_float(env, "CAIRN_DEFER_SECONDS", d.defer_seconds),
             transient_retries=int(_float(env, "CAIRN_TRANSIENT_RETRIES", d.transient_retries)),
+            max_deliveries=int(_float(env, "CAIRN_MAX_DELIVERIES", d.max_deliveries)),
+            max_cost_usd=_float(env, "CAIRN_MAX_COST_USD", d.max_cost_usd),
             store_give_up_after=_float(env, "CAIRN_STORE_GIVE_UP_AFTER", d.store_give_up_after),
             retention=_float(env, "CAIRN_RETENTION_SECONDS", d.retention),
             window_budget_tokens=int(

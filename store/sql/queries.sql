@@ -2,8 +2,8 @@
 -- Enqueue: the run and its initial checkpoint (seq 0). An existing run is left as is,
 -- so enqueueing a known run id resumes it and never starts it over.
 WITH new_run AS (
-    INSERT INTO runs (run_id, workflow, input)
-    VALUES (%(run_id)s, %(workflow)s, %(input)s)
+    INSERT INTO runs (run_id, workflow, input, max_cost_usd)
+    VALUES (%(run_id)s, %(workflow)s, %(input)s, %(max_cost_usd)s)
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id
 )
@@ -20,15 +20,23 @@ SELECT r.workflow = %(workflow)s AS same_workflow, r.input = %(input)s AS same_i
  WHERE r.run_id = %(run_id)s;
 
 -- name: rearm_failed
--- Enqueueing a failed run again resumes it at its cursor (after the cause is fixed).
-UPDATE checkpoints SET status = 'pending', error = NULL, updated_at = now()
-WHERE run_id = %(run_id)s AND status = 'failed'
+-- Enqueueing a failed run again resumes it at its cursor (after the cause is fixed, or
+-- code that reads its checkpoint is deployed), with its retries counted afresh.
+UPDATE checkpoints SET status = 'pending', error = NULL, attempts = 0, deliveries = 0,
+       retry_at = NULL, updated_at = now()
+WHERE run_id = %(run_id)s AND status IN ('failed', 'incompatible')
 RETURNING run_id;
 
 -- name: load
 -- The checkpoint with its live model window, in one round trip.
 SELECT c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_start,
        c.win_end, c.cost_usd, c.version, c.status, c.error, c.epoch, c.resumes, c.updated_at,
+       c.attempts, c.deliveries, c.cancel_reason, r.max_cost_usd, c.wait_event,
+       c.wait_timeout_cursor, coalesce(c.wait_until <= now(), false) AS wait_over,
+       (SELECT jsonb_build_object('id', s.signal_id, 'payload', s.payload)
+          FROM signals s
+         WHERE s.run_id = c.run_id AND s.event = c.wait_event AND s.consumed_seq IS NULL
+         ORDER BY s.created_at, s.signal_id LIMIT 1) AS signal,
        (SELECT coalesce(jsonb_agg(w.message ORDER BY w.idx), '[]'::jsonb)
           FROM window_messages w
          WHERE w.run_id = c.run_id AND w.idx >= c.win_start AND w.idx < c.win_end) AS window
@@ -40,12 +48,20 @@ SELECT c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_
 -- can no longer save even before the new owner's first step ends. Returns the fenced
 -- checkpoint as `load` does: one round trip for both.
 WITH c AS (
-    UPDATE checkpoints SET epoch = %(epoch)s
+    UPDATE checkpoints
+       SET epoch = %(epoch)s, retry_at = NULL,
+           deliveries = deliveries + CASE WHEN status = 'waiting' THEN 0 ELSE 1 END
      WHERE run_id = %(run_id)s AND epoch < %(epoch)s
     RETURNING *
 )
 SELECT c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_start,
        c.win_end, c.cost_usd, c.version, c.status, c.error, c.epoch, c.resumes, c.updated_at,
+       c.attempts, c.deliveries, c.cancel_reason, r.max_cost_usd, c.wait_event,
+       c.wait_timeout_cursor, coalesce(c.wait_until <= now(), false) AS wait_over,
+       (SELECT jsonb_build_object('id', s.signal_id, 'payload', s.payload)
+          FROM signals s
+         WHERE s.run_id = c.run_id AND s.event = c.wait_event AND s.consumed_seq IS NULL
+         ORDER BY s.created_at, s.signal_id LIMIT 1) AS signal,
        (SELECT coalesce(jsonb_agg(w.message ORDER BY w.idx), '[]'::jsonb)
           FROM window_messages w
          WHERE w.run_id = c.run_id AND w.idx >= c.win_start AND w.idx < c.win_end) AS window
@@ -57,34 +73,103 @@ SELECT c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_
 -- do its window messages, since they join on the row the upsert returned.
 WITH saved AS (
     INSERT INTO checkpoints AS c (run_id, seq, cursor, state, visits, win_start, win_end,
-                                  cost_usd, version, status, error, epoch, resumes, updated_at)
+                                  cost_usd, version, status, error, epoch, resumes, updated_at,
+                                  wait_event, wait_until, wait_timeout_cursor)
     VALUES (%(run_id)s, %(seq)s, %(cursor)s, %(state)s, %(visits)s, %(win_start)s, %(win_end)s,
-            %(cost_usd)s, %(version)s, %(status)s, %(error)s, %(epoch)s, %(resumes)s, now())
+            %(cost_usd)s, %(version)s, %(status)s, %(error)s, %(epoch)s, %(resumes)s, now(),
+            %(wait_event)s, now() + make_interval(secs => %(wait_timeout)s),
+            %(wait_timeout_cursor)s)
     ON CONFLICT (run_id) DO UPDATE
        SET seq = EXCLUDED.seq, cursor = EXCLUDED.cursor, state = EXCLUDED.state,
            visits = EXCLUDED.visits, win_start = EXCLUDED.win_start, win_end = EXCLUDED.win_end,
            cost_usd = EXCLUDED.cost_usd, version = EXCLUDED.version, status = EXCLUDED.status,
            error = EXCLUDED.error, epoch = EXCLUDED.epoch, resumes = EXCLUDED.resumes,
-           updated_at = now()
+           updated_at = now(), attempts = 0, deliveries = 0, retry_at = NULL,
+           wait_event = EXCLUDED.wait_event, wait_until = EXCLUDED.wait_until,
+           wait_timeout_cursor = EXCLUDED.wait_timeout_cursor
      WHERE c.seq < EXCLUDED.seq AND c.epoch <= EXCLUDED.epoch
-    RETURNING c.run_id
+    RETURNING c.run_id, c.cancel_reason
 ), appended AS (
     INSERT INTO window_messages (run_id, idx, message)
     SELECT saved.run_id, %(first_idx)s + m.ord - 1, m.msg
       FROM saved, jsonb_array_elements(%(messages)s) WITH ORDINALITY AS m (msg, ord)
     ON CONFLICT (run_id, idx) DO UPDATE SET message = EXCLUDED.message
+), history AS (
+    INSERT INTO step_history (run_id, seq, cursor, visit, outcome, started_at, worker, epoch,
+                              cost_usd, effect_key)
+    SELECT saved.run_id, %(seq)s - 1, %(step)s, %(visit)s, 'saved', to_timestamp(%(started)s),
+           %(worker)s, %(epoch)s, %(step_cost)s, %(effect_key)s
+      FROM saved
+), consumed AS (
+    UPDATE signals s SET consumed_seq = %(seq)s
+      FROM saved
+     WHERE s.run_id = saved.run_id AND s.signal_id = %(consumed)s
 )
-SELECT run_id FROM saved;
+-- A run saved as waiting whose signal came first goes on at once. (Statements of one
+-- query share a snapshot, so the signal consumed just above is excluded by hand.)
+SELECT run_id, cancel_reason,
+       %(wait_event)s::text IS NOT NULL AND EXISTS (
+           SELECT 1 FROM signals s
+            WHERE s.run_id = saved.run_id AND s.event = %(wait_event)s
+              AND s.consumed_seq IS NULL AND s.signal_id IS DISTINCT FROM %(consumed)s
+       ) AS signalled
+  FROM saved;
 
 -- name: position
 -- After an ambiguous save (connection lost around COMMIT): did our write land?
 SELECT seq, epoch FROM checkpoints WHERE run_id = %(run_id)s;
 
--- name: mark_failed
--- A permanent error: keep the checkpoint as it is, record why. Fenced like a save.
-UPDATE checkpoints SET status = 'failed', error = %(error)s, updated_at = now()
-WHERE run_id = %(run_id)s AND epoch <= %(epoch)s AND seq = %(seq)s AND status <> 'done'
-RETURNING run_id;
+-- name: end_attempt
+-- A step attempt that did not save: a retry (status stays running, retry_at is set), or
+-- the run stopping (failed, cancelled, budget_exceeded, incompatible). The checkpoint's
+-- data stays as it is. Fenced like a save; the history row rides along when a step ran.
+WITH c AS (
+    UPDATE checkpoints
+       SET status = %(status)s, error = %(error)s, attempts = attempts + %(attempt)s,
+           retry_at = now() + make_interval(secs => %(retry_in)s), updated_at = now()
+     WHERE run_id = %(run_id)s AND epoch <= %(epoch)s AND seq = %(seq)s AND status <> 'done'
+    RETURNING run_id, attempts
+), history AS (
+    INSERT INTO step_history (run_id, seq, cursor, visit, outcome, started_at, worker, epoch,
+                              cost_usd, effect_key, error)
+    SELECT c.run_id, %(seq)s, %(step)s, %(visit)s, %(outcome)s, to_timestamp(%(started)s),
+           %(worker)s, %(epoch)s, 0, %(effect_key)s, %(error)s
+      FROM c WHERE %(step)s::text IS NOT NULL
+)
+SELECT run_id, attempts FROM c;
+
+-- name: cancel
+-- Ask a run to stop. One that no worker holds (pending) stops at once; a running one
+-- stops at its next step boundary, before any further effect.
+UPDATE checkpoints
+   SET cancel_reason = coalesce(cancel_reason, %(reason)s),
+       status = CASE WHEN status IN ('pending', 'waiting') THEN 'cancelled' ELSE status END,
+       error = CASE WHEN status IN ('pending', 'waiting') THEN %(reason)s ELSE error END,
+       updated_at = now()
+ WHERE run_id = %(run_id)s AND status IN ('pending', 'running', 'waiting')
+RETURNING run_id, status;
+
+-- name: signal
+-- Store a signal durably (the same signal id twice is one signal); the run's status says
+-- whether a worker should be told. No row: no such run.
+WITH run AS (
+    SELECT run_id, status FROM checkpoints WHERE run_id = %(run_id)s
+), stored AS (
+    INSERT INTO signals (run_id, signal_id, event, payload)
+    SELECT run_id, %(signal_id)s, %(event)s, %(payload)s FROM run
+    ON CONFLICT (run_id, signal_id) DO NOTHING
+    RETURNING run_id
+)
+SELECT run.status, EXISTS (SELECT 1 FROM stored) AS stored FROM run;
+
+-- name: cancel_reason
+SELECT cancel_reason FROM checkpoints WHERE run_id = %(run_id)s;
+
+-- name: history
+-- A run's step timeline, oldest first.
+SELECT seq, cursor, visit, outcome, started_at, ended_at, worker, epoch, cost_usd,
+       effect_key, error
+  FROM step_history WHERE run_id = %(run_id)s ORDER BY id;
 
 -- name: was_done
 SELECT result FROM effects WHERE key = %(key)s;
@@ -120,21 +205,37 @@ SELECT status, count(*) AS n, coalesce(sum(resumes), 0) AS resumes,
 -- waited longer than any queue should (their message may sit with a dead worker).
 -- A pending run with an epoch was claimed by a worker that may have died in its first
 -- step: it is treated as running.
+-- A run with a retry scheduled is left alone until the retry is overdue: one retry
+-- chain per run, never one more per reaper pass.
 SELECT run_id, status FROM checkpoints
- WHERE (status = 'running' OR (status = 'pending' AND epoch > 0))
-       AND updated_at < now() - make_interval(secs => %(running_after)s)
-    OR (status = 'pending' AND updated_at < now() - make_interval(secs => %(pending_after)s));
+ WHERE ((status = 'running' OR (status = 'pending' AND epoch > 0))
+        AND updated_at < now() - make_interval(secs => %(running_after)s)
+     OR (status = 'pending' AND updated_at < now() - make_interval(secs => %(pending_after)s)))
+   AND (retry_at IS NULL OR retry_at < now() - make_interval(secs => %(running_after)s))
+UNION ALL
+-- Waiting runs whose timeout passed, or with a signal nobody picked up.
+SELECT run_id, status FROM checkpoints c
+ WHERE status = 'waiting'
+   AND (wait_until < now()
+        OR EXISTS (SELECT 1 FROM signals s
+                    WHERE s.run_id = c.run_id AND s.event = c.wait_event
+                      AND s.consumed_seq IS NULL
+                      AND s.created_at < now() - make_interval(secs => %(running_after)s)));
 
 -- name: sweep
 -- Retention: terminal runs older than the horizon go, with their window and ledger rows.
 WITH gone AS (
     DELETE FROM runs r USING checkpoints c
-     WHERE r.run_id = c.run_id AND c.status IN ('done', 'failed')
+     WHERE r.run_id = c.run_id AND c.status IN ('done', 'failed', 'cancelled', 'budget_exceeded')
        AND c.updated_at < now() - make_interval(secs => %(older_than)s)
     RETURNING r.run_id
 ), w AS (
     DELETE FROM window_messages m USING gone WHERE m.run_id = gone.run_id
 ), e AS (
     DELETE FROM effects f USING gone WHERE f.run_id = gone.run_id
+), h AS (
+    DELETE FROM step_history s USING gone WHERE s.run_id = gone.run_id
+), sig AS (
+    DELETE FROM signals s USING gone WHERE s.run_id = gone.run_id
 )
 SELECT count(*) AS n FROM gone;

@@ -80,6 +80,22 @@ def register(app: typer.Typer) -> None:
                 "--deadline", help="Seconds after which an unfinished run counts as lost."
             ),
         ] = 300.0,
+        signals: Annotated[
+            bool,
+            typer.Option(
+                "--signals",
+                help="Invoice runs wait for a payment signal, sent by chaos (some before the "
+                "run waits, some twice with one id); a signal lost fails the verdict.",
+            ),
+        ] = False,
+        cancel_rate: Annotated[
+            float,
+            typer.Option(
+                "--cancel-rate",
+                help="Share of runs cancelled while they run; a send after a cancel fails "
+                "the verdict.",
+            ),
+        ] = 0.0,
         keep: Annotated[
             bool, typer.Option("--keep", help="Keep the chaos_* database for inspection.")
         ] = False,
@@ -133,6 +149,8 @@ def register(app: typer.Typer) -> None:
                 lease_ttl=lease_ttl,
                 deadline=deadline,
                 keep=keep,
+                signals=signals,
+                cancel_rate=cancel_rate,
                 database_url=database_url,
                 redis_url=redis_url,
                 workflows=workflows,

@@ -59,13 +59,19 @@ class ChaosConfig:
     redis_url: str
     modules: tuple[str, ...]
     keep: bool
+    signals: bool  # invoice runs wait for a payment signal, which chaos sends
+    cancel_rate: float  # share of runs cancelled while they run
     db_name: str
     state: Path
     quiet: bool
 
     def template(self) -> dict[str, Any]:
         """Each run's input before "{i}" is filled in."""
-        return self.input if self.input is not None else DEFAULT_INPUTS.get(self.workflow, {})
+        base = self.input if self.input is not None else DEFAULT_INPUTS.get(self.workflow, {})
+        if self.signals:
+            # Long enough that only a lost signal could leave a run unpaid.
+            return {**base, "await_payment": True, "payment_timeout_s": 10 * self.deadline}
+        return base
 
     def replay(self) -> str:
         """The `cairn chaos` command line that replays this run's kill schedule."""
@@ -83,6 +89,10 @@ class ChaosConfig:
             args += ["--workflows", ",".join(self.modules)]
         if self.concurrency != 2:
             args += ["--concurrency", str(self.concurrency)]
+        if self.signals:
+            args += ["--signals"]
+        if self.cancel_rate:
+            args += ["--cancel-rate", f"{self.cancel_rate:g}"]
         for run_id, seq, boundary in self.kills or []:
             args += ["--kill", f"{run_id}:{seq}:{boundary}"]
         return "".join(" " + shlex.quote(a) for a in args)

@@ -67,7 +67,9 @@ def read_history(url: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         " extract(epoch FROM at)::float8 AS at FROM checkpoint_history ORDER BY id",
     )
     final = admin.execute(
-        url, "SELECT run_id, status, cursor, seq, resumes, error FROM checkpoints"
+        url,
+        "SELECT run_id, status, cursor, seq, resumes, error, state->>'outcome' AS outcome"
+        " FROM checkpoints",
     )
     return history, final
 

@@ -12,6 +12,7 @@ from cairn.testing.faults import BOUNDARIES
 
 if TYPE_CHECKING:
     from cairn.testing.chaos.config import ChaosConfig
+    from cairn.testing.chaos.lifecycle import Lifecycle
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -142,12 +143,14 @@ def build_report(
     events: list[dict[str, Any]],
     warnings: list[str] | None = None,
     queue_depths: list[int] | None = None,
+    lifecycle: Lifecycle | None = None,
 ) -> dict[str, Any]:
     """The report of one chaos run from what it recorded; report["ok"] is the verdict:
     every run finished, no effect delivered twice, no checkpoint went backwards."""
     done = [r for r in final if r["status"] == "done"]
     failed = [r for r in final if r["status"] == "failed"]
-    lost = [r for r in final if r["status"] not in ("done", "failed")]
+    cancelled = [r for r in final if r["status"] == "cancelled"]
+    lost = [r for r in final if r["status"] not in ("done", "failed", "cancelled")]
     per_boundary = {b: sum(1 for k in kills if k.get("boundary") == b) for b in BOUNDARIES}
     per_boundary["random_pool_child"] = sum(1 for k in kills if k["kind"] == "pool_child")
     per_boundary["whole_worker"] = sum(1 for k in kills if k["kind"] == "whole_worker")
@@ -173,6 +176,10 @@ def build_report(
             problems.append(
                 f"step {s['step']!r} delivered {s['duplicates']} duplicate effect(s) ({how})"
             )
+    life: dict[str, Any] = {}
+    if lifecycle is not None:
+        life, life_problems = lifecycle.verdict(final, events)
+        problems.extend(life_problems)
     problems.extend(backwards[:20])
     if len(backwards) > 20:
         problems.append(f"... and {len(backwards) - 20} more history violations")
@@ -192,6 +199,8 @@ def build_report(
         "runs_finished": len(done),
         "runs_failed": len(failed),
         "runs_lost": len(lost),
+        "runs_cancelled": len(cancelled),
+        "lifecycle": life,
         "runs_resumed": sum(1 for r in final if r["resumes"] > 0),
         "resumes": sum(r["resumes"] for r in final),
         "kills": per_boundary,
@@ -279,8 +288,11 @@ def _summary_table(report: dict[str, Any]) -> Any:
     summary = Table(show_header=False, title="summary")
     for label, value in (
         (
-            "runs finished / failed / lost",
-            f"{report['runs_finished']} / {report['runs_failed']} / {report['runs_lost']}"
+            "runs finished / failed / cancelled / lost",
+            " / ".join(
+                str(report.get(k, 0))
+                for k in ("runs_finished", "runs_failed", "runs_cancelled", "runs_lost")
+            )
             + f" of {report['runs']}",
         ),
         ("runs resumed (resumes)", f"{report['runs_resumed']} ({report['resumes']})"),
@@ -300,6 +312,7 @@ def _summary_table(report: dict[str, Any]) -> Any:
             f"p50 {report['queue_depth']['p50']} · max {report['queue_depth']['max']}",
         ),
         ("duplicate deliveries", str(report["duplicates"])),
+        *_lifecycle_rows(report.get("lifecycle") or {}),
         (
             "checkpoint history rows / violations",
             f"{report['history_rows']} / {report['history_violations']}",
@@ -333,3 +346,19 @@ def _slowest(entries: list[dict[str, Any]]) -> str:
         )
         or "n/a"
     )
+
+
+def _lifecycle_rows(life: dict[str, Any]) -> list[tuple[str, str]]:
+    if not life:
+        return []
+    return [
+        (
+            "signals sent (early / twice) / runs paid / lost",
+            f"{life['signals_sent']} ({life['signals_early']} / {life['signals_duplicated']})"
+            + f" / {life['runs_paid']} / {life['signals_lost']}",
+        ),
+        (
+            "cancels asked / runs cancelled / sends after",
+            f"{life['cancels_asked']} / {life['runs_cancelled']} / {life['sends_after_cancel']}",
+        ),
+    ]

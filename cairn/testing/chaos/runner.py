@@ -21,6 +21,7 @@ from cairn.testing.chaos.config import (
 )
 from cairn.testing.chaos.history import create_database, drop_database, read_history
 from cairn.testing.chaos.kills import OutsideKiller
+from cairn.testing.chaos.lifecycle import Lifecycle
 from cairn.testing.chaos.report import build_report
 from cairn.testing.chaos.rig import Crew, chaos_mail, faulted_env
 from cairn.testing.faults import read_journal
@@ -53,6 +54,8 @@ def run_chaos(
     redis_url: str | None = None,
     workflows: str = "",
     keep: bool = False,
+    signals: bool = False,
+    cancel_rate: float = 0.0,
     state_dir: Path | None = None,
     quiet: bool = False,
     log: Callable[[str], None] | None = None,
@@ -88,6 +91,8 @@ def run_chaos(
         redis_url=redis_url or chaos_redis_url(defaults.redis_url),
         modules=tuple(m.strip() for m in workflows.split(",") if m.strip()),
         keep=keep,
+        signals=signals,
+        cancel_rate=cancel_rate,
         db_name=db_name,
         state=state_dir or STATE / db_name,
         quiet=quiet,
@@ -159,15 +164,20 @@ class _Experiment:
         self._leases = Leases.from_url(c.redis_url)
         store = self._client.store
         started_at = time.monotonic()
-        for i, data in enumerate(inputs):
-            self._client.enqueue(c.workflow, data, run_id=f"chaos-{c.seed}-{i:04d}")
+        ids = [f"chaos-{c.seed}-{i:04d}" for i in range(len(inputs))]
+        life = Lifecycle(c.seed, ids, c.signals, c.cancel_rate)
+        for run_id, data in zip(ids, inputs, strict=True):
+            self._client.enqueue(c.workflow, data, run_id=run_id)
+        life.start(self._client)
         killer = OutsideKiller(c.seed, c.random_kills, crew.replace, self._say)
-        depths, flushed = self._watch(store, killer)
+        depths, flushed = self._watch(store, killer, life)
         elapsed = time.monotonic() - started_at
         killer.join()
-        return self._report(flow, killer, elapsed, depths, flushed)
+        return self._report(flow, killer, elapsed, depths, flushed, life)
 
-    def _watch(self, store: PgStore, killer: OutsideKiller) -> tuple[list[int], bool]:
+    def _watch(
+        self, store: PgStore, killer: OutsideKiller, life: Lifecycle
+    ) -> tuple[list[int], bool]:
         """Until every run has finished or the deadline: show progress, sample the queue
         depth, kill from outside. Returns the depths and whether Redis was flushed."""
 
@@ -181,7 +191,7 @@ class _Experiment:
             while time.monotonic() < end:
                 counts = {s: int(r["n"]) for s, r in store.counts().items()}
                 depths.append(broker.queue_length("celery"))  # Celery's default queue
-                finished = counts.get("done", 0) + counts.get("failed", 0)
+                finished = sum(counts.get(s, 0) for s in ("done", "failed", "cancelled"))
                 progress.update(
                     bar,
                     completed=finished,
@@ -197,6 +207,8 @@ class _Experiment:
                 if finished >= c.runs:
                     break
                 killer.tick(store, self._leases, self._crew.procs)
+                assert self._client is not None
+                life.tick(self._client, store)
                 time.sleep(0.1)
         return depths, flushed
 
@@ -207,6 +219,7 @@ class _Experiment:
         elapsed: float,
         depths: list[int],
         flushed: bool,
+        life: Lifecycle,
     ) -> dict[str, Any]:
         """Collect what the database, the workers' journal and the mail API recorded."""
         c, crew = self.config, self._crew
@@ -231,6 +244,7 @@ class _Experiment:
             events=self._mail.events(),
             queue_depths=depths,
             warnings=crew.warnings + ([flush_warning] if flushed else []),
+            lifecycle=life,
         )
 
     def close(self) -> None:

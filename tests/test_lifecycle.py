@@ -1,0 +1,224 @@
+"""A run's whole life: bounded retries, poison, cancel, budgets, history, hand-off at a
+step boundary on SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from cairn.store import PgStore
+from cairn.testing.standins import MailServer, ModelServer
+from cairn.workers import loop
+from tests.conftest import starts, step_log, wait_for
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_every_step_appends_one_history_row_and_the_sweep_removes_them(
+    create, deps, store: PgStore, client, sql, tmp_path
+) -> None:
+    run_id = create("probe", {"log": str(tmp_path / "steps.log")}, queue=False)
+    assert loop.run(run_id, deps) == "done"
+    steps = client.history(run_id)
+    assert [(s["seq"], s["cursor"], s["outcome"]) for s in steps] == [
+        (0, "one", "saved"),
+        (1, "two", "saved"),
+        (2, "mail", "saved"),
+        (3, "ledger", "saved"),
+        (4, "once", "saved"),
+    ]
+    assert steps[2]["effect_key"] == f"cairn:{run_id}:mail:0"
+    assert steps[1]["cost_usd"] > 0 and steps[0]["cost_usd"] == 0  # step two asked the model
+    assert all(s["ended_at"] >= s["started_at"] and ":" in s["worker"] for s in steps)
+    assert sum(s["cost_usd"] for s in steps) == pytest.approx(store.load(run_id).cost_usd)
+    sql("UPDATE checkpoints SET updated_at = now() - interval '8 days'")
+    assert store.sweep(older_than=7 * 24 * 3600) == 1
+    assert sql("SELECT count(*) FROM step_history") == [(0,)]
+
+
+def test_a_transient_step_failure_is_retried_with_its_attempts_recorded(
+    client, deps, store: PgStore, tmp_path
+) -> None:
+    run_id = client.enqueue("hiccup", {"log": str(tmp_path / "calls"), "fail": 2})
+    for _ in range(2):
+        with pytest.raises(loop.RetryLater):
+            loop.run(run_id, deps)
+    assert store.load(run_id).attempts == 2  # counted in the checkpoint: survives a crash
+    assert loop.run(run_id, deps) == "done"
+    assert [s["outcome"] for s in client.history(run_id)] == ["retry", "retry", "saved"]
+    assert store.load(run_id).attempts == 0
+
+
+def test_a_step_whose_attempts_are_spent_fails_the_run(client, deps, store, tmp_path) -> None:
+    run_id = client.enqueue("hiccup", {"log": str(tmp_path / "calls"), "fail": 99})
+    for _ in range(2):
+        with pytest.raises(loop.RetryLater):
+            loop.run(run_id, deps)
+    assert loop.run(run_id, deps) == "failed"
+    run = client.get(run_id)
+    assert run.status == "failed" and "retries exhausted after 3 attempts" in run.error
+    assert "503" in run.error
+    assert len(_lines(tmp_path / "calls")) == 3
+
+
+@pytest.mark.slow
+def test_a_failing_run_is_delivered_a_bounded_number_of_times(
+    start_worker, start_beat, client, tmp_path
+) -> None:
+    calls = tmp_path / "calls"
+    start_worker(concurrency=1)
+    start_beat()  # the reaper must not add retry chains of its own
+    run_id = client.enqueue("slow_hiccup", {"log": str(calls), "fail": 99})
+    wait_for(lambda: client.get(run_id).status == "failed", 40, "the run to fail")
+    assert len(_lines(calls)) == 3
+    time.sleep(5)  # ten reaper passes later
+    assert len(_lines(calls)) == 3
+    assert client.get(run_id).status == "failed"
+
+
+@pytest.mark.slow
+def test_a_step_that_kills_its_process_every_time_is_poison(
+    start_worker, client, tmp_path
+) -> None:
+    calls = tmp_path / "calls"
+    start_worker(concurrency=1, CAIRN_MAX_DELIVERIES="2")
+    run_id = client.enqueue("oom", {"log": str(calls)})
+    wait_for(lambda: client.get(run_id).status == "failed", 90, "the run to be called poison")
+    assert "poison" in client.get(run_id).error
+    assert len(_lines(calls)) == 2  # deliveries 1 and 2 ran the step; the 3rd refused it
+    time.sleep(3)
+    assert len(_lines(calls)) == 2
+
+
+def test_cancel_a_pending_run_at_once(client, deps, tmp_path) -> None:
+    run_id = client.enqueue("probe", {"log": str(tmp_path / "steps.log")})
+    run = client.cancel(run_id, "customer closed the account")
+    assert run is not None and run.status == "cancelled"
+    assert run.error == "customer closed the account"
+    assert loop.run(run_id, deps) == "cancelled"
+    assert not (tmp_path / "steps.log").exists()
+    assert client.cancel("no-such-run") is None
+
+
+@pytest.mark.slow
+def test_cancel_a_running_run_stops_it_before_its_next_effect(
+    start_worker, client, mail: MailServer, sql, tmp_path
+) -> None:
+    log = tmp_path / "steps.log"
+    start_worker(concurrency=1)
+    run_id = client.enqueue("probe", {"log": str(log), "before": {"mail": 3}})
+    wait_for(lambda: any(e == "sleep-before" for *_, e in step_log(log)), 30, "the mail step")
+    assert client.cancel(run_id, "stop").status == "running"  # it stops at its boundary
+    wait_for(lambda: client.get(run_id).status == "cancelled", 20, "the run to stop")
+    assert mail.stats()["attempts"] == 0  # the send came after the cancel: never made
+    assert sql("SELECT count(*) FROM invoice_ledger") == [(0,)]
+    assert starts(log) == ["one", "two", "mail"]
+    assert [s["outcome"] for s in client.history(run_id)][-1] == "cancelled"
+
+
+def test_a_run_stops_before_the_model_call_that_would_pass_its_budget(
+    client, deps, model: ModelServer, tmp_path
+) -> None:
+    run_id = client.enqueue("probe", {"log": str(tmp_path / "steps.log")}, max_cost_usd=1e-6)
+    assert loop.run(run_id, deps) == "budget_exceeded"
+    run = client.get(run_id)
+    assert run.status == "budget_exceeded" and run.cursor == "two"
+    assert "over the cap of $0.000001" in run.error
+    assert model.stats()["requests"] == 0
+
+
+@pytest.mark.slow
+def test_sigterm_hands_the_run_back_at_the_next_step_boundary(
+    start_worker, client, tmp_path
+) -> None:
+    log = tmp_path / "steps.log"
+    step_seconds = 3.0
+    a = start_worker(concurrency=1)
+    run_id = client.enqueue("probe", {"log": str(log), "after": {"two": step_seconds}})
+    wait_for(lambda: any(e == "sleep-after" for *_, e in step_log(log)), 30, "step two")
+    a.proc.send_signal(signal.SIGTERM)  # what a rolling deploy sends to the worker
+    stopped_at = time.monotonic()
+    b = start_worker(concurrency=1)
+    a.proc.wait(timeout=step_seconds + 15)
+    shutdown = time.monotonic() - stopped_at
+    wait_for(lambda: client.get(run_id).status == "done", 30, "the run to finish on B")
+    assert shutdown < step_seconds + 5, shutdown  # one step, not the rest of the run
+    assert starts(log) == ["one", "two", "mail", "ledger", "once"]  # no step ran twice
+    by_pid = {c: pid for c, _, pid, e in step_log(log) if e == "start"}
+    assert by_pid["two"] != by_pid["mail"]  # A finished two; the rest ran elsewhere
+    assert "handing it back" in a.text()
+    assert b.alive()
+
+
+PAID = {"customer": "acme", "email": "billing@acme.test", "await_payment": True}
+
+
+def test_a_waiting_run_holds_no_worker_and_its_signal_resumes_it(
+    client, deps, leases, tmp_path
+) -> None:
+    run_id = client.enqueue("invoice", PAID)
+    assert loop.run(run_id, deps) == "waiting"
+    run = client.get(run_id)
+    assert (run.status, run.cursor) == ("waiting", "settle")
+    assert leases.holder(run_id) is None  # no worker slot held while it waits
+    assert loop.run(run_id, deps) == "waiting"  # a stray delivery changes nothing
+    assert client.signal(run_id, "payment", {"amount_cents": 4200}, signal_id="pay-1")
+    assert not client.signal(run_id, "payment", {"amount_cents": 4200}, signal_id="pay-1")
+    assert loop.run(run_id, deps) == "done"
+    run = client.get(run_id)
+    assert run.state["outcome"] == "paid" and run.state["payment"] == {"amount_cents": 4200}
+    assert loop.run(run_id, deps) == "done"  # the duplicate signal delivered nothing more
+    assert [s["cursor"] for s in client.history(run_id)][-2:] == ["await_payment", "settle"]
+
+
+def test_a_signal_sent_before_the_run_waits_is_not_lost(client, deps) -> None:
+    run_id = client.enqueue("invoice", PAID)
+    assert client.signal(run_id, "payment", {"early": True})
+    # The run reaches its wait with the signal already there: it goes on by itself.
+    with pytest.raises(loop.HandOff, match="had come"):
+        loop.run(run_id, deps)
+    assert loop.run(run_id, deps) == "done"
+    assert client.get(run_id).state["payment"] == {"early": True}
+
+
+def test_the_timeout_resumes_a_waiting_run_on_its_timeout_cursor(client, deps, sql) -> None:
+    run_id = client.enqueue("invoice", {**PAID, "payment_timeout_s": 3600})
+    assert loop.run(run_id, deps) == "waiting"
+    sql("UPDATE checkpoints SET wait_until = now() - interval '1 second'")
+    assert loop.run(run_id, deps) == "done"
+    assert client.get(run_id).state["outcome"] == "unpaid"
+
+
+def test_cancel_stops_a_waiting_run_at_once_and_a_late_signal_wakes_nothing(
+    client, deps
+) -> None:
+    run_id = client.enqueue("invoice", PAID)
+    assert loop.run(run_id, deps) == "waiting"
+    assert client.cancel(run_id, "order withdrawn").status == "cancelled"
+    assert client.signal(run_id, "payment", {})  # stored, but nobody is woken
+    assert loop.run(run_id, deps) == "cancelled"
+    assert client.get(run_id).state["outcome"] == "sent"
+
+
+@pytest.mark.slow
+def test_waiting_and_signals_through_real_workers(
+    start_worker, start_beat, client, mail: MailServer
+) -> None:
+    start_worker(concurrency=2)
+    start_beat()
+    early = client.enqueue("invoice", PAID)
+    client.signal(early, "payment", {"n": 1}, signal_id="s-early")  # before it waits
+    late = client.enqueue("invoice", PAID)
+    wait_for(lambda: client.get(late).status == "waiting", 30, "the run to wait")
+    client.signal(late, "payment", {"n": 2}, signal_id="s-late")
+    client.signal(late, "payment", {"n": 2}, signal_id="s-late")
+    timeout = client.enqueue("invoice", {**PAID, "payment_timeout_s": 1})
+    for run_id, outcome in ((early, "paid"), (late, "paid"), (timeout, "unpaid")):
+        wait_for(lambda r=run_id: client.get(r).status == "done", 30, f"{run_id} to finish")
+        assert client.get(run_id).state["outcome"] == outcome
+    assert mail.stats()["deliveries"] == 3 and mail.stats()["duplicate_deliveries"] == 0
