@@ -146,7 +146,7 @@ hiccup = workflow("hiccup")
 
 def _call(ctx: Context) -> StepResult:
     with open(ctx.input["log"], "a") as f:
-        f.write(f"call {os.getpid()}\n")
+        f.write(f"call {os.getpid()} {time.time()}\n")
     with open(ctx.input["log"]) as f:
         tries = sum(1 for _ in f)
     if tries <= ctx.input["fail"]:

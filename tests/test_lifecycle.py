@@ -76,6 +76,10 @@ def test_a_failing_run_is_delivered_a_bounded_number_of_times(
     run_id = client.enqueue("slow_hiccup", {"log": str(calls), "fail": 99})
     wait_for(lambda: client.get(run_id).status == "failed", 40, "the run to fail")
     assert len(_lines(calls)) == 3
+    # Each retry came when its backoff said (3 s, then 6 s), not when the reaper noticed
+    # a running run without a lease (after lease TTL / 2 = 1.5 s).
+    at = [float(line.split()[2]) for line in _lines(calls)]
+    assert at[1] - at[0] >= 2.9 and at[2] - at[1] >= 5.9, at
     time.sleep(5)  # ten reaper passes later
     assert len(_lines(calls)) == 3
     assert client.get(run_id).status == "failed"
