@@ -43,8 +43,8 @@ ALTER TABLE runs ADD COLUMN max_cost_usd double precision;
 -- One row per step attempt that ended: saved, retried, failed, cancelled. Appended in the
 -- statement that saves the step, so the per-step write stays one round trip.
 CREATE TABLE step_history (
-    id          bigserial PRIMARY KEY,
     run_id      text NOT NULL,
+    id          bigint GENERATED ALWAYS AS IDENTITY,
     seq         bigint NOT NULL,          -- the seq the step started from
     cursor      text NOT NULL,
     visit       integer NOT NULL,
@@ -55,6 +55,7 @@ CREATE TABLE step_history (
     epoch       bigint NOT NULL,
     cost_usd    double precision NOT NULL DEFAULT 0,
     effect_key  text,
-    error       text
+    error       text,
+    -- one index, the one reads use: the per-step write pays for a single index entry
+    PRIMARY KEY (run_id, id)
 );
-CREATE INDEX step_history_run ON step_history (run_id, id);
