@@ -85,15 +85,25 @@ class StepFn(Protocol):
 
 
 Validator = Callable[[dict[str, Any]], dict[str, Any]]
+Migration = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 class Workflow:
     """A named set of steps. The first step registered is where a run starts."""
 
     def __init__(
-        self, name: str, *, validate: Validator | None = None, max_steps: int = 1000
+        self,
+        name: str,
+        *,
+        validate: Validator | None = None,
+        max_steps: int = 1000,
+        version: int = 1,
     ) -> None:
         self.name = name
+        # The shape of this workflow's state. Bump it when a change would not read the
+        # state older runs saved, and register a migration from the previous version.
+        self.version = version
+        self.migrations: dict[int, Migration] = {}
         self.steps: dict[str, StepFn] = {}
         self.retries: dict[str, Retry] = {}
         self.first: str | None = None
@@ -120,6 +130,31 @@ class Workflow:
             return fn
 
         return register
+
+    def migration(self, *, from_version: int) -> Callable[[Migration], Migration]:
+        """Register fn(state) -> state, upgrading a run saved at from_version to the next
+        version. A worker applies the chain when it loads an older run."""
+
+        def register(fn: Migration) -> Migration:
+            if not 1 <= from_version < self.version:
+                raise ValueError(
+                    f"workflow {self.name!r} is version {self.version}: a migration goes from "
+                    f"1..{self.version - 1}, not {from_version}"
+                )
+            self.migrations[from_version] = fn
+            return fn
+
+        return register
+
+    def upgrade(self, state: dict[str, Any], saved_at: int) -> dict[str, Any] | None:
+        """state upgraded from version saved_at to self.version; None if a migration on
+        the way is missing (or saved_at is newer than this code)."""
+        for version in range(saved_at, self.version):
+            migrate = self.migrations.get(version)
+            if migrate is None:
+                return None
+            state = migrate(dict(state))
+        return state if saved_at <= self.version else None
 
     def validate(self, data: Any) -> dict[str, Any]:
         if not isinstance(data, dict):

@@ -78,6 +78,7 @@ class Checkpoint:
     # status waiting: the event awaited, and the cursor to take if the timeout comes first
     wait_event: str | None = None
     wait_timeout_cursor: str | None = None
+    flow_version: int | None = None  # the workflow version that wrote the state
     # Read with the row, never written: the wait's timeout has passed; the oldest signal
     # of the awaited event not yet consumed ({"id", "payload"}).
     wait_over: bool = dataclasses.field(default=False, compare=False)
@@ -265,6 +266,7 @@ class PgStore:
             "wait_event": wait.event if wait else None,
             "wait_timeout": wait.timeout if wait else None,
             "wait_timeout_cursor": wait.on_timeout if wait else None,
+            "flow_version": cp.flow_version,
         }
         conn = tx.open if tx is not None else None
         if conn is not None:

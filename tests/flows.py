@@ -173,6 +173,21 @@ def swell(ctx: Context) -> StepResult:
     return StepResult(cursor="done")
 
 
+# Version 2 of a workflow whose version 1 kept its counter under "n".
+evolving = workflow("evolving", version=2)
+
+
+@evolving.migration(from_version=1)
+def _counter_renamed(state: dict[str, Any]) -> dict[str, Any]:
+    state["count"] = state.pop("n")
+    return state
+
+
+@evolving.step()
+def tally(ctx: Context) -> StepResult:
+    return StepResult(cursor="done", state={"final": ctx.state["count"] + 1})
+
+
 # Misbehaving steps, for the error paths.
 bad = workflow("bad")
 

@@ -226,3 +226,20 @@ def test_waiting_and_signals_through_real_workers(
         wait_for(lambda r=run_id: client.get(r).status == "done", 30, f"{run_id} to finish")
         assert client.get(run_id).state["outcome"] == outcome
     assert mail.stats()["deliveries"] == 3 and mail.stats()["duplicate_deliveries"] == 0
+
+
+def test_a_run_saved_by_an_older_workflow_version_is_migrated_when_loaded(
+    client, deps, sql
+) -> None:
+    run_id = client.enqueue("evolving", {})
+    sql("UPDATE checkpoints SET flow_version = 1, state = '{\"n\": 5}'")  # saved by v1
+    assert loop.run(run_id, deps) == "done"
+    assert client.get(run_id).state == {"count": 5, "final": 6}
+    assert sql("SELECT flow_version FROM checkpoints") == [(2,)]
+
+
+def test_a_run_saved_by_a_newer_workflow_version_is_incompatible(client, deps, sql) -> None:
+    run_id = client.enqueue("evolving", {})
+    sql("UPDATE checkpoints SET flow_version = 3")  # a newer deploy wrote it
+    assert loop.run(run_id, deps) == "incompatible"
+    assert "version 3" in client.get(run_id).error

@@ -134,11 +134,24 @@ def run(run_id: str, deps: Deps) -> str:
         resumed = cp.status == "running" or (cp.status == "pending" and claimed_before)
         timed_out = cp.status == "waiting" and cp.signal is None
         flow = registry.get(cp.workflow)
+        state = cp.state
+        if cp.flow_version is not None and cp.flow_version != flow.version:
+            upgraded = flow.upgrade(cp.state, cp.flow_version)
+            if upgraded is None:
+                raise Stop(
+                    "incompatible",
+                    f"run {run_id}: state saved by {flow.name!r} version {cp.flow_version}; "
+                    f"this code is version {flow.version} and has no migration for it",
+                )
+            logger.warning("run %s: state migrated from version %d", run_id, cp.flow_version)
+            state = upgraded
         # The enqueuer may not have the workflow's code: its input is checked, and its
         # first step found, here (validators are pure, so every delivery agrees).
         cp = dataclasses.replace(
             cp,
             input=flow.validate(cp.input),
+            state=state,
+            flow_version=flow.version,
             cursor=(flow.first or DONE)
             if cp.cursor == START
             else (cp.wait_timeout_cursor or cp.cursor)

@@ -33,6 +33,7 @@ SELECT c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_
        c.win_end, c.cost_usd, c.version, c.status, c.error, c.epoch, c.resumes, c.updated_at,
        c.attempts, c.deliveries, c.cancel_reason, r.max_cost_usd, c.wait_event,
        c.wait_timeout_cursor, coalesce(c.wait_until <= now(), false) AS wait_over,
+       c.flow_version,
        (SELECT jsonb_build_object('id', s.signal_id, 'payload', s.payload)
           FROM signals s
          WHERE s.run_id = c.run_id AND s.event = c.wait_event AND s.consumed_seq IS NULL
@@ -58,6 +59,7 @@ SELECT c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_
        c.win_end, c.cost_usd, c.version, c.status, c.error, c.epoch, c.resumes, c.updated_at,
        c.attempts, c.deliveries, c.cancel_reason, r.max_cost_usd, c.wait_event,
        c.wait_timeout_cursor, coalesce(c.wait_until <= now(), false) AS wait_over,
+       c.flow_version,
        (SELECT jsonb_build_object('id', s.signal_id, 'payload', s.payload)
           FROM signals s
          WHERE s.run_id = c.run_id AND s.event = c.wait_event AND s.consumed_seq IS NULL
@@ -74,11 +76,11 @@ SELECT c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_
 WITH saved AS (
     INSERT INTO checkpoints AS c (run_id, seq, cursor, state, visits, win_start, win_end,
                                   cost_usd, version, status, error, epoch, resumes, updated_at,
-                                  wait_event, wait_until, wait_timeout_cursor)
+                                  wait_event, wait_until, wait_timeout_cursor, flow_version)
     VALUES (%(run_id)s, %(seq)s, %(cursor)s, %(state)s, %(visits)s, %(win_start)s, %(win_end)s,
             %(cost_usd)s, %(version)s, %(status)s, %(error)s, %(epoch)s, %(resumes)s, now(),
             %(wait_event)s, now() + make_interval(secs => %(wait_timeout)s),
-            %(wait_timeout_cursor)s)
+            %(wait_timeout_cursor)s, %(flow_version)s)
     ON CONFLICT (run_id) DO UPDATE
        SET seq = EXCLUDED.seq, cursor = EXCLUDED.cursor, state = EXCLUDED.state,
            visits = EXCLUDED.visits, win_start = EXCLUDED.win_start, win_end = EXCLUDED.win_end,
@@ -86,7 +88,7 @@ WITH saved AS (
            error = EXCLUDED.error, epoch = EXCLUDED.epoch, resumes = EXCLUDED.resumes,
            updated_at = now(), attempts = 0, deliveries = 0, retry_at = NULL,
            wait_event = EXCLUDED.wait_event, wait_until = EXCLUDED.wait_until,
-           wait_timeout_cursor = EXCLUDED.wait_timeout_cursor
+           wait_timeout_cursor = EXCLUDED.wait_timeout_cursor, flow_version = EXCLUDED.flow_version
      WHERE c.seq < EXCLUDED.seq AND c.epoch <= EXCLUDED.epoch
     RETURNING c.run_id, c.cancel_reason
 ), appended AS (

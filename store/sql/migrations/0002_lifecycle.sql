@@ -19,7 +19,9 @@ ALTER TABLE checkpoints
     -- status waiting: the event it waits for, until when, and where it goes on timeout
     ADD COLUMN wait_event text,
     ADD COLUMN wait_until timestamptz,
-    ADD COLUMN wait_timeout_cursor text;
+    ADD COLUMN wait_timeout_cursor text,
+    -- the workflow version whose code wrote the state (NULL: not written by a step yet)
+    ADD COLUMN flow_version integer;
 
 CREATE INDEX checkpoints_waiting ON checkpoints (wait_until) WHERE status = 'waiting';
 
