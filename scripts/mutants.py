@@ -57,8 +57,8 @@ MUTANTS = [
         "M3",
         "claim does not raise the stored epoch",
         "store/sql/queries.sql",
-        "UPDATE checkpoints SET epoch = %(epoch)s",
-        "UPDATE checkpoints SET epoch = epoch",
+        "       SET epoch = %(epoch)s, retry_at = NULL,",
+        "       SET epoch = epoch, retry_at = NULL,",
         (CLAIM,),
     ),
     Mutant(
