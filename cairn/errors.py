@@ -34,6 +34,10 @@ class Superseded(CairnError):
     run_id: str
 
 
+class StoreError(CairnError):
+    """Postgres refused a statement for a reason a retry would not change."""
+
+
 class StaleWrite(Superseded):
     """A save did not apply: a newer seq or a newer lease epoch owns the run."""
 

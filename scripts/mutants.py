@@ -105,7 +105,7 @@ MUTANTS = [
         "M9",
         "the lease check trusts the cached renewal forever",
         "store/lease.py",
-        "        if age < self.ttl / 2:\n            return",
+        "        if age < self.ttl / 2 and not fresh:\n            return",
         "        if True:\n            return",
         ("tests/test_lease.py::test_ensure_asks_redis_once_the_last_renewal_is_old",),
     ),
@@ -164,6 +164,14 @@ MUTANTS = [
         "              AND s.consumed_seq IS NULL AND s.signal_id IS DISTINCT FROM %(consumed)s",
         "              AND false",
         ("tests/test_lifecycle.py::test_a_signal_sent_before_the_run_waits_is_not_lost",),
+    ),
+    Mutant(
+        "M20",
+        "ctx.once trusts the cached renewal right before its effect",
+        "store/lease.py",
+        "        if age < self.ttl / 2 and not fresh:",
+        "        if age < self.ttl / 2:",
+        ("tests/test_lease.py::test_a_fresh_check_asks_redis_even_right_after_a_renewal",),
     ),
     Mutant(
         "M13",

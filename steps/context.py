@@ -87,15 +87,18 @@ class Context:
         """Run effect(key) unless the done-ledger says this visit already ran it.
 
         For downstreams without idempotency. It narrows the window, not closes it: a
-        crash between the effect and mark_done repeats the effect on replay.
+        crash between the effect and mark_done repeats the effect on replay, and so can a
+        process paused longer than the lease TTL between its last lease check (asked of
+        Redis itself, right before the effect) and the effect.
         """
         key = self.idempotency_key(suffix)
         done, result = self._store.was_done(key)
         if done:
             logger.info("run %s: %s already done, skipping", self.run_id, key)
             return result
+        self._lease.ensure(fresh=True)  # nothing downstream fences this effect: ask Redis
         result = effect(key)
-        self._store.mark_done(key, self.run_id, result)
+        self._store.mark_done(key, self.run_id, result, self._lease.epoch)
         return result
 
     @property

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
     from cairn.steps.context import Context
 
 DONE = "done"
+_STEP_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -120,6 +122,9 @@ class Workflow:
 
         def register(fn: StepFn) -> StepFn:
             cursor = name or fn.__name__  # type: ignore[attr-defined]
+            if not _STEP_NAME.fullmatch(cursor):
+                # The name goes into idempotency keys, which travel in HTTP headers.
+                raise ValueError(f"step name {cursor!r}: use ASCII letters, digits, . _ -")
             if cursor == DONE:
                 raise ValueError(f"{DONE!r} is reserved: it ends the run")
             if cursor in self.steps:

@@ -382,8 +382,10 @@ class PgStore:
         row = self.db.one("was_done", {"key": key})
         return (True, row["result"]) if row else (False, None)
 
-    def mark_done(self, key: str, run_id: str, result: Any) -> None:
-        self.db.one("mark_done", {"key": key, "run_id": run_id, "result": Jsonb(result)})
+    def mark_done(self, key: str, run_id: str, result: Any, epoch: int = 0) -> None:
+        """Record that the effect of key ran, and under which lease epoch."""
+        params = {"key": key, "run_id": run_id, "result": Jsonb(result), "epoch": epoch}
+        self.db.one("mark_done", params)
 
     # -- queries for the CLI, the reaper and the sweep -------------------------------
     def list_runs(self, status: str | None = None, limit: int = 50) -> list[Run]:

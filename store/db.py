@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -18,30 +19,61 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from cairn.errors import StoreUnavailable
+from cairn.errors import StoreError, StoreUnavailable
 from cairn.store.sql import QUERIES, migrations
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Errors that mean "the server or the link is gone", as opposed to a bug in a query.
-_TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, psycopg_pool.PoolTimeout)
+# SQLSTATEs worth a retry: the link or the server is gone for now (class 08, admin or
+# crash shutdown, "cannot connect now", too many connections), or the transaction lost a
+# race (serialization failure, deadlock). Anything else (a value Postgres refuses, a
+# program limit such as an index row too large) fails at once with its real message.
+_RETRY_CLASSES = ("08",)
+_RETRY_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "40001", "40P01"})
+
+
+def _heals(exc: BaseException) -> bool:
+    if isinstance(exc, psycopg_pool.PoolTimeout | psycopg.InterfaceError):
+        return True
+    if not isinstance(exc, psycopg.Error):
+        return False
+    state = exc.sqlstate
+    if state is None:  # raised by the client itself: the connection failed or dropped
+        return isinstance(exc, psycopg.OperationalError)
+    return state[:2] in _RETRY_CLASSES or state in _RETRY_STATES
 
 
 def outage(exc: BaseException) -> StoreUnavailable | None:
-    """The domain error for a driver error that means the server or link is gone (also
-    when raised by a step's own ctx.db query: the run retries, not fails); else None."""
-    if isinstance(exc, _TRANSIENT):
+    """The domain error for a driver error that can heal (also when raised by a step's own
+    ctx.db query: the run retries, not fails); else None."""
+    if _heals(exc):
         return StoreUnavailable(f"postgres unavailable: {exc}".strip())
     return None
 
 
 @contextlib.contextmanager
-def translated() -> Iterator[None]:
+def translated(url: str | None = None) -> Iterator[None]:
     try:
         yield
-    except _TRANSIENT as exc:
-        raise outage(exc) from exc  # type: ignore[misc]
+    except psycopg_pool.PoolTimeout as exc:
+        # "couldn't get a connection" hides why: ask the server once, directly.
+        raise StoreUnavailable(_why_unreachable(url) if url else str(exc)) from exc
+    except psycopg.Error as exc:
+        if _heals(exc):
+            raise StoreUnavailable(f"postgres unavailable: {exc}".strip()) from exc
+        raise StoreError(f"postgres refused: {exc}".strip()) from exc
+
+
+def _why_unreachable(url: str) -> str:
+    where = psycopg.conninfo.conninfo_to_dict(url)
+    at = f"{where.get('host', 'localhost')}:{where.get('port', 5432)}"
+    try:
+        psycopg.connect(url, connect_timeout=2).close()
+    except psycopg.Error as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return f"postgres at {at} is unreachable: {first.rsplit('failed: ', 1)[-1]}"
+    return f"postgres at {at} answered, but no pooled connection came in time (pool busy?)"
 
 
 def retrying(give_up_after: float) -> Retrying:
@@ -65,9 +97,10 @@ class Database:
             url,
             min_size=1,
             max_size=max_size,
-            kwargs={"autocommit": True, "row_factory": dict_row},
+            kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": 5},
             open=False,
-            timeout=10.0,
+            # A caller waits for a connection no longer than it would retry in all.
+            timeout=min(10.0, give_up_after),
         )
         self._opened = False
 
@@ -85,15 +118,19 @@ class Database:
     def retry(self, fn: Callable[[], T]) -> T:
         # The first try runs bare: building a tenacity Retrying costs ~30 us, a tenth of
         # a step's budget. Only a failure pays for the backoff machinery.
+        started = time.monotonic()
         try:
             return fn()
         except StoreUnavailable:
-            return retrying(self.give_up_after)(fn)
+            left = self.give_up_after - (time.monotonic() - started)
+            if left <= 0:
+                raise
+            return retrying(left)(fn)
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
         self.open()
-        with translated(), self.pool.connection() as conn:
+        with translated(self.url), self.pool.connection() as conn:
             yield conn
 
     def one(self, name: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:

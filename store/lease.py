@@ -122,12 +122,14 @@ class Lease:
             raise LeaseLost(self.run_id, self._lost)
         self._renewed_at = started
 
-    def ensure(self) -> None:
-        """Raise LeaseLost unless this worker provably still holds the lease."""
+    def ensure(self, fresh: bool = False) -> None:
+        """Raise LeaseLost unless this worker provably still holds the lease. fresh: ask
+        Redis itself whatever the last renewal's age (before an effect nothing else
+        fences: ctx.once)."""
         if self._lost:
             raise LeaseLost(self.run_id, self._lost)
         age = time.monotonic() - self._renewed_at
-        if age < self.ttl / 2:
+        if age < self.ttl / 2 and not fresh:
             return
         try:
             self.renew()
@@ -174,6 +176,10 @@ class Leases:
         if not epoch:
             return None
         return Lease(self, run_id, dataclasses.replace(owner, epoch=int(epoch)), ttl)
+
+    def ping(self) -> None:
+        with translated():
+            self.client.ping()
 
     def holder(self, run_id: str) -> LeaseToken | None:
         with translated():

@@ -113,7 +113,7 @@ def test_postgres_down_is_a_clear_error_not_a_traceback() -> None:
     }
     result = _cairn("runs", env=down)
     assert result.returncode == 1
-    assert "error:" in result.stderr and "postgres unavailable" in result.stderr
+    assert "error:" in result.stderr and "127.0.0.1:9 is unreachable" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -60,3 +60,12 @@ def test_ensure_asks_redis_once_the_last_renewal_is_old(leases: Leases) -> None:
     assert b is not None
     with pytest.raises(LeaseLost, match="now held by"):
         a.ensure()
+
+
+def test_a_fresh_check_asks_redis_even_right_after_a_renewal(leases: Leases) -> None:
+    a = leases.acquire("r", ttl=5)
+    assert a is not None
+    leases.client.set("cairn:lease:r", "thief:1:x|99")  # taken while we were paused
+    a.ensure()  # the renewal is young: trusted (the window ctx.once closes with fresh)
+    with pytest.raises(LeaseLost, match="thief"):
+        a.ensure(fresh=True)

@@ -34,6 +34,9 @@ def test_run_to_done_with_every_kind_of_effect(
     assert mail.stats()["deliveries"] == 1
     assert sql("SELECT idempotency_key FROM invoice_ledger") == [(f"cairn:{run_id}:ledger:0",)]
     assert (tmp_path / "steps.log.effects").read_text() == f"cairn:{run_id}:once:0\n"
+    # The ledger records the lease epoch that ran the effect.
+    assert sql("SELECT key, epoch FROM effects") == [(f"cairn:{run_id}:once:0", cp.epoch)]
+    assert cp.epoch > 0
 
 
 def test_redelivered_finished_run_does_nothing(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import os
+import sys
 import tempfile
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -52,6 +55,14 @@ Workflows = Annotated[
 LogLevel = Annotated[
     str | None, typer.Option("--loglevel", envvar="CAIRN_LOGLEVEL", help="Log level [INFO].")
 ]
+
+
+Status = enum.Enum(  # type: ignore[misc]
+    "Status",
+    {s: s for s in ("pending", "running", "waiting", "done", "failed", "cancelled")}
+    | {"budget_exceeded": "budget_exceeded", "incompatible": "incompatible"},
+    type=str,
+)
 
 
 def _settings(**options: Any) -> Any:
@@ -121,9 +132,12 @@ def worker(
         # prometheus_client's multiprocess mode is chosen by this variable, read when it
         # is first imported: set it before the app (and its metrics module) loads.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="cairn-metrics-")
-    from cairn.workers import metrics
+    from cairn.workers import health, metrics
     from cairn.workers.app import create_app
 
+    down = health.problems(settings)
+    if down:
+        _fail("the worker cannot start:\n  " + "\n  ".join(down))
     celery_app = create_app(settings)
     if settings.metrics_port:
         metrics.serve(settings.metrics_port)
@@ -159,9 +173,18 @@ def beat_cmd(
 @app.command()
 def enqueue(
     workflow: Annotated[str, typer.Argument(help="Registered workflow name, e.g. invoice.")],
-    input: Annotated[str, typer.Argument(help="The run's input as a JSON object.")] = "{}",
+    input: Annotated[
+        str | None, typer.Argument(help="The run's input as a JSON object [{}].")
+    ] = None,
+    input_file: Annotated[
+        str | None,
+        typer.Option("--input-file", help="Read the input from this file, or - for stdin."),
+    ] = None,
     run_id: Annotated[
-        str | None, typer.Option("--run-id", help="Explicit run id; an existing one resumes.")
+        str | None,
+        typer.Option(
+            "--run-id", help="Explicit run id (letters, digits, ._:@+=/-); an existing one resumes."
+        ),
     ] = None,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
@@ -169,8 +192,15 @@ def enqueue(
 ) -> None:
     """Enqueue a run and print its id."""
     settings = _settings(database_url=database_url, redis_url=redis_url, workflows=workflows)
+    if input is not None and input_file is not None:
+        _fail("give the input as an argument or with --input-file, not both", 2)
+    if input_file is not None:
+        try:
+            input = sys.stdin.read() if input_file == "-" else Path(input_file).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            _fail(f"cannot read the input: {exc}", 2)
     try:
-        data = json.loads(input)
+        data = json.loads(input if input is not None else "{}")
     except json.JSONDecodeError as exc:
         _fail(f'input is not JSON ({exc}); pass an object like \'{{"customer": "acme"}}\'', 2)
     from cairn.errors import CairnError
@@ -190,16 +220,16 @@ def enqueue(
 @app.command()
 def runs(
     status: Annotated[
-        str | None, typer.Option("--status", help="pending, running, done or failed.")
+        Status | None, typer.Option("--status", help="Only runs in this status.")
     ] = None,
-    limit: Annotated[int, typer.Option("--limit", help="Rows to show.")] = 30,
+    limit: Annotated[int, typer.Option("--limit", help="Rows to show.", min=1, max=10_000)] = 30,
     database_url: DatabaseUrl = None,
 ) -> None:
     """List runs, newest first."""
     table = Table("workflow", "status", "cursor", "seq", "cost $", "resumes", "updated")
     table.add_column("run", no_wrap=True)
     with _client(_settings(database_url=database_url)) as client:
-        found = client.list(status, limit)
+        found = client.list(status.value if status else None, limit)
     for r in found:
         colour = {"done": "green", "failed": "red", "running": "yellow"}.get(r.status, "")
         table.add_row(
@@ -382,7 +412,12 @@ def _register_plugins() -> None:
 
 
 def main() -> None:
+    import logging
+
     from cairn.errors import CairnError
+
+    # One clear line per failure, not the pool's own warning per reconnect attempt.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
     _register_plugins()
     try:

@@ -10,12 +10,13 @@ import dataclasses
 import uuid
 from typing import TYPE_CHECKING, Any, Self
 
-from cairn.errors import StoreUnavailable, UnknownRun
+from cairn.errors import InvalidInput, StoreUnavailable, UnknownRun
 from cairn.steps import registry
 from cairn.store.checkpoints import STOPPED, PgStore
 from cairn.store.db import Database
 from cairn.store.runs import Run
 from cairn.workers import broker
+from cairn.workers.inputs import check_input, check_run_id
 from cairn.workers.settings import Settings
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ class Client:
         base = settings or Settings.from_env()
         self.settings = base.with_options(database_url=database_url, broker_url=broker_url)
         s = self.settings
-        self.store = PgStore(Database(s.database_url, give_up_after=s.store_give_up_after))
+        self.store = PgStore(Database(s.database_url, give_up_after=s.client_give_up_after))
         self._producer: Celery | None = None
 
     def __enter__(self) -> Self:
@@ -73,11 +74,13 @@ class Client:
         before anything is written); otherwise the worker validates it. max_cost_usd caps
         the run's model cost (default: the workers' CAIRN_MAX_COST_USD).
         """
-        data = {} if input is None else input
+        data = check_input({} if input is None else input, self.settings.max_input_bytes)
+        run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
+        if not isinstance(workflow, str) or not workflow:
+            raise InvalidInput("workflow must be a workflow's name")
         flow = registry.find(workflow)
         if flow is not None:
             data = flow.validate(data)
-        run_id = run_id or uuid.uuid4().hex
         self.store.create_run(run_id, workflow, data, max_cost_usd=max_cost_usd)
         self.send(run_id)
         return run_id

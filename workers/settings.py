@@ -60,6 +60,10 @@ class Settings:
     # in between, is poison (its step kills the process): it fails instead of looping.
     max_deliveries: int = 10
     max_cost_usd: float = 0.0  # default per-run cost cap in USD (0: none)
+    max_input_bytes: int = 1_000_000  # a run's input as JSON; larger data goes by reference
+    # A Client call (enqueue, get, ...) gives up this soon when Postgres or the broker
+    # cannot be reached: a web request should fail fast; workers ride out restarts.
+    client_give_up_after: float = 4.0
     store_give_up_after: float = 30.0  # tenacity budget for one store call
     retention: float = 7 * 24 * 3600.0  # terminal runs older than this are swept
     window_budget_tokens: int = 50_000
@@ -99,6 +103,8 @@ class Settings:
             transient_retries=int(_float(env, "CAIRN_TRANSIENT_RETRIES", d.transient_retries)),
             max_deliveries=int(_float(env, "CAIRN_MAX_DELIVERIES", d.max_deliveries)),
             max_cost_usd=_float(env, "CAIRN_MAX_COST_USD", d.max_cost_usd),
+            max_input_bytes=int(_float(env, "CAIRN_MAX_INPUT_BYTES", d.max_input_bytes)),
+            client_give_up_after=_float(env, "CAIRN_CLIENT_GIVE_UP_AFTER", d.client_give_up_after),
             store_give_up_after=_float(env, "CAIRN_STORE_GIVE_UP_AFTER", d.store_give_up_after),
             retention=_float(env, "CAIRN_RETENTION_SECONDS", d.retention),
             window_budget_tokens=int(

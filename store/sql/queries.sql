@@ -177,7 +177,8 @@ SELECT seq, cursor, visit, outcome, started_at, ended_at, worker, epoch, cost_us
 SELECT result FROM effects WHERE key = %(key)s;
 
 -- name: mark_done
-INSERT INTO effects (key, run_id, result) VALUES (%(key)s, %(run_id)s, %(result)s)
+INSERT INTO effects (key, run_id, result, epoch)
+VALUES (%(key)s, %(run_id)s, %(result)s, %(epoch)s)
 ON CONFLICT (key) DO NOTHING
 RETURNING key;
 
@@ -241,3 +242,6 @@ WITH gone AS (
     DELETE FROM signals s USING gone WHERE s.run_id = gone.run_id
 )
 SELECT count(*) AS n FROM gone;
+
+-- name: ping
+SELECT 1 AS ok;

@@ -39,6 +39,9 @@ CREATE TABLE signals (
 );
 CREATE INDEX signals_pending ON signals (run_id, event, created_at) WHERE consumed_seq IS NULL;
 
+-- The lease epoch under which a ctx.once effect ran (0: before this was recorded).
+ALTER TABLE effects ADD COLUMN epoch bigint NOT NULL DEFAULT 0;
+
 -- The per-run cost cap (NULL: the workers' CAIRN_MAX_COST_USD, 0 there means none).
 ALTER TABLE runs ADD COLUMN max_cost_usd double precision;
 

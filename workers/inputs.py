@@ -1,0 +1,66 @@
+"""What the door accepts: run ids and inputs, checked before anything is written.
+
+A run id travels in SQL, Redis keys, HTTP headers (the idempotency key) and URLs, so it
+is kept to a character set safe in all of them. An input must be a JSON object that
+comes back from Postgres as it went in.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from cairn.errors import InvalidInput
+
+RUN_ID_MAX = 200
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=/-]*")
+RUN_ID_RULE = (
+    f"1-{RUN_ID_MAX} characters: letters, digits and . _ : @ + = / -, starting with a "
+    "letter or digit"
+)
+
+
+def check_run_id(run_id: Any) -> str:
+    if not isinstance(run_id, str):
+        raise InvalidInput(f"run id must be a string, not {type(run_id).__name__}")
+    if not 1 <= len(run_id) <= RUN_ID_MAX or not RUN_ID.fullmatch(run_id):
+        shown = run_id if len(run_id) <= 60 else run_id[:57] + "..."
+        raise InvalidInput(f"run id {shown!r} is not valid: use {RUN_ID_RULE}")
+    return run_id
+
+
+def check_input(data: Any, max_bytes: int) -> dict[str, Any]:
+    """data if it is a JSON object that round-trips, under max_bytes; else InvalidInput."""
+    if not isinstance(data, dict):
+        raise InvalidInput(f"input must be a JSON object, not {type(data).__name__}")
+    try:
+        text = json.dumps(data, allow_nan=False, separators=(",", ":"))
+    except ValueError:
+        raise InvalidInput("input holds NaN or Infinity, which JSON cannot carry") from None
+    except TypeError as exc:
+        raise InvalidInput(f"input is not JSON: {exc}") from None
+    size = len(text.encode())
+    if size > max_bytes:
+        raise InvalidInput(
+            f"input is {size:,} bytes, over CAIRN_MAX_INPUT_BYTES={max_bytes:,}; "
+            "store large data elsewhere and pass a reference"
+        )
+    if _has_nul(data):
+        raise InvalidInput("input holds a NUL character (\\u0000), which Postgres cannot store")
+    if json.loads(text) != data:
+        raise InvalidInput(
+            "input does not survive a JSON round trip (non-string keys, or tuples?): "
+            "use string keys and lists"
+        )
+    return data
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
