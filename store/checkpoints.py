@@ -388,10 +388,17 @@ class PgStore:
         self.db.one("mark_done", params)
 
     # -- queries for the CLI, the reaper and the sweep -------------------------------
-    def list_runs(self, status: str | None = None, limit: int = 50) -> list[Run]:
-        return [
-            Run.from_row(r) for r in self.db.all("list_runs", {"status": status, "limit": limit})
-        ]
+    def list_runs(
+        self,
+        status: str | None = None,
+        limit: int = 50,
+        *,
+        workflow: str | None = None,
+        after: str | None = None,
+    ) -> list[Run]:
+        """Runs newest first; after: the last run id of the previous page."""
+        params = {"status": status, "limit": limit, "workflow": workflow, "after": after}
+        return [Run.from_row(r) for r in self.db.all("list_runs", params)]
 
     def counts(self) -> dict[str, dict[str, Any]]:
         return {row["status"]: row for row in self.db.all("count_by_status")}

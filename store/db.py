@@ -6,10 +6,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
 import psycopg_pool
+from psycopg import sql
 from psycopg.rows import dict_row
 from tenacity import (
     Retrying,
@@ -148,26 +150,37 @@ class Database:
         return self.retry(attempt)
 
 
-def upgrade(url: str) -> list[int]:
-    """Apply the numbered migrations not yet recorded; returns the versions applied."""
+def upgrade(url: str, directory: Path | None = None) -> list[int]:
+    """Apply the numbered migrations not yet recorded; returns the versions applied.
+
+    Without directory: cairn's own, recorded in cairn_migrations. With it: the user's
+    NNNN_name.sql files there (their ctx.db tables), recorded apart in user_migrations so
+    the two numberings never collide.
+    """
+    table = "user_migrations" if directory is not None else "cairn_migrations"
+    if directory is not None and not directory.is_dir():
+        raise StoreError(f"no migrations folder {str(directory)!r}")
     applied_now = []
     with translated(), psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
-            "CREATE TABLE IF NOT EXISTS cairn_migrations ("
-            " version integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            ).format(sql.Identifier(table))
         )
         # Two processes upgrading at once (demo and a worker) must not both apply one.
         with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext('cairn_migrations'))")
-            done = {row[0] for row in conn.execute("SELECT version FROM cairn_migrations")}
-            for version, name, text in migrations():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (table,))
+            recorded = sql.SQL("SELECT version FROM {}").format(sql.Identifier(table))
+            done = {row[0] for row in conn.execute(recorded)}
+            record = sql.SQL("INSERT INTO {} (version, name) VALUES (%s, %s)").format(
+                sql.Identifier(table)
+            )
+            for version, name, text in migrations(directory):
                 if version in done:
                     continue
-                conn.execute(text)
-                conn.execute(
-                    "INSERT INTO cairn_migrations (version, name) VALUES (%s, %s)",
-                    (version, name),
-                )
+                conn.execute(text)  # a script: several statements, no params
+                conn.execute(record, (version, name))
                 applied_now.append(version)
     return applied_now

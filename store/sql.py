@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from importlib import resources
+from typing import Any
 
 _BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
@@ -28,10 +29,12 @@ def sql_text(name: str) -> str:
 QUERIES = _parse(sql_text("queries.sql"))
 
 
-def migrations() -> list[tuple[int, str, str]]:
-    """(version, name, sql) for every numbered migration, in order."""
+def migrations(directory: Any = None) -> list[tuple[int, str, str]]:
+    """(version, name, sql) for every numbered migration (NNNN_name.sql), in order: cairn's
+    own, or those in directory (the user's, for the tables their steps write)."""
     found = []
-    for entry in resources.files("cairn.store").joinpath("sql", "migrations").iterdir():
+    where = directory or resources.files("cairn.store").joinpath("sql", "migrations")
+    for entry in where.iterdir():
         m = re.match(r"^(\d{4})_(\w+)\.sql$", entry.name)
         if m:
             found.append((int(m.group(1)), m.group(2), entry.read_text()))

@@ -22,6 +22,36 @@ app = typer.Typer(
 )
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+
+AsJson = Annotated[
+    bool, typer.Option("--json", help="Print one JSON document (stable keys) instead of tables.")
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from cairn import __version__
+
+        print(f"cairn {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the version and exit.", callback=_version, is_eager=True
+        ),
+    ] = False,
+) -> None:
+    """Durable multi-step LLM agent runs on Celery + Postgres + Redis."""
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, default=lambda o: o.isoformat() if hasattr(o, "isoformat") else str(o))
+
+
 console = Console()
 err = Console(stderr=True)
 
@@ -222,14 +252,31 @@ def runs(
     status: Annotated[
         Status | None, typer.Option("--status", help="Only runs in this status.")
     ] = None,
+    workflow: Annotated[
+        str | None, typer.Option("--workflow", help="Only runs of this workflow.")
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", help="Rows to show.", min=1, max=10_000)] = 30,
+    after: Annotated[
+        str | None,
+        typer.Option("--after", help="The last run id of the previous page: show the next."),
+    ] = None,
+    as_json: AsJson = False,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """List runs, newest first."""
+    """List runs, newest first, a page at a time, with the totals by status."""
+    with _client(_settings(database_url=database_url)) as client:
+        found = client.list(status.value if status else None, limit, workflow=workflow, after=after)
+        totals = client.counts()
+    following = found[-1].run_id if len(found) == limit else None
+    if as_json:
+        print(
+            _dumps(
+                {"runs": [r.to_json() for r in found], "totals": totals, "next_after": following}
+            )
+        )
+        return
     table = Table("workflow", "status", "cursor", "seq", "cost $", "resumes", "updated")
     table.add_column("run", no_wrap=True)
-    with _client(_settings(database_url=database_url)) as client:
-        found = client.list(status.value if status else None, limit)
     for r in found:
         colour = {"done": "green", "failed": "red", "running": "yellow"}.get(r.status, "")
         table.add_row(
@@ -239,21 +286,36 @@ def runs(
             str(r.seq),
             f"{r.cost_usd:.6f}",
             str(r.resumes),
-            r.updated_at.strftime("%H:%M:%S"),
+            r.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
             r.run_id,
         )
     console.print(table)
+    console.print(
+        "totals: " + " · ".join(f"{s} {n}" for s, n in sorted(totals.items()))
+        if totals
+        else "no runs yet"
+    )
+    if following:
+        console.print(f"next page: cairn runs --after {following}")
 
 
 @app.command()
 def show(
     run_id: Annotated[str, typer.Argument(help="The run id.")],
+    as_json: AsJson = False,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Show one run: its checkpoint, its error, its window size and its step timeline."""
     from cairn.errors import CairnError
 
     client = _client(_settings(database_url=database_url))
+    if as_json:
+        with client:
+            run = client.get(run_id)
+            if run is None:
+                _fail(f"no run {run_id!r}")
+            print(_dumps({"run": run.to_json(), "steps": client.history(run_id)}))
+        return
     row = client.store.load_row(run_id)
     if row is None:
         client.close()
@@ -357,17 +419,85 @@ def cancel(
     )
 
 
+@app.command("settings")
+def settings_cmd(
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="The README's table of every setting.")
+    ] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Show the settings in effect (from CAIRN_* variables and defaults)."""
+    import dataclasses
+
+    from cairn.workers.settings import markdown_table
+
+    if markdown:
+        print(markdown_table())
+        return
+    settings = _settings()
+    values = {
+        f.metadata["env"]: _redacted(getattr(settings, f.name))
+        for f in dataclasses.fields(settings)
+    }
+    if as_json:
+        print(_dumps(values))
+        return
+    table = Table("variable", "value")
+    for name, value in values.items():
+        table.add_row(name, "" if value is None else str(value))
+    console.print(table)
+
+
+def _redacted(value: Any) -> Any:
+    """A URL's password as ***: settings are shown, secrets never."""
+    if isinstance(value, str) and "://" in value:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(value)
+        if parts.password:
+            netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+            return parts._replace(netloc=netloc).geturl()
+    return value
+
+
 @db_app.command("upgrade")
-def db_upgrade(database_url: DatabaseUrl = None) -> None:
-    """Apply pending schema migrations."""
+def db_upgrade(
+    migrations: Annotated[
+        Path | None,
+        typer.Option(
+            "--migrations",
+            help="Also apply your own NNNN_name.sql files from this folder (the tables your "
+            "steps write through ctx.db), recorded apart from cairn's.",
+        ),
+    ] = None,
+    wait: Annotated[
+        float, typer.Option("--wait", help="Seconds to wait for Postgres to answer.", min=0)
+    ] = 0,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Apply pending schema migrations (cairn's, then yours with --migrations)."""
+    import time
+
     from cairn.errors import StoreUnavailable
     from cairn.store import upgrade
 
-    try:
-        applied = upgrade(_settings(database_url=database_url).database_url)
-    except StoreUnavailable as exc:
-        _fail(f"{exc}\nIs Postgres running? `bash scripts/services.sh up` starts the local one.")
+    url = _settings(database_url=database_url).database_url
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            applied = upgrade(url)
+            break
+        except StoreUnavailable as exc:
+            if time.monotonic() < deadline:
+                time.sleep(1)
+                continue
+            _fail(
+                f"{exc}\nIs Postgres running? `bash scripts/services.sh up` starts the local one."
+            )
     console.print(f"applied migrations: {applied}" if applied else "schema is up to date")
+    if migrations is not None:
+        mine = upgrade(url, migrations)
+        console.print(f"applied your migrations: {mine}" if mine else "your schema is up to date")
 
 
 @app.command()

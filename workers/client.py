@@ -109,9 +109,21 @@ class Client:
         row = self.store.load_row(run_id)
         return dataclasses.replace(run, window=tuple(row["window"]) if row else ())
 
-    def list(self, status: str | None = None, limit: int = 50) -> list[Run]:
-        """Runs, newest first."""
-        return self.store.list_runs(status, limit)
+    def list(
+        self,
+        status: str | None = None,
+        limit: int = 50,
+        *,
+        workflow: str | None = None,
+        after: str | None = None,
+    ) -> list[Run]:
+        """Runs, newest first, filtered by status and workflow; pass the last run id of a
+        page as `after` for the next page."""
+        return self.store.list_runs(status, limit, workflow=workflow, after=after)
+
+    def counts(self) -> dict[str, int]:
+        """How many runs are in each status."""
+        return {status: int(row["n"]) for status, row in self.store.counts().items()}
 
     def cancel(self, run_id: str, reason: str = "cancelled") -> Run | None:
         """Stop a run: a pending one at once, a running one at its next step boundary

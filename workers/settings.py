@@ -1,7 +1,9 @@
 """One settings object, read from CAIRN_* environment variables at the edge.
 
-This is the one place defaults live: the CLI layers its options on top (`with_options`),
-the app factory, the Client and the tests take a Settings, nothing else reads CAIRN_*.
+This is the one place defaults live: each field names its environment variable and says
+what it does, the README's settings table is generated from them (a test keeps the two
+equal), the CLI layers its options on top (`with_options`), and the app factory, the
+Client and the tests take a Settings. Nothing else reads CAIRN_*.
 """
 
 from __future__ import annotations
@@ -9,71 +11,103 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import typing
 from collections.abc import Mapping
 from typing import Any
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise SystemExit(f"{name}={raw!r} is not a number") from None
-
-
-def _json(env: Mapping[str, str], name: str) -> dict[str, Any]:
-    raw = env.get(name, "")
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise SystemExit(f"{name} is not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise SystemExit(f"{name} must be a JSON object")
-    return value
+def _setting(default: Any, env: str, help: str, **kwargs: Any) -> Any:
+    factory = {"default_factory": default} if callable(default) else {"default": default}
+    return dataclasses.field(**factory, metadata={"env": env, "help": help}, **kwargs)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Settings:
-    database_url: str = "postgresql://postgres@127.0.0.1:54329/cairn"
-    redis_url: str = "redis://127.0.0.1:63790/0"
-    broker_url: str | None = None  # default: redis_url
-    workflows: tuple[str, ...] = ()
-    # A lease expires this long after its last renewal; recovery from a lost worker
-    # takes about this plus the reaper interval.
-    lease_ttl: float = 10.0
-    # Redis broker: how long an unacked message waits before redelivery. Long on purpose:
-    # shorter than a run, and Celery starts the same task twice while the first still
-    # runs. Crash recovery comes from the lease and the reaper, not from this.
-    visibility_timeout: float = 3600.0
-    # Extra kombu Redis transport options, e.g. unacked_restore_interval (how often an
-    # unacked message past the visibility timeout is looked for).
-    broker_transport_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    reaper_interval: float = 2.0
-    pending_after: float = 300.0  # a pending run untouched this long is re-enqueued
-    defer_seconds: float = 2.0  # countdown when another live worker holds the run
-    transient_retries: int = 30  # task retries through Postgres/Redis outages
-    # A run delivered this many times more than its recorded failures, with no step saved
-    # in between, is poison (its step kills the process): it fails instead of looping.
-    max_deliveries: int = 10
-    max_cost_usd: float = 0.0  # default per-run cost cap in USD (0: none)
-    max_input_bytes: int = 1_000_000  # a run's input as JSON; larger data goes by reference
-    # A Client call (enqueue, get, ...) gives up this soon when Postgres or the broker
-    # cannot be reached: a web request should fail fast; workers ride out restarts.
-    client_give_up_after: float = 4.0
-    store_give_up_after: float = 30.0  # tenacity budget for one store call
-    retention: float = 7 * 24 * 3600.0  # terminal runs older than this are swept
-    window_budget_tokens: int = 50_000
-    max_window_bytes: int = 2_000_000
-    model: str = "claude-haiku-4-5"
-    anthropic_base_url: str | None = None
-    mail_url: str = "http://127.0.0.1:8025"
-    concurrency: int = 2  # cairn worker: processes in the pool
-    loglevel: str = "INFO"
-    metrics_port: int = 0  # cairn worker: Prometheus metrics on this port (0: off)
+    database_url: str = _setting(
+        "postgresql://postgres@127.0.0.1:54329/cairn", "CAIRN_DATABASE_URL", "the checkpoint store"
+    )
+    redis_url: str = _setting(
+        "redis://127.0.0.1:63790/0",
+        "CAIRN_REDIS_URL",
+        "leases, and the broker unless `CAIRN_BROKER_URL` is set",
+    )
+    broker_url: str | None = _setting(
+        None, "CAIRN_BROKER_URL", "the Celery broker (default: the Redis URL)"
+    )
+    workflows: tuple[str, ...] = _setting(
+        (),
+        "CAIRN_WORKFLOWS",
+        "comma-separated modules imported at start so their workflows register",
+    )
+    # Recovery from a lost worker takes about this plus the reaper interval.
+    lease_ttl: float = _setting(
+        10.0, "CAIRN_LEASE_TTL", "seconds a lease lives without a heartbeat (renewed every TTL/3)"
+    )
+    # Long on purpose: shorter than a run, and Celery starts the same task twice while the
+    # first still runs. Crash recovery comes from the lease and the reaper, not from this.
+    visibility_timeout: float = _setting(
+        3600.0, "CAIRN_VISIBILITY_TIMEOUT", "Redis broker visibility timeout (see below)"
+    )
+    broker_transport_options: dict[str, Any] = _setting(  # noqa: RUF009 (a field())
+        dict,
+        "CAIRN_BROKER_TRANSPORT_OPTIONS",
+        'more kombu Redis options as JSON, e.g. `{"unacked_restore_interval": 1}`',
+    )
+    reaper_interval: float = _setting(2.0, "CAIRN_REAPER_INTERVAL", "seconds between reaper passes")
+    pending_after: float = _setting(
+        300.0, "CAIRN_PENDING_AFTER", "seconds a pending run waits before the reaper sends it again"
+    )
+    defer_seconds: float = _setting(
+        2.0, "CAIRN_DEFER_SECONDS", "countdown when another live worker holds the run"
+    )
+    transient_retries: int = _setting(
+        30, "CAIRN_TRANSIENT_RETRIES", "task retries through Postgres/Redis outages"
+    )
+    max_deliveries: int = _setting(
+        10,
+        "CAIRN_MAX_DELIVERIES",
+        "deliveries without finishing a step before a run fails as poison",
+    )
+    max_cost_usd: float = _setting(
+        0.0, "CAIRN_MAX_COST_USD", "default per-run model cost cap in USD (0: none)"
+    )
+    max_input_bytes: int = _setting(
+        1_000_000, "CAIRN_MAX_INPUT_BYTES", "largest run input (as JSON) the Client accepts"
+    )
+    # A web request should fail fast; workers ride out restarts (store_give_up_after).
+    client_give_up_after: float = _setting(
+        4.0,
+        "CAIRN_CLIENT_GIVE_UP_AFTER",
+        "seconds a Client call (and `cairn worker`'s start-up check) waits for Postgres or the broker",
+    )
+    store_give_up_after: float = _setting(
+        30.0, "CAIRN_STORE_GIVE_UP_AFTER", "seconds one store call retries before the task retries"
+    )
+    retention: float = _setting(
+        7 * 24 * 3600.0, "CAIRN_RETENTION_SECONDS", "terminal runs older than this are swept hourly"
+    )
+    window_budget_tokens: int = _setting(
+        50_000, "CAIRN_WINDOW_BUDGET_TOKENS", "compaction budget for the model window"
+    )
+    max_window_bytes: int = _setting(
+        2_000_000,
+        "CAIRN_MAX_WINDOW_BYTES",
+        "a window larger than this after compaction fails the run",
+    )
+    model: str = _setting("claude-haiku-4-5", "CAIRN_MODEL", "default model for `ctx.model`")
+    anthropic_base_url: str | None = _setting(
+        None,
+        "ANTHROPIC_BASE_URL",
+        "the Messages API (default: Anthropic's; the demo and tests use a local stand-in)",
+    )
+    mail_url: str = _setting(
+        "http://127.0.0.1:8025", "CAIRN_MAIL_URL", "the mail API of the shipped invoice workflow"
+    )
+    concurrency: int = _setting(2, "CAIRN_CONCURRENCY", "`cairn worker`: processes in the pool")
+    loglevel: str = _setting("INFO", "CAIRN_LOGLEVEL", "`cairn worker` and `cairn beat`: log level")
+    metrics_port: int = _setting(
+        0, "CAIRN_METRICS_PORT", "`cairn worker` serves Prometheus metrics on this port (0: off)"
+    )
 
     @property
     def broker(self) -> str:
@@ -86,35 +120,56 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
-        d = cls()
-        return cls(
-            database_url=env.get("CAIRN_DATABASE_URL", d.database_url),
-            redis_url=env.get("CAIRN_REDIS_URL", d.redis_url),
-            broker_url=env.get("CAIRN_BROKER_URL") or None,
-            workflows=tuple(
-                m.strip() for m in env.get("CAIRN_WORKFLOWS", "").split(",") if m.strip()
-            ),
-            lease_ttl=_float(env, "CAIRN_LEASE_TTL", d.lease_ttl),
-            visibility_timeout=_float(env, "CAIRN_VISIBILITY_TIMEOUT", d.visibility_timeout),
-            broker_transport_options=_json(env, "CAIRN_BROKER_TRANSPORT_OPTIONS"),
-            reaper_interval=_float(env, "CAIRN_REAPER_INTERVAL", d.reaper_interval),
-            pending_after=_float(env, "CAIRN_PENDING_AFTER", d.pending_after),
-            defer_seconds=_float(env, "CAIRN_DEFER_SECONDS", d.defer_seconds),
-            transient_retries=int(_float(env, "CAIRN_TRANSIENT_RETRIES", d.transient_retries)),
-            max_deliveries=int(_float(env, "CAIRN_MAX_DELIVERIES", d.max_deliveries)),
-            max_cost_usd=_float(env, "CAIRN_MAX_COST_USD", d.max_cost_usd),
-            max_input_bytes=int(_float(env, "CAIRN_MAX_INPUT_BYTES", d.max_input_bytes)),
-            client_give_up_after=_float(env, "CAIRN_CLIENT_GIVE_UP_AFTER", d.client_give_up_after),
-            store_give_up_after=_float(env, "CAIRN_STORE_GIVE_UP_AFTER", d.store_give_up_after),
-            retention=_float(env, "CAIRN_RETENTION_SECONDS", d.retention),
-            window_budget_tokens=int(
-                _float(env, "CAIRN_WINDOW_BUDGET_TOKENS", d.window_budget_tokens)
-            ),
-            max_window_bytes=int(_float(env, "CAIRN_MAX_WINDOW_BYTES", d.max_window_bytes)),
-            model=env.get("CAIRN_MODEL", d.model),
-            anthropic_base_url=env.get("ANTHROPIC_BASE_URL") or None,
-            mail_url=env.get("CAIRN_MAIL_URL", d.mail_url),
-            concurrency=int(_float(env, "CAIRN_CONCURRENCY", d.concurrency)),
-            loglevel=env.get("CAIRN_LOGLEVEL", d.loglevel),
-            metrics_port=int(_float(env, "CAIRN_METRICS_PORT", d.metrics_port)),
+        hints = typing.get_type_hints(cls)
+        values = {}
+        for f in dataclasses.fields(cls):
+            raw = env.get(f.metadata["env"])
+            if raw not in (None, ""):
+                values[f.name] = _parse(f.metadata["env"], raw, hints[f.name])
+        return cls(**values)
+
+
+def _parse(name: str, raw: str, kind: Any) -> Any:
+    if kind in (str, str | None):
+        return raw
+    if kind == tuple[str, ...]:
+        return tuple(m.strip() for m in raw.split(",") if m.strip())
+    if kind == dict[str, Any]:
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"{name} is not JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise SystemExit(f"{name} must be a JSON object")
+        return value
+    try:
+        number = float(raw)
+    except ValueError:
+        raise SystemExit(f"{name}={raw!r} is not a number") from None
+    if kind is int:
+        if number != int(number):
+            raise SystemExit(f"{name}={raw!r} is not a whole number")
+        return int(number)
+    return number
+
+
+def markdown_table() -> str:
+    """The README's settings table, from the fields themselves."""
+    rows = ["| variable | default | what it does |", "|---|---|---|"]
+    for f in dataclasses.fields(Settings):
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+        if isinstance(default, tuple):
+            default = ",".join(default)
+        shown = (
+            ""
+            if default in (None, "", {})
+            else f"`{json.dumps(default) if isinstance(default, dict) else _plain(default)}`"
         )
+        rows.append(f"| `{f.metadata['env']}` | {shown} | {f.metadata['help']} |")
+    return "\n".join(rows)
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)

@@ -190,11 +190,17 @@ SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c
  WHERE c.run_id = %(run_id)s;
 
 -- name: list_runs
+-- Newest first, a page at a time: `after` is the last run of the previous page (keyset
+-- paging on runs_newest, so page 1,000 costs what page 1 does).
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
        r.created_at, c.updated_at
-  FROM checkpoints c JOIN runs r USING (run_id)
- WHERE %(status)s::text IS NULL OR c.status = %(status)s
- ORDER BY r.created_at DESC, c.run_id
+  FROM runs r JOIN checkpoints c USING (run_id)
+ WHERE (%(status)s::text IS NULL OR c.status = %(status)s)
+   AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s)
+   AND (%(after)s::text IS NULL
+        OR (r.created_at, r.run_id) < (SELECT a.created_at, a.run_id FROM runs a
+                                         WHERE a.run_id = %(after)s))
+ ORDER BY r.created_at DESC, r.run_id DESC
  LIMIT %(limit)s;
 
 -- name: count_by_status

@@ -42,6 +42,9 @@ CREATE INDEX signals_pending ON signals (run_id, event, created_at) WHERE consum
 -- The lease epoch under which a ctx.once effect ran (0: before this was recorded).
 ALTER TABLE effects ADD COLUMN epoch bigint NOT NULL DEFAULT 0;
 
+-- Listing runs newest first, a page at a time (keyset on created_at, run_id).
+CREATE INDEX runs_newest ON runs (created_at DESC, run_id DESC);
+
 -- The per-run cost cap (NULL: the workers' CAIRN_MAX_COST_USD, 0 there means none).
 ALTER TABLE runs ADD COLUMN max_cost_usd double precision;
 
