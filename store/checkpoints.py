@@ -395,9 +395,19 @@ class PgStore:
         *,
         workflow: str | None = None,
         after: str | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
     ) -> list[Run]:
-        """Runs newest first; after: the last run id of the previous page."""
-        params = {"status": status, "limit": limit, "workflow": workflow, "after": after}
+        """Runs newest first, created in [since, until); after: the last run id of the
+        previous page."""
+        params = {
+            "status": status,
+            "limit": limit,
+            "workflow": workflow,
+            "after": after,
+            "since": since,
+            "until": until,
+        }
         return [Run.from_row(r) for r in self.db.all("list_runs", params)]
 
     def counts(self) -> dict[str, dict[str, Any]]:

@@ -64,6 +64,9 @@ def translated(url: str | None = None) -> Iterator[None]:
     except psycopg.Error as exc:
         if _heals(exc):
             raise StoreUnavailable(f"postgres unavailable: {exc}".strip()) from exc
+        if exc.sqlstate == "42P01":  # undefined table: the schema was never applied
+            first = str(exc).strip().splitlines()[0]
+            raise StoreError(f"{first}: run `cairn db upgrade` to create the schema") from exc
         raise StoreError(f"postgres refused: {exc}".strip()) from exc
 
 

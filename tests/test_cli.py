@@ -123,3 +123,19 @@ def test_broker_down_at_enqueue_keeps_the_run_and_says_what_to_do(cli_env, store
     result = _cairn("enqueue", "invoice", data, "--run-id", "r-1", env=env)
     assert result.returncode == 2 and "broker is unreachable" in result.stderr
     assert [r.run_id for r in store.list_runs()] == ["r-1"]  # recorded, resumable
+
+
+def test_json_of_enqueue_signal_cancel_and_the_time_filters(cli_env) -> None:
+    data = json.dumps({"customer": "acme", "email": "a@example.com"})
+    made = _cairn("enqueue", "invoice", data, "--run-id", "j-1", "--json", env=cli_env)
+    assert json.loads(made.stdout) == {"run_id": "j-1"}
+    sent = _cairn("signal", "j-1", "payment", '{"a": 1}', "--id", "x", "--json", env=cli_env)
+    assert json.loads(sent.stdout) == {"run_id": "j-1", "event": "payment", "stored": True}
+    again = _cairn("signal", "j-1", "payment", '{"a": 1}', "--id", "x", "--json", env=cli_env)
+    assert json.loads(again.stdout)["stored"] is False
+    cancelled = _cairn("cancel", "j-1", "--json", env=cli_env)
+    assert json.loads(cancelled.stdout)["run"]["status"] == "cancelled"
+    later = _cairn("runs", "--json", "--since", "2999-01-01", env=cli_env)
+    assert json.loads(later.stdout) == {"runs": [], "totals": {"cancelled": 1}, "next_after": None}
+    span = _cairn("runs", "--json", "--since", "2000-01-01", "--until", "2999-01-01", env=cli_env)
+    assert [r["run_id"] for r in json.loads(span.stdout)["runs"]] == ["j-1"]

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import tempfile
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -46,6 +47,11 @@ def _root(
     ] = False,
 ) -> None:
     """Durable multi-step LLM agent runs on Celery + Postgres + Redis."""
+
+
+def _aware(when: datetime | None) -> datetime | None:
+    """A time given without a zone is local time."""
+    return when.astimezone() if when is not None and when.tzinfo is None else when
 
 
 def _dumps(value: Any) -> str:
@@ -216,6 +222,7 @@ def enqueue(
             "--run-id", help="Explicit run id (letters, digits, ._:@+=/-); an existing one resumes."
         ),
     ] = None,
+    as_json: AsJson = False,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
     workflows: Workflows = None,
@@ -242,7 +249,8 @@ def enqueue(
         registry.import_modules(("cairn.steps.invoice", *settings.workflows))
         registry.get(workflow)
         with _client(settings) as client:
-            console.print(client.enqueue(workflow, data, run_id=run_id))
+            created = client.enqueue(workflow, data, run_id=run_id)
+        print(_dumps({"run_id": created}) if as_json else created)
     except CairnError as exc:
         _fail(str(exc), 2)
 
@@ -260,12 +268,25 @@ def runs(
         str | None,
         typer.Option("--after", help="The last run id of the previous page: show the next."),
     ] = None,
+    since: Annotated[
+        datetime | None, typer.Option("--since", help="Only runs created at or after this.")
+    ] = None,
+    until: Annotated[
+        datetime | None, typer.Option("--until", help="Only runs created before this.")
+    ] = None,
     as_json: AsJson = False,
     database_url: DatabaseUrl = None,
 ) -> None:
     """List runs, newest first, a page at a time, with the totals by status."""
     with _client(_settings(database_url=database_url)) as client:
-        found = client.list(status.value if status else None, limit, workflow=workflow, after=after)
+        found = client.list(
+            status.value if status else None,
+            limit,
+            workflow=workflow,
+            after=after,
+            since=_aware(since),
+            until=_aware(until),
+        )
         totals = client.counts()
     following = found[-1].run_id if len(found) == limit else None
     if as_json:
@@ -384,6 +405,7 @@ def signal(
     signal_id: Annotated[
         str | None, typer.Option("--id", help="Signal id: the same id twice is one signal.")
     ] = None,
+    as_json: AsJson = False,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
 ) -> None:
@@ -400,6 +422,9 @@ def signal(
             stored = client.signal(run_id, event, data, signal_id=signal_id)
     except CairnError as exc:
         _fail(str(exc), 2)
+    if as_json:
+        print(_dumps({"run_id": run_id, "event": event, "stored": stored}))
+        return
     console.print(f"{run_id}: {event} " + ("sent" if stored else "already sent (same --id)"))
 
 
@@ -407,6 +432,7 @@ def signal(
 def cancel(
     run_id: Annotated[str, typer.Argument(help="The run id.")],
     reason: Annotated[str, typer.Option("--reason", help="Recorded on the run.")] = "cancelled",
+    as_json: AsJson = False,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Cancel a run: a pending one at once, a running one at its next step boundary."""
@@ -414,6 +440,9 @@ def cancel(
         run = client.cancel(run_id, reason)
     if run is None:
         _fail(f"no run {run_id!r}")
+    if as_json:
+        print(_dumps({"run": run.to_json()}))
+        return
     console.print(
         f"{run_id}: {run.status}" + ("" if run.status == "cancelled" else " (cancel asked)")
     )

@@ -7,6 +7,7 @@ and sends one message naming the run. Celery is imported on the first enqueue.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import uuid
 from typing import TYPE_CHECKING, Any, Self
 
@@ -116,10 +117,14 @@ class Client:
         *,
         workflow: str | None = None,
         after: str | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
     ) -> list[Run]:
-        """Runs, newest first, filtered by status and workflow; pass the last run id of a
-        page as `after` for the next page."""
-        return self.store.list_runs(status, limit, workflow=workflow, after=after)
+        """Runs, newest first, filtered by status, workflow and creation time [since,
+        until); pass the last run id of a page as `after` for the next page."""
+        return self.store.list_runs(
+            status, limit, workflow=workflow, after=after, since=since, until=until
+        )
 
     def counts(self) -> dict[str, int]:
         """How many runs are in each status."""

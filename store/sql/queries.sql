@@ -197,6 +197,8 @@ SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c
   FROM runs r JOIN checkpoints c USING (run_id)
  WHERE (%(status)s::text IS NULL OR c.status = %(status)s)
    AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s)
+   AND (%(since)s::timestamptz IS NULL OR r.created_at >= %(since)s)
+   AND (%(until)s::timestamptz IS NULL OR r.created_at < %(until)s)
    AND (%(after)s::text IS NULL
         OR (r.created_at, r.run_id) < (SELECT a.created_at, a.run_id FROM runs a
                                          WHERE a.run_id = %(after)s))
