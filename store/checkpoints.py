@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import time
+from collections.abc import Callable
 from typing import Any, Literal, NamedTuple, Protocol, TypedDict
 
 from psycopg.types.json import Jsonb
@@ -418,6 +419,20 @@ class PgStore:
             "stalled", {"pending_after": pending_after, "running_after": running_after}
         )
 
-    def sweep(self, older_than: float) -> int:
-        row = self.db.one("sweep", {"older_than": older_than})
-        return int(row["n"]) if row else 0
+    def sweep(
+        self,
+        older_than: float,
+        batch: int = 1000,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Delete terminal runs older than older_than seconds, batch runs per transaction;
+        returns how many went (progress, if given, hears the running total)."""
+        total = 0
+        while True:
+            row = self.db.one("sweep", {"older_than": older_than, "batch": batch})
+            n = int(row["n"]) if row else 0
+            total += n
+            if progress is not None and n:
+                progress(total)
+            if n < batch:
+                return total

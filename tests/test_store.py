@@ -183,7 +183,9 @@ def test_sweep_removes_only_old_terminal_runs(store: PgStore, sql) -> None:
         )
         store.mark_done(f"k-{run_id}", run_id, None)
     sql("UPDATE checkpoints SET updated_at = now() - interval '8 days' WHERE run_id LIKE 'old-%'")
-    assert store.sweep(older_than=7 * 24 * 3600) == 2
+    seen: list[int] = []
+    assert store.sweep(older_than=7 * 24 * 3600, batch=1, progress=seen.append) == 2
+    assert seen == [1, 2]  # one run per transaction, progress after each
     assert sorted(r.run_id for r in store.list_runs()) == ["new-done", "old-running"]
     assert sorted(r[0] for r in sql("SELECT run_id FROM window_messages")) == [
         "new-done",

@@ -140,8 +140,10 @@ def create_app(settings: Settings, hooks: StepHooks = NO_HOOKS) -> Celery:
 
     @app.task(name=broker.SWEEP_TASK)
     def sweep() -> int:
-        """Delete terminal runs older than CAIRN_RETENTION_SECONDS."""
-        return runtime.deps().store.sweep(settings.retention)
+        """Delete terminal runs older than CAIRN_RETENTION_SECONDS, 1,000 per transaction."""
+        return runtime.deps().store.sweep(
+            settings.retention, progress=lambda n: logger.info("sweep: %d runs deleted", n)
+        )
 
     return app
 

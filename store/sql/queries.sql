@@ -234,11 +234,16 @@ SELECT run_id, status FROM checkpoints c
                       AND s.created_at < now() - make_interval(secs => %(running_after)s)));
 
 -- name: sweep
--- Retention: terminal runs older than the horizon go, with their window and ledger rows.
-WITH gone AS (
-    DELETE FROM runs r USING checkpoints c
-     WHERE r.run_id = c.run_id AND c.status IN ('done', 'failed', 'cancelled', 'budget_exceeded')
-       AND c.updated_at < now() - make_interval(secs => %(older_than)s)
+-- Retention, one batch: up to `batch` terminal runs older than the horizon go, with
+-- their window, ledger, history and signal rows. Called until a batch comes back short,
+-- so each transaction (and its cascade) stays small.
+WITH old AS (
+    SELECT run_id FROM checkpoints
+     WHERE status IN ('done', 'failed', 'cancelled', 'budget_exceeded')
+       AND updated_at < now() - make_interval(secs => %(older_than)s)
+     LIMIT %(batch)s
+), gone AS (
+    DELETE FROM runs r USING old WHERE r.run_id = old.run_id
     RETURNING r.run_id
 ), w AS (
     DELETE FROM window_messages m USING gone WHERE m.run_id = gone.run_id
