@@ -419,6 +419,11 @@ class PgStore:
             "stalled", {"pending_after": pending_after, "running_after": running_after}
         )
 
+    def unclaimed(self, older_than: float, limit: int = 10_000) -> list[str]:
+        """Pending runs no worker has taken, sent over older_than seconds ago, oldest first."""
+        rows = self.db.all("unclaimed", {"older_than": older_than, "limit": limit})
+        return [r["run_id"] for r in rows]
+
     def sweep(
         self,
         older_than: float,

@@ -129,6 +129,12 @@ def create_app(settings: Settings, hooks: StepHooks = NO_HOOKS) -> Celery:
         stalled = [
             r["run_id"] for r in d.store.stalled(settings.pending_after, settings.lease_ttl / 2)
         ]
+        unclaimed = d.store.unclaimed(settings.lost_after)
+        if unclaimed:
+            # More runs waiting for a message than messages the broker holds: the oldest
+            # of them lost theirs. A long backlog holds a message for each: no storm.
+            lost = len(unclaimed) - broker.in_flight(app)
+            stalled += unclaimed[: max(lost, 0)]
         n = 0
         for run_id in d.leases.unheld(stalled):
             if d.leases.mark_reaped(run_id, settings.lease_ttl):

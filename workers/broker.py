@@ -5,6 +5,7 @@ Light on purpose (no Celery import): the Client reads it to send a run by name.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -18,6 +19,28 @@ SWEEP_TASK = "cairn.sweep"
 RUNS = "celery"
 RESUME = "cairn.resume"
 CONTROL = "cairn.control"
+
+
+def in_flight(app: Any) -> int:
+    """Run messages the broker holds: ready in the run queues, plus (Redis) those taken
+    by a worker and not yet acked, which include countdown retries a worker keeps."""
+    held = 0
+    with app.connection_for_read() as conn:
+        for queue in (RUNS, RESUME):
+            try:
+                with conn.channel() as channel:
+                    held += channel.queue_declare(queue, passive=True).message_count
+            except conn.channel_errors:  # no such queue (yet, or flushed): nothing in it
+                pass
+        channel = conn.default_channel
+        unacked_key = getattr(channel, "unacked_key", None)  # kombu's Redis transport
+        if unacked_key is not None:
+            # [message, exchange, routing key] per unacked message, of every queue: count
+            # the runs' (the reaper's own tick is one of the others).
+            for raw in channel.client.hvals(unacked_key):
+                if json.loads(raw)[2] in (RUNS, RESUME):
+                    held += 1
+    return held
 
 
 def conf(settings: Settings) -> dict[str, Any]:

@@ -57,6 +57,13 @@ class Settings:
     pending_after: float = _setting(
         300.0, "CAIRN_PENDING_AFTER", "seconds a pending run waits before the reaper sends it again"
     )
+    # Sooner than pending_after when the broker holds fewer messages than there are runs
+    # waiting for one: those runs' messages were lost (a flushed or restarted broker).
+    lost_after: float = _setting(
+        10.0,
+        "CAIRN_LOST_AFTER",
+        "seconds before pending runs the broker holds no message for are sent again",
+    )
     defer_seconds: float = _setting(
         2.0, "CAIRN_DEFER_SECONDS", "countdown when another live worker holds the run"
     )

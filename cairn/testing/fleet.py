@@ -91,6 +91,7 @@ def spawn_worker(
     concurrency: int = 1,
     app: str = WORKER_APP,
     cwd: Path | None = None,
+    queues: str | None = None,
 ) -> Proc:
     """Start a worker without waiting for it (several can then boot in parallel)."""
     args = [
@@ -102,6 +103,7 @@ def spawn_worker(
         "--without-mingle",
         "--without-gossip",
         "--without-heartbeat",
+        *([f"--queues={queues}"] if queues else []),
     ]
     return Proc(celery(app) + args, env, log, name, cwd)
 
@@ -121,8 +123,9 @@ def start_worker(
     wait: float = 60.0,
     app: str = WORKER_APP,
     cwd: Path | None = None,
+    queues: str | None = None,
 ) -> Proc:
-    return wait_ready(spawn_worker(env, log, name, concurrency, app, cwd), wait)
+    return wait_ready(spawn_worker(env, log, name, concurrency, app, cwd, queues), wait)
 
 
 def start_beat(env: Mapping[str, str], log: Path, schedule: Path) -> Proc:

@@ -233,6 +233,15 @@ SELECT run_id, status FROM checkpoints c
                       AND s.consumed_seq IS NULL
                       AND s.created_at < now() - make_interval(secs => %(running_after)s)));
 
+-- name: unclaimed
+-- Runs sent but never taken by a worker, oldest first: are there more of them than
+-- messages the broker holds? Then the oldest are the ones whose message was lost.
+SELECT run_id FROM checkpoints
+ WHERE status = 'pending' AND epoch = 0
+   AND updated_at < now() - make_interval(secs => %(older_than)s)
+ ORDER BY updated_at, run_id
+ LIMIT %(limit)s;
+
 -- name: sweep
 -- Retention, one batch: up to `batch` terminal runs older than the horizon go, with
 -- their window, ledger, history and signal rows. Called until a batch comes back short,
