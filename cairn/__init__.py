@@ -17,9 +17,9 @@ neither Celery's worker, the anthropic SDK, prometheus_client, typer nor rich.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from cairn._lazy import loader
 from cairn.errors import (
     BudgetExceeded,
     CairnError,
@@ -63,13 +63,7 @@ if TYPE_CHECKING:
     from cairn.workers.settings import Settings
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cairn' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = loader("cairn", _LAZY, globals())
 
 
 def __dir__() -> list[str]:

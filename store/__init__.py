@@ -6,8 +6,9 @@ Names load on first use, so an enqueuer that needs Postgres never imports redis.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cairn._lazy import loader
 
 _LAZY = {
     "CHECKPOINT_VERSION": "cairn.store.checkpoints",
@@ -40,13 +41,7 @@ if TYPE_CHECKING:
     from cairn.store.tx import StepTransaction
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cairn.store' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = loader("cairn.store", _LAZY, globals())
 
 
 __all__ = [
