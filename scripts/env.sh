@@ -131,3 +131,19 @@ cairn_setup() {
     # (c) services
     bash "$ROOT/scripts/services.sh" up
 }
+
+# What only the tests need: a headless browser for the web pages (Debian's chromium and
+# chromedriver) and curl for the README's API session.
+cairn_setup_test_tools() {
+    local want=()
+    command -v chromium >/dev/null 2>&1 || want+=(chromium)
+    command -v chromedriver >/dev/null 2>&1 || want+=(chromium-driver)
+    command -v curl >/dev/null 2>&1 || want+=(curl)
+    [ "${#want[@]}" -eq 0 ] && return 0
+    cairn_say "installing test tools: ${want[*]} (apt, log: .cairn/logs/apt.log)"
+    if ! _cairn_apt_install "${want[@]}"; then
+        cairn_say "apt-get install ${want[*]} failed; last lines of .cairn/logs/apt.log:"
+        tail -n 20 "$STATE/logs/apt.log" >&2
+        return 1
+    fi
+}

@@ -104,8 +104,9 @@ class Database:
             max_size=max_size,
             kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": 5},
             open=False,
-            # A caller waits for a connection no longer than it would retry in all.
-            timeout=min(10.0, give_up_after),
+            # A caller waits for a connection no longer than it would retry in all,
+            # the 2 s diagnosis of a timeout (_why_unreachable) included.
+            timeout=max(1.0, min(10.0, give_up_after) - 2.0),
         )
         self._opened = False
 

@@ -3,6 +3,7 @@ template), a flushed Redis database, loopback stand-ins, real Celery worker proc
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import uuid
@@ -10,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 import redis as redis_lib
@@ -185,6 +187,39 @@ def start_worker(worker_env: dict[str, str], tmp_path: Path) -> Iterator[Callabl
     yield start
     for w in started:
         w.kill()
+
+
+@dataclasses.dataclass
+class Server:
+    url: str
+    token: str | None
+    proc: fleet.Proc
+
+    def http(self, token: str | None = "") -> httpx.Client:
+        """A client sending this server's token (or the one given; None: no header)."""
+        token = self.token if token == "" else token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+
+@pytest.fixture
+def serve(worker_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    servers: list[Server] = []
+
+    def start(*args: str, token: str | None = "fresh", **env: str) -> Server:
+        port = fleet.free_port()
+        full = {**worker_env, **env}
+        if token == "fresh":
+            token = uuid.uuid4().hex
+        if token:
+            full["CAIRN_API_TOKEN"] = token
+        proc = fleet.start_server(full, tmp_path / f"serve-{port}.log", port, *args)
+        servers.append(Server(f"http://127.0.0.1:{port}", token, proc))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.proc.kill()
 
 
 @pytest.fixture

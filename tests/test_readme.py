@@ -22,6 +22,9 @@ from tests.conftest import ROOT, wait_for
 README = (ROOT / "README.md").read_text()
 PYTHON = re.findall(r"```python\n(.*?)```", README, re.DOTALL)
 BASH = re.findall(r"```bash\n(.*?)```", README, re.DOTALL)
+# Shell blocks with what comes just before them: a block is run by the tests unless an
+# HTML comment right above it says why not.
+SHELL = re.findall(r"(<!-- not run by the tests: [^>]*-->\n)?```bash\n(.*?)```", README, re.DOTALL)
 BIN = Path(sys.executable).parent
 
 
@@ -118,3 +121,41 @@ def test_runs_json_pages_through_a_thousand_runs(settings, client, store) -> Non
 def test_version() -> None:
     out = subprocess.run([str(BIN / "cairn"), "--version"], capture_output=True, text=True, check=True)
     assert re.fullmatch(r"cairn \d+\.\d+\.\d+\n", out.stdout)
+
+
+def test_the_shell_blocks_that_are_not_run_say_why() -> None:
+    skipped = [reason for reason, _ in SHELL if reason]
+    assert len(skipped) <= 3, "run README shell blocks in a test rather than skipping them"
+    assert all(len(reason) > 40 for reason in skipped)
+
+
+RUN_SHELL = [i for i, (reason, _) in enumerate(SHELL) if not reason]
+
+
+@pytest.mark.parametrize("index", RUN_SHELL)
+def test_every_shell_block_runs_as_written_outside_the_repo(
+    index: int, settings, mail: MailServer, tmp_path: Path
+) -> None:
+    """Each block under `bash -eu`, in a scratch folder, against this test's Postgres and
+    Redis. Whatever a block leaves running is stopped with its session afterwards."""
+    block = SHELL[index][1]
+    env = _env(settings, CAIRN_MAIL_URL=mail.url)
+    log = tmp_path / "out.txt"
+    with log.open("w") as sink:  # a file, not a pipe: background jobs keep theirs open
+        proc = subprocess.Popen(
+            ["bash", "-euc", block], cwd=tmp_path, env=env, stdout=sink,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        proc.wait(timeout=120)
+        out = log.read_text()
+        assert proc.returncode == 0, f"README shell block {index}:\n{block}\n{out}"
+        if "cairn worker" in block:  # what it left running is a fleet: use it
+            with Client(settings=settings) as client:
+                run_id = client.enqueue("invoice", {"customer": "c", "email": "c@example.com"})
+                wait_for(lambda: client.get(run_id).status == "done", 60, "the fleet's run")
+    finally:
+        try:
+            os.killpg(proc.pid, 9)
+        except ProcessLookupError:
+            pass

@@ -468,6 +468,8 @@ def settings_cmd(
         f.metadata["env"]: _redacted(getattr(settings, f.name))
         for f in dataclasses.fields(settings)
     }
+    if settings.api_token:
+        values["CAIRN_API_TOKEN"] = "***"
     if as_json:
         print(_dumps(values))
         return
@@ -530,22 +532,93 @@ def db_upgrade(
 
 
 @app.command()
+def serve(
+    host: Annotated[
+        str | None,
+        typer.Option("--host", envvar="CAIRN_WEB_HOST", help="Address to listen on [127.0.0.1]."),
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            "--port", envvar="CAIRN_WEB_PORT", min=1, max=65535, help="Port to listen on [8000]."
+        ),
+    ] = None,
+    insecure_no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-no-auth",
+            help="Serve without CAIRN_API_TOKEN: anyone who reaches the port can start and "
+            "cancel runs. For a laptop only.",
+        ),
+    ] = False,
+    workflows: Workflows = None,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    loglevel: LogLevel = None,
+) -> None:
+    """The HTTP API and the web pages of runs (token from CAIRN_API_TOKEN)."""
+    import uvicorn
+
+    from cairn.workers.web.api import create_app
+
+    settings = _settings(
+        web_host=host,
+        web_port=port,
+        workflows=workflows,
+        database_url=database_url,
+        redis_url=redis_url,
+        loglevel=loglevel,
+    )
+    web = create_app(settings, insecure_no_auth=insecure_no_auth)
+    where = f"http://{settings.web_host}:{settings.web_port}"
+    if not settings.api_token:
+        err.print("[bold yellow]warning:[/] no CAIRN_API_TOKEN: serving without auth")
+    err.print(f"cairn serve: runs at {where}/ui/runs, API docs at {where}/docs", soft_wrap=True)
+    uvicorn.run(
+        web,
+        host=settings.web_host,
+        port=settings.web_port,
+        log_level=settings.loglevel.lower(),
+        access_log=False,  # the request counter is on /metrics; a line per request is noise
+    )
+
+
+@app.command()
 def demo(
     runs: Annotated[int, typer.Option("--runs", help="Invoice runs to enqueue.")] = 20,
     workers: Annotated[int, typer.Option("--workers", help="Worker processes to start.")] = 2,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the summary as one JSON object.")
     ] = False,
+    serve: Annotated[
+        bool,
+        typer.Option(
+            "--serve",
+            help="Serve the runs' pages on 127.0.0.1 while they run, and after until Ctrl-C.",
+        ),
+    ] = False,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            "--port", envvar="CAIRN_WEB_PORT", min=1, max=65535, help="--serve's port [8000]."
+        ),
+    ] = None,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
 ) -> None:
     """A fleet of workers doing invoice runs; workers are SIGKILLed mid-run; effects counted."""
     from cairn.testing.demo import run_demo
 
-    settings = _settings(database_url=database_url, redis_url=redis_url)
-    summary = run_demo(settings, runs=runs, workers=workers, quiet=as_json)
-    if as_json:
-        print(json.dumps(summary))
+    settings = _settings(database_url=database_url, redis_url=redis_url, web_port=port)
+    summary = run_demo(
+        settings,
+        runs=runs,
+        workers=workers,
+        quiet=as_json,
+        serve_port=settings.web_port if serve else None,
+        # Printed before --serve goes on serving: a script reading it need not wait.
+        on_summary=(lambda s: print(json.dumps(s), flush=True)) if as_json else None,
+    )
     if not summary["ok"]:
         raise typer.Exit(1)
 

@@ -11,13 +11,13 @@ import datetime as dt
 import uuid
 from typing import TYPE_CHECKING, Any, Self
 
-from cairn.errors import InvalidInput, StoreUnavailable, UnknownRun
+from cairn.errors import CairnError, InvalidInput, StoreUnavailable, UnknownRun
 from cairn.steps import registry
 from cairn.store.checkpoints import STOPPED, PgStore
 from cairn.store.db import Database
 from cairn.store.runs import Run
-from cairn.workers import broker
-from cairn.workers.inputs import check_input, check_run_id
+from cairn.workers import broker, health
+from cairn.workers.inputs import check_event, check_input, check_run_id
 from cairn.workers.settings import Settings
 
 if TYPE_CHECKING:
@@ -142,6 +142,10 @@ class Client:
         """Send the run a signal of `event` with a JSON payload. It is stored durably: a
         run waiting for it wakes, a run that waits for it later finds it. The same
         signal_id twice is one signal (returns False the second time). Raises UnknownRun."""
+        check_event(event)
+        check_input({"payload": payload}, self.settings.max_input_bytes)
+        if signal_id is not None:
+            check_run_id(signal_id)  # same rules: it travels as a key and a header too
         found = self.store.signal(run_id, event, payload, signal_id or uuid.uuid4().hex)
         if found is None:
             raise UnknownRun(f"no run {run_id!r}")
@@ -155,6 +159,16 @@ class Client:
         (seq, cursor, visit, outcome, started_at, ended_at, worker, epoch, cost_usd,
         effect_key, error)."""
         return self.store.history(run_id)
+
+    def problems(self) -> list[str]:
+        """One line per service (Postgres, the broker) that does not answer within
+        CAIRN_CLIENT_GIVE_UP_AFTER; empty when both do."""
+        found = []
+        try:
+            self.store.db.one("ping")
+        except CairnError as exc:
+            found.append(str(exc))
+        return found + health.broker_problems(self.settings)
 
     @property
     def producer(self) -> Celery:

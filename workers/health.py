@@ -31,11 +31,11 @@ def problems(settings: Settings) -> list[str]:
     finally:
         leases.client.close()
     if settings.broker != settings.redis_url:
-        found += _broker_problems(settings)
+        found += broker_problems(settings)
     return found
 
 
-def _broker_problems(settings: Settings) -> list[str]:
+def broker_problems(settings: Settings) -> list[str]:
     from kombu import Connection
 
     try:

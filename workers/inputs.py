@@ -30,6 +30,13 @@ def check_run_id(run_id: Any) -> str:
     return run_id
 
 
+def check_event(event: Any) -> str:
+    """A signal's event name: what a step waits for, and a URL path segment."""
+    if not isinstance(event, str) or not 1 <= len(event) <= RUN_ID_MAX or "\x00" in event:
+        raise InvalidInput(f"event must be 1-{RUN_ID_MAX} characters without NUL")
+    return event
+
+
 def check_input(data: Any, max_bytes: int) -> dict[str, Any]:
     """data if it is a JSON object that round-trips, under max_bytes; else InvalidInput."""
     if not isinstance(data, dict):

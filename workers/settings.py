@@ -115,6 +115,15 @@ class Settings:
     metrics_port: int = _setting(
         0, "CAIRN_METRICS_PORT", "`cairn worker` serves Prometheus metrics on this port (0: off)"
     )
+    # A secret: never in repr, logs or `cairn settings` (masked there).
+    api_token: str | None = _setting(
+        None,
+        "CAIRN_API_TOKEN",
+        "`cairn serve`: the bearer token every request but `/healthz` must carry",
+        repr=False,
+    )
+    web_host: str = _setting("127.0.0.1", "CAIRN_WEB_HOST", "`cairn serve`: address to listen on")
+    web_port: int = _setting(8000, "CAIRN_WEB_PORT", "`cairn serve`: port to listen on")
 
     @property
     def broker(self) -> str:

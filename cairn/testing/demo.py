@@ -12,6 +12,7 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -31,8 +32,15 @@ STATE = fleet.STATE / "demo"
 
 
 def run_demo(
-    settings: Settings, runs: int = 20, workers: int = 2, quiet: bool = False
+    settings: Settings,
+    runs: int = 20,
+    workers: int = 2,
+    quiet: bool = False,
+    serve_port: int | None = None,
+    on_summary: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
+    """The demo's summary. With serve_port, `cairn serve` shows the runs on that port
+    while they run, and goes on serving after the summary until Ctrl-C."""
     err = Console(stderr=True)
     out = Console()
     # The demo's own Redis database, flushed: old messages cannot leak into it.
@@ -79,6 +87,14 @@ def run_demo(
         for i in range(workers):
             procs.append(fleet.start_worker(env, STATE / f"worker-{stamp}-{i}.log", f"demo{i}", 2))
         procs.append(fleet.start_beat(env, STATE / f"beat-{stamp}.log", STATE / "beat-schedule"))
+        page = f"http://127.0.0.1:{serve_port or settings.web_port}/ui/runs"
+        if serve_port:
+            # On loopback only; with CAIRN_API_TOKEN set the page asks for it.
+            open_door = () if os.environ.get("CAIRN_API_TOKEN") else ("--insecure-no-auth",)
+            procs.append(
+                fleet.start_server(env, STATE / f"serve-{stamp}.log", serve_port, *open_door)
+            )
+            err.print(f"[bold]watch the runs[/]: {page}")
 
         ids = [
             client.enqueue(
@@ -140,6 +156,23 @@ def run_demo(
         )
         if not quiet:
             _print_summary(out, summary)
+        if on_summary is not None:
+            on_summary(summary)
+        resumed = next((r.run_id for r in rows.values() if r.resumes), None)
+        if serve_port:
+            err.print(f"a run resumed after a kill: {page}/{resumed}" if resumed else "")
+            err.print(f"serving the runs at {page} until Ctrl-C")
+            try:
+                while procs[-1].alive():
+                    time.sleep(0.5)
+            except KeyboardInterrupt:
+                pass
+        else:
+            err.print(
+                f"see the runs and their step timelines: `cairn demo --serve`, or "
+                f"`cairn serve --insecure-no-auth` and {page}",
+                soft_wrap=True,
+            )
         return summary
     finally:
         for p in procs:

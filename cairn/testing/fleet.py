@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -131,6 +132,37 @@ def start_worker(
 def start_beat(env: Mapping[str, str], log: Path, schedule: Path) -> Proc:
     args = ["beat", "--loglevel=INFO", f"--schedule={schedule}"]
     return Proc(celery(WORKER_APP) + args, env, log, "beat")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_server(
+    env: Mapping[str, str], log: Path, port: int, *args: str, wait: float = 30.0
+) -> Proc:
+    """`cairn serve` on 127.0.0.1:port, returned once it answers /healthz (whatever its
+    answer: a server in front of a dead Postgres is still up)."""
+    import httpx
+
+    cmd = [sys.executable, "-m", "cairn.workers.cli", "serve", "--port", str(port), *args]
+    server = Proc(cmd, env, log, "serve")
+
+    def answers() -> bool:
+        if not server.alive():
+            return True
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10)
+        except httpx.TransportError:
+            return False
+        return True
+
+    wait_for(answers, wait, "cairn serve to answer")
+    if not server.alive():
+        raise RuntimeError(f"cairn serve exited at start:\n{server.text()[-3000:]}")
+    return server
 
 
 def child_env(**overrides: str) -> dict[str, str]:

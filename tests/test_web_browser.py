@@ -1,0 +1,139 @@
+"""The pages in a real browser: Debian's headless Chromium, driven by selenium through
+chromedriver, against `cairn serve` with real workers moving the runs. Screenshots of
+each page are kept in .cairn/artifacts/web/."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
+
+from cairn.testing import fleet
+from tests.conftest import ROOT, Server, wait_for
+
+ARTIFACTS = ROOT / ".cairn" / "artifacts" / "web"
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and driver, "Debian's chromium and chromium-driver: run `bash scripts/test`"
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",  # as root, in a container
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        # This machine's network is closed: no background calls to Google's hosts.
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-quic",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+        "--window-size=1360,1000",
+    ):
+        options.add_argument(arg)
+    chrome = webdriver.Chrome(service=Service(driver), options=options)
+    chrome.set_page_load_timeout(30)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    yield chrome
+    chrome.quit()
+
+
+def _text(chrome: webdriver.Chrome, css: str) -> str:
+    # Read in one script call: the live part may be replaced between find and read.
+    text = chrome.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.textContent : '';", css
+    )
+    return " ".join(text.split())
+
+
+def _until(chrome: webdriver.Chrome, check: Callable[[], object], what: str, timeout: float = 60):
+    try:
+        return WebDriverWait(chrome, timeout, poll_frequency=0.1).until(lambda _: check(), what)
+    except Exception:
+        chrome.save_screenshot(str(ARTIFACTS / "failed.png"))
+        raise
+
+
+def test_watch_a_run_move_resume_and_finish_then_cancel_another(
+    browser: webdriver.Chrome,
+    serve: Callable[..., Server],
+    start_worker: Callable[..., fleet.Proc],
+    start_beat: Callable[[], fleet.Proc],
+    leases,
+) -> None:
+    server = serve()
+    first = start_worker(concurrency=2)
+    start_beat()  # the reaper
+    # 12 visits of ~0.4 s; a long one to cancel.
+    with server.http() as api:
+        moving = api.post(
+            "/runs",
+            json={"workflow": "loop", "run_id": "watched",
+                  "input": {"visits": 12, "sleep_after_visit": {str(i): 0.4 for i in range(12)}}},
+        ).json()["run_id"]  # fmt: skip
+        doomed = api.post(
+            "/runs",
+            json={"workflow": "loop", "run_id": "doomed",
+                  "input": {"visits": 200, "sleep_after_visit": {str(i): 1 for i in range(200)}}},
+        ).json()["run_id"]  # fmt: skip
+
+    # Logging in: the page sends us to the form, the token gets us back.
+    browser.get(f"{server.url}/ui/runs")
+    assert "/login" in browser.current_url
+    browser.find_element(By.ID, "token").send_keys(server.token)
+    browser.find_element(By.CSS_SELECTOR, "form.login button").click()
+    _until(browser, lambda: browser.current_url.endswith("/ui/runs"), "the runs page")
+    _until(
+        browser,
+        lambda: len(browser.find_elements(By.CSS_SELECTOR, "tr[data-run]")) == 2,
+        "both runs listed",
+    )
+    _until(browser, lambda: "running" in _text(browser, ".pills"), "a running count")
+    browser.save_screenshot(str(ARTIFACTS / "runs.png"))
+
+    # The run's page grows while a worker moves it, with no reload.
+    browser.find_element(By.LINK_TEXT, moving).click()
+    _until(browser, lambda: _text(browser, "#status") == "running", "the run running")
+    marker = browser.find_element(By.TAG_NAME, "h1")
+
+    def saved() -> int:
+        return len(browser.find_elements(By.CSS_SELECTOR, "tr.step"))
+
+    _until(browser, lambda: saved() >= 3, "three steps on the page")
+    # Lose the whole worker mid-run; a new one resumes it once the lease has died.
+    wait_for(lambda: leases.holder(moving) is not None, 10, "a lease on the watched run")
+    first.kill()
+    start_worker(concurrency=2)
+    _until(browser, lambda: _text(browser, "#status") == "done", "the run done", timeout=90)
+    assert marker.is_displayed()  # the same page: the live part refreshed in place
+    assert saved() == 12
+    assert "resumed by" in _text(browser, "tr.gaprow-resume")
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".timeline .lane")) >= 2  # a lane per process
+    assert browser.find_elements(By.CSS_SELECTOR, ".gap-resume")
+    assert _text(browser, "#seq") == "12"
+    browser.save_screenshot(str(ARTIFACTS / "run.png"))
+
+    # Cancel from the page; the run stops at its next step boundary.
+    browser.get(f"{server.url}/ui/runs/{doomed}")
+    _until(browser, lambda: _text(browser, "#status") in ("running", "pending"), "doomed moving")
+    browser.find_element(By.ID, "cancel").click()
+    WebDriverWait(browser, 5).until(expected_conditions.alert_is_present()).accept()
+    _until(browser, lambda: _text(browser, "#status") == "cancelled", "the run cancelled", 30)
+    assert not browser.find_element(By.ID, "cancel").is_enabled()
+    browser.save_screenshot(str(ARTIFACTS / "cancelled.png"))
+
+    # And the runs page counts it.
+    browser.get(f"{server.url}/ui/runs?status=cancelled")
+    rows = browser.find_elements(By.CSS_SELECTOR, "tr[data-run]")
+    assert [r.get_attribute("data-run") for r in rows] == [doomed]

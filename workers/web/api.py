@@ -1,0 +1,399 @@
+"""The HTTP API: runs started, read, cancelled and signalled over JSON, behind a bearer token.
+
+Every route is a thin call into one shared cairn.Client (thread-safe: a connection pool
+and Celery's producer pool), run in FastAPI's thread pool. Errors are one JSON shape,
+{"error": {"type", "message"}}, with the status a caller can act on: 4xx for what the
+request got wrong, 503 with Retry-After when Postgres or the broker is away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import hmac
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Annotated, Any, Literal
+
+from fastapi import Body, FastAPI, Header, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, RedirectResponse
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from pydantic import BaseModel, ConfigDict, Field
+
+from cairn import __version__
+from cairn.errors import (
+    CairnError,
+    InvalidInput,
+    RunIdConflict,
+    Transient,
+    UnknownRun,
+    UnknownWorkflow,
+)
+from cairn.steps import registry
+from cairn.workers.client import Client
+from cairn.workers.inputs import check_run_id
+from cairn.workers.settings import Settings
+
+log = logging.getLogger("cairn.web")
+
+COOKIE = "cairn_session"
+# Cookie-authenticated writes must carry this header: a cross-site form cannot set it.
+PAGE_HEADER = "x-cairn-page"
+# Reachable without the token: the probe, the login form and the pages' CSS and JS.
+OPEN_PATHS = re.compile(r"^/(healthz|login|static/.*)$")
+StatusName = Literal[
+    "pending",
+    "running",
+    "waiting",
+    "done",
+    "failed",
+    "cancelled",
+    "budget_exceeded",
+    "incompatible",
+]
+_ERROR_STATUS: list[tuple[type[CairnError], int]] = [
+    (UnknownRun, 404),
+    (RunIdConflict, 409),
+    (InvalidInput, 422),
+    (UnknownWorkflow, 422),
+    (Transient, 503),
+]
+
+
+class NewRun(BaseModel):
+    """A run to start: the workflow's name and its input (a JSON object)."""
+
+    model_config = ConfigDict(extra="forbid")
+    workflow: str = Field(min_length=1, max_length=200, examples=["invoice"])
+    input: dict[str, Any] = Field(
+        default_factory=dict, examples=[{"customer": "acme", "email": "ap@acme.test"}]
+    )
+    run_id: str | None = Field(
+        default=None, description="Your id for the run; the same id again is the same run."
+    )
+    max_cost_usd: float | None = Field(default=None, ge=0, description="Model cost cap.")
+
+
+class Cancel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field(default="cancelled", max_length=500)
+
+
+class NewSignal(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    payload: Any = None
+    signal_id: str | None = Field(
+        default=None, max_length=200, description="The same id twice is one signal."
+    )
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.message = status, kind, message
+
+
+def error(status: int, kind: str, message: str, **headers: str) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"type": kind, "message": message}}, status_code=status, headers=headers
+    )
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+class Auth:
+    """The bearer token, or the page session derived from it (never the token itself)."""
+
+    def __init__(self, token: str | None) -> None:
+        self.token = token.encode() if token else None
+        self.session = (
+            hmac.new(self.token, b"cairn page session", hashlib.sha256).hexdigest().encode()
+            if self.token
+            else None
+        )
+
+    def check(self, request: Request) -> Literal["bearer", "cookie"] | None:
+        """How the request proved itself, or None."""
+        if self.token is None or self.session is None:
+            return "bearer"
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.token):
+            return "bearer"
+        cookie = request.cookies.get(COOKIE, "")
+        if cookie and hmac.compare_digest(cookie.encode(), self.session):
+            return "cookie"
+        return None
+
+    def login(self, given: str) -> str | None:
+        """The session cookie's value for a correct token, else None."""
+        if self.token is None or self.session is None:
+            return ""
+        return self.session.decode() if hmac.compare_digest(given.encode(), self.token) else None
+
+
+class RunGauge:
+    """cairn_runs{status}: read from Postgres at scrape time, so every server agrees."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        gauge = GaugeMetricFamily("cairn_runs", "Runs by status.", labels=["status"])
+        try:
+            counts = self.client.counts()
+        except CairnError as exc:  # the scrape still answers, without this family
+            log.warning("cairn_runs not collected: %s", exc)
+            return
+        for status, n in sorted(counts.items()):
+            gauge.add_metric([status], n)
+        yield gauge
+
+
+def jsonable(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def step_json(step: dict[str, Any]) -> dict[str, Any]:
+    out = jsonable(step)
+    out["seconds"] = round((step["ended_at"] - step["started_at"]).total_seconds(), 6)
+    return out
+
+
+def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI:
+    """The API and the pages over one Client. Refuses to build without a token unless
+    insecure_no_auth (a laptop) is asked for."""
+    if not settings.api_token and not insecure_no_auth:
+        raise InvalidInput(
+            "CAIRN_API_TOKEN is not set: set it (e.g. `export CAIRN_API_TOKEN=$(openssl rand "
+            "-hex 32)`) or pass --insecure-no-auth on a machine only you can reach"
+        )
+    registry.import_modules(("cairn.steps.invoice", *settings.workflows))
+    client = Client(settings=settings)
+    auth = Auth(settings.api_token)
+    metrics = CollectorRegistry()
+    requests = Counter(
+        "cairn_http_requests_total",
+        "HTTP requests by route and status.",
+        ["method", "route", "status"],
+        registry=metrics,
+    )
+    latency = Histogram(
+        "cairn_http_request_seconds",
+        "HTTP request latency by route.",
+        ["route"],
+        registry=metrics,
+        buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
+    )
+    metrics.register(RunGauge(client))  # type: ignore[arg-type]
+    # A body larger than the largest input (plus room for the envelope) is refused unread.
+    max_body = settings.max_input_bytes + 64 * 1024
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        client.close()
+
+    app = FastAPI(
+        title="cairn",
+        version=__version__,
+        summary="Durable multi-step LLM agent runs: start, read, cancel and signal them.",
+        lifespan=lifespan,
+    )
+    app.state.client = client
+    app.state.auth = auth
+    app.state.settings = settings
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Response:
+        started = time.perf_counter()
+        response = await _guarded(request, call_next)
+        route = getattr(request.scope.get("route"), "path", "unmatched")
+        requests.labels(request.method, route, str(response.status_code)).inc()
+        latency.labels(route).observe(time.perf_counter() - started)
+        return response
+
+    async def _guarded(request: Request, call_next: Any) -> Response:
+        path = request.url.path
+        if not OPEN_PATHS.match(path):
+            how = auth.check(request)
+            if how is None:
+                if request.method == "GET" and (path == "/" or path.startswith("/ui")):
+                    return RedirectResponse(f"/login?next={request.url.path}", status_code=303)
+                return error(
+                    401,
+                    "unauthorized",
+                    "send the API token as `Authorization: Bearer $CAIRN_API_TOKEN`",
+                    **{"WWW-Authenticate": "Bearer"},
+                )
+            writes = request.method not in ("GET", "HEAD")
+            if how == "cookie" and writes and request.headers.get(PAGE_HEADER) != "1":
+                return error(403, "forbidden", f"a page's request must send {PAGE_HEADER}: 1")
+        if request.method in ("POST", "PUT", "PATCH"):
+            length = request.headers.get("content-length")
+            if length is None and request.headers.get("transfer-encoding"):
+                return error(411, "length_required", "send the body with a Content-Length")
+            if length is not None and (not length.isdigit() or int(length) > max_body):
+                return error(
+                    413,
+                    "body_too_large",
+                    f"the body is {length} bytes; the most accepted is {max_body:,} "
+                    f"(CAIRN_MAX_INPUT_BYTES={settings.max_input_bytes:,} plus the envelope)",
+                )
+        return await call_next(request)
+
+    @app.exception_handler(CairnError)
+    async def cairn_error(_: Request, exc: CairnError) -> JSONResponse:
+        for kind, status in _ERROR_STATUS:
+            if isinstance(exc, kind):
+                headers = {"Retry-After": "5"} if status == 503 else {}
+                return error(status, _snake(type(exc).__name__), str(exc), **headers)
+        return error(400, _snake(type(exc).__name__), str(exc))
+
+    @app.exception_handler(Exception)
+    async def crashed(_: Request, exc: Exception) -> JSONResponse:
+        # The traceback goes to the server's log (uvicorn logs it), not to the caller.
+        return error(500, "internal", f"{type(exc).__name__}: see the server's log")
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return error(exc.status, exc.kind, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = exc.errors()
+        for p in problems:
+            if p.get("type") == "json_invalid":
+                why = p.get("ctx", {}).get("error", "")
+                return error(400, "invalid_json", f"the body is not valid JSON: {why}")
+        said = "; ".join(
+            f"{'.'.join(str(part) for part in p['loc'] if part != 'body') or 'body'}: {p['msg']}"
+            for p in problems
+        )
+        return error(422, "invalid_request", said)
+
+    def _run(run_id: str) -> dict[str, Any]:
+        run = client.get(run_id)
+        if run is None:
+            raise UnknownRun(f"no run {run_id!r}")
+        return run.to_json()
+
+    @app.post("/runs", status_code=202, tags=["runs"])
+    def start_run(
+        new: Annotated[NewRun, Body()],
+        idempotency_key: Annotated[
+            str | None,
+            Header(description="Makes a retried POST return the same run (it is the run id)."),
+        ] = None,
+    ) -> dict[str, Any]:
+        """Start a run. Retrying with the same Idempotency-Key (or run_id) and body returns
+        the same run; the same key with another body is 409."""
+        run_id = new.run_id
+        if idempotency_key is not None:
+            key = check_run_id(idempotency_key)
+            if run_id is not None and run_id != key:
+                raise InvalidInput("run_id and Idempotency-Key differ: send one, or the same")
+            run_id = key
+        registry.get(new.workflow)  # UnknownWorkflow (422) names the ones it knows
+        run_id = client.enqueue(
+            new.workflow, new.input, run_id=run_id, max_cost_usd=new.max_cost_usd
+        )
+        return _run(run_id)
+
+    @app.get("/runs", tags=["runs"])
+    def list_runs(
+        status: StatusName | None = None,
+        workflow: Annotated[str | None, Query(max_length=200)] = None,
+        cursor: Annotated[
+            str | None, Query(max_length=200, description="next_cursor of the previous page")
+        ] = None,
+        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+    ) -> dict[str, Any]:
+        """Runs, newest first, a page at a time (keyset: pass next_cursor as cursor)."""
+        runs = client.list(status, limit, workflow=workflow, after=cursor, since=since, until=until)
+        return {
+            "runs": [r.to_json() for r in runs],
+            "next_cursor": runs[-1].run_id if len(runs) == limit else None,
+        }
+
+    @app.get("/counts", tags=["runs"])
+    def counts() -> dict[str, int]:
+        """How many runs are in each status."""
+        return client.counts()
+
+    @app.get("/runs/{run_id}", tags=["runs"])
+    def get_run(run_id: str) -> dict[str, Any]:
+        """One run: status, cursor, input, state (its result once done), error, cost."""
+        return _run(run_id)
+
+    @app.get("/runs/{run_id}/steps", tags=["runs"])
+    def steps(run_id: str) -> dict[str, Any]:
+        """The run's step timeline, oldest first: one row per step attempt that ended."""
+        history = client.history(run_id)
+        if not history and client.get(run_id) is None:
+            raise UnknownRun(f"no run {run_id!r}")
+        return {"run_id": run_id, "steps": [step_json(s) for s in history]}
+
+    @app.post("/runs/{run_id}/cancel", status_code=202, tags=["runs"])
+    def cancel(run_id: str, body: Annotated[Cancel | None, Body()] = None) -> dict[str, Any]:
+        """Stop a run: a pending one at once, a running one at its next step boundary."""
+        run = client.cancel(run_id, (body or Cancel()).reason)
+        if run is None:
+            raise UnknownRun(f"no run {run_id!r}")
+        return run.to_json()
+
+    @app.post("/runs/{run_id}/signals/{event}", status_code=202, tags=["runs"])
+    def signal(
+        run_id: str,
+        event: str,
+        body: Annotated[NewSignal | None, Body()] = None,
+        idempotency_key: Annotated[
+            str | None, Header(description="The signal id, if the body has none.")
+        ] = None,
+    ) -> dict[str, Any]:
+        """Send the run a signal; a run waiting for it wakes. The same signal_id twice is
+        one signal (stored: false the second time)."""
+        body = body or NewSignal()
+        signal_id = body.signal_id or idempotency_key
+        stored = client.signal(run_id, event, body.payload, signal_id=signal_id)
+        return {"stored": stored, "run": _run(run_id)}
+
+    @app.get("/healthz", tags=["operations"])
+    def healthz() -> JSONResponse:
+        """200 when Postgres and the broker answer, else 503 naming what does not."""
+        problems = client.problems()
+        return JSONResponse({"ok": not problems, "problems": problems}, 503 if problems else 200)
+
+    @app.get("/metrics", tags=["operations"])
+    def prometheus() -> Response:
+        return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
+
+    from cairn.workers.web import pages
+
+    pages.mount(app)
+    return app
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(jsonable(value), indent=2, sort_keys=True)
