@@ -40,11 +40,13 @@ class Client:
         broker_url: str | None = None,
         *,
         settings: Settings | None = None,
+        pool_size: int = 4,
     ) -> None:
         base = settings or Settings.from_env()
         self.settings = base.with_options(database_url=database_url, broker_url=broker_url)
         s = self.settings
-        self.store = PgStore(Database(s.database_url, give_up_after=s.client_give_up_after))
+        db = Database(s.database_url, max_size=pool_size, give_up_after=s.client_give_up_after)
+        self.store = PgStore(db)
         self._producer: Celery | None = None
 
     def __enter__(self) -> Self:

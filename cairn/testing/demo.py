@@ -166,7 +166,8 @@ def run_demo(
                 while procs[-1].alive():
                     time.sleep(0.5)
             except KeyboardInterrupt:
-                pass
+                # A second Ctrl-C must not cut the clean-up short and orphan the workers.
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
         else:
             err.print(
                 f"see the runs and their step timelines: `cairn demo --serve`, or "

@@ -31,6 +31,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cairn import __version__
 from cairn.errors import (
@@ -163,6 +164,74 @@ class RunGauge:
         yield gauge
 
 
+class Guard:
+    """Auth, body limits and request metrics, as plain ASGI (a BaseHTTPMiddleware would
+    cost a third of a small request)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        auth: Auth,
+        max_body: int,
+        settings: Settings,
+        requests: Counter,
+        latency: Histogram,
+    ) -> None:
+        self.app, self.auth, self.max_body, self.settings = app, auth, max_body, settings
+        self.requests, self.latency = requests, latency
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            refused = self.refuse(Request(scope))
+            await (refused or self.app)(scope, receive, sending)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.requests.labels(scope["method"], route, str(status)).inc()
+            self.latency.labels(route).observe(time.perf_counter() - started)
+
+    def refuse(self, request: Request) -> Response | None:
+        path = request.url.path
+        if not OPEN_PATHS.match(path):
+            how = self.auth.check(request)
+            if how is None:
+                if request.method == "GET" and (path == "/" or path.startswith("/ui")):
+                    return RedirectResponse(f"/login?next={path}", status_code=303)
+                return error(
+                    401,
+                    "unauthorized",
+                    "send the API token as `Authorization: Bearer $CAIRN_API_TOKEN`",
+                    **{"WWW-Authenticate": "Bearer"},
+                )
+            writes = request.method not in ("GET", "HEAD")
+            if how == "cookie" and writes and request.headers.get(PAGE_HEADER) != "1":
+                return error(403, "forbidden", f"a page's request must send {PAGE_HEADER}: 1")
+        if request.method in ("POST", "PUT", "PATCH"):
+            length = request.headers.get("content-length")
+            if length is None and request.headers.get("transfer-encoding"):
+                return error(411, "length_required", "send the body with a Content-Length")
+            if length is not None and (not length.isdigit() or int(length) > self.max_body):
+                return error(
+                    413,
+                    "body_too_large",
+                    f"the body is {length} bytes; the most accepted is {self.max_body:,} "
+                    f"(CAIRN_MAX_INPUT_BYTES={self.settings.max_input_bytes:,} plus the envelope)",
+                )
+        return None
+
+
 def jsonable(value: Any) -> Any:
     if isinstance(value, dt.datetime):
         return value.isoformat()
@@ -188,7 +257,8 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
             "-hex 32)`) or pass --insecure-no-auth on a machine only you can reach"
         )
     registry.import_modules(("cairn.steps.invoice", *settings.workflows))
-    client = Client(settings=settings)
+    # Postgres connections of this process: enough for the thread pool's busy requests.
+    client = Client(settings=settings, pool_size=16)
     auth = Auth(settings.api_token)
     metrics = CollectorRegistry()
     requests = Counter(
@@ -223,43 +293,9 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
     app.state.auth = auth
     app.state.settings = settings
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Response:
-        started = time.perf_counter()
-        response = await _guarded(request, call_next)
-        route = getattr(request.scope.get("route"), "path", "unmatched")
-        requests.labels(request.method, route, str(response.status_code)).inc()
-        latency.labels(route).observe(time.perf_counter() - started)
-        return response
-
-    async def _guarded(request: Request, call_next: Any) -> Response:
-        path = request.url.path
-        if not OPEN_PATHS.match(path):
-            how = auth.check(request)
-            if how is None:
-                if request.method == "GET" and (path == "/" or path.startswith("/ui")):
-                    return RedirectResponse(f"/login?next={request.url.path}", status_code=303)
-                return error(
-                    401,
-                    "unauthorized",
-                    "send the API token as `Authorization: Bearer $CAIRN_API_TOKEN`",
-                    **{"WWW-Authenticate": "Bearer"},
-                )
-            writes = request.method not in ("GET", "HEAD")
-            if how == "cookie" and writes and request.headers.get(PAGE_HEADER) != "1":
-                return error(403, "forbidden", f"a page's request must send {PAGE_HEADER}: 1")
-        if request.method in ("POST", "PUT", "PATCH"):
-            length = request.headers.get("content-length")
-            if length is None and request.headers.get("transfer-encoding"):
-                return error(411, "length_required", "send the body with a Content-Length")
-            if length is not None and (not length.isdigit() or int(length) > max_body):
-                return error(
-                    413,
-                    "body_too_large",
-                    f"the body is {length} bytes; the most accepted is {max_body:,} "
-                    f"(CAIRN_MAX_INPUT_BYTES={settings.max_input_bytes:,} plus the envelope)",
-                )
-        return await call_next(request)
+    app.add_middleware(
+        Guard, auth=auth, max_body=max_body, settings=settings, requests=requests, latency=latency
+    )
 
     @app.exception_handler(CairnError)
     async def cairn_error(_: Request, exc: CairnError) -> JSONResponse:
