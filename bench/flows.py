@@ -40,6 +40,18 @@ def nap(ctx: Context) -> StepResult:
     return StepResult(cursor="done" if n >= int(ctx.input["steps"]) else "nap", state={"n": n})
 
 
+WAITING = "bench_waiting"
+waiting = workflow(WAITING, max_steps=1_000)
+
+
+@waiting.step()
+def ask(ctx: Context) -> StepResult:
+    """An agent's step: one model call (the stand-in answers after its delay), nothing else."""
+    n = int(ctx.state.get("n", 0)) + 1
+    ctx.model(max_tokens=16, messages=[{"role": "user", "content": f"step {n}"}])
+    return StepResult(cursor="done" if n >= int(ctx.input["steps"]) else "ask", state={"n": n})
+
+
 _redis: Any = None
 
 

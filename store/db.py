@@ -95,14 +95,21 @@ def retrying(give_up_after: float) -> Retrying:
 class Database:
     """A small pool plus named-query helpers (procrastinate's connector shape)."""
 
-    def __init__(self, url: str, *, max_size: int = 4, give_up_after: float = 30.0) -> None:
+    def __init__(
+        self, url: str, *, max_size: int = 4, give_up_after: float = 30.0, prepare: bool = True
+    ) -> None:
         self.url = url
         self.give_up_after = give_up_after
+        options: dict[str, Any] = {"autocommit": True, "row_factory": dict_row, "connect_timeout": 5}
+        if not prepare:
+            # PgBouncer < 1.21 in transaction mode hands each transaction any server
+            # connection: a statement prepared on one is unknown on the next.
+            options["prepare_threshold"] = None
         self.pool = psycopg_pool.ConnectionPool(
             url,
             min_size=1,
             max_size=max_size,
-            kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": 5},
+            kwargs=options,
             open=False,
             # A caller waits for a connection no longer than it would retry in all,
             # the 2 s diagnosis of a timeout (_why_unreachable) included.

@@ -35,12 +35,21 @@ class Runtime:
         self.stopping = multiprocessing.Event()
 
     def deps(self) -> loop.Deps:
+        # One Deps per process, shared by its threads (the threads pool): the connection
+        # pool, the Redis client and the model client are all thread-safe.
         pid, s = os.getpid(), self.settings
         with self._lock:
             if pid not in self._deps:
                 self._deps[pid] = loop.Deps(
                     settings=s,
-                    store=PgStore(Database(s.database_url, give_up_after=s.store_give_up_after)),
+                    store=PgStore(
+                        Database(
+                            s.database_url,
+                            max_size=s.database_pool_size,
+                            give_up_after=s.store_give_up_after,
+                            prepare=s.database_prepare,
+                        )
+                    ),
                     leases=Leases.from_url(s.redis_url),
                     model=ModelClient(base_url=s.anthropic_base_url, default_model=s.model),
                     hooks=self.hooks,

@@ -101,6 +101,9 @@ Status = enum.Enum(  # type: ignore[misc]
 )
 
 
+Pool = enum.Enum("Pool", {"prefork": "prefork", "threads": "threads"}, type=str)  # type: ignore[misc]
+
+
 def _settings(**options: Any) -> Any:
     """Settings.from_env() with the options that were given on top."""
     from cairn.workers.settings import Settings
@@ -124,10 +127,24 @@ def _fail(message: str, code: int = 1) -> None:
 
 @app.command()
 def worker(
+    pool: Annotated[
+        Pool | None,
+        typer.Option(
+            "--pool",
+            "-P",
+            envvar="CAIRN_POOL",
+            help="prefork: a process per run. threads: many runs per process, for runs "
+            "that wait on the model [prefork].",
+        ),
+    ] = None,
     concurrency: Annotated[
         int | None,
         typer.Option(
-            "--concurrency", "-c", envvar="CAIRN_CONCURRENCY", help="Processes in the pool [2]."
+            "--concurrency",
+            "-c",
+            envvar="CAIRN_CONCURRENCY",
+            min=1,
+            help="Runs at once: processes (prefork) or threads [2].",
         ),
     ] = None,
     beat: Annotated[
@@ -157,6 +174,7 @@ def worker(
 ) -> None:
     """Start a Celery worker that runs cairn runs (start as many as you like)."""
     settings = _settings(
+        pool=pool.value if pool else None,
         concurrency=concurrency,
         loglevel=loglevel,
         metrics_port=metrics_port,
@@ -179,6 +197,7 @@ def worker(
         metrics.serve(settings.metrics_port)
     argv = [
         "worker",
+        f"--pool={settings.pool}",
         f"--concurrency={settings.concurrency}",
         f"--loglevel={settings.loglevel}",
         "-n",

@@ -45,7 +45,12 @@ class Client:
         base = settings or Settings.from_env()
         self.settings = base.with_options(database_url=database_url, broker_url=broker_url)
         s = self.settings
-        db = Database(s.database_url, max_size=pool_size, give_up_after=s.client_give_up_after)
+        db = Database(
+            s.database_url,
+            max_size=pool_size,
+            give_up_after=s.client_give_up_after,
+            prepare=s.database_prepare,
+        )
         self.store = PgStore(db)
         self._producer: Celery | None = None
 

@@ -16,7 +16,11 @@ def problems(settings: Settings) -> list[str]:
     from cairn.store.lease import Leases
 
     found = []
-    db = Database(settings.database_url, give_up_after=settings.client_give_up_after)
+    db = Database(
+        settings.database_url,
+        give_up_after=settings.client_give_up_after,
+        prepare=settings.database_prepare,
+    )
     try:
         db.one("ping")
     except CairnError as exc:

@@ -110,7 +110,25 @@ class Settings:
     mail_url: str = _setting(
         "http://127.0.0.1:8025", "CAIRN_MAIL_URL", "the mail API of the shipped invoice workflow"
     )
-    concurrency: int = _setting(2, "CAIRN_CONCURRENCY", "`cairn worker`: processes in the pool")
+    # Agent runs mostly wait on the model: a thread per run holds hundreds per process.
+    pool: str = _setting(
+        "prefork",
+        "CAIRN_POOL",
+        "`cairn worker`: `prefork` (a process per run) or `threads` (many runs per process)",
+    )
+    concurrency: int = _setting(
+        2, "CAIRN_CONCURRENCY", "`cairn worker`: runs at once (processes, or threads)"
+    )
+    database_pool_size: int = _setting(
+        4,
+        "CAIRN_DATABASE_POOL_SIZE",
+        "Postgres connections per worker process, whatever the concurrency",
+    )
+    database_prepare: bool = _setting(
+        True,
+        "CAIRN_DATABASE_PREPARE",
+        "server-side prepared statements; `0` behind PgBouncer < 1.21 in transaction mode",
+    )
     loglevel: str = _setting("INFO", "CAIRN_LOGLEVEL", "`cairn worker` and `cairn beat`: log level")
     metrics_port: int = _setting(
         0, "CAIRN_METRICS_PORT", "`cairn worker` serves Prometheus metrics on this port (0: off)"
@@ -148,6 +166,12 @@ class Settings:
 def _parse(name: str, raw: str, kind: Any) -> Any:
     if kind in (str, str | None):
         return raw
+    if kind is bool:
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise SystemExit(f"{name}={raw!r} is not one of 1/0, true/false, yes/no, on/off")
     if kind == tuple[str, ...]:
         return tuple(m.strip() for m in raw.split(",") if m.strip())
     if kind == dict[str, Any]:
@@ -186,6 +210,8 @@ def markdown_table() -> str:
 
 
 def _plain(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)

@@ -93,10 +93,13 @@ def spawn_worker(
     app: str = WORKER_APP,
     cwd: Path | None = None,
     queues: str | None = None,
+    pool: str | None = None,
 ) -> Proc:
-    """Start a worker without waiting for it (several can then boot in parallel)."""
+    """Start a worker without waiting for it (several can then boot in parallel). The pool
+    is prefork unless pool or CAIRN_POOL (in env) says threads."""
     args = [
         "worker",
+        f"--pool={pool or env.get('CAIRN_POOL') or 'prefork'}",
         f"--concurrency={concurrency}",
         "--loglevel=INFO",
         "-n",
@@ -125,8 +128,9 @@ def start_worker(
     app: str = WORKER_APP,
     cwd: Path | None = None,
     queues: str | None = None,
+    pool: str | None = None,
 ) -> Proc:
-    return wait_ready(spawn_worker(env, log, name, concurrency, app, cwd, queues), wait)
+    return wait_ready(spawn_worker(env, log, name, concurrency, app, cwd, queues, pool), wait)
 
 
 def start_beat(env: Mapping[str, str], log: Path, schedule: Path) -> Proc:

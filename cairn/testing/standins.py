@@ -115,6 +115,9 @@ class _Server(ThreadingHTTPServer):
     """ThreadingHTTPServer that stays quiet when a client hangs up mid-answer."""
 
     daemon_threads = True
+    # A fleet of runs calls at once: the default backlog of 5 would make clients wait
+    # for SYN retries, a second each, that no real API imposes.
+    request_queue_size = 1024
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # Clients that time out or get killed mid-request are the point of delay_ms;
