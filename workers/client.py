@@ -56,8 +56,6 @@ class Client:
     def close(self) -> None:
         self.store.db.close()
         if self._producer is not None:
-            # Celery's close() only forgets its connection pool; close the connections.
-            self._producer.pool.force_close_all()
             self._producer.close()
 
     def enqueue(
