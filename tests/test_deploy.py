@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from cairn.testing import fleet
 from cairn.workers import broker, cli
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, both_brokers, wait_for
 
 DEPLOY = ROOT / "deploy"
 BIN = Path(sys.executable).parent
@@ -406,6 +406,7 @@ def test_every_command_the_deploy_files_run_exists_with_those_flags(
 
 
 @pytest.mark.slow
+@both_brokers
 def test_the_health_check_answers_for_a_live_worker_and_not_for_another_name(
     worker_env: dict[str, str], tmp_path: Path
 ) -> None:
