@@ -15,7 +15,7 @@ from psycopg.types.json import Jsonb
 from bench import flows
 from bench.common import measure
 from cairn.store import Database, Leases, PgStore, upgrade
-from cairn.workers import loop
+from cairn.workers import broker, loop
 from cairn.workers.settings import Settings
 
 # -- the floor -----------------------------------------------------------------------------
@@ -130,11 +130,14 @@ class InProcess:
 
 
 class Client:
-    """Sends cairn.run / bench.noop messages to the bench broker."""
+    """Sends cairn.run / bench.noop messages to the bench broker (Redis, or with
+    amqp_url RabbitMQ, configured as cairn configures it)."""
 
-    def __init__(self, redis_url: str) -> None:
+    def __init__(self, redis_url: str, amqp_url: str | None = None) -> None:
         self.app = Celery("cairn-bench", broker=redis_url)
         self.app.conf.broker_transport_options = {"visibility_timeout": 3600.0}
+        if amqp_url:
+            self.app.conf.update(broker.conf(settings_for("", redis_url, broker_url=amqp_url)))
         self.redis = redis.Redis.from_url(redis_url)
 
     def send_run(self, run_id: str, queue: str | None = None) -> None:

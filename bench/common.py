@@ -33,6 +33,13 @@ def bench_redis() -> str:
     return base.rsplit("/", 1)[0] + f"/{BENCH_REDIS_DB}"
 
 
+def bench_amqp() -> str:
+    """The RabbitMQ vhost the recovery section also measures on: CAIRN_BENCH_AMQP_URL, or
+    scripts/services.sh's server (CAIRN_RABBITMQ_PORT) and its vhost cairn-15."""
+    port = os.environ.get("CAIRN_RABBITMQ_PORT", "5672")
+    return os.environ.get("CAIRN_BENCH_AMQP_URL") or f"amqp://guest:guest@127.0.0.1:{port}/cairn-15"
+
+
 def with_db(url: str, name: str) -> str:
     return url.rsplit("/", 1)[0] + "/" + name
 

@@ -24,6 +24,7 @@ from bench.common import (
     INSTALL_HINT,
     ROOT,
     Databases,
+    bench_amqp,
     median,
     message,
     pct,
@@ -373,16 +374,35 @@ def _wait(pred: Any, timeout: float, what: str) -> Any:
     raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+def _rabbitmq() -> str | None:
+    """The bench's RabbitMQ vhost emptied of cairn's queues, or None if not reachable."""
+    from cairn.store.admin import reset_broker
+
+    url = bench_amqp()
+    try:
+        reset_broker(url)
+    except Exception as exc:  # noqa: BLE001 (kombu raises the transport's own errors)
+        progress(f"recovery on RabbitMQ skipped: {url.split('@')[-1]} not reachable ({exc})")
+        return None
+    return url
+
+
 def recovery(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
     ttl = sz.lease_ttl
     out: dict[str, Any] = {"lease_ttl": ttl, "kills": sz.kills, "modes": []}
-    for mode in ("child", "worker"):
+    amqp_url = _rabbitmq()
+    # A whole worker lost: on Redis its message waits for the visibility timeout, so the
+    # reaper sends the run again; on RabbitMQ the message comes back when the dead
+    # worker's connection drops, and the next worker defers until the lease expires.
+    for mode in ("child", "worker", *(["worker_amqp"] if amqp_url else [])):
         _flush(redis_url)
         url = dbs.fresh(f"recover_{mode}")
         cairn_sys.cairn_setup(url)
-        env = worker_env(url, redis_url, CAIRN_LEASE_TTL=str(ttl))
+        on_amqp = mode == "worker_amqp"
+        extra = {"CAIRN_BROKER_URL": amqp_url} if on_amqp and amqp_url else {}
+        env = worker_env(url, redis_url, CAIRN_LEASE_TTL=str(ttl), **extra)
         fleet = Fleet(env)
-        client = cairn_sys.Client(redis_url)
+        client = cairn_sys.Client(redis_url, amqp_url if on_amqp else None)
         r = redis.Redis.from_url(redis_url)
         db = Database(url)
         store = PgStore(db)
@@ -391,7 +411,7 @@ def recovery(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
         events: list[dict[str, Any]] = []
         try:
             workers = [fleet.worker(1), fleet.worker(1)]
-            if mode == "worker":
+            if mode != "child":  # production runs beat with either broker
                 fleet.beat()
             run_id = cairn_sys.create_run(
                 store, 10**6, [], workflow=flows.SLOW, extra={"sleep": 0.02}
@@ -436,7 +456,7 @@ def recovery(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
                     }
                 )
                 progress(f"recovery ({mode} killed) #{k + 1}/{sz.kills}: {saved_at - t_kill:.2f}s")
-                if mode == "worker" and k + 1 < sz.kills:
+                if mode != "child" and k + 1 < sz.kills:
                     workers.append(fleet.worker(1))  # replace the lost node
         finally:
             fleet.stop()
@@ -448,6 +468,7 @@ def recovery(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
         label = {
             "child": "pool child SIGKILLed (broker redelivery)",
             "worker": "whole worker SIGKILLed (reaper via beat)",
+            "worker_amqp": "whole worker SIGKILLed, RabbitMQ broker (redelivery + reaper)",
         }[mode]
         out["modes"].append(
             {

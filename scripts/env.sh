@@ -3,10 +3,12 @@
 # `source scripts/env.sh && cairn_setup`). Safe under `set -euo pipefail`;
 # does not change the caller's shell options.
 #
-# Sets ROOT, STATE, CAIRN_PG_PORT, CAIRN_REDIS_PORT, CAIRN_DATABASE_URL,
-# CAIRN_REDIS_URL (the last four only when not already set by the user) and
-# defines cairn_setup, which makes the venv, installs system packages if they
-# are missing and starts Postgres + Redis via scripts/services.sh up.
+# Sets ROOT, STATE, CAIRN_PG_PORT, CAIRN_REDIS_PORT, CAIRN_RABBITMQ_PORT,
+# CAIRN_DATABASE_URL, CAIRN_REDIS_URL (all but the first two only when not already
+# set by the user) and defines cairn_setup, which makes the venv, installs system
+# packages if they are missing and starts Postgres, Redis and RabbitMQ via
+# scripts/services.sh up. Redis stays the broker unless CAIRN_BROKER_URL says
+# otherwise: the tests use RabbitMQ for the runs they repeat on it.
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STATE="$ROOT/.cairn"
@@ -14,9 +16,10 @@ export ROOT STATE
 
 : "${CAIRN_PG_PORT:=54329}"
 : "${CAIRN_REDIS_PORT:=63790}"
+: "${CAIRN_RABBITMQ_PORT:=5672}"
 : "${CAIRN_DATABASE_URL:=postgresql://postgres@127.0.0.1:$CAIRN_PG_PORT/cairn}"
 : "${CAIRN_REDIS_URL:=redis://127.0.0.1:$CAIRN_REDIS_PORT/0}"
-export CAIRN_PG_PORT CAIRN_REDIS_PORT CAIRN_DATABASE_URL CAIRN_REDIS_URL
+export CAIRN_PG_PORT CAIRN_REDIS_PORT CAIRN_RABBITMQ_PORT CAIRN_DATABASE_URL CAIRN_REDIS_URL
 
 cairn_say() { printf 'cairn: %s\n' "$*" >&2; }
 
@@ -104,12 +107,14 @@ cairn_setup() {
     cairn_pg_bindir >/dev/null || need+=(pg)
     command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 \
         || need+=(redis)
+    [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || need+=(rabbitmq)
     if [ "${#need[@]}" -gt 0 ]; then
         local want=() p
         for p in "${need[@]}"; do
             case $p in
                 pg) want+=(postgresql-15) ;;
                 redis) want+=(redis-server) ;;
+                rabbitmq) want+=(rabbitmq-server) ;;
             esac
         done
         cairn_say "installing system packages: ${want[*]} (apt, log: .cairn/logs/apt.log)"
@@ -122,8 +127,9 @@ cairn_setup() {
                 return 1
             fi
         fi
-        if ! cairn_pg_bindir >/dev/null || ! command -v redis-server >/dev/null 2>&1; then
-            cairn_say "Postgres/Redis binaries still not found after apt-get install"
+        if ! cairn_pg_bindir >/dev/null || ! command -v redis-server >/dev/null 2>&1 \
+                || [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then
+            cairn_say "Postgres/Redis/RabbitMQ binaries still not found after apt-get install"
             return 1
         fi
     fi

@@ -10,6 +10,12 @@
 #   says where; $STATE/logs/postgres.log is then a symlink to the real log).
 # Redis: daemonized, AOF (appendfsync everysec), data in $STATE/redis, log in
 #   $STATE/logs/redis.log, listening on 127.0.0.1:$CAIRN_REDIS_PORT.
+# RabbitMQ: node cairn-$CAIRN_RABBITMQ_PORT@localhost, data and config in
+#   $STATE/rabbitmq, logs in $STATE/logs/rabbitmq, listening on
+#   127.0.0.1:$CAIRN_RABBITMQ_PORT, no plugins, user guest (loopback only), vhosts
+#   cairn-1..cairn-15 (one per test, like Redis databases). Its own epmd on
+#   $CAIRN_RABBITMQ_PORT+40000, so two checkouts never share one. As root it runs as the
+#   system user "rabbitmq" (from the rabbitmq-server package).
 set -euo pipefail
 # shellcheck source=scripts/env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
@@ -202,14 +208,119 @@ redis_status() {
     return 1
 }
 
+# ---------------------------------------------------------------- rabbitmq
+RMQ_DIR="$STATE/rabbitmq"
+RMQ_LOG_DIR="$STATE/logs/rabbitmq"
+RMQ_BIN=/usr/lib/rabbitmq/bin
+RMQ_RUNAS=()
+[ "$IS_ROOT" -eq 1 ] && RMQ_RUNAS=(runuser -u rabbitmq --)
+
+# The environment every rabbitmq command of this node runs with.
+rmq_env=(env HOME="$RMQ_DIR" RABBITMQ_CONF_ENV_FILE=/dev/null
+    RABBITMQ_NODENAME="cairn-$CAIRN_RABBITMQ_PORT@localhost"
+    RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT="$CAIRN_RABBITMQ_PORT"
+    ERL_EPMD_PORT="$((CAIRN_RABBITMQ_PORT + 40000))"
+    RABBITMQ_MNESIA_BASE="$RMQ_DIR/mnesia" RABBITMQ_LOG_BASE="$RMQ_LOG_DIR"
+    RABBITMQ_CONFIG_FILE="$RMQ_DIR/rabbitmq.conf"
+    RABBITMQ_ADVANCED_CONFIG_FILE="$RMQ_DIR/advanced.config"
+    RABBITMQ_ENABLED_PLUGINS_FILE="$RMQ_DIR/enabled_plugins"
+    RABBITMQ_PID_FILE="$RMQ_DIR/rabbitmq.pid")
+
+rmq_as() { ( cd / && "${RMQ_RUNAS[@]}" "${rmq_env[@]}" "$@" ); }
+
+rmq_check_bin() {
+    [ -x "$RMQ_BIN/rabbitmq-server" ] \
+        || die "rabbitmq-server not found (apt-get install rabbitmq-server, or run cairn_setup)"
+}
+
+rmq_ready() { (exec 3<>"/dev/tcp/127.0.0.1/$CAIRN_RABBITMQ_PORT") 2>/dev/null; }
+
+rmq_up() {
+    rmq_check_bin
+    if rmq_ready; then
+        say "rabbitmq already running on 127.0.0.1:$CAIRN_RABBITMQ_PORT"
+        return 0
+    fi
+    mkdir -p "$RMQ_DIR" "$RMQ_LOG_DIR"
+    # consumer_timeout: how long a worker may hold a message (a whole run); servers
+    # before 3.12 ignore the per-consumer x-consumer-timeout cairn sends.
+    cat >"$RMQ_DIR/rabbitmq.conf" <<CONF
+listeners.tcp.default = 127.0.0.1:$CAIRN_RABBITMQ_PORT
+log.console = false
+log.file.level = warning
+consumer_timeout = 3600000
+CONF
+    echo '[].' >"$RMQ_DIR/enabled_plugins"
+    local vhosts="" perms="" i
+    for i in $(seq 1 15); do
+        vhosts+="${vhosts:+,}{\"name\":\"cairn-$i\"}"
+        perms+="${perms:+,}{\"user\":\"guest\",\"vhost\":\"cairn-$i\",\"configure\":\".*\",\"write\":\".*\",\"read\":\".*\"}"
+    done
+    printf '{"vhosts":[%s],"permissions":[%s]}\n' "$vhosts" "$perms" >"$RMQ_DIR/vhosts.json"
+    if [ "$IS_ROOT" -eq 1 ]; then
+        if ! ( cd / && runuser -u rabbitmq -- test -x "$STATE" ); then
+            die "user 'rabbitmq' cannot reach $STATE; move the checkout somewhere it can read"
+        fi
+        chown -R rabbitmq:rabbitmq "$RMQ_DIR" "$RMQ_LOG_DIR"
+    fi
+    say "starting rabbitmq on 127.0.0.1:$CAIRN_RABBITMQ_PORT"
+    rmq_as setsid "$RMQ_BIN/rabbitmq-server" >"$RMQ_LOG_DIR/stdout.log" 2>&1 </dev/null &
+    local i
+    for i in $(seq 1 600); do rmq_ready && break; sleep 0.1; done
+    if ! rmq_ready; then
+        tail -n 20 "$RMQ_LOG_DIR/stdout.log" >&2 || true
+        die "rabbitmq did not listen on 127.0.0.1:$CAIRN_RABBITMQ_PORT (logs: $RMQ_LOG_DIR)"
+    fi
+    # Once per start, idempotent: the definitions only add what is missing.
+    if ! rmq_as "$RMQ_BIN/rabbitmqctl" -q import_definitions "$RMQ_DIR/vhosts.json" \
+            >>"$RMQ_LOG_DIR/stdout.log" 2>&1; then
+        tail -n 20 "$RMQ_LOG_DIR/stdout.log" >&2 || true
+        die "rabbitmqctl import_definitions failed (logs: $RMQ_LOG_DIR)"
+    fi
+}
+
+rmq_down() {
+    local pid=""
+    [ -s "$RMQ_DIR/rabbitmq.pid" ] && pid="$(cat "$RMQ_DIR/rabbitmq.pid")"
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+        say "stopping rabbitmq"
+        kill -TERM "$pid"  # the Erlang VM shuts down cleanly on SIGTERM
+        local i
+        for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
+    elif rmq_ready; then
+        say "warning: something answers on 127.0.0.1:$CAIRN_RABBITMQ_PORT but it is not $RMQ_DIR; left alone"
+        return 0
+    else
+        say "rabbitmq not running"
+    fi
+    # This node's own epmd: it exits when asked and no node is registered with it.
+    if command -v epmd >/dev/null 2>&1; then
+        ERL_EPMD_PORT="$((CAIRN_RABBITMQ_PORT + 40000))" epmd -kill >/dev/null 2>&1 || true
+    fi
+}
+
+rmq_status() {
+    if rmq_ready; then
+        say "rabbitmq: up   127.0.0.1:$CAIRN_RABBITMQ_PORT  data=$RMQ_DIR"
+        return 0
+    fi
+    say "rabbitmq: down (port $CAIRN_RABBITMQ_PORT)"
+    return 1
+}
+
 # ---------------------------------------------------------------- main
 # An optional second word picks one service (the fault tests restart one at a time).
 only="${2:-all}"
-case "$only" in all|postgres|redis) ;; *) echo "usage: $0 up|down|status [postgres|redis]" >&2; exit 2 ;; esac
+usage="usage: $0 up|down|status [postgres|redis|rabbitmq]"
+case "$only" in all|postgres|redis|rabbitmq) ;; *) echo "$usage" >&2; exit 2 ;; esac
 want() { [ "$only" = all ] || [ "$only" = "$1" ]; }
 case "${1:-}" in
-    up)     if want postgres; then pg_up; fi; if want redis; then redis_up; fi ;;
-    down)   if want redis; then redis_down; fi; if want postgres; then pg_down; fi ;;
-    status) rc=0; if want postgres; then pg_status || rc=3; fi; if want redis; then redis_status || rc=3; fi; exit "$rc" ;;
-    *)      echo "usage: $0 up|down|status [postgres|redis]" >&2; exit 2 ;;
+    up)     if want postgres; then pg_up; fi; if want redis; then redis_up; fi
+            if want rabbitmq; then rmq_up; fi ;;
+    down)   if want rabbitmq; then rmq_down; fi
+            if want redis; then redis_down; fi; if want postgres; then pg_down; fi ;;
+    status) rc=0; if want postgres; then pg_status || rc=3; fi; if want redis; then redis_status || rc=3; fi
+            if want rabbitmq; then rmq_status || rc=3; fi; exit "$rc" ;;
+    *)      echo "$usage" >&2; exit 2 ;;
 esac

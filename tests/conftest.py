@@ -34,8 +34,12 @@ LEASE_TTL = 3.0
 # Clear our own prefix so a developer's shell settings cannot leak into a test; the
 # ports stay, so scripts/services.sh (the outage tests) restarts the servers we use.
 for _name in [n for n in os.environ if n.startswith("CAIRN_")]:
-    if _name not in ("CAIRN_PG_PORT", "CAIRN_REDIS_PORT"):
+    if _name not in ("CAIRN_PG_PORT", "CAIRN_REDIS_PORT", "CAIRN_RABBITMQ_PORT"):
         del os.environ[_name]
+# scripts/services.sh's RabbitMQ: user guest (loopback only), vhosts cairn-1..cairn-15.
+RABBITMQ = f"amqp://guest:guest@127.0.0.1:{os.environ.get('CAIRN_RABBITMQ_PORT', '5672')}"
+# A test that takes the broker_url fixture this way runs once per broker.
+both_brokers = pytest.mark.parametrize("broker_url", ["redis", "amqp"], indirect=True)
 
 
 def _with_db(url: str, name: str) -> str:
@@ -89,6 +93,29 @@ def redis_url() -> Iterator[str]:
     client.close()
 
 
+_vhosts = itertools.cycle(range(1, 13))  # like the Redis databases: 13-15 are left over
+
+
+@pytest.fixture
+def broker_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """None (the Redis URL is the broker), or with the parameter "amqp" a RabbitMQ vhost
+    emptied of cairn's queues. RabbitMQ missing skips the test, except in CI."""
+    from cairn.store.admin import reset_broker
+
+    if getattr(request, "param", "redis") == "redis":
+        yield None
+        return
+    url = f"{RABBITMQ}/cairn-{next(_vhosts)}"
+    try:
+        reset_broker(url)
+    except Exception as exc:  # kombu raises the transport's own errors
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"RabbitMQ not reachable at {url} ({exc}); `bash scripts/test` starts it")
+    yield url
+    reset_broker(url)
+
+
 @pytest.fixture
 def mail() -> Iterator[MailServer]:
     with MailServer() as server:
@@ -102,10 +129,13 @@ def model() -> Iterator[ModelServer]:
 
 
 @pytest.fixture
-def settings(db_url: str, redis_url: str, mail: MailServer, model: ModelServer) -> Settings:
+def settings(
+    db_url: str, redis_url: str, broker_url: str | None, mail: MailServer, model: ModelServer
+) -> Settings:
     return Settings(
         database_url=db_url,
         redis_url=redis_url,
+        broker_url=broker_url,
         lease_ttl=LEASE_TTL,
         mail_url=mail.url,
         anthropic_base_url=model.url,
@@ -171,6 +201,8 @@ def worker_env(settings: Settings) -> dict[str, str]:
         CAIRN_WORKFLOWS="tests.flows",
         CAIRN_STORE_GIVE_UP_AFTER="5",
     )
+    if settings.broker_url:
+        env["CAIRN_BROKER_URL"] = settings.broker_url
     return env
 
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from cairn.testing import chaos, faults
 from cairn.testing.faults import BOUNDARIES
-from tests.conftest import BASE_DB
+from tests.conftest import BASE_DB, both_brokers
 
 # ---------------------------------------------------------------------------------------
 # Fast: the pieces, without processes
@@ -100,11 +100,14 @@ RATE = 0.03
 
 
 @pytest.mark.slow
-def test_invoice_survives_kills_at_every_boundary(template_db: str, redis_url: str, tmp_path: Path) -> None:
+@both_brokers
+def test_invoice_survives_kills_at_every_boundary(
+    template_db: str, redis_url: str, broker_url: str | None, tmp_path: Path
+) -> None:
     report = chaos.run_chaos(
         "invoice", runs=RUNS, workers=2, concurrency=2, seed=SEED, rate=RATE, random_kills=3,
         lease_ttl=2.0, deadline=150, pending_after=20, mail_delay_ms=5, model_delay_ms=0, database_url=BASE_DB,
-        redis_url=redis_url, state_dir=tmp_path, quiet=True,
+        redis_url=redis_url, broker_url=broker_url, state_dir=tmp_path, quiet=True,
     )
     assert report["ok"], report["problems"]
     assert report["runs_finished"] == RUNS and report["runs_lost"] == 0

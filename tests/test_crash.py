@@ -10,7 +10,7 @@ import pytest
 
 from cairn.store import Leases, PgStore
 from cairn.testing.standins import MailServer, ModelServer
-from tests.conftest import LEASE_TTL, holder_pid, starts, step_log, wait_for
+from tests.conftest import LEASE_TTL, both_brokers, holder_pid, starts, step_log, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,12 @@ def _kill_holder(leases: Leases, run_id: str) -> int:
     return pid
 
 
-@pytest.mark.parametrize("boundary", ["before", "after"])
+# The pool child dies: the worker rejects the message and the broker redelivers it.
+@pytest.mark.parametrize(
+    ("boundary", "broker_url"),
+    [("before", "redis"), ("after", "redis"), ("after", "amqp")],
+    indirect=["broker_url"],
+)
 def test_run_resumes_at_its_cursor_after_sigkill(
     start_worker, create, store, leases, mail: MailServer, tmp_path, boundary
 ) -> None:
@@ -84,6 +89,7 @@ def test_ledger_keeps_an_effect_without_idempotency_from_repeating(
     assert (tmp_path / "steps.log.effects").read_text().splitlines() == [f"cairn:{run_id}:once:0"]
 
 
+@both_brokers
 def test_kill_between_the_effects_write_and_commit_leaves_neither(
     start_worker, create, store, sql, send, tmp_path
 ) -> None:
@@ -91,7 +97,7 @@ def test_kill_between_the_effects_write_and_commit_leaves_neither(
     w = start_worker(concurrency=1)
     run_id = create("probe", {"log": str(log), "after": {"ledger": 60}})
     wait_for(lambda: _sleeping(log, "ledger", "after"), 30, "the ledger write")
-    w.kill()  # the whole worker: nothing redelivers until we say so
+    w.kill()  # the whole worker: Redis redelivers nothing; RabbitMQ waits for a worker
     time.sleep(0.5)
     assert sql("SELECT count(*) FROM invoice_ledger") == [(0,)]
     cp = store.load(run_id)
@@ -167,6 +173,10 @@ def test_two_deliveries_of_one_run_never_run_concurrently(
     assert starts(log) == ["one", "two", "mail", "ledger", "once"]
 
 
+# Redis: the reaper sends the run again once its lease expires. RabbitMQ: the dead
+# worker's connection drops, the message comes straight back, and the next worker takes
+# the run over once the lease expires (it defers until then).
+@both_brokers
 def test_reaper_recovers_a_run_whose_whole_worker_was_lost(
     start_worker, start_beat, create, store, tmp_path
 ) -> None:

@@ -99,12 +99,16 @@ def create_app(settings: Settings, hooks: StepHooks = NO_HOOKS) -> Celery:
         except loop.Deferred as exc:
             outcome = "deferred"
             logger.info("run %s: %s; retrying in %ss", run_id, exc, settings.defer_seconds)
-            raise self.retry(countdown=settings.defer_seconds, queue=broker.RESUME) from None
+            raise self.retry(
+                countdown=broker.delay(settings, settings.defer_seconds), queue=broker.RESUME
+            ) from None
         except loop.RetryLater as exc:
             # The attempt is recorded in the checkpoint (and bounds the chain); the reaper
             # leaves the run alone until this retry is due.
             outcome = "retry"
-            raise self.retry(countdown=exc.delay, queue=broker.RESUME) from None
+            raise self.retry(
+                countdown=broker.delay(settings, exc.delay), queue=broker.RESUME
+            ) from None
         except loop.HandOff as exc:
             outcome = "handed_off"
             logger.warning("%s; handing it back to the queue", exc)
@@ -123,7 +127,9 @@ def create_app(settings: Settings, hooks: StepHooks = NO_HOOKS) -> Celery:
                 raise
             countdown = min(2.0 * 2 ** min(attempt, 5), 60.0)
             logger.warning("run %s: %s; retry %d in %.0fs", run_id, exc, attempt + 1, countdown)
-            raise self.retry(countdown=countdown, queue=broker.RESUME) from None
+            raise self.retry(
+                countdown=broker.delay(settings, countdown), queue=broker.RESUME
+            ) from None
         finally:
             metrics.RUNS.labels(outcome).inc()
 

@@ -1,11 +1,18 @@
 """What the enqueuers and the workers must agree on: task names, queues, broker options.
 
 Light on purpose (no Celery import): the Client reads it to send a run by name.
+
+Two brokers. Redis (the default, no setup): a worker lost whole strands its messages
+until the visibility timeout, so recovery is the leases' and the reaper's job. RabbitMQ
+(`CAIRN_BROKER_URL=amqp://...`, for production): a lost worker's unacked messages are
+requeued as soon as its connection drops, and quorum queues count each message's
+deliveries, so one that keeps killing its worker is dropped by the broker itself.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -19,14 +26,43 @@ SWEEP_TASK = "cairn.sweep"
 RUNS = "celery"
 RESUME = "cairn.resume"
 CONTROL = "cairn.control"
+QUEUES = (RUNS, RESUME, CONTROL)
+
+# RabbitMQ only. A message delivered this many times more is dropped: the backstop for a
+# run that kills its worker before cairn counts the delivery. Above CAIRN_MAX_DELIVERIES
+# (10) so that cairn's own verdict, with its error recorded, comes first; a dropped run's
+# message is sent again by the reaper. A constant: a quorum queue's arguments cannot
+# change once it exists (a different value fails every declare with PRECONDITION_FAILED).
+DELIVERY_LIMIT = 20
+# Where Celery parks countdown messages on RabbitMQ ("native delayed delivery": queues
+# celery_delayed_0..27, one per bit of the delay); Celery declares them at worker start.
+DELAYED_QUEUES = tuple(f"celery_delayed_{level}" for level in range(28))
+
+
+def is_amqp(url: str) -> bool:
+    return url.split("://", 1)[0] in ("amqp", "amqps", "pyamqp")
+
+
+def delay(settings: Settings, seconds: float) -> float:
+    """A retry's countdown as the broker can keep it: RabbitMQ's delayed delivery counts
+    whole seconds and refuses less than one (Celery raises on a countdown under 1 s)."""
+    return max(1, math.ceil(seconds)) if is_amqp(settings.broker) else seconds
 
 
 def in_flight(app: Any) -> int:
     """Run messages the broker holds: ready in the run queues, plus (Redis) those taken
-    by a worker and not yet acked, which include countdown retries a worker keeps."""
+    by a worker and not yet acked, which include countdown retries a worker keeps, or
+    (RabbitMQ) countdown retries parked in the delayed-delivery queues.
+
+    RabbitMQ does not say how many messages are taken and unacked (AMQP's queue.declare
+    counts ready ones only). A worker takes up to its concurrency from each queue it
+    consumes (quorum queues apply prefetch per consumer); a run it holds but has not
+    started for CAIRN_LOST_AFTER may then be sent once more, which the lease makes a
+    no-op."""
     held = 0
     with app.connection_for_read() as conn:
-        for queue in (RUNS, RESUME):
+        amqp = conn.transport.driver_type == "amqp"
+        for queue in (RUNS, RESUME, *(DELAYED_QUEUES if amqp else ())):
             try:
                 with conn.channel() as channel:
                     held += channel.queue_declare(queue, passive=True).message_count
@@ -43,22 +79,51 @@ def in_flight(app: Any) -> int:
     return held
 
 
+def queues(settings: Settings) -> list[Any]:
+    """cairn's three queues, as the broker in settings declares them."""
+    from kombu import Exchange, Queue
+
+    if not is_amqp(settings.broker):
+        return [Queue(name) for name in QUEUES]
+    # Quorum queues: replicated, durable, and they count deliveries. A topic exchange
+    # per queue, because Celery's delayed delivery (countdown retries on quorum queues,
+    # which do not support the global QoS that worker-side countdowns need) cannot
+    # route through direct exchanges. The consumer timeout (RabbitMQ 3.12+; older
+    # servers take `consumer_timeout` from their config) is how long a worker may hold a
+    # message, which is a whole run until it ends, waits or hands off: as long as the
+    # Redis visibility timeout, and a consumer argument, so it can change between deploys.
+    return [
+        Queue(
+            name,
+            Exchange(name, type="topic"),
+            routing_key=name,
+            queue_arguments={"x-queue-type": "quorum", "x-delivery-limit": DELIVERY_LIMIT},
+            consumer_arguments={"x-consumer-timeout": int(settings.visibility_timeout * 1000)},
+        )
+        for name in QUEUES
+    ]
+
+
 def conf(settings: Settings) -> dict[str, Any]:
     """Celery configuration shared by the worker app and the Client's producer."""
-    from kombu import Queue
-
+    amqp = is_amqp(settings.broker)
+    options: dict[str, Any] = (
+        # A publish returns once RabbitMQ has the message (a quorum queue: on a majority
+        # of its replicas), so an enqueue that returned is not lost with the broker.
+        {"confirm_publish": True}
+        if amqp
+        # See Settings.visibility_timeout: long on purpose; recovery is the reaper's job.
+        else {"visibility_timeout": settings.visibility_timeout}
+    )
     return {
         "broker_url": settings.broker,
-        # See Settings.visibility_timeout: long on purpose; recovery is the reaper's job.
-        "broker_transport_options": {
-            "visibility_timeout": settings.visibility_timeout,
-            **settings.broker_transport_options,
-        },
+        "broker_transport_options": {**options, **settings.broker_transport_options},
         "broker_connection_retry_on_startup": True,
         "task_serializer": "json",
         "accept_content": ["json"],
         "task_ignore_result": True,
-        "task_queues": [Queue(RUNS), Queue(RESUME), Queue(CONTROL)],
+        "task_queues": queues(settings),
         "task_default_queue": RUNS,
+        "task_default_exchange_type": "topic" if amqp else "direct",
         "task_routes": {REAP_TASK: {"queue": CONTROL}, SWEEP_TASK: {"queue": CONTROL}},
     }

@@ -32,7 +32,9 @@ class Settings:
         "leases, and the broker unless `CAIRN_BROKER_URL` is set",
     )
     broker_url: str | None = _setting(
-        None, "CAIRN_BROKER_URL", "the Celery broker (default: the Redis URL)"
+        None,
+        "CAIRN_BROKER_URL",
+        "the Celery broker (default: the Redis URL); `amqp://` for RabbitMQ's quorum queues",
     )
     workflows: tuple[str, ...] = _setting(
         (),
@@ -46,12 +48,15 @@ class Settings:
     # Long on purpose: shorter than a run, and Celery starts the same task twice while the
     # first still runs. Crash recovery comes from the lease and the reaper, not from this.
     visibility_timeout: float = _setting(
-        3600.0, "CAIRN_VISIBILITY_TIMEOUT", "Redis broker visibility timeout (see below)"
+        3600.0,
+        "CAIRN_VISIBILITY_TIMEOUT",
+        "seconds a worker may hold a run's message: Redis visibility timeout, RabbitMQ "
+        "consumer timeout (see below)",
     )
     broker_transport_options: dict[str, Any] = _setting(  # noqa: RUF009 (a field())
         dict,
         "CAIRN_BROKER_TRANSPORT_OPTIONS",
-        'more kombu Redis options as JSON, e.g. `{"unacked_restore_interval": 1}`',
+        'more kombu transport options as JSON, e.g. `{"unacked_restore_interval": 1}` (Redis)',
     )
     reaper_interval: float = _setting(2.0, "CAIRN_REAPER_INTERVAL", "seconds between reaper passes")
     pending_after: float = _setting(

@@ -117,6 +117,15 @@ def register(app: typer.Typer) -> None:
                 f"Default: CAIRN_REDIS_URL's server, database {CHAOS_REDIS_DB}.",
             ),
         ] = None,
+        broker_url: Annotated[
+            str | None,
+            typer.Option(
+                "--broker-url",
+                help="A RabbitMQ vhost (amqp://) to use as the broker instead of Redis; "
+                "cairn's queues there are DELETED at start.",
+                show_default=False,
+            ),
+        ] = None,
         workflows: Annotated[
             str,
             typer.Option(
@@ -153,6 +162,7 @@ def register(app: typer.Typer) -> None:
                 cancel_rate=cancel_rate,
                 database_url=database_url,
                 redis_url=redis_url,
+                broker_url=broker_url,
                 workflows=workflows,
                 quiet=as_json,
             )

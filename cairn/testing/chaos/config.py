@@ -57,6 +57,7 @@ class ChaosConfig:
     model_delay_ms: int
     base_db: str  # the server the chaos database is created next to
     redis_url: str
+    broker_url: str | None  # a RabbitMQ vhost, emptied at start (None: the Redis database)
     modules: tuple[str, ...]
     keep: bool
     signals: bool  # invoice runs wait for a payment signal, which chaos sends

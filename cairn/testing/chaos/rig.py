@@ -87,6 +87,8 @@ def faulted_env(
         CAIRN_STORE_GIVE_UP_AFTER="20",
     )
     env.pop("CAIRN_BROKER_URL", None)
+    if config.broker_url:
+        env["CAIRN_BROKER_URL"] = config.broker_url
     env.pop("ANTHROPIC_API_KEY", None)
     return env
 

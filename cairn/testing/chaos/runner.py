@@ -52,6 +52,7 @@ def run_chaos(
     model_delay_ms: int = 5,
     database_url: str | None = None,
     redis_url: str | None = None,
+    broker_url: str | None = None,
     workflows: str = "",
     keep: bool = False,
     signals: bool = False,
@@ -89,6 +90,7 @@ def run_chaos(
         model_delay_ms=model_delay_ms,
         base_db=database_url or defaults.database_url,
         redis_url=redis_url or chaos_redis_url(defaults.redis_url),
+        broker_url=broker_url,
         modules=tuple(m.strip() for m in workflows.split(",") if m.strip()),
         keep=keep,
         signals=signals,
@@ -126,6 +128,7 @@ class _Experiment:
 
         self.config, self._err, self._say = config, err, say
         self._redis = RedisDatabase(config.redis_url)
+        self._amqp: Any = None  # a connection to the RabbitMQ broker, if that is the broker
         self._faults_dir = config.state / "faults"
         self._mail: Any = None
         self._model: Any = None
@@ -140,6 +143,13 @@ class _Experiment:
 
         c = self.config
         self._redis.flush()
+        if c.broker_url:
+            from kombu import Connection
+
+            from cairn.store.admin import reset_broker
+
+            reset_broker(c.broker_url)
+            self._amqp = Connection(c.broker_url, connect_timeout=5)
         self._redis.set(SENTINEL)  # gone mid-run: someone else flushed this Redis database
         self._db_url = create_database(c.base_db, c.db_name)
         self._mail = chaos_mail(delay_ms=c.mail_delay_ms).start()
@@ -160,7 +170,11 @@ class _Experiment:
 
         c, crew = self.config, self._crew
         assert crew is not None and self._db_url is not None, "start() first"
-        self._client = Client(settings=Settings(database_url=self._db_url, redis_url=c.redis_url))
+        self._client = Client(
+            settings=Settings(
+                database_url=self._db_url, redis_url=c.redis_url, broker_url=c.broker_url
+            )
+        )
         self._leases = Leases.from_url(c.redis_url)
         store = self._client.store
         started_at = time.monotonic()
@@ -190,7 +204,7 @@ class _Experiment:
             end = time.monotonic() + c.deadline
             while time.monotonic() < end:
                 counts = {s: int(r["n"]) for s, r in store.counts().items()}
-                depths.append(broker.queue_length("celery"))  # Celery's default queue
+                depths.append(self._depth())
                 finished = sum(counts.get(s, 0) for s in ("done", "failed", "cancelled"))
                 progress.update(
                     bar,
@@ -211,6 +225,18 @@ class _Experiment:
                 life.tick(self._client, store)
                 time.sleep(0.1)
         return depths, flushed
+
+    def _depth(self) -> int:
+        """Messages waiting in Celery's default queue, the one new runs go to."""
+        if self._amqp is None:
+            return self._redis.queue_length("celery")
+        from cairn.workers import broker
+
+        try:
+            return self._amqp.default_channel.queue_declare(broker.RUNS, passive=True).message_count
+        except self._amqp.channel_errors:  # not declared yet
+            self._amqp.close()  # the failed declare closed its channel
+            return 0
 
     def _report(
         self,
@@ -261,6 +287,8 @@ class _Experiment:
         if self._leases is not None:
             self._leases.client.close()
         self._redis.close()
+        if self._amqp is not None:
+            self._amqp.close()
         if self._db_url is not None and not self.config.keep:
             try:
                 drop_database(self.config.base_db, self.config.db_name)
