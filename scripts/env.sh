@@ -139,12 +139,13 @@ cairn_setup() {
 }
 
 # What only the tests need: a headless browser for the web pages (Debian's chromium and
-# chromedriver) and curl for the README's API session.
+# chromedriver), curl for the README's API session, and PgBouncer for the crash tests.
 cairn_setup_test_tools() {
     local want=()
     command -v chromium >/dev/null 2>&1 || want+=(chromium)
     command -v chromedriver >/dev/null 2>&1 || want+=(chromium-driver)
     command -v curl >/dev/null 2>&1 || want+=(curl)
+    command -v pgbouncer >/dev/null 2>&1 || want+=(pgbouncer)
     [ "${#want[@]}" -eq 0 ] && return 0
     cairn_say "installing test tools: ${want[*]} (apt, log: .cairn/logs/apt.log)"
     if ! _cairn_apt_install "${want[@]}"; then

@@ -309,16 +309,61 @@ rmq_status() {
     return 1
 }
 
+# ---------------------------------------------------------------- pgbouncer
+# Transaction mode in front of the Postgres above, for any database name, trust auth:
+# scripts/test runs the crash tests through it. Refuses root, so runs as postgres.
+PGB_DIR="/tmp/cairn-pgbouncer-$(id -u)-$HASH"
+: "${CAIRN_PGBOUNCER_PORT:=$((CAIRN_PG_PORT + 10000))}"
+pgb_ready() { (exec 3<>"/dev/tcp/127.0.0.1/$CAIRN_PGBOUNCER_PORT") 2>/dev/null; }
+
+pgb_up() {
+    command -v pgbouncer >/dev/null 2>&1 || die "pgbouncer not found (apt-get install pgbouncer)"
+    if pgb_ready; then say "pgbouncer already running on 127.0.0.1:$CAIRN_PGBOUNCER_PORT"; return 0; fi
+    mkdir -p "$PGB_DIR"
+    cat >"$PGB_DIR/pgbouncer.ini" <<CONF
+[databases]
+* = host=127.0.0.1 port=$CAIRN_PG_PORT
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $CAIRN_PGBOUNCER_PORT
+unix_socket_dir =
+auth_type = trust
+auth_file = $PGB_DIR/users.txt
+pool_mode = transaction
+max_client_conn = 2000
+default_pool_size = 20
+ignore_startup_parameters = extra_float_digits,options
+logfile = $PGB_DIR/pgbouncer.log
+pidfile = $PGB_DIR/pgbouncer.pid
+CONF
+    echo '"postgres" ""' >"$PGB_DIR/users.txt"
+    local run=()
+    if [ "$IS_ROOT" -eq 1 ]; then chown -R postgres:postgres "$PGB_DIR"; run=(runuser -u postgres --); fi
+    say "starting pgbouncer on 127.0.0.1:$CAIRN_PGBOUNCER_PORT (transaction mode)"
+    ( cd / && "${run[@]}" pgbouncer -d "$PGB_DIR/pgbouncer.ini" )
+    local i
+    for i in $(seq 1 50); do pgb_ready && return 0; sleep 0.1; done
+    die "pgbouncer did not listen on 127.0.0.1:$CAIRN_PGBOUNCER_PORT (log: $PGB_DIR/pgbouncer.log)"
+}
+
+pgb_down() {
+    if [ -s "$PGB_DIR/pgbouncer.pid" ] && kill -0 "$(cat "$PGB_DIR/pgbouncer.pid")" 2>/dev/null; then
+        say "stopping pgbouncer"; kill -TERM "$(cat "$PGB_DIR/pgbouncer.pid")"
+    fi
+}
+
 # ---------------------------------------------------------------- main
 # An optional second word picks one service (the fault tests restart one at a time).
 only="${2:-all}"
-usage="usage: $0 up|down|status [postgres|redis|rabbitmq]"
-case "$only" in all|postgres|redis|rabbitmq) ;; *) echo "$usage" >&2; exit 2 ;; esac
+usage="usage: $0 up|down|status [postgres|redis|rabbitmq|pgbouncer]"
+case "$only" in all|postgres|redis|rabbitmq|pgbouncer) ;; *) echo "$usage" >&2; exit 2 ;; esac
 want() { [ "$only" = all ] || [ "$only" = "$1" ]; }
 case "${1:-}" in
     up)     if want postgres; then pg_up; fi; if want redis; then redis_up; fi
-            if want rabbitmq; then rmq_up; fi ;;
-    down)   if want rabbitmq; then rmq_down; fi
+            if want rabbitmq; then rmq_up; fi
+            # Only on request: the demo and a first set-up have no PgBouncer installed.
+            if [ "$only" = pgbouncer ]; then pgb_up; fi ;;
+    down)   if want pgbouncer; then pgb_down; fi; if want rabbitmq; then rmq_down; fi
             if want redis; then redis_down; fi; if want postgres; then pg_down; fi ;;
     status) rc=0; if want postgres; then pg_status || rc=3; fi; if want redis; then redis_status || rc=3; fi
             if want rabbitmq; then rmq_status || rc=3; fi; exit "$rc" ;;

@@ -33,6 +33,9 @@ LEASE_TTL = 3.0
 
 # Clear our own prefix so a developer's shell settings cannot leak into a test; the
 # ports stay, so scripts/services.sh (the outage tests) restarts the servers we use.
+# CAIRN_TEST_PGBOUNCER_PORT: the tests' runs, workers and clients reach Postgres through
+# PgBouncer in transaction mode on that port (scripts/test runs the crash tests so).
+PGBOUNCER_PORT = os.environ.get("CAIRN_TEST_PGBOUNCER_PORT")
 for _name in [n for n in os.environ if n.startswith("CAIRN_")]:
     if _name not in ("CAIRN_PG_PORT", "CAIRN_REDIS_PORT", "CAIRN_RABBITMQ_PORT"):
         del os.environ[_name]
@@ -132,8 +135,12 @@ def model() -> Iterator[ModelServer]:
 def settings(
     db_url: str, redis_url: str, broker_url: str | None, mail: MailServer, model: ModelServer
 ) -> Settings:
+    if PGBOUNCER_PORT:
+        host, _, name = db_url.rpartition("/")
+        db_url = f"{host.rsplit(':', 1)[0]}:{PGBOUNCER_PORT}/{name}"
     return Settings(
         database_url=db_url,
+        database_prepare=not PGBOUNCER_PORT,
         redis_url=redis_url,
         broker_url=broker_url,
         lease_ttl=LEASE_TTL,
@@ -145,7 +152,11 @@ def settings(
 
 @pytest.fixture
 def store(settings: Settings) -> Iterator[PgStore]:
-    db = Database(settings.database_url, give_up_after=settings.store_give_up_after)
+    db = Database(
+        settings.database_url,
+        give_up_after=settings.store_give_up_after,
+        prepare=settings.database_prepare,
+    )
     yield PgStore(db)
     db.close()
 
@@ -192,6 +203,7 @@ def worker_env(settings: Settings) -> dict[str, str]:
     env.update(
         PYTHONPATH=str(ROOT),
         CAIRN_DATABASE_URL=settings.database_url,
+        CAIRN_DATABASE_PREPARE="1" if settings.database_prepare else "0",
         CAIRN_REDIS_URL=settings.redis_url,
         CAIRN_MAIL_URL=settings.mail_url,
         ANTHROPIC_BASE_URL=settings.anthropic_base_url or "",

@@ -12,7 +12,7 @@ import pytest
 
 from cairn.testing import fleet
 from cairn.testing.standins import MailServer
-from tests.conftest import wait_for
+from tests.conftest import PGBOUNCER_PORT, wait_for
 
 pytestmark = pytest.mark.slow
 RUNS = 24
@@ -25,6 +25,9 @@ def _all_done(store: Any, ids: list[str], timeout: float) -> None:
     wait_for(done, timeout, f"{len(ids)} runs done")
 
 
+@pytest.mark.skipif(
+    bool(PGBOUNCER_PORT), reason="behind PgBouncer the server connections are PgBouncer's"
+)
 def test_one_process_drives_many_runs_at_once_on_a_few_connections(
     start_worker: Callable[..., fleet.Proc],
     create: Callable[..., str],
