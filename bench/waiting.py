@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,47 +32,49 @@ from cairn.workers.settings import Settings
 LOGS = ROOT / ".cairn" / "bench-waiting"
 
 
-def _rss_mb(pids: list[int]) -> float:
-    """Resident memory of these processes and all their descendants, in MB."""
+def _tree(pids: list[int]) -> Iterator[int]:
+    """These processes and all their live descendants (from /proc)."""
     seen: set[int] = set()
     todo = list(pids)
-    total = 0
     while todo:
         pid = todo.pop()
         if pid in seen:
             continue
         seen.add(pid)
         try:
-            status = Path(f"/proc/{pid}/status").read_text()
             children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         except OSError:
             continue
-        for line in status.splitlines():
-            if line.startswith("VmRSS:"):
-                total += int(line.split()[1])
+        yield pid
         todo += [int(c) for c in children]
-    return total / 1024
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:  # exited since
+        return ""
+
+
+def _rss_mb(pids: list[int]) -> float:
+    """Resident memory of these processes and their descendants, in MB."""
+    kb = 0
+    for pid in _tree(pids):
+        for line in _read(f"/proc/{pid}/status").splitlines():
+            if line.startswith("VmRSS:"):
+                kb += int(line.split()[1])
+    return kb / 1024
 
 
 def _cpu_seconds(pids: list[int]) -> float:
     """User + system CPU of these processes and their live descendants."""
-    tick = os.sysconf("SC_CLK_TCK")
-    seen: set[int] = set()
-    todo = list(pids)
-    total = 0
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-        todo += [int(c) for c in children]
-    return total / tick
+    ticks = 0
+    for pid in _tree(pids):
+        stat = _read(f"/proc/{pid}/stat")
+        if stat:
+            fields = stat.rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _connections(base: str, db: str) -> int:

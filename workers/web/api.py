@@ -12,7 +12,6 @@ import contextlib
 import datetime as dt
 import hashlib
 import hmac
-import json
 import logging
 import re
 import time
@@ -43,6 +42,7 @@ from cairn.errors import (
     UnknownWorkflow,
 )
 from cairn.steps import registry
+from cairn.store.checkpoints import Status
 from cairn.workers.client import Client
 from cairn.workers.inputs import check_run_id
 from cairn.workers.settings import Settings
@@ -54,16 +54,6 @@ COOKIE = "cairn_session"
 PAGE_HEADER = "x-cairn-page"
 # Reachable without the token: the probe, the login form and the pages' CSS and JS.
 OPEN_PATHS = re.compile(r"^/(healthz|login|static/.*)$")
-StatusName = Literal[
-    "pending",
-    "running",
-    "waiting",
-    "done",
-    "failed",
-    "cancelled",
-    "budget_exceeded",
-    "incompatible",
-]
 _ERROR_STATUS: list[tuple[type[CairnError], int]] = [
     (UnknownRun, 404),
     (RunIdConflict, 409),
@@ -98,12 +88,6 @@ class NewSignal(BaseModel):
     signal_id: str | None = Field(
         default=None, max_length=200, description="The same id twice is one signal."
     )
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.kind, self.message = status, kind, message
 
 
 def error(status: int, kind: str, message: str, **headers: str) -> JSONResponse:
@@ -310,10 +294,6 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
         # The traceback goes to the server's log (uvicorn logs it), not to the caller.
         return error(500, "internal", f"{type(exc).__name__}: see the server's log")
 
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return error(exc.status, exc.kind, exc.message)
-
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         problems = exc.errors()
@@ -357,7 +337,7 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
 
     @app.get("/runs", tags=["runs"])
     def list_runs(
-        status: StatusName | None = None,
+        status: Status | None = None,
         workflow: Annotated[str | None, Query(max_length=200)] = None,
         cursor: Annotated[
             str | None, Query(max_length=200, description="next_cursor of the previous page")
@@ -429,7 +409,3 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
 
     pages.mount(app)
     return app
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(jsonable(value), indent=2, sort_keys=True)

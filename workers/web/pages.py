@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import typing
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -19,16 +20,13 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from cairn.store.checkpoints import STOPPED
+from cairn.store.checkpoints import STOPPED, Status
 from cairn.store.runs import Run
 from cairn.workers.web.api import COOKIE
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")
-STATUSES = (
-    "pending", "running", "waiting", "done", "failed", "cancelled", "budget_exceeded",
-    "incompatible",
-)  # fmt: skip
+STATUSES = typing.get_args(Status)
 # A gap between two steps longer than this, on the same worker, is drawn as a pause.
 PAUSE = 1.0
 
