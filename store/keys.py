@@ -16,7 +16,10 @@ def epoch(run_id: str) -> str:
     return f"{PREFIX}:epoch:{run_id}"
 
 
-def reaped(run_id: str) -> str:
-    """Set NX when the reaper re-enqueues a run, so a backed-up queue gets one extra
-    message per run per reap window, not one per reaper tick."""
-    return f"{PREFIX}:reaped:{run_id}"
+def sent(run_id: str) -> str:
+    """A resume message was sent for the run and no worker has taken it yet: set NX by
+    the reaper and by a resend after a lost pool process, deleted by the next acquire.
+    While it lives the reaper sends no other, so a queue that backs up under many
+    crashes is not flooded with duplicates (each one a slot spent, and a longer wait
+    for the rest). Its TTL bounds the wait for a message that was lost after all."""
+    return f"{PREFIX}:sent:{run_id}"

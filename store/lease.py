@@ -81,9 +81,10 @@ def translated() -> Iterator[None]:
 class Lease:
     """A held lease. `ensure()` is called before every effect and every save.
 
-    The heartbeat thread renews it every ttl/3. `ensure()` trusts a renewal younger than
-    half the TTL and otherwise asks Redis itself: a process resumed after SIGSTOP finds
-    its last renewal old and learns it lost the run before doing anything.
+    The process's one heartbeat thread (Leases) renews it every ttl/3. `ensure()` trusts
+    a renewal younger than half the TTL and otherwise asks Redis itself: a process
+    resumed after SIGSTOP finds its last renewal old and learns it lost the run before
+    doing anything.
     """
 
     def __init__(self, leases: Leases, run_id: str, token: LeaseToken, ttl: float) -> None:
@@ -91,23 +92,17 @@ class Lease:
         self.epoch = token.epoch
         self._renewed_at = time.monotonic()
         self._lost: str | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def start_heartbeat(self) -> Lease:
-        self._thread = threading.Thread(target=self._beat, name=f"lease-{self.run_id}", daemon=True)
-        self._thread.start()
+        self._leases._beat.track(self)
         return self
 
-    def _beat(self) -> None:
-        while not self._stop.wait(self.ttl / 3):
-            try:
-                self.renew()
-            except LeaseLost:
-                return
-            except StoreUnavailable as exc:
-                # Keep trying; ensure() will refuse once the TTL has passed unrenewed.
-                logger.warning("run %s: lease renewal failed: %s", self.run_id, exc)
+    def _renewed(self, held: Any, started: float) -> None:
+        """Take a renewal's answer (renew.lua) sent at started."""
+        if held != 1:
+            self._lost = f"now held by {held.decode() if held else 'nobody (expired)'}"
+            raise LeaseLost(self.run_id, self._lost)
+        self._renewed_at = started
 
     def renew(self) -> None:
         if self._lost:
@@ -117,10 +112,7 @@ class Lease:
             held = self._leases._renew(
                 keys=[keys.lease(self.run_id)], args=[str(self.token), int(self.ttl * 1000)]
             )
-        if held != 1:
-            self._lost = f"now held by {held.decode() if held else 'nobody (expired)'}"
-            raise LeaseLost(self.run_id, self._lost)
-        self._renewed_at = started
+        self._renewed(held, started)
 
     def ensure(self, fresh: bool = False) -> None:
         """Raise LeaseLost unless this worker provably still holds the lease. fresh: ask
@@ -140,14 +132,84 @@ class Lease:
             # Still inside the TTL: nobody else can hold it yet.
 
     def release(self) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=self.ttl)
+        self._leases._beat.untrack(self)
         try:
             with translated():
                 self._leases._release(keys=[keys.lease(self.run_id)], args=[str(self.token)])
         except StoreUnavailable as exc:
             logger.warning("run %s: lease release failed (it will expire): %s", self.run_id, exc)
+
+
+class _Heartbeat:
+    """One thread per process renews every lease the process holds, each every ttl/3,
+    those due together in one pipelined round trip. A threads-pool worker holding 500
+    runs has one heartbeat thread, not 500."""
+
+    def __init__(self, leases: Leases) -> None:
+        self._leases = leases
+        self._held: dict[int, Lease] = {}
+        self._wake = threading.Condition()
+        self._pid = 0  # the process the thread runs in (a fork does not inherit it)
+
+    def track(self, lease: Lease) -> None:
+        with self._wake:
+            if self._pid != os.getpid():
+                self._pid, self._held = os.getpid(), {}
+                threading.Thread(
+                    target=self._run, name="cairn-lease-heartbeat", daemon=True
+                ).start()
+            self._held[id(lease)] = lease
+            self._wake.notify()
+
+    def untrack(self, lease: Lease) -> None:
+        with self._wake:
+            self._held.pop(id(lease), None)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                now = time.monotonic()
+                due = [x for x in self._held.values() if x._renewed_at + x.ttl / 3 <= now]
+                if not due:
+                    if not self._held:
+                        # Idle: wait for a lease, and end after a minute without one (the
+                        # next track starts another), so a Leases dropped leaves no thread.
+                        self._wake.wait(60.0)
+                        if not self._held:
+                            self._pid = 0
+                            return
+                        continue
+                    nxt = min(x._renewed_at + x.ttl / 3 for x in self._held.values())
+                    self._wake.wait(max(nxt - now, 0.01))
+                    continue
+            self._renew(due)
+
+    def _renew(self, due: list[Lease]) -> None:
+        started = time.monotonic()
+        try:
+            with translated():
+                pipe = self._leases.client.pipeline(transaction=False)
+                for x in due:
+                    self._leases._renew(
+                        keys=[keys.lease(x.run_id)],
+                        args=[str(x.token), int(x.ttl * 1000)],
+                        client=pipe,
+                    )
+                answers = pipe.execute(raise_on_error=False)
+        except StoreUnavailable as exc:
+            # Keep trying; ensure() will refuse once the TTL has passed unrenewed.
+            logger.warning("lease renewal failed for %d run(s): %s", len(due), exc)
+            time.sleep(min(x.ttl for x in due) / 10)
+            return
+        for x, held in zip(due, answers, strict=True):
+            try:
+                if isinstance(held, Exception):
+                    raise held
+                x._renewed(held, started)
+            except LeaseLost:
+                self.untrack(x)
+            except Exception as exc:  # noqa: BLE001 (one lease's error must not stop the rest)
+                logger.warning("run %s: lease renewal failed: %s", x.run_id, exc)
 
 
 class Leases:
@@ -158,10 +220,17 @@ class Leases:
         self._acquire = _script(client, "acquire.lua")
         self._renew = _script(client, "renew.lua")
         self._release = _script(client, "release.lua")
+        self._beat = _Heartbeat(self)
 
     @classmethod
     def from_url(cls, url: str) -> Leases:
-        return cls(redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5))
+        # A blocking pool: a threads worker's hundreds of runs wait a moment for one of
+        # 64 connections instead of failing with "Too many connections" (redis-py's
+        # default pool raises past 100) and losing leases they still hold.
+        pool = redis.BlockingConnectionPool.from_url(
+            url, max_connections=64, timeout=5, socket_timeout=5, socket_connect_timeout=5
+        )
+        return cls(redis.Redis(connection_pool=pool))
 
     def acquire(
         self, run_id: str, ttl: float, floor: int = 0, owner: LeaseToken | None = None
@@ -170,7 +239,7 @@ class Leases:
         owner = owner or LeaseToken.mine()
         with translated():
             epoch, _ = self._acquire(
-                keys=[keys.lease(run_id), keys.epoch(run_id)],
+                keys=[keys.lease(run_id), keys.epoch(run_id), keys.sent(run_id)],
                 args=[owner.owner, int(ttl * 1000), floor],
             )
         if not epoch:
@@ -206,6 +275,7 @@ class Leases:
         with translated():
             return bool(self._release(keys=[keys.lease(run_id)], args=[str(token)]))
 
-    def mark_reaped(self, run_id: str, window: float) -> bool:
+    def mark_sent(self, run_id: str, window: float) -> bool:
+        """False while an earlier message for the run is out and untaken (keys.sent)."""
         with translated():
-            return bool(self.client.set(keys.reaped(run_id), 1, nx=True, px=int(window * 1000)))
+            return bool(self.client.set(keys.sent(run_id), 1, nx=True, px=int(window * 1000)))

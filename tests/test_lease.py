@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -69,3 +70,31 @@ def test_a_fresh_check_asks_redis_even_right_after_a_renewal(leases: Leases) -> 
     a.ensure()  # the renewal is young: trusted (the window ctx.once closes with fresh)
     with pytest.raises(LeaseLost, match="thief"):
         a.ensure(fresh=True)
+
+
+def test_a_sent_mark_holds_until_a_worker_takes_the_run(leases: Leases) -> None:
+    # The reaper sends one message per run while one is out untaken: no duplicate storm.
+    assert leases.mark_sent("r-sent", 5.0)
+    assert not leases.mark_sent("r-sent", 5.0)
+    lease = leases.acquire("r-sent", 5.0)
+    assert lease is not None
+    assert leases.mark_sent("r-sent", 5.0)  # taken: the next stall may be reaped at once
+    lease.release()
+
+
+def test_one_heartbeat_thread_renews_every_lease_of_the_process(leases: Leases) -> None:
+    def beats() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "cairn-lease-heartbeat"]
+
+    before = len(beats())
+    held = [leases.acquire(f"r-{i}", ttl=0.6).start_heartbeat() for i in range(50)]  # type: ignore[union-attr]
+    time.sleep(1.5)  # > 2 TTLs: only the heartbeat can have kept them
+    assert all(leases.holder(f"r-{i}") == lease.token for i, lease in enumerate(held))
+    assert len(beats()) == before + 1  # other tests' Leases may still have theirs
+    for lease in held[:25]:
+        lease.release()
+    time.sleep(1.0)  # released ones are no longer renewed (release deleted them anyway)
+    assert all(leases.holder(f"r-{i}") is None for i in range(25))
+    assert all(leases.holder(f"r-{i}") == held[i].token for i in range(25, 50))
+    for lease in held[25:]:
+        lease.release()

@@ -7,7 +7,11 @@ import multiprocessing
 import os
 import threading
 
+from billiard.einfo import ExceptionWithTraceback
+from billiard.exceptions import WorkerLostError
 from celery import Celery, signals
+from celery.worker import state as worker_state
+from celery.worker.request import Request
 
 from cairn.errors import Superseded, Transient
 from cairn.steps import registry
@@ -21,6 +25,9 @@ from cairn.workers.settings import Settings
 
 logger = logging.getLogger(__name__)
 
+# Counts a message's resends after lost pool processes (RunRequest).
+LOST_HEADER = "cairn_lost"
+
 
 class Runtime:
     """Settings, hooks, and each process's own connections (made after the prefork pool
@@ -29,6 +36,7 @@ class Runtime:
     def __init__(self, settings: Settings, hooks: StepHooks = NO_HOOKS) -> None:
         self.settings, self.hooks = settings, hooks
         self._deps: dict[int, loop.Deps] = {}
+        self._leases: dict[int, Leases] = {}
         self._lock = threading.Lock()
         # Made before the pool forks, so every pool process sees the main process set it
         # when a warm shutdown (SIGTERM) begins.
@@ -57,6 +65,15 @@ class Runtime:
                 )
             return self._deps[pid]
 
+    def leases(self) -> Leases:
+        """This process's Redis leases: the worker's main process needs only these."""
+        if pid_deps := self._deps.get(os.getpid()):
+            return pid_deps.leases
+        with self._lock:
+            if os.getpid() not in self._leases:
+                self._leases[os.getpid()] = Leases.from_url(self.settings.redis_url)
+            return self._leases[os.getpid()]
+
 
 def create_app(settings: Settings, hooks: StepHooks = NO_HOOKS) -> Celery:
     """The worker's Celery app. Imports the shipped workflows and settings.workflows, so
@@ -82,6 +99,50 @@ def create_app(settings: Settings, hooks: StepHooks = NO_HOOKS) -> Celery:
     )
     runtime = Runtime(settings, hooks)
     app.cairn = runtime  # type: ignore[attr-defined]
+    # How long a sent resume message may wait untaken before the reaper sends another.
+    resend_window = max(settings.lease_ttl, settings.lost_after)
+    amqp = broker.is_amqp(settings.broker)
+
+    class RunRequest(Request):
+        """On Redis, a run whose pool process died under it (SIGKILL, OOM) is sent again
+        to the resume queue at once, and its message is acked.
+
+        Celery's own answer, a rejected and requeued message, waits behind the whole
+        backlog on Redis (kombu puts it back at the far end of its queue): under frequent
+        kills that was most of the recovery time. The run is in Postgres and the dead
+        owner's lease is broken on sight (Lease.dead_here), so the next free process goes
+        on at once. Publish before ack: a crash between them sends the run twice, which
+        the lease makes harmless. Bounded: after DELIVERY_LIMIT resends of one message
+        Celery's requeue takes over. RabbitMQ requeues a rejected message at once, and
+        counts its deliveries (DELIVERY_LIMIT), so there Celery's requeue stays.
+        """
+
+        def on_failure(self, exc_info, send_failed_event=True, return_ok=False):  # type: ignore[no-untyped-def]
+            exc = exc_info.exception
+            exc = exc.exc if isinstance(exc, ExceptionWithTraceback) else exc
+            lost = int(self._request_dict.get(LOST_HEADER) or 0)
+            if (
+                isinstance(exc, WorkerLostError)
+                and not worker_state.should_terminate
+                and lost < broker.DELIVERY_LIMIT
+                and not amqp
+                and self._resend(lost + 1)
+            ):
+                worker_state.task_ready(self)
+                self.acknowledge()
+                return
+            super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+        def _resend(self, lost: int) -> bool:
+            (run_id,) = self.args
+            try:
+                runtime.leases().mark_sent(run_id, resend_window)
+                self.task.apply_async((run_id,), queue=broker.RESUME, headers={LOST_HEADER: lost})
+            except Exception:  # Redis or the broker down: Celery's requeue instead
+                logger.exception("run %s: not sent again after its process died", run_id)
+                return False
+            logger.warning("run %s: its pool process died; sent to %s again", run_id, broker.RESUME)
+            return True
 
     @signals.worker_shutting_down.connect(weak=False)
     def _shutting_down(**_: object) -> None:
@@ -89,7 +150,7 @@ def create_app(settings: Settings, hooks: StepHooks = NO_HOOKS) -> Celery:
         # boundary and is handed back to the queue, so a deploy waits one step, not a run.
         runtime.stopping.set()
 
-    @app.task(name=broker.RUN_TASK, bind=True, max_retries=None)
+    @app.task(name=broker.RUN_TASK, bind=True, max_retries=None, Request=RunRequest)
     def run_task(self, run_id: str) -> str:  # type: ignore[no-untyped-def]
         """Resume or start one run: the whole recovery path is calling this again."""
         outcome = "error"
@@ -141,18 +202,23 @@ def create_app(settings: Settings, hooks: StepHooks = NO_HOOKS) -> Celery:
         timeout and kombu's restore sweep: an hour by default.
         """
         d = runtime.deps()
-        stalled = [
-            r["run_id"] for r in d.store.stalled(settings.pending_after, settings.lease_ttl / 2)
-        ]
+        # How long each message sent may wait untaken before another is sent: a run
+        # never taken waited out CAIRN_PENDING_AFTER already, and waits that again.
+        window = {
+            r["run_id"]: settings.pending_after
+            if r["status"] == "pending" and not r["epoch"]
+            else resend_window
+            for r in d.store.stalled(settings.pending_after, settings.lease_ttl / 2)
+        }
         unclaimed = d.store.unclaimed(settings.lost_after)
         if unclaimed:
             # More runs waiting for a message than messages the broker holds: the oldest
             # of them lost theirs. A long backlog holds a message for each: no storm.
-            lost = len(unclaimed) - broker.in_flight(app)
-            stalled += unclaimed[: max(lost, 0)]
+            lost = len(unclaimed) - broker.in_flight(app, taken_within=settings.lost_after)
+            window.update(dict.fromkeys(unclaimed[: max(lost, 0)], resend_window))
         n = 0
-        for run_id in d.leases.unheld(stalled):
-            if d.leases.mark_reaped(run_id, settings.lease_ttl):
+        for run_id in d.leases.unheld(list(window)):
+            if d.leases.mark_sent(run_id, window[run_id]):
                 run_task.apply_async((run_id,), queue=broker.RESUME)
                 n += 1
         if n:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -21,12 +22,15 @@ if TYPE_CHECKING:
 RUN_TASK = "cairn.run"
 REAP_TASK = "cairn.reap"
 SWEEP_TASK = "cairn.sweep"
-# Workers consume three queues, round-robin: new runs, resumed runs and the reaper's
-# ticks. A resumed run or a reaper tick then never waits behind the whole backlog.
+# Workers consume three queues: the reaper's ticks, resumed runs, new runs, in that order
+# of priority (on Redis: kombu's "sorted" queue order, which these names sort into; on
+# RabbitMQ each queue has its own prefetch). A run already started, whose worker died,
+# goes on before any new run starts: its recovery does not wait behind the backlog.
 RUNS = "celery"
 RESUME = "cairn.resume"
 CONTROL = "cairn.control"
 QUEUES = (RUNS, RESUME, CONTROL)
+assert sorted(QUEUES) == [CONTROL, RESUME, RUNS], "the Redis priority order is by name"
 
 # RabbitMQ only. A message delivered this many times more is dropped: the backstop for a
 # run that kills its worker before cairn counts the delivery. Above CAIRN_MAX_DELIVERIES
@@ -49,10 +53,14 @@ def delay(settings: Settings, seconds: float) -> float:
     return max(1, math.ceil(seconds)) if is_amqp(settings.broker) else seconds
 
 
-def in_flight(app: Any) -> int:
+def in_flight(app: Any, taken_within: float | None = None) -> int:
     """Run messages the broker holds: ready in the run queues, plus (Redis) those taken
     by a worker and not yet acked, which include countdown retries a worker keeps, or
     (RabbitMQ) countdown retries parked in the delayed-delivery queues.
+
+    taken_within (Redis): count only messages taken that recently. A worker takes a
+    message when it can start it (one per process or thread), so one taken long ago
+    whose run is still unclaimed sits with a worker that died whole: not in flight.
 
     RabbitMQ does not say how many messages are taken and unacked (AMQP's queue.declare
     counts ready ones only). A worker takes up to its concurrency from each queue it
@@ -73,7 +81,14 @@ def in_flight(app: Any) -> int:
         if unacked_key is not None:
             # [message, exchange, routing key] per unacked message, of every queue: count
             # the runs' (the reaper's own tick is one of the others).
-            for raw in channel.client.hvals(unacked_key):
+            client = channel.client
+            if taken_within is None:
+                raws = client.hvals(unacked_key)
+            else:
+                since = time.time() - taken_within
+                tags = client.zrangebyscore(channel.unacked_index_key, since, "+inf")
+                raws = [r for r in client.hmget(unacked_key, tags) if r] if tags else []
+            for raw in raws:
                 if json.loads(raw)[2] in (RUNS, RESUME):
                     held += 1
     return held
@@ -113,7 +128,7 @@ def conf(settings: Settings) -> dict[str, Any]:
         {"confirm_publish": True}
         if amqp
         # See Settings.visibility_timeout: long on purpose; recovery is the reaper's job.
-        else {"visibility_timeout": settings.visibility_timeout}
+        else {"visibility_timeout": settings.visibility_timeout, "queue_order_strategy": "sorted"}
     )
     return {
         "broker_url": settings.broker,

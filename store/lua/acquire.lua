@@ -1,6 +1,7 @@
 -- Acquire a run's lease and a fencing epoch, atomically.
 -- KEYS[1]  cairn:lease:<run_id>   lease token "<owner>|<epoch>", PX ttl
 -- KEYS[2]  cairn:epoch:<run_id>   fencing counter (INCR, never expires)
+-- KEYS[3]  cairn:sent:<run_id>    a message sent and not yet taken: taken now
 -- ARGV[1]  owner (hostname:pid:nonce)
 -- ARGV[2]  ttl in ms
 -- ARGV[3]  floor: the epoch stored with the checkpoint; the new epoch is above it even
@@ -18,4 +19,5 @@ if epoch <= floor then
 end
 local token = ARGV[1] .. '|' .. epoch
 redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2])
+redis.call('DEL', KEYS[3])
 return {epoch, token}

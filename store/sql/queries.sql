@@ -218,14 +218,14 @@ SELECT status, count(*) AS n, coalesce(sum(resumes), 0) AS resumes,
 -- step: it is treated as running.
 -- A run with a retry scheduled is left alone until the retry is overdue: one retry
 -- chain per run, never one more per reaper pass.
-SELECT run_id, status FROM checkpoints
+SELECT run_id, status, epoch FROM checkpoints
  WHERE ((status = 'running' OR (status = 'pending' AND epoch > 0))
         AND updated_at < now() - make_interval(secs => %(running_after)s)
      OR (status = 'pending' AND updated_at < now() - make_interval(secs => %(pending_after)s)))
    AND (retry_at IS NULL OR retry_at < now() - make_interval(secs => %(running_after)s))
 UNION ALL
 -- Waiting runs whose timeout passed, or with a signal nobody picked up.
-SELECT run_id, status FROM checkpoints c
+SELECT run_id, status, epoch FROM checkpoints c
  WHERE status = 'waiting'
    AND (wait_until < now()
         OR EXISTS (SELECT 1 FROM signals s
