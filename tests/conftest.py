@@ -45,6 +45,14 @@ RABBITMQ = f"amqp://guest:guest@127.0.0.1:{os.environ.get('CAIRN_RABBITMQ_PORT',
 both_brokers = pytest.mark.parametrize("broker_url", ["redis", "amqp"], indirect=True)
 
 
+def via_pgbouncer(url: str) -> str:
+    """url through PgBouncer when the tests run behind it (CAIRN_TEST_PGBOUNCER_PORT)."""
+    if not PGBOUNCER_PORT:
+        return url
+    host, _, name = url.rpartition("/")
+    return f"{host.rsplit(':', 1)[0]}:{PGBOUNCER_PORT}/{name}"
+
+
 def _with_db(url: str, name: str) -> str:
     return url.rsplit("/", 1)[0] + "/" + name
 
@@ -135,11 +143,8 @@ def model() -> Iterator[ModelServer]:
 def settings(
     db_url: str, redis_url: str, broker_url: str | None, mail: MailServer, model: ModelServer
 ) -> Settings:
-    if PGBOUNCER_PORT:
-        host, _, name = db_url.rpartition("/")
-        db_url = f"{host.rsplit(':', 1)[0]}:{PGBOUNCER_PORT}/{name}"
     return Settings(
-        database_url=db_url,
+        database_url=via_pgbouncer(db_url),
         database_prepare=not PGBOUNCER_PORT,
         redis_url=redis_url,
         broker_url=broker_url,

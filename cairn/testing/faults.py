@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import signal
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -64,7 +65,17 @@ class Plan:
         self._fd = -1
         self._fd_pid = 0
         self._patched = False
-        self.current: str | None = None  # "run seq cursor attempt" of the running step
+        # "run seq cursor attempt" of the running step, per thread: a threads worker
+        # runs many steps at once.
+        self._local = threading.local()
+
+    @property
+    def current(self) -> str | None:
+        return getattr(self._local, "current", None)
+
+    @current.setter
+    def current(self, value: str | None) -> None:
+        self._local.current = value
 
     @classmethod
     def load(cls, path: str) -> Plan:

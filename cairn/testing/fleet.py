@@ -133,9 +133,20 @@ def start_worker(
     return wait_ready(spawn_worker(env, log, name, concurrency, app, cwd, queues, pool), wait)
 
 
-def start_beat(env: Mapping[str, str], log: Path, schedule: Path) -> Proc:
+def start_beat(
+    env: Mapping[str, str], log: Path, schedule: Path, wait: float | None = None
+) -> Proc:
+    """The beat (the reaper's clock). wait: seconds to wait until it ticks; a measurement
+    of recovery must not start before the reaper does (booting takes seconds under load)."""
     args = ["beat", "--loglevel=INFO", f"--schedule={schedule}"]
-    return Proc(celery(WORKER_APP) + args, env, log, "beat")
+    beat = Proc(celery(WORKER_APP) + args, env, log, "beat")
+    if wait is not None:
+        wait_for(
+            lambda: "Sending due task" in beat.text() or not beat.alive(), wait, "beat to tick"
+        )
+        if not beat.alive():
+            raise RuntimeError(f"beat exited at start:\n{beat.text()[-3000:]}")
+    return beat
 
 
 def free_port() -> int:

@@ -3,6 +3,7 @@ as exit code 1 when not OK."""
 
 from __future__ import annotations
 
+import enum
 import json
 from typing import Annotated
 
@@ -12,6 +13,8 @@ from cairn.testing.chaos.config import CHAOS_REDIS_DB
 from cairn.testing.chaos.report import print_report
 from cairn.testing.chaos.runner import run_chaos
 from cairn.testing.faults import BOUNDARIES
+
+Pool = enum.Enum("Pool", {"prefork": "prefork", "threads": "threads"}, type=str)  # type: ignore[misc]
 
 
 def _parse_kill(text: str) -> tuple[str, int, str]:
@@ -64,8 +67,16 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         concurrency: Annotated[
-            int, typer.Option("--concurrency", help="Pool processes per worker.")
+            int, typer.Option("--concurrency", help="Pool processes (or threads) per worker.")
         ] = 2,
+        pool: Annotated[
+            Pool,
+            typer.Option(
+                "--pool",
+                help="The workers' pool. threads: a kill takes the whole worker with all "
+                "its runs, and a new worker is started.",
+            ),
+        ] = Pool.prefork,
         lease_ttl: Annotated[
             float,
             typer.Option(
@@ -155,6 +166,7 @@ def register(app: typer.Typer) -> None:
                 kills=points,
                 random_kills=random_kills,
                 concurrency=concurrency,
+                pool=pool.value,
                 lease_ttl=lease_ttl,
                 deadline=deadline,
                 keep=keep,

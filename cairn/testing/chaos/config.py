@@ -50,6 +50,7 @@ class ChaosConfig:
     kills: list[tuple[str, int, str]] | None  # as given, for the plan and the replay
     random_kills: int
     concurrency: int
+    pool: str  # the workers' Celery pool: prefork, or threads (a kill takes the whole worker)
     lease_ttl: float
     deadline: float
     pending_after: float
@@ -90,6 +91,8 @@ class ChaosConfig:
             args += ["--workflows", ",".join(self.modules)]
         if self.concurrency != 2:
             args += ["--concurrency", str(self.concurrency)]
+        if self.pool != "prefork":
+            args += ["--pool", self.pool]
         if self.signals:
             args += ["--signals"]
         if self.cancel_rate:

@@ -97,11 +97,13 @@ class Crew:
     """The chaos workers chaos0..chaos<K-1>, their replacements chaos<K>, chaos<K+1>, ...
     and the beat (reaper); procs holds every one started, for the killers and teardown."""
 
-    def __init__(self, env: dict[str, str], state: Path, workers: int, concurrency: int) -> None:
+    def __init__(
+        self, env: dict[str, str], state: Path, workers: int, concurrency: int, pool: str
+    ) -> None:
         self.procs: list[fleet.Proc] = []
         self.warnings: list[str] = []  # replacements that did not start
         self._env, self._state = env, state
-        self._workers, self._concurrency = workers, concurrency
+        self._workers, self._concurrency, self._pool = workers, concurrency, pool
         self._numbers = itertools.count(workers)
 
     def start(self) -> None:
@@ -124,7 +126,9 @@ class Crew:
         if failed_start:
             raise RuntimeError(f"a worker did not start: {failed_start[0]}")
         state = self._state
-        self.procs.append(fleet.start_beat(self._env, state / "beat.log", state / "beat-schedule"))
+        self.procs.append(
+            fleet.start_beat(self._env, state / "beat.log", state / "beat-schedule", wait=90)
+        )
 
     def replace(self) -> None:
         """Start one more worker (for one killed whole); a failure becomes a warning."""
@@ -132,6 +136,13 @@ class Crew:
             self.procs.append(self._start(f"chaos{next(self._numbers)}"))
         except Exception as exc:  # noqa: BLE001 (reported, and the run goes on)
             self.warnings.append(f"a replacement worker did not start: {exc}")
+
+    def revive(self) -> None:
+        """Start a worker for each one dead (a threads worker dies whole at each kill),
+        keeping the crew at its size."""
+        alive = sum(1 for p in self.procs if p.name.startswith("chaos") and p.alive())
+        for _ in range(self._workers - alive):
+            self.replace()
 
     def kill(self) -> None:
         """SIGKILL every process started."""
@@ -141,5 +152,11 @@ class Crew:
     def _start(self, name: str) -> fleet.Proc:
         log = self._state / f"{name}.log"
         return fleet.start_worker(
-            self._env, log, name, self._concurrency, wait=90, app="cairn.testing.faulted"
+            self._env,
+            log,
+            name,
+            self._concurrency,
+            wait=90,
+            app="cairn.testing.faulted",
+            pool=self._pool,
         )

@@ -45,6 +45,7 @@ def run_chaos(
     kills: list[tuple[str, int, str]] | None = None,
     random_kills: int | None = None,
     concurrency: int = 2,
+    pool: str = "prefork",
     lease_ttl: float = 3.0,
     deadline: float = 300.0,
     pending_after: float | None = None,
@@ -80,6 +81,7 @@ def run_chaos(
         kills=kills,
         random_kills=max(2, runs // 25) if random_kills is None else random_kills,
         concurrency=concurrency,
+        pool=pool,
         lease_ttl=lease_ttl,
         deadline=deadline,
         # The reaper re-enqueues a pending run untouched this long (its message may have
@@ -159,7 +161,7 @@ class _Experiment:
             f"[bold]chaos[/]: {c.runs} {c.workflow} runs, {c.workers} workers x {c.concurrency}, "
             f"seed {c.seed}, rate {c.rate}, lease TTL {c.lease_ttl:g}s, database {c.db_name}"
         )
-        self._crew = Crew(env, c.state, c.workers, c.concurrency)
+        self._crew = Crew(env, c.state, c.workers, c.concurrency, c.pool)
         self._crew.start()
 
     def run(self, flow: Workflow, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -172,7 +174,11 @@ class _Experiment:
         assert crew is not None and self._db_url is not None, "start() first"
         self._client = Client(
             settings=Settings(
-                database_url=self._db_url, redis_url=c.redis_url, broker_url=c.broker_url
+                database_url=self._db_url,
+                redis_url=c.redis_url,
+                broker_url=c.broker_url,
+                # off behind PgBouncer in transaction mode, as for the workers
+                database_prepare=Settings.from_env().database_prepare,
             )
         )
         self._leases = Leases.from_url(c.redis_url)
@@ -183,7 +189,9 @@ class _Experiment:
         for run_id, data in zip(ids, inputs, strict=True):
             self._client.enqueue(c.workflow, data, run_id=run_id)
         life.start(self._client)
-        killer = OutsideKiller(c.seed, c.random_kills, crew.replace, self._say)
+        # Threads: every kill takes a whole worker, and _watch keeps the crew's number up.
+        replace = crew.replace if c.pool == "prefork" else lambda: None
+        killer = OutsideKiller(c.seed, c.random_kills, replace, self._say)
         depths, flushed = self._watch(store, killer, life)
         elapsed = time.monotonic() - started_at
         killer.join()
@@ -221,6 +229,8 @@ class _Experiment:
                 if finished >= c.runs:
                     break
                 killer.tick(store, self._leases, self._crew.procs)
+                if c.pool != "prefork":
+                    self._crew.revive()
                 assert self._client is not None
                 life.tick(self._client, store)
                 time.sleep(0.1)
