@@ -124,7 +124,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             f"({r['steps_per_run']} × {r['wait_s']:g} s waited, plus overhead)",
             r["done"] == r["runs"] and r["seconds"] <= r["bound_s"],
             f"{r['seconds']:.1f} s = {r['seconds'] / ideal:.1f}× the waiting; last run's first "
-            f"step began {_f(r['first_step_spread_s'], '{:.1f}')} s after the first's",
+            f"step began {_f(r['first_step_spread_s'], '{:.1f}')} s after the first's; "
+            f"workers + Postgres + Redis spend {r['service_cpu_ms_per_step']:.1f} CPU ms a step: "
+            f"{r['cores_for_bound']:.1f} cores would do it in {r['bound_s']:g} s",
         )
         add(
             f"{who}: worker memory < 2 GB",
