@@ -31,7 +31,10 @@ def _find(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
 
 
 def _waiting_done(r: dict[str, Any]) -> str:
-    return f"{r['done']:,} done, {r['failed']:,} failed in {r['seconds']:.1f} s"
+    return (
+        f"{r['done']:,} done, {r['failed']:,} failed in {r['seconds']:.1f} s; "
+        f"{r.get('reclaimed_runs', 0):,} taken over after their worker lost the lease"
+    )
 
 
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:

@@ -177,6 +177,7 @@ def one(
         }
     )
     sampler = threading.Thread(target=sample, daemon=True)
+    beat: fleet.Proc | None = None
     settings = Settings.from_env().with_options(database_url=db_url, redis_url=redis_url)
     try:
         progress(f"waiting {pool}: starting {workers} workers × {concurrency}")
@@ -189,6 +190,10 @@ def one(
             )
         for p in procs:
             fleet.wait_ready(p, 300)
+        # As deployed: beat's reaper sends a run whose worker lost it (its lease expired)
+        # again; the row counts such runs.
+        (LOGS / f"{pool}-beat.log").unlink(missing_ok=True)
+        beat = fleet.start_beat(env, LOGS / f"{pool}-beat.log", LOGS / f"{pool}-beat-schedule")
         sampler.start()
         with Client(settings=settings) as client:
             # Every process's first run opens its connections and model client: a
@@ -227,10 +232,17 @@ def one(
                 "WHERE run_id NOT LIKE 'warm%' GROUP BY run_id) f"
             ).fetchone()
             spread = float(row[0]) if row and row[0] is not None else None
+            row = conn.execute(
+                "SELECT count(*) FILTER (WHERE resumes > 0), count(*) FILTER (WHERE epoch > 1) "
+                "FROM checkpoints WHERE run_id NOT LIKE 'warm%'"
+            ).fetchone()
+            resumed, reclaimed = (int(v) for v in row) if row else (0, 0)
     finally:
         sampling.set()
         for p in procs:
             p.kill()
+        if beat is not None:
+            beat.kill()
         model.kill()
         dbs.drop(db_url)
     n = max(len(overhead), 1)
@@ -246,6 +258,9 @@ def one(
         "wait_s": wait,
         "done": done,
         "failed": failed,
+        # runs a worker lost mid-way (lease not renewed in time) and another took over
+        "resumed_runs": resumed,
+        "reclaimed_runs": reclaimed,
         "seconds": took,
         "bound_s": BOUND * steps * wait,
         "enqueue_seconds": enqueued,
