@@ -30,6 +30,13 @@ def _find(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
     return None
 
 
+def _procs_for_bound(r: dict[str, Any]) -> float:
+    """Worker processes the fleet needs to finish within its bound: a CPython process
+    runs Python on one core at a time, whatever its threads."""
+    work_s = r["cpu_ms_per_step"]["workers"] * r["runs"] * r["steps_per_run"] / 1000
+    return work_s / r["bound_s"]
+
+
 def _waiting_done(r: dict[str, Any]) -> str:
     return (
         f"{r['done']:,} done, {r['failed']:,} failed in {r['seconds']:.1f} s; "
@@ -129,7 +136,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             f"{r['seconds']:.1f} s = {r['seconds'] / ideal:.1f}× the waiting; last run's first "
             f"step began {_f(r['first_step_spread_s'], '{:.1f}')} s after the first's; "
             f"workers + Postgres + Redis spend {r['service_cpu_ms_per_step']:.1f} CPU ms a step: "
-            f"{r['cores_for_bound']:.1f} cores would do it in {r['bound_s']:g} s",
+            f"{r['cores_for_bound']:.1f} cores would do it in {r['bound_s']:g} s, and (one "
+            f"core per Python process at most) {_procs_for_bound(r):.1f} worker processes",
         )
         add(
             f"{who}: worker memory < 2 GB",
