@@ -30,6 +30,20 @@ def _find(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
     return None
 
 
+def _procs_for_bound(r: dict[str, Any]) -> float:
+    """Worker processes the fleet needs to finish within its bound: a CPython process
+    runs Python on one core at a time, whatever its threads."""
+    work_s = r["cpu_ms_per_step"]["workers"] * r["runs"] * r["steps_per_run"] / 1000
+    return work_s / r["bound_s"]
+
+
+def _waiting_done(r: dict[str, Any]) -> str:
+    return (
+        f"{r['done']:,} done, {r['failed']:,} failed in {r['seconds']:.1f} s; "
+        f"{r.get('reclaimed_runs', 0):,} taken over after their worker lost the lease"
+    )
+
+
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
 
@@ -101,6 +115,40 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 x >= 0.4,
                 f"{r['steps_per_s']:,.0f} vs {r['pgbench_tps']:,.0f} tps = {100 * x:.0f}%",
             )
+    for p in (results.get("fleet") or {}).get("prediction", []) if fl else []:
+        if p["cores"] > (results.get("meta", {}).get("cpus") or 0):
+            add(
+                f"predicted: fleet steps/s with {p['workers']} workers on {p['cores']} cores "
+                f"≥ 40% of pgbench at {p['workers']} clients",
+                p["steps_vs_pgbench"] >= 0.4,
+                f"{p['steps_per_s']:,.0f} (bound: {p['bound_by']}) vs {p['pgbench_tps']:,.0f} "
+                f"tps = {p['steps_vs_pgbench']:.0%}",
+            )
+
+    for r in _rows(results, "waiting"):
+        who = f"waiting fleet, {r['pool']} {r['workers']} × {r['concurrency']}"
+        ideal = r["steps_per_run"] * r["wait_s"]
+        add(f"{who}: all {r['runs']:,} runs done", r["done"] == r["runs"], _waiting_done(r))
+        add(
+            f"{who}: runs progress at once, total ≤ {r['bound_s']:g} s "
+            f"({r['steps_per_run']} × {r['wait_s']:g} s waited, plus overhead)",
+            r["done"] == r["runs"] and r["seconds"] <= r["bound_s"],
+            f"{r['seconds']:.1f} s = {r['seconds'] / ideal:.1f}× the waiting; last run's first "
+            f"step began {_f(r['first_step_spread_s'], '{:.1f}')} s after the first's; "
+            f"workers + Postgres + Redis spend {r['service_cpu_ms_per_step']:.1f} CPU ms a step: "
+            f"{r['cores_for_bound']:.1f} cores would do it in {r['bound_s']:g} s, and (one "
+            f"core per Python process at most) {_procs_for_bound(r):.1f} worker processes",
+        )
+        add(
+            f"{who}: worker memory < 2 GB",
+            r["peak_rss_mb"] < 2048,
+            f"peak RSS {r['peak_rss_mb']:,.0f} MB (PSS {r['peak_pss_mb']:,.0f} MB)",
+        )
+        add(
+            f"{who}: Postgres connections < 50",
+            r["peak_pg_connections"] < 50,
+            f"peak {r['peak_pg_connections']} server connections",
+        )
 
     rec = results.get("recovery") or {}
     for m in rec.get("modes", []) if isinstance(rec, dict) else []:
@@ -211,7 +259,9 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
                 _f(r["steps_vs_pgbench"], "{:.0%}"),
             )
         c.print(t)
-    for name in ("per_step", "growth", "recovery", "fleet"):
+        _render_ceiling(c, fl, results["fleet"].get("prediction", []))
+    _render_waiting(c, _rows(results, "waiting"))
+    for name in ("per_step", "growth", "recovery", "fleet", "waiting"):
         sec = results.get(name)
         if isinstance(sec, dict) and "error" in sec:
             c.print(f"[red]{name}: {sec['error']}[/]")
@@ -225,3 +275,106 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
                 t_["pass"]
             ]
             c.print(f"  {mark}  {t_['target']}: {t_['detail']}")
+
+
+def _cpu_table(title: str, rows: list[tuple[str, dict[str, float]]]) -> Table:
+    """CPU ms per step of each process group (columns), one row per measurement."""
+    groups = list(dict.fromkeys(g for _, cpu in rows for g in cpu))
+    t = Table(title=title)
+    t.add_column("", justify="left")
+    for g in groups:
+        t.add_column(g, justify="right")
+    for label, cpu in rows:
+        t.add_row(label, *(_f(cpu.get(g), "{:.2f}") for g in groups))
+    return t
+
+
+def _render_waiting(c: Console, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    r0 = rows[0]
+    t = Table(
+        title=f"5. Fleet of waiting runs: {r0['runs']:,} runs × {r0['steps_per_run']} model "
+        f"calls of {r0['wait_s']:g} s (local stand-in), {r0['workers']} workers"
+    )
+    for col in (
+        "pool",
+        "per worker",
+        "seconds",
+        "bound s",
+        "runs/s",
+        "steps/s",
+        "overhead p50 ms",
+        "p95 ms",
+        "first steps spread s",
+        "peak RSS MB",
+        "PSS MB",
+        "PG conns",
+    ):
+        t.add_column(col, justify="left" if col == "pool" else "right")
+    for r in rows:
+        t.add_row(
+            r["pool"],
+            str(r["concurrency"]),
+            _f(r["seconds"], "{:.1f}"),
+            _f(r["bound_s"], "{:g}"),
+            _f(r["runs_per_s"], "{:,.1f}"),
+            _f(r["steps_per_s"]),
+            _f(r["overhead_p50_ms"], "{:,.0f}"),
+            _f(r["overhead_p95_ms"], "{:,.0f}"),
+            _f(r["first_step_spread_s"], "{:.1f}"),
+            _f(r["peak_rss_mb"]),
+            _f(r["peak_pss_mb"]),
+            str(r["peak_pg_connections"]),
+        )
+    c.print(t)
+    c.print(
+        _cpu_table(
+            "   where the 2 cores went: CPU ms per model step, by process group",
+            [(f"{r['pool']} ({r['cpu']['cores']} cores)", r["cpu_ms_per_step"]) for r in rows],
+        )
+    )
+    for r in rows:
+        if r.get("why"):
+            c.print(f"[dim]{r['pool']} concurrency: {r['why']}[/]")
+
+
+def _render_ceiling(
+    c: Console, rows: list[dict[str, Any]], prediction: list[dict[str, Any]]
+) -> None:
+    if not rows or "cpu_ms_per_step" not in rows[0]:
+        return
+    steps = rows[0]["steps_per_run"]
+    table = []
+    for r in rows:
+        cpu = dict(r["cpu_ms_per_step"])
+        # A run is one Celery task: its dispatch, as a no-op task's worker CPU, per step.
+        cpu["of which celery dispatch"] = r["noop_cpu_ms_per_task"]["celery workers"] / steps
+        table.append((f"{r['workers']} worker(s), {r['steps_per_s']:,.0f} steps/s", cpu))
+    for r in rows:
+        if r.get("pgbench_cpu_ms_per_tx"):
+            table.append((f"pgbench, {r['workers']} client(s), per tx", r["pgbench_cpu_ms_per_tx"]))
+    c.print(
+        _cpu_table(
+            f"4b. Fleet: where the {rows[0]['cpu']['cores']} cores go, CPU ms per no-op step "
+            "(run start and end included) by process group",
+            table,
+        )
+    )
+    if prediction:
+        t = Table(
+            title="4c. Fleet: what these costs predict with more cores (one worker and one "
+            f"pgbench client per core; step {prediction[0]['step_cpu_ms']:.2f} CPU ms, "
+            f"pgbench {prediction[0]['pgbench_cpu_ms_per_tx']:.2f} CPU ms/tx)"
+        )
+        for col in ("cores", "steps/s", "bound by", "pgbench tps", "steps ÷ pgbench"):
+            t.add_column(col, justify="left" if col == "bound by" else "right")
+        for p in prediction:
+            t.add_row(
+                str(p["cores"]),
+                _f(p["steps_per_s"]),
+                p["bound_by"],
+                _f(p["pgbench_tps"]),
+                _f(p["steps_vs_pgbench"], "{:.0%}"),
+            )
+        c.print(t)

@@ -50,6 +50,14 @@ class Sizes:
     fleet_steps: int = 10
     noop_tasks: int = 1000
     pgbench_seconds: int = 5
+    # fleet of waiting runs (bench/waiting.py): runs × steps model calls of `wait` seconds
+    waiting_runs: int = 1000
+    waiting_steps: int = 10
+    waiting_wait: float = 1.0
+    waiting_workers: int = 2
+    waiting_threads: int = 500  # threads per worker
+    waiting_pool_size: int = 10  # Postgres connections per worker process
+    waiting_prefork: int = 0  # processes per worker; 0: the most this machine holds
 
 
 QUICK = Sizes(
@@ -64,6 +72,11 @@ QUICK = Sizes(
     fleet_runs=8,
     noop_tasks=40,
     pgbench_seconds=1,
+    waiting_runs=12,
+    waiting_steps=2,
+    waiting_wait=0.2,
+    waiting_threads=6,
+    waiting_prefork=2,
 )
 
 # A budget no bench window reaches, so cairn carries the whole window like every peer
@@ -562,6 +575,10 @@ def _hold(client: cairn_sys.Client, sends: list[Any], queue: str = "bench_hold")
 
 
 def fleet(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
+    import resource
+
+    from bench.procs import CpuMeter, postgres_pids, redis_pids
+
     _flush(redis_url)
     url = dbs.fresh("fleet")
     cairn_sys.cairn_setup(url)
@@ -570,6 +587,21 @@ def fleet(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
     db = Database(url)
     store = PgStore(db)
     rows = []
+    # Where the cores go: CPU of each process group over each timed window (/proc).
+    pg, rd = postgres_pids(url), redis_pids(redis_url)
+    meter = CpuMeter(
+        {
+            "celery workers": (lambda: [p.pid for p in fl.procs], True),
+            "postgres": (lambda: pg, True),
+            "redis": (lambda: rd, False),
+            "bench driver": (lambda: [os.getpid()], False),
+        }
+    )
+
+    def per(cpu: dict[str, Any], n: int) -> dict[str, float]:
+        ms = {k: 1000 * v / n for k, v in cpu["cpu_s"].items()}
+        return ms | {"other processes": 1000 * cpu["other_s"] / n, "idle": 1000 * cpu["idle_s"] / n}
+
     try:
         for k in sz.fleet_workers:
             while len(fl.procs) < k:
@@ -585,6 +617,7 @@ def fleet(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
             progress(f"fleet K={k}: {sz.noop_tasks} celery no-op tasks")
             client.redis.delete(flows.NOOP_COUNTER)
             _hold(client, [client.send_noop] * sz.noop_tasks)
+            meter.start()
             t0 = time.time()
             client.release("bench_hold")
             _wait(
@@ -593,18 +626,27 @@ def fleet(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
                 "no-op tasks",
             )
             noop_s = time.time() - t0
+            noop_cpu = meter.stop()
 
             progress(f"fleet K={k}: {sz.fleet_runs} runs × {sz.fleet_steps} no-op steps")
             ids = [cairn_sys.create_run(store, sz.fleet_steps, []) for _ in range(sz.fleet_runs)]
             _hold(client, [lambda q, rid=rid: client.send_run(rid, q) for rid in ids])
+            meter.start()
             t0 = time.time()
             client.release("bench_hold")
             runs_s = cairn_sys.wait_done(url, ids, 600) - t0
+            runs_cpu = meter.stop()
 
             progress(f"fleet K={k}: pgbench upsert, {k} client(s), {sz.pgbench_seconds}s")
             pg_url = dbs.fresh("pgbench")
+            meter.start()
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             tps = pgbench(pg_url, k, sz.pgbench_seconds)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)  # pgbench, reaped by now
+            pgb_cpu = meter.stop()
             dbs.drop(pg_url)
+            txs = tps * sz.pgbench_seconds if isinstance(tps, float) else 0.0
+            pgb_client = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
             steps_per_s = sz.fleet_runs * sz.fleet_steps / runs_s
             rows.append(
                 {
@@ -622,10 +664,61 @@ def fleet(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
                     if isinstance(tps, float) and tps
                     else None,
                     "runs_vs_noop": (sz.fleet_runs / runs_s) / (sz.noop_tasks / noop_s),
+                    "cpu": runs_cpu,
+                    "cpu_ms_per_step": per(runs_cpu, sz.fleet_runs * sz.fleet_steps),
+                    "noop_cpu_ms_per_task": per(noop_cpu, sz.noop_tasks),
+                    "pgbench_cpu_ms_per_tx": {
+                        "postgres": 1000 * pgb_cpu["cpu_s"]["postgres"] / txs,
+                        "pgbench client": 1000 * pgb_client / txs,
+                    }
+                    if txs
+                    else None,
                 }
             )
     finally:
         fl.stop()
         client.close()
         db.close()
-    return {"rows": rows}
+    return {"rows": rows, "prediction": _fleet_ceiling(rows)}
+
+
+SERVICES = ("celery workers", "postgres", "redis")  # what a deployment runs; not the bench
+
+
+def _fleet_ceiling(
+    rows: list[dict[str, Any]], cores: tuple[int, ...] = (2, 4, 8, 16)
+) -> list[dict[str, Any]]:
+    """Steps/s the fleet's measured costs predict on more cores, one concurrency-1 worker
+    (and one pgbench client) per core. Three bounds, the lowest wins: all the CPU a step
+    costs (workers + Postgres + Redis, at the most workers measured, contention included)
+    spread over the cores; Redis's single thread; and K workers each as fast as the lone
+    worker was (a concurrency-1 worker drives one step at a time). pgbench likewise: K
+    clients at its one-client rate, or the cores over its CPU per transaction."""
+    if not rows or not rows[-1].get("pgbench_cpu_ms_per_tx") or not rows[0].get("pgbench_tps"):
+        return []
+    one, most = rows[0], rows[-1]
+    ms = most["cpu_ms_per_step"]
+    step_cost = sum(ms[g] for g in SERVICES)
+    tx_cost = sum(most["pgbench_cpu_ms_per_tx"].values())
+    out = []
+    for n in cores:
+        bounds = {
+            f"{n} cores (CPU of all groups)": n * 1000 / step_cost,
+            "redis (one thread)": 1000 / ms["redis"] if ms["redis"] else float("inf"),
+            f"{n} serial workers (at 1 worker's rate)": n * one["steps_per_s"],
+        }
+        bound = min(bounds, key=bounds.__getitem__)
+        tps = min(n * one["pgbench_tps"], n * 1000 / tx_cost)
+        out.append(
+            {
+                "cores": n,
+                "workers": n,
+                "steps_per_s": bounds[bound],
+                "bound_by": bound,
+                "pgbench_tps": tps,
+                "steps_vs_pgbench": bounds[bound] / tps,
+                "step_cpu_ms": step_cost,
+                "pgbench_cpu_ms_per_tx": tx_cost,
+            }
+        )
+    return out

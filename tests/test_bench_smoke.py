@@ -27,7 +27,7 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
     assert bench.main(["--quick", "--quiet", "--json", str(out)]) == 0
 
     data = json.loads(out.read_text())
-    for section in ("meta", "per_step", "growth", "recovery", "fleet", "targets"):
+    for section in ("meta", "per_step", "growth", "recovery", "fleet", "waiting", "targets"):
         assert section in data, section
         assert "error" not in data[section], data[section]
 
@@ -59,5 +59,14 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
     for r in fleet:
         assert r["runs_per_s"] > 0 and r["steps_per_s"] > 0 and r["noop_tasks_per_s"] > 0, r
         assert r["pgbench_tps"] is None or r["pgbench_tps"] > 0, r
+        assert r["cpu_ms_per_step"]["celery workers"] >= 0, r
+    assert [p["cores"] for p in data["fleet"]["prediction"]] == [2, 4, 8, 16]
+
+    waiting = data["waiting"]["rows"]
+    assert [r["pool"] for r in waiting] == ["threads", "prefork"]
+    for r in waiting:
+        assert r["done"] == r["runs"] and r["steps_per_s"] > 0, r
+        assert r["peak_rss_mb"] > 0 and r["peak_pg_connections"] > 0, r
+        assert r["overhead_p50_ms"] is not None and r["cpu_ms_per_step"]["workers"] >= 0, r
 
     assert data["targets"] and all("pass" in t for t in data["targets"])
