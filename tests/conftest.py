@@ -39,6 +39,10 @@ PGBOUNCER_PORT = os.environ.get("CAIRN_TEST_PGBOUNCER_PORT")
 for _name in [n for n in os.environ if n.startswith("CAIRN_")]:
     if _name not in ("CAIRN_PG_PORT", "CAIRN_REDIS_PORT", "CAIRN_RABBITMQ_PORT"):
         del os.environ[_name]
+if PGBOUNCER_PORT:
+    # Every process the tests start (the chaos crew, the CLI) turns prepared statements
+    # off: PgBouncer 1.18 in transaction mode hands each transaction any server connection.
+    os.environ["CAIRN_DATABASE_PREPARE"] = "0"
 # scripts/services.sh's RabbitMQ: user guest (loopback only), vhosts cairn-1..cairn-15.
 RABBITMQ = f"amqp://guest:guest@127.0.0.1:{os.environ.get('CAIRN_RABBITMQ_PORT', '5672')}"
 # A test that takes the broker_url fixture this way runs once per broker.
