@@ -50,6 +50,10 @@ class Sizes:
     fleet_steps: int = 10
     noop_tasks: int = 1000
     pgbench_seconds: int = 5
+    # bench/million.py: finished runs, active ones, calls timed per query
+    million_runs: int = 1_000_000
+    million_active: int = 5_000
+    million_reps: int = 7
 
 
 QUICK = Sizes(
@@ -64,6 +68,9 @@ QUICK = Sizes(
     fleet_runs=8,
     noop_tasks=40,
     pgbench_seconds=1,
+    million_runs=10_000,
+    million_active=200,
+    million_reps=3,
 )
 
 # A budget no bench window reaches, so cairn carries the whole window like every peer
