@@ -338,6 +338,8 @@ def _retention(url: str, store: PgStore, conn: psycopg.Connection[Any]) -> dict[
     transaction; each batch timed."""
     progress("million: retention sweep, 1,000 runs per batch")
     plan = _explain(url, "sweep", {"older_than": RETENTION, "batch": 1000})
+    # The horizon moves while the sweep runs: count what was due when it started.
+    started = conn.execute("SELECT now()").fetchone()
     marks = [time.perf_counter()]
     swept = store.sweep(
         RETENTION, batch=1000, progress=lambda _n: marks.append(time.perf_counter())
@@ -345,8 +347,8 @@ def _retention(url: str, store: PgStore, conn: psycopg.Connection[Any]) -> dict[
     batches = [1000 * (b - a) for a, b in itertools.pairwise(marks)]
     left = conn.execute(
         "SELECT count(*) FROM checkpoints WHERE status IN ('done', 'failed', 'cancelled',"
-        " 'budget_exceeded') AND updated_at < now() - make_interval(secs => %s)",
-        (RETENTION,),
+        " 'budget_exceeded') AND updated_at < %s - make_interval(secs => %s)",
+        (started[0] if started else None, RETENTION),
     ).fetchone()
     return {
         **_row(
