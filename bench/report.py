@@ -158,7 +158,52 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             m["p95"] <= bound,
             f"p50 {m['p50']:.2f} s, p95 {m['p95']:.2f} s over {len(m['seconds'])} kills",
         )
+    _million_targets(results, add)
     return out
+
+
+# Section 5's bounds (medians): what a page or a CLI call may take at 1M runs.
+MILLION_BOUNDS_MS = {"interactive": 20.0, "counts": 5.0, "reaper": 20.0, "retention": 500.0}
+
+
+def _million_targets(results: dict[str, Any], add: Any) -> None:
+    sec = results.get("million")
+    rows = _rows(results, "million")
+    if not rows:
+        return
+    n = f"{sec['runs']:,}"
+    for kind, what in (
+        ("interactive", "every interactive query"),
+        ("counts", "count_by_status"),
+        ("reaper", "the reaper's scans"),
+    ):
+        mine = [r for r in rows if r["kind"] == kind]
+        if not mine:
+            continue
+        bound = MILLION_BOUNDS_MS[kind]
+        slow = [r for r in mine if r["median_ms"] > bound]
+        worst = max(mine, key=lambda r: r["median_ms"])
+        add(
+            f"{what} ≤ {bound:g} ms at {n} runs (median)",
+            not slow,
+            "; ".join(f"{r['query']} {r['median_ms']:.1f} ms" for r in slow)
+            or f"slowest: {worst['query']} {worst['median_ms']:.2f} ms",
+        )
+    sweep = next((r for r in rows if r["kind"] == "retention"), None)
+    if sweep and sweep["batches"]:
+        bound = MILLION_BOUNDS_MS["retention"]
+        add(
+            f"retention: each batch of 1,000 runs ≤ {bound:g} ms (p95) at {n} runs",
+            sweep["p95_ms"] <= bound and sweep["left_behind"] == 0,
+            f"{sweep['swept']:,} runs in {sweep['batches']} batches: median "
+            f"{sweep['median_ms']:.0f} ms, p95 {sweep['p95_ms']:.0f} ms, max "
+            f"{sweep['max_ms']:.0f} ms, {sweep['total_s']:.1f} s in all",
+        )
+    add(
+        f"counts exact after transitions and retention at {n} runs (vs GROUP BY)",
+        bool(sec.get("counts_exact")),
+        f"backfilled by cairn db upgrade in {sec['upgrade_s']:.2f} s",
+    )
 
 
 def render(results: dict[str, Any], console: Console | None = None) -> None:
@@ -261,7 +306,8 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
         c.print(t)
         _render_ceiling(c, fl, results["fleet"].get("prediction", []))
     _render_waiting(c, _rows(results, "waiting"))
-    for name in ("per_step", "growth", "recovery", "fleet", "waiting"):
+    _render_million(results, c)
+    for name in ("per_step", "growth", "recovery", "fleet", "waiting", "million"):
         sec = results.get(name)
         if isinstance(sec, dict) and "error" in sec:
             c.print(f"[red]{name}: {sec['error']}[/]")
@@ -378,3 +424,36 @@ def _render_ceiling(
                 _f(p["steps_vs_pgbench"], "{:.0%}"),
             )
         c.print(t)
+
+
+def _render_million(results: dict[str, Any], c: Console) -> None:
+    rows = _rows(results, "million")
+    if not rows:
+        return
+    sec = results["million"]
+    t = Table(
+        title=f"6. A million runs: {sec['runs']:,} finished + {sec['active']:,} active "
+        f"(generated in {sec['generate_s']:.0f} s, {sec['database_bytes'] / 2**30:.1f} GiB; "
+        f"cairn db upgrade {sec['upgrade_s']:.2f} s); ms = median of {len(rows[0]['samples_ms'])}"
+    )
+    for col in ("query", "median ms", "p95 ms", "bound ms", "plan (EXPLAIN ANALYZE)"):
+        t.add_column(col, justify="left" if col in ("query", "plan (EXPLAIN ANALYZE)") else "right")
+    for r in rows:
+        bound = MILLION_BOUNDS_MS.get(r["kind"])
+        late = bound is not None and r["median_ms"] > bound
+        plan = r.get("explain") or {}
+        used = ", ".join(plan.get("indexes", [])) or "no index"
+        scans = plan.get("seq_scans") or []
+        note = f"{used}" + (f"; seq scan {', '.join(scans)}" if scans else "") if plan else ""
+        t.add_row(
+            r["query"],
+            f"[red]{r['median_ms']:.2f}[/]" if late else f"{r['median_ms']:.2f}",
+            _f(r["p95_ms"], "{:.2f}"),
+            _f(bound, "{:g}") if bound else "–",
+            note,
+        )
+    c.print(t)
+    c.print(
+        f"[dim]reaper fold of {sec.get('folded_deltas', 0):,} deltas: {sec.get('fold_ms', 0):.1f} ms; "
+        "times through PgStore (round trip included); Postgres defaults (shared_buffers 128 MB)[/]"
+    )

@@ -15,10 +15,10 @@ from typing import Any
 import psycopg
 import redis
 
-from bench import report, sections, waiting
+from bench import million, report, sections, waiting
 from bench.common import ROOT, Databases, base_db, bench_redis, progress, set_quiet
 
-SECTIONS = ("per_step", "growth", "recovery", "fleet", "waiting")
+SECTIONS = ("per_step", "growth", "recovery", "fleet", "waiting", "million")
 DEFAULT_JSON = ROOT / "bench" / "results.json"
 
 
@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "recovery": sections.recovery,
         "fleet": sections.fleet,
         "waiting": waiting.section,
+        "million": million.million,
     }
     try:
         for name in chosen:

@@ -58,6 +58,10 @@ class Sizes:
     waiting_threads: int = 500  # threads per worker
     waiting_pool_size: int = 10  # Postgres connections per worker process
     waiting_prefork: int = 0  # processes per worker; 0: the most this machine holds
+    # bench/million.py: finished runs, active ones, calls timed per query
+    million_runs: int = 1_000_000
+    million_active: int = 5_000
+    million_reps: int = 7
 
 
 QUICK = Sizes(
@@ -77,6 +81,9 @@ QUICK = Sizes(
     waiting_wait=0.2,
     waiting_threads=6,
     waiting_prefork=2,
+    million_runs=10_000,
+    million_active=200,
+    million_reps=3,
 )
 
 # A budget no bench window reaches, so cairn carries the whole window like every peer

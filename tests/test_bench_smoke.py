@@ -27,7 +27,16 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
     assert bench.main(["--quick", "--quiet", "--json", str(out)]) == 0
 
     data = json.loads(out.read_text())
-    for section in ("meta", "per_step", "growth", "recovery", "fleet", "waiting", "targets"):
+    for section in (
+        "meta",
+        "per_step",
+        "growth",
+        "recovery",
+        "fleet",
+        "waiting",
+        "million",
+        "targets",
+    ):
         assert section in data, section
         assert "error" not in data[section], data[section]
 
@@ -68,5 +77,14 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
         assert r["done"] == r["runs"] and r["steps_per_s"] > 0, r
         assert r["peak_rss_mb"] > 0 and r["peak_pg_connections"] > 0, r
         assert r["overhead_p50_ms"] is not None and r["cpu_ms_per_step"]["workers"] >= 0, r
+
+    million = data["million"]
+    assert million["runs"] == 10_000 and million["counts_exact"] is True
+    kinds = {r["kind"] for r in million["rows"]}
+    assert {"interactive", "counts", "reaper", "retention"} <= kinds
+    for r in million["rows"]:
+        assert r["median_ms"] > 0, r
+    sweep = next(r for r in million["rows"] if r["kind"] == "retention")
+    assert sweep["swept"] > 0 and sweep["left_behind"] == 0, sweep
 
     assert data["targets"] and all("pass" in t for t in data["targets"])

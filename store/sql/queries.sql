@@ -206,9 +206,34 @@ SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c
  LIMIT %(limit)s;
 
 -- name: count_by_status
-SELECT status, count(*) AS n, coalesce(sum(resumes), 0) AS resumes,
-       coalesce(sum(cost_usd), 0) AS cost_usd
-  FROM checkpoints GROUP BY status;
+-- Runs per status: the folded totals plus the deltas not folded yet, read in one snapshot,
+-- so exact without scanning checkpoints (migration 0003). `unfolded`: how many delta rows
+-- were summed (the same on every row), which tells the reader whether to fold.
+WITH summed AS (
+    SELECT status, n, 0 AS unfolded FROM run_counts
+    UNION ALL
+    SELECT status, n, 1 FROM run_count_deltas
+)
+SELECT status, sum(n)::bigint AS n, sum(sum(unfolded)) OVER ()::bigint AS unfolded
+  FROM summed GROUP BY status HAVING sum(n) <> 0;
+
+-- name: fold_counts
+-- Move up to `batch` delta rows into the totals. SKIP LOCKED: two folders (the reaper,
+-- a reader) never wait on each other's rows nor fold a row twice; totals are upserted in
+-- status order, so two folds cannot deadlock on them.
+WITH moved AS (
+    DELETE FROM run_count_deltas
+     WHERE ctid = ANY (ARRAY(SELECT ctid FROM run_count_deltas
+                              LIMIT %(batch)s FOR UPDATE SKIP LOCKED))
+    RETURNING status, n
+), summed AS (
+    SELECT status, sum(n) AS n, count(*) AS rows FROM moved GROUP BY status
+), folded AS (
+    INSERT INTO run_counts AS c (status, n)
+    SELECT status, n FROM summed ORDER BY status
+    ON CONFLICT (status) DO UPDATE SET n = c.n + EXCLUDED.n
+)
+SELECT coalesce(sum(rows), 0)::bigint AS n FROM summed;
 
 -- name: stalled
 -- Reaper candidates: running runs not saved for a while (their lease is checked in
