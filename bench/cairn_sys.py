@@ -37,9 +37,51 @@ ON CONFLICT (run_id) DO UPDATE
 """
 
 
+# The tiny floor: the least a durable step can write. One small row per run, guarded by
+# seq and fencing epoch as cairn's save is, its RETURNING row telling a landed write from
+# a fenced one. What cairn adds beyond it (history, window tail, signals) is its cost.
+TINY_DDL = """
+CREATE TABLE IF NOT EXISTS tiny_checkpoints (
+    run_id     text PRIMARY KEY,
+    seq        bigint NOT NULL,
+    epoch      bigint NOT NULL,
+    state      jsonb NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+TINY_UPSERT = """
+INSERT INTO tiny_checkpoints AS c (run_id, seq, epoch, state, updated_at)
+VALUES (%s, %s, %s, %s, now())
+ON CONFLICT (run_id) DO UPDATE
+   SET seq = EXCLUDED.seq, epoch = EXCLUDED.epoch, state = EXCLUDED.state, updated_at = now()
+ WHERE c.seq < EXCLUDED.seq AND c.epoch <= EXCLUDED.epoch
+RETURNING c.run_id
+"""
+
+
 def floor_setup(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(FLOOR_DDL)
+        conn.execute(TINY_DDL)
+
+
+def tiny_run(url: str, steps: int, epoch: int = 1) -> tuple[float, int]:
+    """One tiny guarded upsert per step ({"n": i} as state), prepared, autocommit, one
+    connection: what a no-op step must at least cost. A fenced write raises, as cairn's."""
+    run_id = f"tiny-{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+
+        def go() -> None:
+            for i in range(1, steps + 1):
+                row = conn.execute(
+                    TINY_UPSERT, (run_id, i, epoch, Jsonb({"n": i})), prepare=True
+                ).fetchone()
+                if row is None:
+                    raise RuntimeError(f"tiny floor {run_id}: write {i} was fenced")
+
+        conn.execute(TINY_UPSERT, (run_id, 0, epoch, Jsonb({})), prepare=True)
+        elapsed, wal, _ = measure(url, go)
+    return elapsed, wal
 
 
 def floor_run(
@@ -123,6 +165,50 @@ class InProcess:
         if status != "done":
             raise RuntimeError(f"cairn run {run_id} ended {status}")
         return elapsed, wal
+
+    def phases(self, runs: int) -> dict[str, float]:
+        """Seconds per phase, summed over `runs` one-step runs driven in process: where a
+        run's fixed cost goes (load, lease, claim, the step and its save, release)."""
+        spent: dict[str, float] = dict.fromkeys(
+            ("run", "load", "lease acquire", "heartbeat start", "claim", "save", "release"),
+            0.0,
+        )
+
+        def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    spent[name] += time.perf_counter() - t0
+
+            return call
+
+        def acquire(*args: Any, **kwargs: Any) -> Any:
+            lease = acquire_raw(*args, **kwargs)
+            if lease is not None:
+                lease.start_heartbeat = timed("heartbeat start", lease.start_heartbeat)
+                lease.release = timed("release", lease.release)
+            return lease
+
+        ids = [create_run(self.store, 1, []) for _ in range(runs)]
+        self.db.one("position", {"run_id": ids[0]})  # a warm connection
+        store, acquire_raw = self.store, timed("lease acquire", self.leases.acquire)
+        store.load = timed("load", store.load)  # type: ignore[method-assign]
+        store.claim = timed("claim", store.claim)  # type: ignore[method-assign]
+        store.save = timed("save", store.save)  # type: ignore[method-assign]
+        self.leases.acquire = acquire  # type: ignore[method-assign]
+        try:
+            for run_id in ids:
+                t0 = time.perf_counter()
+                if loop.run(run_id, self.deps) != "done":
+                    raise RuntimeError(f"cairn run {run_id} did not finish")
+                spent["run"] += time.perf_counter() - t0
+        finally:
+            for name in ("load", "claim", "save"):
+                delattr(store, name)
+            del self.leases.acquire
+        return spent
 
     def close(self) -> None:
         self.db.close()

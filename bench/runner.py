@@ -18,7 +18,7 @@ import redis
 from bench import million, report, sections, waiting
 from bench.common import ROOT, Databases, base_db, bench_redis, progress, set_quiet
 
-SECTIONS = ("per_step", "growth", "recovery", "fleet", "waiting", "million")
+SECTIONS = ("per_step", "growth", "recovery", "fleet", "per_run", "waiting", "million")
 DEFAULT_JSON = ROOT / "bench" / "results.json"
 
 
@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         "growth": sections.growth,
         "recovery": sections.recovery,
         "fleet": sections.fleet,
+        "per_run": sections.per_run,
         "waiting": waiting.section,
         "million": million.million,
     }

@@ -50,6 +50,8 @@ class Sizes:
     fleet_steps: int = 10
     noop_tasks: int = 1000
     pgbench_seconds: int = 5
+    per_run_runs: int = 200
+    per_run_reps: int = 5
     # fleet of waiting runs (bench/waiting.py): runs × steps model calls of `wait` seconds
     waiting_runs: int = 1000
     waiting_steps: int = 10
@@ -76,6 +78,8 @@ QUICK = Sizes(
     fleet_runs=8,
     noop_tasks=40,
     pgbench_seconds=1,
+    per_run_runs=10,
+    per_run_reps=1,
     waiting_runs=12,
     waiting_steps=2,
     waiting_wait=0.2,
@@ -173,30 +177,39 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
     cairn_url = dbs.fresh("cairn")
     cairn_sys.cairn_setup(cairn_url)
     inproc = cairn_sys.InProcess(cairn_url, redis_url, **NO_COMPACTION)
-    samples: dict[tuple[str, int], tuple[list[float], list[int]]] = {}
+    samples: dict[tuple[str, int | None], tuple[list[float], list[int]]] = {}
+    neighbour: dict[int, list[float]] = {}  # W -> the tiny floor measured beside it, per rep
     try:
         # warm-up (imports, prepared statements, first pages), not measured
+        cairn_sys.tiny_run(floor_url, 10)
         cairn_sys.floor_run(floor_url, 10, window(4096))
         inproc.run(10, window(4096))
         for rep in range(sz.reps):
             for w in sz.windows:
                 win = window(w)
                 progress(
-                    f"per-step rep {rep + 1}/{sz.reps} W={w // 1024}KB: floor, cairn in-process"
+                    f"per-step rep {rep + 1}/{sz.reps} W={w // 1024}KB: tiny floor, "
+                    "window floor, cairn in-process"
                 )
+                # The tiny floor is measured next to every cairn sample (it does not
+                # depend on W), so drift in the machine's load hits both alike.
                 for key, fn in (
+                    ("tiny", lambda: cairn_sys.tiny_run(floor_url, n)),
                     ("floor", lambda win=win: cairn_sys.floor_run(floor_url, n, win)),
                     ("cairn", lambda win=win: inproc.run(n, win)),
                     ("cairn+msg", lambda win=win: inproc.run(n, win, append_bytes=sz.msg_bytes)),
                 ):
                     e, b = fn()
-                    el, wl = samples.setdefault((key, w), ([], []))
+                    el, wl = samples.setdefault((key, None if key == "tiny" else w), ([], []))
                     el.append(e)
                     wl.append(b)
+                    if key == "tiny":
+                        neighbour.setdefault(w, []).append(e)
     finally:
         inproc.close()
     names = {
-        "floor": "floor: bare seq-guarded upsert (whole window)",
+        "tiny": "floor: tiny seq+epoch-guarded upsert (small row)",
+        "floor": "reference: bare seq-guarded upsert (whole window)",
         "cairn": "cairn in-process (window unchanged)",
         "cairn+msg": f"cairn in-process (+1 msg of {sz.msg_bytes} B/step)",
     }
@@ -209,7 +222,7 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
                 n,
                 key=key,
                 window_bytes=w,
-                paired_floor_s=samples[("floor", w)][0],
+                paired_floor_s=neighbour[w] if w is not None else [],
             )
         )
 
@@ -229,7 +242,7 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
             progress(f"per-step W={w // 1024}KB: cairn through celery ×{sz.reps}")
             el, wl, fl = [], [], []
             for _ in range(sz.reps):
-                fl.append(cairn_sys.floor_run(floor_url, n, window(w))[0])  # its neighbour floor
+                fl.append(cairn_sys.tiny_run(floor_url, n)[0])  # its neighbour floor
                 e, b = cairn_sys.through_celery(celery_url, client, store, n, window(w))
                 el.append(e)
                 wl.append(b)
@@ -283,18 +296,28 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
         )
         dbs.drop(url)
 
-    # ratios to the floor at the same W, on the best repetition of each: on a noisy
-    # machine noise only adds time, so the fastest run is the least disturbed one.
-    floor = {r["window_bytes"]: r for r in rows if r.get("key") == "floor"}
+    # Ratios on the best repetition of each (on a noisy machine noise only adds time, so
+    # the fastest run is the least disturbed one): to the tiny floor, the least a durable
+    # step can write, and to the whole-window upsert at the same W, a second reference.
+    # paired_ratio: the median over repetitions of each sample over its neighbour floor.
+    tiny = next(r for r in rows if r.get("key") == "tiny")
+    whole = {r["window_bytes"]: r for r in rows if r.get("key") == "floor"}
     for r in rows:
-        f = floor.get(r.get("window_bytes"))
-        if f and "skipped" not in r:
-            r["time_vs_floor"] = r["best_ms_per_step"] / f["best_ms_per_step"]
-            r["wal_vs_floor"] = (
-                r["wal_bytes_per_step"] / f["wal_bytes_per_step"]
-                if f["wal_bytes_per_step"]
-                else None
+        if "skipped" in r:
+            continue
+        r["time_vs_floor"] = r["best_ms_per_step"] / tiny["best_ms_per_step"]
+        r["wal_vs_floor"] = (
+            r["wal_bytes_per_step"] / tiny["wal_bytes_per_step"]
+            if tiny["wal_bytes_per_step"]
+            else None
+        )
+        if r.get("paired_floor_s"):
+            r["paired_ratio"] = median(
+                [e / f for e, f in zip(r["samples_s"], r["paired_floor_s"], strict=False)]
             )
+        w = whole.get(r.get("window_bytes"))
+        if w:
+            r["time_vs_window_floor"] = r["best_ms_per_step"] / w["best_ms_per_step"]
     return {"steps": n, "windows": list(sz.windows), "reps": sz.reps, "rows": rows}
 
 
@@ -729,3 +752,93 @@ def _fleet_ceiling(
             }
         )
     return out
+
+
+# -- 5. per-run fixed cost -----------------------------------------------------------------
+def _batch(client: cairn_sys.Client, sends: list[Any], done: Callable[[float], float]) -> float:
+    """Seconds from releasing the held messages at once to done(t0)'s answer."""
+    _hold(client, sends)
+    t0 = time.time()
+    client.release("bench_hold")
+    return done(t0)
+
+
+def per_run(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
+    """Batches of one-step runs against batches of Celery no-op tasks, alternated on one
+    concurrency-1 worker: what a run costs beyond its steps (dispatch, load, lease, claim,
+    release), next to what the queue itself costs per task. Then the same runs in process,
+    timed phase by phase."""
+    _flush(redis_url)
+    url = dbs.fresh("per_run")
+    cairn_sys.cairn_setup(url)
+    fl = Fleet(worker_env(url, redis_url))
+    client = cairn_sys.Client(redis_url)
+    db = Database(url)
+    store = PgStore(db)
+    k = sz.per_run_runs
+
+    def noops(t0: float) -> float:
+        _wait(lambda: int(client.redis.get(flows.NOOP_COUNTER) or 0) >= k, 300, "no-op tasks")
+        return time.time() - t0
+
+    run_s: list[float] = []
+    noop_s: list[float] = []
+    try:
+        fl.worker(1)
+        for rep in range(sz.per_run_reps + 1):  # the first round warms the worker up
+            progress(f"per-run rep {rep}/{sz.per_run_reps}: {k} no-op tasks, {k} one-step runs")
+            client.redis.delete(flows.NOOP_COUNTER)
+            noop = _batch(client, [client.send_noop] * k, noops)
+            ids = [cairn_sys.create_run(store, 1, []) for _ in range(k)]
+            sends = [lambda q, rid=rid: client.send_run(rid, q) for rid in ids]
+            runs = _batch(
+                client, sends, lambda t0, ids=ids: cairn_sys.wait_done(url, ids, 300) - t0
+            )
+            if rep:
+                noop_s.append(noop)
+                run_s.append(runs)
+    finally:
+        fl.stop()
+        client.close()
+        db.close()
+
+    progress(f"per-run: {k} one-step runs in process, phase by phase")
+    inproc = cairn_sys.InProcess(url, redis_url)
+    try:
+        inproc.phases(min(k, 20))  # warm-up
+        best: dict[str, float] | None = None
+        for _ in range(sz.per_run_reps):
+            got = inproc.phases(k)
+            if best is None or got["run"] < best["run"]:
+                best = got
+    finally:
+        inproc.close()
+    assert best is not None
+    run_ms, noop_ms = 1000 * min(run_s) / k, 1000 * min(noop_s) / k
+    inproc_ms = {name: 1000 * v / k for name, v in best.items()}
+    rows = [
+        {"what": "Celery no-op task (one Redis INCR), through the worker", "ms": noop_ms},
+        {"what": "cairn one-step run, enqueue → done through the worker", "ms": run_ms},
+        {"what": "cairn one-step run in process (no broker)", "ms": inproc_ms["run"]},
+    ]
+    for name in ("load", "lease acquire", "heartbeat start", "claim", "save", "release"):
+        rows.append({"what": f"  in process: {name}", "ms": inproc_ms[name]})
+    other = inproc_ms["run"] - sum(v for n, v in inproc_ms.items() if n != "run")
+    rows.append({"what": "  in process: the rest (step, context, checks, metrics)", "ms": other})
+    rows.append(
+        {"what": "dispatch + ack: through the worker − in process", "ms": run_ms - inproc_ms["run"]}
+    )
+    for r in rows:
+        r["vs_noop"] = r["ms"] / noop_ms if noop_ms else None
+    return {
+        "runs": k,
+        "reps": sz.per_run_reps,
+        "run_ms": run_ms,
+        "noop_ms": noop_ms,
+        "ratio": run_ms / noop_ms if noop_ms else None,
+        "paired_ratio": median([r / n for r, n in zip(run_s, noop_s, strict=True)]),
+        "samples_run_s": run_s,
+        "samples_noop_s": noop_s,
+        "in_process_ms": inproc_ms,
+        "rows": rows,
+    }

@@ -174,6 +174,14 @@ MUTANTS = [
         ("tests/test_lease.py::test_a_fresh_check_asks_redis_even_right_after_a_renewal",),
     ),
     Mutant(
+        "M21",
+        "a step that appended messages saves them with save_plain (they are lost)",
+        "store/checkpoints.py",
+        "        if messages or attempt.signal_id is not None:",
+        "        if attempt.signal_id is not None:",
+        ("tests/test_store.py::test_plain_and_full_saves_interleave_and_record_every_step",),
+    ),
+    Mutant(
         "M13",
         "the lease epoch ignores the stored floor",
         "store/lua/acquire.lua",

@@ -96,6 +96,19 @@ class Checkpoint:
     def win_end(self) -> int:
         return self.win_start + len(self.window)
 
+    def evolve(self, **changes: Any) -> Checkpoint:
+        """dataclasses.replace, for the loop's once-a-step copy: replace re-runs __init__
+        over all 27 fields (twice the time); this copies the fields and sets the changed
+        ones. Checkpoint has no __post_init__ to skip, and a misspelt field still fails."""
+        if not changes.keys() <= _FIELDS:
+            raise TypeError(f"Checkpoint has no field {sorted(changes.keys() - _FIELDS)}")
+        new = object.__new__(Checkpoint)
+        new.__dict__.update(self.__dict__, **changes)
+        return new
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(Checkpoint))
+
 
 class Saved(NamedTuple):
     """What a save learned: a cancel asked for, a signal already there for a new wait."""
@@ -259,8 +272,6 @@ class PgStore:
             "error": cp.error,
             "epoch": cp.epoch,
             "resumes": cp.resumes,
-            "first_idx": first_idx,
-            "messages": Jsonb(messages),
             "step": previous.cursor,
             "visit": previous.visits.get(previous.cursor, 0),
             "started": attempt.started,
@@ -273,10 +284,14 @@ class PgStore:
             "wait_timeout_cursor": wait.on_timeout if wait else None,
             "flow_version": cp.flow_version,
         }
+        query = QUERIES["save_plain"]
+        if messages or attempt.signal_id is not None:
+            query = QUERIES["save"]
+            params["first_idx"], params["messages"] = first_idx, Jsonb(messages)
         conn = tx.open if tx is not None else None
         if conn is not None:
             with translated():
-                row = conn.execute(QUERIES["save"], params).fetchone()
+                row = conn.execute(query, params).fetchone()
                 if row is not None:
                     conn.commit()
                 else:
@@ -291,7 +306,7 @@ class PgStore:
             nonlocal tries
             tries += 1
             with self.db.connection() as c:
-                return c.execute(QUERIES["save"], params).fetchone()
+                return c.execute(query, params).fetchone()
 
         row = self.db.retry(write)
         if row is not None:

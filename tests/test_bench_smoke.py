@@ -33,6 +33,7 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
         "growth",
         "recovery",
         "fleet",
+        "per_run",
         "waiting",
         "million",
         "targets",
@@ -42,9 +43,17 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
 
     per = data["per_step"]["rows"]
     keys = {r["key"] for r in per}
-    assert {"floor", "cairn", "celery", "dbos", "langgraph-async", "langgraph-sync"} <= keys
+    assert {"tiny", "floor", "cairn", "celery", "dbos", "langgraph-async", "langgraph-sync"} <= keys
     for r in _measured(per):
         assert r["steps_per_s"] > 0 and r["wal_bytes_per_step"] > 0, r
+    # the tiny guarded upsert is the floor every ratio divides by; the whole-window
+    # upsert stays as a second reference beside each W
+    tiny = next(r for r in per if r["key"] == "tiny")
+    assert tiny["time_vs_floor"] == 1.0 and tiny["window_bytes"] is None
+    for r in _measured(per):
+        assert r["time_vs_floor"] == r["best_ms_per_step"] / tiny["best_ms_per_step"], r
+        if r["key"] in ("cairn", "celery"):
+            assert r["time_vs_window_floor"] > 0 and r["paired_ratio"] > 0, r
     # a peer may be absent (no [bench] extra), but one that is installed must run
     for r in per + data["growth"]["rows"]:
         if "skipped" in r:
@@ -87,4 +96,18 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
     sweep = next(r for r in million["rows"] if r["kind"] == "retention")
     assert sweep["swept"] > 0 and sweep["left_behind"] == 0, sweep
 
+    run = data["per_run"]
+    assert run["run_ms"] > 0 and run["noop_ms"] > 0, run
+    assert run["ratio"] == run["run_ms"] / run["noop_ms"]
+    phases = run["in_process_ms"]
+    assert all(phases[p] > 0 for p in ("run", "load", "lease acquire", "claim", "save", "release"))
+    assert sum(v for p, v in phases.items() if p != "run") <= phases["run"]
+
+    names = [t["target"] for t in data["targets"]]
+    for prefix in (
+        "cairn in-process per-step cost ≤ 1.2× tiny floor",
+        "cairn through Celery ≤ 1.4× tiny floor",
+        "per-run fixed cost ≤ 2× a Celery no-op task's",
+    ):
+        assert any(n.startswith(prefix) for n in names), (prefix, names)
     assert data["targets"] and all("pass" in t for t in data["targets"])

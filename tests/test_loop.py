@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,7 +14,7 @@ from cairn.errors import IncompatibleCheckpoint, InvalidInput, StaleWrite, Unkno
 from cairn.steps import registry
 from cairn.steps.model import cost_of
 from cairn.steps.window import compact
-from cairn.store import Checkpoint, Leases, PgStore, keys
+from cairn.store import Checkpoint, Database, Leases, PgStore, keys
 from cairn.testing.standins import MailServer
 from cairn.workers import loop
 from cairn.workers.hooks import StepHooks
@@ -243,5 +246,59 @@ def test_the_carried_window_size_equals_the_real_one(before: int, added: int) ->
     from cairn.steps.window import grown_size, json_size
 
     old = [{"role": "user", "content": f"m{i} ünï"} for i in range(before)]
-    new = [{"role": "assistant", "content": [{"type": "text", "text": f"r{i}"}]} for i in range(added)]
+    new = [
+        {"role": "assistant", "content": [{"type": "text", "text": f"r{i}"}]} for i in range(added)
+    ]
     assert grown_size(json_size(old), len(old), new) == json_size(old + new)
+
+
+def _round_trips(
+    store: PgStore, leases: Leases, tmp_path: Path, run: Callable[[], str]
+) -> tuple[int, int]:
+    """(Postgres round trips, Redis commands) of run(): from libpq's own protocol trace
+    (one ReadyForQuery per round trip), and by counting what the lease client sends (the
+    Redis server's counters are shared with every other client)."""
+    from psycopg.pq import Trace
+
+    path = tmp_path / f"pq-{uuid.uuid4().hex[:6]}.trace"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    with store.db.connection() as conn:  # the pool's only connection
+        conn.pgconn.trace(fd)
+        conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
+    sent = []
+    send = leases.client.execute_command
+    leases.client.execute_command = lambda *a, **k: sent.append(a[0]) or send(*a, **k)
+    try:
+        assert run() == "done"
+    finally:
+        del leases.client.execute_command
+    with store.db.connection() as conn:
+        conn.pgconn.untrace()  # flushes the trace
+    lines = path.read_text().splitlines()
+    return sum(line.split("\t")[2:3] == ["ReadyForQuery"] for line in lines), len(sent)
+
+
+def test_a_no_op_step_is_one_postgres_round_trip_and_no_redis_call(
+    deps, leases: Leases, tmp_path
+) -> None:
+    import bench.flows  # noqa: F401  (registers bench_noop)
+
+    # One pooled connection, so the one traced connection sees all the run's traffic.
+    store = PgStore(Database(deps.settings.database_url, max_size=1))
+    one = dataclasses.replace(deps, store=store)
+
+    def run(steps: int) -> Callable[[], str]:
+        run_id = f"noop-{uuid.uuid4().hex[:8]}"
+        store.create_run(run_id, "bench_noop", {"steps": steps})
+        return lambda: loop.run(run_id, one)
+
+    try:
+        run(6)()  # warm: psycopg prepares a statement on its 5th use, in a round trip of its own
+        short = _round_trips(store, leases, tmp_path, run(3))
+        long = _round_trips(store, leases, tmp_path, run(13))
+    finally:
+        store.db.close()
+    # Ten more steps cost ten more round trips to Postgres (the guarded save, nothing
+    # else) and not one Redis command while the lease's renewal is fresh.
+    assert (long[0] - short[0], long[1] - short[1]) == (10, 0), (short, long)
+    assert short[0] >= 5  # the trace saw the whole run: load, claim, three saves

@@ -192,3 +192,54 @@ def test_sweep_removes_only_old_terminal_runs(store: PgStore, sql) -> None:
         "old-running",
     ]
     assert sorted(r[0] for r in sql("SELECT run_id FROM effects")) == ["new-done", "old-running"]
+
+
+def test_plain_and_full_saves_interleave_and_record_every_step(store: PgStore, sql) -> None:
+    # A step that appends nothing and consumes no signal saves with save_plain (save
+    # without those two CTEs); the others with the full save. Mixed, they must keep one
+    # history row per step and every message written once.
+    cp = _run(store)
+    window: tuple[dict, ...] = ()
+    for i in range(6):
+        if i % 2:
+            window = (*window, {"role": "user", "content": f"m{i}"})
+        nxt = _advance(cp, window=window, state={"i": i})
+        store.save(nxt, cp)
+        cp = nxt
+    assert sql("SELECT count(*), min(seq), max(seq) FROM step_history") == [(6, 0, 5)]
+    assert sql("SELECT idx, message->>'content' FROM window_messages ORDER BY idx") == [
+        (0, "m1"),
+        (1, "m3"),
+        (2, "m5"),
+    ]
+    loaded = store.load("r1")
+    assert loaded is not None and loaded.window == window and loaded.state == {"i": 5}
+    with pytest.raises(StaleWrite):  # the plain save is guarded as the full one is
+        store.save(dataclasses.replace(cp, state={"late": 1}), cp)
+
+
+def test_save_plain_is_save_without_the_idle_ctes() -> None:
+    from cairn.store.sql import QUERIES, without
+
+    full, plain = QUERIES["save"], QUERIES["save_plain"]
+    for cte in ("appended", "consumed"):
+        assert f"), {cte} AS (" in full and f"), {cte} AS (" not in plain
+    for kept in ("WHERE c.seq < EXCLUDED.seq AND c.epoch <= EXCLUDED.epoch", "), history AS ("):
+        assert kept in plain
+    with pytest.raises(ValueError):
+        without(full, "no_such_cte")
+
+
+def test_evolve_is_replace_without_the_cost() -> None:
+    cp = Checkpoint(
+        run_id="r", workflow="w", input={}, seq=1, cursor="a", state={"n": 1}, visits={},
+        window=(), win_start=0, cost_usd=0.0,
+    )  # fmt: skip
+    changes = {"seq": 2, "cursor": "b", "state": {"n": 2}, "window_bytes": 7, "signal": None}
+    new = cp.evolve(**changes)
+    assert new == dataclasses.replace(cp, **changes) and new.window_bytes == 7
+    assert (cp.seq, cp.cursor, cp.window_bytes) == (1, "a", -1)  # the original is untouched
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        new.seq = 3  # type: ignore[misc]
+    with pytest.raises(TypeError, match="no field"):
+        cp.evolve(sequence=2)

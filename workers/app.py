@@ -192,7 +192,7 @@ def create_app(settings: Settings, hooks: StepHooks = NO_HOOKS) -> Celery:
                 countdown=broker.delay(settings, countdown), queue=broker.RESUME
             ) from None
         finally:
-            metrics.RUNS.labels(outcome).inc()
+            metrics.run_ended(outcome)
 
     @app.task(name=broker.REAP_TASK)
     def reap() -> int:

@@ -236,10 +236,9 @@ def _step(cp: Checkpoint, flow: registry.Workflow, lease: Lease, deps: Deps) -> 
         lease.ensure()  # last chance to stop before a write that would be fenced anyway
         saved = store.save(nxt, cp, ctx.transaction, _with_key(attempt, ctx), result.waits_for)
         hooks.after_save(cp)
-        metrics.STEPS.labels(cp.workflow, cp.cursor).inc()
-        metrics.STEP_SECONDS.labels(cp.workflow).observe(time.perf_counter() - started)
-        if nxt.cost_usd > cp.cost_usd:
-            metrics.COST.labels(cp.workflow).inc(nxt.cost_usd - cp.cost_usd)
+        metrics.step_saved(
+            cp.workflow, cp.cursor, time.perf_counter() - started, nxt.cost_usd - cp.cost_usd
+        )
         if saved.cancel_reason is not None and nxt.cursor != DONE:
             raise Stop("cancelled", saved.cancel_reason, at=nxt)
         if saved.signalled:
@@ -295,13 +294,16 @@ def _next(
         if cursor is not None and cursor != DONE and cursor not in flow.steps:
             raise CairnError(f"step {cp.cursor!r} returned unknown cursor {cursor!r}")
     old = cp.window
-    window = list(old) if result.window is None else list(result.window)
-    # Identity makes this prefix check cheap: the step got the very same message dicts.
-    extends = window[: len(old)] == list(old)
     known = cp.window_bytes if cp.window_bytes >= 0 else json_size(list(old))
-    size = grown_size(known, len(old), window[len(old) :]) if extends else json_size(window)
+    if result.window is None:  # most steps leave the window alone: nothing to compare
+        window, extends, size = old, True, known
+    else:
+        window = list(result.window)
+        # Identity makes this prefix check cheap: the step got the very same message dicts.
+        extends = window[: len(old)] == list(old)
+        size = grown_size(known, len(old), window[len(old) :]) if extends else json_size(window)
     if size // 4 > settings.window_budget_tokens:
-        window = compact(window, settings.window_budget_tokens)
+        window = compact(list(window), settings.window_budget_tokens)
         extends = window[: len(old)] == list(old)
         size = json_size(window)
     if size > settings.max_window_bytes:
@@ -309,8 +311,7 @@ def _next(
             f"run {cp.run_id}: window is {size} bytes after compaction, over "
             f"CAIRN_MAX_WINDOW_BYTES={settings.max_window_bytes}; the checkpoint was not written"
         )
-    return dataclasses.replace(
-        cp,
+    return cp.evolve(
         seq=cp.seq + 1,
         cursor=result.cursor,
         state={**cp.state, **result.state},

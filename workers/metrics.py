@@ -9,6 +9,7 @@ must be set before prometheus_client is imported, which `cairn worker` does.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess, start_http_server
 
@@ -26,6 +27,33 @@ RUNS = Counter(
 )
 RESUMES = Counter("cairn_resumes_total", "Runs resumed after their worker was lost.", ["workflow"])
 COST = Counter("cairn_model_cost_usd_total", "Model cost counted from usage.", ["workflow"])
+
+
+# Label children by label values: `labels()` validates and hashes its arguments under a
+# lock on every call, a tenth of a no-op step's Python. A child is the same object every
+# time (in multiprocess mode it follows a fork by itself), so caching it changes nothing
+# but the cost. Workflows and steps are few, so the dict stays small.
+_children: dict[tuple[Any, ...], Any] = {}
+
+
+def _child(metric: Any, *values: str) -> Any:
+    key = (metric, *values)
+    child = _children.get(key)
+    if child is None:
+        child = _children[key] = metric.labels(*values)
+    return child
+
+
+def step_saved(workflow: str, step: str, seconds: float, cost_usd: float) -> None:
+    """Count a saved step: its time from start to save, and the model cost it added."""
+    _child(STEPS, workflow, step).inc()
+    _child(STEP_SECONDS, workflow).observe(seconds)
+    if cost_usd > 0:
+        _child(COST, workflow).inc(cost_usd)
+
+
+def run_ended(outcome: str) -> None:
+    _child(RUNS, outcome).inc()
 
 
 def serve(port: int) -> None:
