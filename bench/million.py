@@ -249,7 +249,7 @@ def million(dbs: Databases, redis_url: str, sz: Any) -> dict[str, Any]:
                     lambda p=p: store.list_runs(
                         p["status"], p["limit"], workflow=p["workflow"], after=p["after"]
                     ),
-                    "list_runs",
+                    "list_runs_by_status" if p["status"] else "list_runs",
                     p,
                 )
             measure(

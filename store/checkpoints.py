@@ -428,7 +428,8 @@ class PgStore:
             "since": since,
             "until": until,
         }
-        return [Run.from_row(r) for r in self.db.all("list_runs", params)]
+        query = "list_runs_by_status" if status else "list_runs"
+        return [Run.from_row(r) for r in self.db.all(query, params)]
 
     def counts(self) -> dict[str, dict[str, Any]]:
         """Runs per status ({status: {"n": ...}}), exact, from a few rows however many

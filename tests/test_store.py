@@ -243,3 +243,25 @@ def test_evolve_is_replace_without_the_cost() -> None:
         new.seq = 3  # type: ignore[misc]
     with pytest.raises(TypeError, match="no field"):
         cp.evolve(sequence=2)
+
+
+def test_runs_listed_by_status_page_newest_first_like_the_whole_list(store: PgStore, sql) -> None:
+    # Same order and keyset as the unfiltered list, walked on the status index instead.
+    for i in range(7):
+        cp = _run(store, f"s-{i}")
+        if i % 2:
+            store.save(dataclasses.replace(cp, seq=1, status="failed"), cp)
+    # create_run sets the copy in the statement that inserts the run: the same instant
+    same = "SELECT count(*) FROM checkpoints c JOIN runs r USING (run_id) WHERE c.created_at = r.created_at"
+    assert sql(same) == [(7,)]
+    sql(
+        "UPDATE runs SET created_at = now() - make_interval(secs => 10 - split_part(run_id, '-', 2)::int)"
+    )
+    sql("UPDATE checkpoints c SET created_at = r.created_at FROM runs r WHERE r.run_id = c.run_id")
+    everything = [r.run_id for r in store.list_runs(limit=100)]
+    failed = [r.run_id for r in store.list_runs("failed", limit=100)]
+    assert failed == [r for r in everything if r in ("s-1", "s-3", "s-5")] == ["s-5", "s-3", "s-1"]
+    page1 = store.list_runs("failed", limit=2)
+    page2 = store.list_runs("failed", limit=2, after=page1[-1].run_id)
+    assert [r.run_id for r in page1 + page2] == failed
+    assert store.list_runs("running") == [] and len(store.list_runs("pending")) == 4

@@ -205,6 +205,23 @@ SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c
  ORDER BY r.created_at DESC, r.run_id DESC
  LIMIT %(limit)s;
 
+-- name: list_runs_by_status
+-- list_runs with a status: the same order and keyset, walked on checkpoints_status_newest
+-- (checkpoints.created_at is a copy of the run's), so a rare status costs what the first
+-- page does.
+SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
+       c.created_at, c.updated_at
+  FROM checkpoints c JOIN runs r USING (run_id)
+ WHERE c.status = %(status)s
+   AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s)
+   AND (%(since)s::timestamptz IS NULL OR c.created_at >= %(since)s)
+   AND (%(until)s::timestamptz IS NULL OR c.created_at < %(until)s)
+   AND (%(after)s::text IS NULL
+        OR (c.created_at, c.run_id) < (SELECT a.created_at, a.run_id FROM runs a
+                                         WHERE a.run_id = %(after)s))
+ ORDER BY c.created_at DESC, c.run_id DESC
+ LIMIT %(limit)s;
+
 -- name: count_by_status
 -- Runs per status: the folded totals plus the deltas not folded yet, read in one snapshot,
 -- so exact without scanning checkpoints (migration 0003). `unfolded`: how many delta rows
