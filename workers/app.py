@@ -210,11 +210,20 @@ def create_app(settings: Settings, hooks: StepHooks = NO_HOOKS) -> Celery:
             else resend_window
             for r in d.store.stalled(settings.pending_after, settings.lease_ttl / 2)
         }
-        unclaimed = d.store.unclaimed(settings.lost_after)
-        if unclaimed:
+        if d.store.unclaimed(settings.lost_after, limit=1):
             # More runs waiting for a message than messages the broker holds: the oldest
             # of them lost theirs. A long backlog holds a message for each: no storm.
-            lost = len(unclaimed) - broker.in_flight(app, taken_within=settings.lost_after)
+            # The broker read before and after the runs, the larger count kept: a run
+            # taken, claimed and acked meanwhile is counted once and listed never, and a
+            # message on its way from the queue to a worker's unacked set is counted on
+            # one of the two reads. Either way no run is counted as lost by mistake.
+            # A worker alive claims what it took at once; one that took a message over a
+            # lease TTL (and CAIRN_LOST_AFTER) ago and never claimed its run died whole.
+            taken_within = max(settings.lost_after, settings.lease_ttl)
+            before = broker.in_flight(app, taken_within=taken_within)
+            unclaimed = d.store.unclaimed(settings.lost_after)
+            held = max(before, broker.in_flight(app, taken_within=taken_within))
+            lost = len(unclaimed) - held
             window.update(dict.fromkeys(unclaimed[: max(lost, 0)], resend_window))
         n = 0
         for run_id in d.leases.unheld(list(window)):
