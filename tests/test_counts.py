@@ -140,6 +140,7 @@ def test_counts_stay_exact_under_concurrent_transitions_folds_and_retention(sett
     errors: list[BaseException] = []
     snapshots: list[int] = []
     transitions = [0]
+    paths: set[str] = set()
 
     def guarded(fn: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
@@ -164,6 +165,7 @@ def test_counts_stay_exact_under_concurrent_transitions_folds_and_retention(sett
                 cp = store.load(run_id)
                 assert cp is not None
                 path = rnd.choice(("done", "failed", "cancel", "wait", "rearm", "stay"))
+                paths.add(path)
                 if path == "cancel":
                     store.cancel(run_id, "no")
                     continue
@@ -225,7 +227,10 @@ def test_counts_stay_exact_under_concurrent_transitions_folds_and_retention(sett
     with psycopg.connect(settings.database_url, autocommit=True) as conn:
         counted, truth = _consistent(conn)
     assert counted == truth == _truth(sql)
-    assert "pending" in truth and "failed" in truth  # the mix really happened
+    # The mix really happened (the sweeper removes finished runs at once, so the final
+    # counts need not show every status: the paths taken say it).
+    assert paths == {"done", "failed", "cancel", "wait", "rearm", "stay"}, paths
+    assert "pending" in truth
 
 
 def test_upgrade_backfills_the_counts_of_an_existing_database(template_db: str, sql) -> None:
