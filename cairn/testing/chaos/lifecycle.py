@@ -35,7 +35,9 @@ class Lifecycle:
         runs = {r.run_id: r.status for r in store.list_runs(limit=100_000)}
         for run_id, status in runs.items():
             if run_id in self._to_cancel and run_id not in self.cancelled_at:
-                if status == "running":
+                # A fast run may never be seen running: one already waiting is cancelled
+                # there, else nobody would signal or cancel it and it would wait forever.
+                if status in ("running", "waiting"):
                     client.cancel(run_id, "chaos")
                     # After the commit: a step attempt that begins later must see it.
                     self.cancelled_at[run_id] = time.time()
