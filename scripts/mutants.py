@@ -57,8 +57,8 @@ MUTANTS = [
         "M3",
         "claim does not raise the stored epoch",
         "store/sql/queries.sql",
-        "       SET epoch = %(epoch)s, retry_at = NULL,",
-        "       SET epoch = epoch, retry_at = NULL,",
+        "       SET epoch = %(epoch)s, retry_at = NULL, updated_at = now(),",
+        "       SET epoch = epoch, retry_at = NULL, updated_at = now(),",
         (CLAIM,),
     ),
     Mutant(

@@ -452,14 +452,30 @@ class PgStore:
                 return total
 
     def stalled(self, pending_after: float, running_after: float) -> list[dict[str, Any]]:
+        """Reaper candidates: {run_id, status, epoch, updated_at} (see the query)."""
         return self.db.all(
             "stalled", {"pending_after": pending_after, "running_after": running_after}
         )
 
-    def unclaimed(self, older_than: float, limit: int = 10_000) -> list[str]:
-        """Pending runs no worker has taken, sent over older_than seconds ago, oldest first."""
-        rows = self.db.all("unclaimed", {"older_than": older_than, "limit": limit})
-        return [r["run_id"] for r in rows]
+    def unclaimed(self, older_than: float, limit: int = 10_000) -> list[dict[str, Any]]:
+        """Pending runs no worker has taken, sent over older_than seconds ago, oldest
+        first: {run_id, epoch, updated_at}."""
+        return self.db.all("unclaimed", {"older_than": older_than, "limit": limit})
+
+    def unchanged(self, rows: list[dict[str, Any]]) -> set[str]:
+        """The run ids among rows (as stalled or unclaimed listed them) whose epoch and
+        updated_at are still the same: no worker claimed, saved or ended them since."""
+        if not rows:
+            return set()
+        found = self.db.all(
+            "unchanged",
+            {
+                "run_ids": [r["run_id"] for r in rows],
+                "epochs": [r["epoch"] for r in rows],
+                "updated": [r["updated_at"] for r in rows],
+            },
+        )
+        return {r["run_id"] for r in found}
 
     def sweep(
         self,

@@ -10,6 +10,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from cairn.errors import CorruptCheckpoint, IncompatibleCheckpoint, RunIdConflict, StaleWrite
+from cairn.steps.registry import DONE
 from cairn.store import CHECKPOINT_VERSION, Checkpoint, PgStore
 
 
@@ -165,6 +166,32 @@ def test_any_interleaving_leaves_the_newest_accepted_write(store: PgStore, sql, 
         accepted.epoch,
         accepted.cursor,
     )
+
+
+def test_the_reapers_second_look_drops_runs_a_worker_touched_since_it_listed_them(
+    store: PgStore, sql
+) -> None:
+    """The reaper lists runs, then checks their leases: a run taken, run and released in
+    between has no lease either. Only runs as they were listed may be sent again."""
+    for run_id in ("idle", "claimed", "finished", "taken"):
+        _run(store, run_id)
+    sql("UPDATE checkpoints SET updated_at = now() - interval '1 minute'")
+    cp = store.claim("claimed", 1)
+    assert cp is not None
+    store.save(_advance(cp, cursor="two"), cp)  # claimed and saved: stalled again later
+    finished = store.claim("finished", 1)
+    sql("UPDATE checkpoints SET updated_at = now() - interval '1 minute'")
+    listed = store.stalled(pending_after=30, running_after=1)
+    assert {r["run_id"] for r in listed} == {"idle", "claimed", "finished", "taken"}
+    unclaimed = store.unclaimed(older_than=30)
+    assert [r["run_id"] for r in unclaimed] == ["idle", "taken"]
+    # Meanwhile a worker ends one run and takes another (a claim is a sign of life).
+    store.save(dataclasses.replace(_advance(finished, cursor=DONE), status="done"), finished)
+    assert store.claim("taken", 1) is not None
+    assert "taken" not in {r["run_id"] for r in store.stalled(pending_after=30, running_after=1)}
+    assert store.unchanged(listed) == {"idle", "claimed"}
+    assert store.unchanged(unclaimed) == {"idle"}
+    assert store.unchanged([]) == set()
 
 
 def test_sweep_removes_only_old_terminal_runs(store: PgStore, sql) -> None:

@@ -202,13 +202,16 @@ def create_app(settings: Settings, hooks: StepHooks = NO_HOOKS) -> Celery:
         timeout and kombu's restore sweep: an hour by default.
         """
         d = runtime.deps()
+        listed = {
+            r["run_id"]: r for r in d.store.stalled(settings.pending_after, settings.lease_ttl / 2)
+        }
         # How long each message sent may wait untaken before another is sent: a run
         # never taken waited out CAIRN_PENDING_AFTER already, and waits that again.
         window = {
-            r["run_id"]: settings.pending_after
+            run_id: settings.pending_after
             if r["status"] == "pending" and not r["epoch"]
             else resend_window
-            for r in d.store.stalled(settings.pending_after, settings.lease_ttl / 2)
+            for run_id, r in listed.items()
         }
         if d.store.unclaimed(settings.lost_after, limit=1):
             # More runs waiting for a message than messages the broker holds: the oldest
@@ -223,15 +226,21 @@ def create_app(settings: Settings, hooks: StepHooks = NO_HOOKS) -> Celery:
             before = broker.in_flight(app, taken_within=taken_within)
             unclaimed = d.store.unclaimed(settings.lost_after)
             held = max(before, broker.in_flight(app, taken_within=taken_within))
-            lost = len(unclaimed) - held
-            window.update(dict.fromkeys(unclaimed[: max(lost, 0)], resend_window))
-        n = 0
-        for run_id in d.leases.unheld(list(window)):
-            if d.leases.mark_sent(run_id, window[run_id]):
-                run_task.apply_async((run_id,), queue=broker.RESUME)
-                n += 1
-        if n:
-            logger.warning("reaper re-enqueued %d run(s)", n)
+            for r in unclaimed[: max(len(unclaimed) - held, 0)]:
+                listed[r["run_id"]], window[r["run_id"]] = r, resend_window
+        unheld = d.leases.unheld(list(window))
+        # Listed, then no lease: either its worker died, or a worker took the run, ran it
+        # and let go of it in between. The second look tells them apart.
+        still = d.store.unchanged([listed[r] for r in unheld])
+        sent = [r for r in unheld if r in still and d.leases.mark_sent(r, window[r])]
+        for run_id in sent:
+            run_task.apply_async((run_id,), queue=broker.RESUME)
+        if sent:
+            more = f" and {len(sent) - 10} more" if len(sent) > 10 else ""
+            logger.warning(
+                "reaper re-enqueued %d run(s): %s%s", len(sent), ", ".join(sent[:10]), more
+            )
+        n = len(sent)
         # Each pass folds the status deltas written since the last, so counting runs
         # sums a few hundred rows, never the whole history.
         d.store.fold_counts()

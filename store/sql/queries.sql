@@ -47,10 +47,11 @@ SELECT c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_
 -- name: claim
 -- Fence: raise the stored epoch to the new lease's, so a zombie holding an older lease
 -- can no longer save even before the new owner's first step ends. Returns the fenced
--- checkpoint as `load` does: one round trip for both.
+-- checkpoint as `load` does: one round trip for both. A claim is a sign of life like a
+-- save (updated_at): the reaper does not list a run a worker has just taken.
 WITH c AS (
     UPDATE checkpoints
-       SET epoch = %(epoch)s, retry_at = NULL,
+       SET epoch = %(epoch)s, retry_at = NULL, updated_at = now(),
            deliveries = deliveries + CASE WHEN status = 'waiting' THEN 0 ELSE 1 END
      WHERE run_id = %(run_id)s AND epoch < %(epoch)s
     RETURNING *
@@ -260,14 +261,14 @@ SELECT coalesce(sum(rows), 0)::bigint AS n FROM summed;
 -- step: it is treated as running.
 -- A run with a retry scheduled is left alone until the retry is overdue: one retry
 -- chain per run, never one more per reaper pass.
-SELECT run_id, status, epoch FROM checkpoints
+SELECT run_id, status, epoch, updated_at FROM checkpoints
  WHERE ((status = 'running' OR (status = 'pending' AND epoch > 0))
         AND updated_at < now() - make_interval(secs => %(running_after)s)
      OR (status = 'pending' AND updated_at < now() - make_interval(secs => %(pending_after)s)))
    AND (retry_at IS NULL OR retry_at < now() - make_interval(secs => %(running_after)s))
 UNION ALL
 -- Waiting runs whose timeout passed, or with a signal nobody picked up.
-SELECT run_id, status, epoch FROM checkpoints c
+SELECT run_id, status, epoch, updated_at FROM checkpoints c
  WHERE status = 'waiting'
    AND (wait_until < now()
         OR EXISTS (SELECT 1 FROM signals s
@@ -278,11 +279,21 @@ SELECT run_id, status, epoch FROM checkpoints c
 -- name: unclaimed
 -- Runs sent but never taken by a worker, oldest first: are there more of them than
 -- messages the broker holds? Then the oldest are the ones whose message was lost.
-SELECT run_id FROM checkpoints
+SELECT run_id, epoch, updated_at FROM checkpoints
  WHERE status = 'pending' AND epoch = 0
    AND updated_at < now() - make_interval(secs => %(older_than)s)
  ORDER BY updated_at, run_id
  LIMIT %(limit)s;
+
+-- name: unchanged
+-- The reaper's second look, after its lease check: which runs are as it listed them
+-- (same epoch, same updated_at)? One claimed, saved or ended since had a worker on it,
+-- whose lease may be gone by the check because the run ended: not to be sent again.
+SELECT c.run_id
+  FROM unnest(%(run_ids)s::text[], %(epochs)s::bigint[], %(updated)s::timestamptz[])
+       AS s (run_id, epoch, updated_at)
+  JOIN checkpoints c
+    ON c.run_id = s.run_id AND c.epoch = s.epoch AND c.updated_at = s.updated_at;
 
 -- name: sweep
 -- Retention, one batch: up to `batch` terminal runs older than the horizon go, with
