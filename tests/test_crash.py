@@ -1,14 +1,19 @@
-"""Crash tests: real Celery worker processes killed with SIGKILL / SIGSTOP mid-run."""
+"""Crash tests: real Celery worker processes killed with SIGKILL / SIGSTOP mid-run, on
+both pools: prefork (a run's process is a pool child) and threads (a run's process is
+the whole worker, with every other run it drives)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from cairn.store import Leases, PgStore
+from cairn.testing import fleet
 from cairn.testing.standins import MailServer, ModelServer
 from tests.conftest import LEASE_TTL, both_brokers, holder_pid, starts, step_log, wait_for
 
@@ -29,28 +34,49 @@ def _done(store: PgStore, run_id: str, timeout: float = 60.0) -> None:
     assert cp is not None and cp.status == "done", cp.error if cp else "missing"
 
 
-def _kill_holder(leases: Leases, run_id: str) -> int:
-    pid = wait_for(lambda: holder_pid(leases, run_id), 10, "a lease holder")
-    import os
-
-    os.kill(pid, signal.SIGKILL)
-    return pid
+@pytest.fixture(params=["prefork", "threads"])
+def pool(request: pytest.FixtureRequest) -> str:
+    return request.param
 
 
-# The pool child dies: the worker rejects the message and the broker redelivers it.
+@pytest.fixture
+def start_worker(start_worker: Callable[..., fleet.Proc], pool: str) -> Callable[..., fleet.Proc]:
+    """Every worker of a test on the pool under test."""
+    return lambda concurrency=1, **env: start_worker(concurrency, **{"CAIRN_POOL": pool, **env})
+
+
+@pytest.fixture
+def kill_holder(leases: Leases, pool: str, start_worker, start_beat) -> Callable[[str], int]:
+    """SIGKILL the process holding the run's lease. A prefork pool child: its worker lives
+    on and sends the run again. A threads worker: the whole worker is gone, so another
+    starts, and the reaper sends the run once its lease has expired."""
+
+    def kill(run_id: str) -> int:
+        pid = wait_for(lambda: holder_pid(leases, run_id), 10, "a lease holder")
+        os.kill(pid, signal.SIGKILL)
+        if pool == "threads":
+            start_worker(concurrency=1)
+            start_beat()
+        return pid
+
+    return kill
+
+
+# The run's process dies: on prefork its worker sends the run again (or the broker
+# redelivers it); on threads the reaper does.
 @pytest.mark.parametrize(
     ("boundary", "broker_url"),
     [("before", "redis"), ("after", "redis"), ("after", "amqp")],
     indirect=["broker_url"],
 )
 def test_run_resumes_at_its_cursor_after_sigkill(
-    start_worker, create, store, leases, mail: MailServer, tmp_path, boundary
+    start_worker, create, store, kill_holder, mail: MailServer, tmp_path, boundary
 ) -> None:
     log = tmp_path / "steps.log"
     start_worker(concurrency=1)
     run_id = create("probe", {"log": str(log), boundary: {"two": 60}})
     wait_for(lambda: _sleeping(log, "two", boundary), 30, "step two")
-    _kill_holder(leases, run_id)  # the pool child; the broker redelivers the message
+    kill_holder(run_id)
     _done(store, run_id)
     assert starts(log) == ["one", "two", "two", "mail", "ledger", "once"]
     cp = store.load(run_id)
@@ -60,13 +86,13 @@ def test_run_resumes_at_its_cursor_after_sigkill(
 
 @pytest.mark.parametrize(("keyed", "deliveries"), [(True, 1), (False, 2)])
 def test_email_step_killed_after_sending_delivers_once(
-    start_worker, create, store, leases, mail: MailServer, tmp_path, keyed, deliveries
+    start_worker, create, store, kill_holder, mail: MailServer, tmp_path, keyed, deliveries
 ) -> None:
     log = tmp_path / "steps.log"
     start_worker(concurrency=1)
     run_id = create("probe", {"log": str(log), "after": {"mail": 60}, "unkeyed": not keyed})
     wait_for(lambda: _sleeping(log, "mail", "after"), 30, "the email to be sent")
-    _kill_holder(leases, run_id)
+    kill_holder(run_id)
     _done(store, run_id)
     stats = mail.stats()
     assert stats["attempts"] == 2
@@ -77,13 +103,13 @@ def test_email_step_killed_after_sending_delivers_once(
 
 
 def test_ledger_keeps_an_effect_without_idempotency_from_repeating(
-    start_worker, create, store, leases, tmp_path
+    start_worker, create, store, kill_holder, tmp_path
 ) -> None:
     log = tmp_path / "steps.log"
     start_worker(concurrency=1)
     run_id = create("probe", {"log": str(log), "after": {"once": 60}})
     wait_for(lambda: _sleeping(log, "once", "after"), 30, "the once effect")
-    _kill_holder(leases, run_id)
+    kill_holder(run_id)
     _done(store, run_id)
     assert starts(log).count("once") == 2
     assert (tmp_path / "steps.log.effects").read_text().splitlines() == [f"cairn:{run_id}:once:0"]
@@ -110,7 +136,14 @@ def test_kill_between_the_effects_write_and_commit_leaves_neither(
 
 @pytest.mark.parametrize("step", ["two", "mail"])  # paused before its model call / its send
 def test_zombie_after_sigstop_writes_nothing_and_sends_nothing(
-    start_worker, start_beat, create, store, leases, mail: MailServer, model: ModelServer, tmp_path,
+    start_worker,
+    start_beat,
+    create,
+    store,
+    leases,
+    mail: MailServer,
+    model: ModelServer,
+    tmp_path,
     step,
 ) -> None:
     log = tmp_path / "steps.log"
