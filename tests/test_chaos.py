@@ -197,7 +197,7 @@ def test_unkeyed_effect_is_reported_as_the_step_that_duplicates(template_db: str
 def test_signals_and_cancels_under_kills(template_db: str, redis_url: str, tmp_path: Path) -> None:
     report = chaos.run_chaos(
         "invoice", runs=40, workers=2, concurrency=2, seed=SEED, rate=RATE, random_kills=2,
-        lease_ttl=2.0, deadline=240, pending_after=20, mail_delay_ms=5, model_delay_ms=0,
+        lease_ttl=2.0, deadline=150, pending_after=20, mail_delay_ms=5, model_delay_ms=0,
         database_url=CHAOS_DB, redis_url=redis_url, state_dir=tmp_path, quiet=True,
         signals=True, cancel_rate=0.1,
     )
