@@ -83,7 +83,7 @@ MUTANTS = [
         "steps/context.py",
         "        self._ensure()  # a worker that lost the run, or a cancelled run, must not reach it",
         "        pass",
-        (f"{ZOMBIE}[mail]",),
+        (f"{ZOMBIE}[prefork-mail]", f"{ZOMBIE}[threads-mail]"),
     ),
     Mutant(
         "M7",
@@ -91,7 +91,7 @@ MUTANTS = [
         "steps/context.py",
         "        self._ensure()\n        if self._cap is not None:",
         "        if self._cap is not None:",
-        (f"{ZOMBIE}[two]",),
+        (f"{ZOMBIE}[prefork-two]", f"{ZOMBIE}[threads-two]"),
     ),
     Mutant(
         "M8",
