@@ -90,3 +90,36 @@ def test_a_whole_threads_worker_lost_with_all_its_runs(
     assert stats["deliveries"] == RUNS * 6  # each visit's email delivered once
     assert stats["duplicate_deliveries"] == 0
     assert sum(store.load(r).resumes for r in ids) >= 1  # type: ignore[union-attr]
+
+
+def test_model_calls_from_many_threads_keep_to_small_connection_pools() -> None:
+    """One process, a hundred runs calling the model at once: each thread keeps to one of
+    model.POOLS pools, so no pool (which httpcore scans whole on every request and
+    response) holds more than its share of the connections."""
+    from cairn.steps import model
+    from cairn.testing.standins import ModelServer
+
+    threads, calls = 100, 2
+    with ModelServer(delay_ms=200) as server:
+        client = model.ModelClient(base_url=server.url, give_up_after=10.0)
+        answers: list[str] = []
+
+        def call() -> None:
+            for _ in range(calls):
+                message, _cost = client.create(messages=[{"role": "user", "content": "hi"}])
+                answers.append(model.text_of(message))
+
+        pool = [threading.Thread(target=call) for _ in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        transport = client.client._client._transport
+        made = [p for p in transport._pools if p is not None]
+        sizes = [len(p._pool.connections) for p in made]
+        client.close()
+        served = server.stats()["requests"]
+    assert len(answers) == served == threads * calls and all(answers)
+    assert len(made) == model.POOLS
+    # Threads are dealt to pools in turn: ceil(100 / POOLS) each, reused for the second call.
+    assert max(sizes) <= -(-threads // model.POOLS), sizes
