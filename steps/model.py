@@ -45,6 +45,14 @@ def cost_of(model: str, usage: Any) -> float:
 
 POOLS = 64
 
+# TCP keepalive as the SDK's default transport sets it: a long model call on an idle
+# connection is not dropped by a NAT or load balancer on the way.
+_KEEPALIVE = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)] + [
+    (socket.IPPROTO_TCP, getattr(socket, name), value)
+    for name, value in (("TCP_KEEPINTVL", 60), ("TCP_KEEPCNT", 5))
+    if hasattr(socket, name)
+]
+
 
 def _spread_transport() -> Any:
     """The SDK's HTTP transport as POOLS connection pools, each thread keeping to one.
@@ -86,15 +94,6 @@ def _spread_transport() -> Any:
                     pool.close()
 
     return Spread()
-
-
-# TCP keepalive as the SDK's default transport sets it: a long model call on an idle
-# connection is not dropped by a NAT or load balancer on the way.
-_KEEPALIVE = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)] + [
-    (socket.IPPROTO_TCP, getattr(socket, name), value)
-    for name, value in (("TCP_KEEPINTVL", 60), ("TCP_KEEPCNT", 5))
-    if hasattr(socket, name)
-]
 
 
 def preload_sdk() -> None:

@@ -240,11 +240,10 @@ def create_app(settings: Settings, hooks: StepHooks = NO_HOOKS) -> Celery:
             logger.warning(
                 "reaper re-enqueued %d run(s): %s%s", len(sent), ", ".join(sent[:10]), more
             )
-        n = len(sent)
         # Each pass folds the status deltas written since the last, so counting runs
         # sums a few hundred rows, never the whole history.
         d.store.fold_counts()
-        return n
+        return len(sent)
 
     @app.task(name=broker.SWEEP_TASK)
     def sweep() -> int:
