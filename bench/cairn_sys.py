@@ -168,9 +168,9 @@ class InProcess:
 
     def phases(self, runs: int) -> dict[str, float]:
         """Seconds per phase, summed over `runs` one-step runs driven in process: where a
-        run's fixed cost goes (load, lease, claim, the step and its save, release)."""
+        run's fixed cost goes (lease, claim, the step and its save, release)."""
         spent: dict[str, float] = dict.fromkeys(
-            ("run", "load", "lease acquire", "heartbeat start", "claim", "save", "release"),
+            ("run", "lease acquire", "claim", "heartbeat start", "save", "release"),
             0.0,
         )
 
@@ -194,7 +194,6 @@ class InProcess:
         ids = [create_run(self.store, 1, []) for _ in range(runs)]
         self.db.one("position", {"run_id": ids[0]})  # a warm connection
         store, acquire_raw = self.store, timed("lease acquire", self.leases.acquire)
-        store.load = timed("load", store.load)  # type: ignore[method-assign]
         store.claim = timed("claim", store.claim)  # type: ignore[method-assign]
         store.save = timed("save", store.save)  # type: ignore[method-assign]
         self.leases.acquire = acquire  # type: ignore[method-assign]
@@ -205,7 +204,7 @@ class InProcess:
                     raise RuntimeError(f"cairn run {run_id} did not finish")
                 spent["run"] += time.perf_counter() - t0
         finally:
-            for name in ("load", "claim", "save"):
+            for name in ("claim", "save"):
                 delattr(store, name)
             del self.leases.acquire
         return spent

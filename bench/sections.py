@@ -765,7 +765,7 @@ def _batch(client: cairn_sys.Client, sends: list[Any], done: Callable[[float], f
 
 def per_run(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
     """Batches of one-step runs against batches of Celery no-op tasks, alternated on one
-    concurrency-1 worker: what a run costs beyond its steps (dispatch, load, lease, claim,
+    concurrency-1 worker: what a run costs beyond its steps (dispatch, lease, claim,
     release), next to what the queue itself costs per task. Then the same runs in process,
     timed phase by phase."""
     _flush(redis_url)
@@ -821,7 +821,7 @@ def per_run(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
         {"what": "cairn one-step run, enqueue → done through the worker", "ms": run_ms},
         {"what": "cairn one-step run in process (no broker)", "ms": inproc_ms["run"]},
     ]
-    for name in ("load", "lease acquire", "heartbeat start", "claim", "save", "release"):
+    for name in ("lease acquire", "claim", "heartbeat start", "save", "release"):
         rows.append({"what": f"  in process: {name}", "ms": inproc_ms[name]})
     other = inproc_ms["run"] - sum(v for n, v in inproc_ms.items() if n != "run")
     rows.append({"what": "  in process: the rest (step, context, checks, metrics)", "ms": other})

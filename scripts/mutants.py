@@ -66,7 +66,7 @@ MUTANTS = [
         "the worker skips claim",
         "workers/loop.py",
         "claimed = store.claim(run_id, lease.epoch)",
-        "claimed = cp",
+        "claimed = store.load(run_id)",
         (CLAIM,),
     ),
     Mutant(

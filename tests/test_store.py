@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from cairn.errors import CorruptCheckpoint, IncompatibleCheckpoint, RunIdConflict, StaleWrite
 from cairn.steps.registry import DONE
 from cairn.store import CHECKPOINT_VERSION, Checkpoint, PgStore
+from cairn.store.checkpoints import STOPPED
 
 
 def _run(store: PgStore, run_id: str = "r1") -> Checkpoint:
@@ -60,6 +61,18 @@ def test_fenced_epoch_cannot_save_even_with_a_higher_seq(store: PgStore) -> None
         store.save(_advance(zombie, cursor="evil"), zombie)
     assert store.load("r1").cursor == "one"  # type: ignore[union-attr]
     assert not store.claim("r1", 2), "claim must not go back or sideways"
+
+
+@pytest.mark.parametrize("status", sorted(STOPPED))
+def test_a_claim_leaves_a_stopped_run_as_it_is(store: PgStore, sql, status: str) -> None:
+    # The worker claims before it reads: a finished run delivered again must not look
+    # alive (updated_at) or count a delivery.
+    _run(store)
+    sql("UPDATE checkpoints SET status = %s, updated_at = now() - interval '1 hour'", status)
+    before = store.load("r1")
+    assert store.claim("r1", 5) is None
+    assert store.load("r1") == before
+    assert sql("SELECT deliveries FROM checkpoints")[0][0] == 0
 
 
 def test_the_steps_own_writes_commit_with_the_save_and_roll_back_with_a_rejection(

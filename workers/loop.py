@@ -94,29 +94,19 @@ def run(run_id: str, deps: Deps) -> str:
     """
     store, settings = deps.store, deps.settings
     try:
-        cp = store.load(run_id)
+        lease, cp = _take(run_id, deps)
     except (IncompatibleCheckpoint, CorruptCheckpoint) as exc:
         logger.error("%s", exc)
         status = "incompatible" if isinstance(exc, IncompatibleCheckpoint) else "failed"
         store.mark_unreadable(run_id, status, str(exc))
         return status
-    if cp is None:
-        raise UnknownRun(f"no run {run_id!r}: enqueue it with cairn.Client().enqueue()")
     if cp.status in STOPPED:
         # A warm shutdown or a reaper race can deliver a finished run again.
+        lease.release()
         logger.info("run %s is already %s; nothing to do", run_id, cp.status)
         return cp.status
-
-    claimed_before = cp.epoch > 0  # some worker started this run before us
-    lease = _acquire(run_id, cp.epoch, deps)
     lease.start_heartbeat()
     try:
-        claimed = store.claim(run_id, lease.epoch)  # the freshest row, fenced to our epoch
-        if claimed is None:
-            raise StaleWrite(run_id, cp.seq, lease.epoch)
-        cp = claimed
-        if cp.status in STOPPED:
-            return cp.status
         if cp.cancel_reason is not None:
             raise Stop("cancelled", cp.cancel_reason)
         if cp.status == "waiting" and cp.signal is None and not cp.wait_over:
@@ -129,9 +119,10 @@ def run(run_id: str, deps: Deps) -> str:
                 f"poison: delivered {cp.deliveries} times without finishing step "
                 f"{cp.cursor or '(first)'!r} (CAIRN_MAX_DELIVERIES={settings.max_deliveries})",
             )
-        # A crash resume: the run was running, or a worker claimed it and died in its first
-        # step. (A waiting run was saved and released on purpose.)
-        resumed = cp.status == "running" or (cp.status == "pending" and claimed_before)
+        # A crash resume: the run was running, or a worker claimed it (our claim is not its
+        # first) and died in its first step. (A waiting run was saved and released on
+        # purpose; a failed run enqueued again starts its deliveries afresh.)
+        resumed = cp.status == "running" or (cp.status == "pending" and cp.deliveries > 1)
         timed_out = cp.status == "waiting" and cp.signal is None
         flow = registry.get(cp.workflow)
         state = cp.state
@@ -181,6 +172,37 @@ def run(run_id: str, deps: Deps) -> str:
         return "failed"
     finally:
         lease.release()
+
+
+def _take(run_id: str, deps: Deps) -> tuple[Lease, Checkpoint]:
+    """The run's lease, and its checkpoint claimed (fenced) at the lease's epoch; a run
+    that has stopped comes back as it is, unclaimed. Raises Deferred (held elsewhere) or
+    UnknownRun.
+
+    The claim is the delivery's first read: a load before it would cost every delivery
+    a round trip. Epochs come from Redis, so a new lease's is above the stored one, unless
+    Redis lost the run's counter (a restart without persistence); then the run is leased
+    again above the stored epoch, which the load that tells these cases apart found.
+    """
+    store = deps.store
+    lease = _acquire(run_id, 0, deps)
+    try:
+        for _ in range(2):
+            claimed = store.claim(run_id, lease.epoch)
+            if claimed is not None:
+                return lease, claimed
+            cp = store.load(run_id)
+            if cp is None:
+                raise UnknownRun(f"no run {run_id!r}: enqueue it with cairn.Client().enqueue()")
+            if cp.status in STOPPED:
+                return lease, cp
+            if cp.epoch >= lease.epoch:
+                lease.release()
+                lease = _acquire(run_id, cp.epoch, deps)
+        raise StaleWrite(run_id, cp.seq, lease.epoch)
+    except BaseException:
+        lease.release()
+        raise
 
 
 def _acquire(run_id: str, floor: int, deps: Deps) -> Lease:

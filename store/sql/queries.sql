@@ -47,13 +47,15 @@ SELECT c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_
 -- name: claim
 -- Fence: raise the stored epoch to the new lease's, so a zombie holding an older lease
 -- can no longer save even before the new owner's first step ends. Returns the fenced
--- checkpoint as `load` does: one round trip for both. A claim is a sign of life like a
--- save (updated_at): the reaper does not list a run a worker has just taken.
+-- checkpoint as `load` does: a delivery's first and only read. A claim is a sign of life
+-- like a save (updated_at): the reaper does not list a run a worker has just taken. A run
+-- that has stopped is left as it is (no row: the worker loads it to see why).
 WITH c AS (
     UPDATE checkpoints
        SET epoch = %(epoch)s, retry_at = NULL, updated_at = now(),
            deliveries = deliveries + CASE WHEN status = 'waiting' THEN 0 ELSE 1 END
      WHERE run_id = %(run_id)s AND epoch < %(epoch)s
+       AND status NOT IN ('done', 'failed', 'cancelled', 'budget_exceeded', 'incompatible')
     RETURNING *
 )
 SELECT c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_start,
