@@ -100,7 +100,7 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
     assert run["run_ms"] > 0 and run["noop_ms"] > 0, run
     assert run["ratio"] == run["run_ms"] / run["noop_ms"]
     phases = run["in_process_ms"]
-    assert all(phases[p] > 0 for p in ("run", "load", "lease acquire", "claim", "save", "release"))
+    assert all(phases[p] > 0 for p in ("run", "lease acquire", "claim", "save", "release"))
     assert sum(v for p, v in phases.items() if p != "run") <= phases["run"]
 
     names = [t["target"] for t in data["targets"]]
