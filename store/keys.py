@@ -10,9 +10,15 @@ def lease(run_id: str) -> str:
     return f"{PREFIX}:lease:{run_id}"
 
 
+# An idle run's counter lasts this long after its last acquisition.
+EPOCH_TTL = 7 * 24 * 3600.0
+
+
 def epoch(run_id: str) -> str:
-    """Fencing counter, INCR per acquisition; no TTL (it must only grow). Redis losing it
-    is survived: acquire takes the stored checkpoint's epoch as a floor."""
+    """Fencing counter, INCR per acquisition. Deleted with the lease when the run ends,
+    and after EPOCH_TTL without an acquisition, so Redis does not keep a key for every
+    run there ever was. A counter gone (or lost with Redis's data) is survived: the claim
+    finds the stored epoch not below the new one, and the run is leased again above it."""
     return f"{PREFIX}:epoch:{run_id}"
 
 

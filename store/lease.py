@@ -131,11 +131,14 @@ class Lease:
                 raise LeaseLost(self.run_id, self._lost) from None
             # Still inside the TTL: nobody else can hold it yet.
 
-    def release(self) -> None:
+    def release(self, ended: bool = False) -> None:
+        """Let go of the run; ended: it will not run again (or does not exist), so its
+        epoch counter goes too, in the same script."""
         self._leases._beat.untrack(self)
+        names = [keys.lease(self.run_id)] + ([keys.epoch(self.run_id)] if ended else [])
         try:
             with translated():
-                self._leases._release(keys=[keys.lease(self.run_id)], args=[str(self.token)])
+                self._leases._release(keys=names, args=[str(self.token)])
         except StoreUnavailable as exc:
             logger.warning("run %s: lease release failed (it will expire): %s", self.run_id, exc)
 
@@ -240,7 +243,7 @@ class Leases:
         with translated():
             epoch, _ = self._acquire(
                 keys=[keys.lease(run_id), keys.epoch(run_id), keys.sent(run_id)],
-                args=[owner.owner, int(ttl * 1000), floor],
+                args=[owner.owner, int(ttl * 1000), floor, int(keys.EPOCH_TTL * 1000)],
             )
         if not epoch:
             return None

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from cairn.errors import LeaseLost
-from cairn.store import Leases
+from cairn.store import Leases, keys
 
 
 def test_second_owner_is_kept_off(leases: Leases) -> None:
@@ -28,6 +28,28 @@ def test_epoch_grows_and_respects_the_stored_floor(leases: Leases) -> None:
     leases.client.flushdb()  # Redis lost its data: the checkpoint's epoch still fences
     c = leases.acquire("r", ttl=2, floor=41)
     assert c is not None and c.epoch == 42
+
+
+def test_the_epoch_counter_expires_and_goes_with_the_lease_of_an_ended_run(
+    leases: Leases,
+) -> None:
+    # Redis keeps no key per run forever: a counter idle for EPOCH_TTL expires, and the
+    # release of a run that ended deletes it (the stored epoch is the floor after that).
+    a = leases.acquire("r", ttl=2)
+    assert a is not None
+    ttl = leases.client.pttl(keys.epoch("r")) / 1000
+    assert keys.EPOCH_TTL - 60 < ttl <= keys.EPOCH_TTL
+    a.release()  # the run goes on later (waiting, handed off): its counter stays
+    assert leases.client.exists(keys.epoch("r"))
+    b = leases.acquire("r", ttl=0.2)
+    assert b is not None and b.epoch == a.epoch + 1
+    time.sleep(0.3)
+    c = leases.acquire("r", ttl=2)  # b expired; c holds the run now
+    assert c is not None
+    b.release(ended=True)  # not b's lease any more: neither it nor the counter goes
+    assert leases.holder("r") == c.token and leases.client.exists(keys.epoch("r"))
+    c.release(ended=True)
+    assert leases.holder("r") is None and not leases.client.exists(keys.epoch("r"))
 
 
 def test_release_never_deletes_a_successors_lease(leases: Leases) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cairn.store import PgStore
+from cairn.store import PgStore, keys
 from cairn.testing.standins import MailServer, ModelServer
 from cairn.workers import loop
 from tests.conftest import starts, step_log, wait_for
@@ -86,9 +86,7 @@ def test_a_failing_run_is_delivered_a_bounded_number_of_times(
 
 
 @pytest.mark.slow
-def test_a_step_that_kills_its_process_every_time_is_poison(
-    start_worker, client, tmp_path
-) -> None:
+def test_a_step_that_kills_its_process_every_time_is_poison(start_worker, client, tmp_path) -> None:
     calls = tmp_path / "calls"
     start_worker(concurrency=1, CAIRN_MAX_DELIVERIES="2")
     run_id = client.enqueue("oom", {"log": str(calls)})
@@ -170,6 +168,8 @@ def test_a_waiting_run_holds_no_worker_and_its_signal_resumes_it(
     run = client.get(run_id)
     assert (run.status, run.cursor) == ("waiting", "settle")
     assert leases.holder(run_id) is None  # no worker slot held while it waits
+    # Its epoch counter stays, so the wake's claim needs no second lease.
+    assert leases.client.exists(keys.epoch(run_id))
     assert loop.run(run_id, deps) == "waiting"  # a stray delivery changes nothing
     assert client.signal(run_id, "payment", {"amount_cents": 4200}, signal_id="pay-1")
     assert not client.signal(run_id, "payment", {"amount_cents": 4200}, signal_id="pay-1")
@@ -177,6 +177,7 @@ def test_a_waiting_run_holds_no_worker_and_its_signal_resumes_it(
     run = client.get(run_id)
     assert run.state["outcome"] == "paid" and run.state["payment"] == {"amount_cents": 4200}
     assert loop.run(run_id, deps) == "done"  # the duplicate signal delivered nothing more
+    assert not leases.client.exists(keys.epoch(run_id))
     assert [s["cursor"] for s in client.history(run_id)][-2:] == ["await_payment", "settle"]
 
 
@@ -198,9 +199,7 @@ def test_the_timeout_resumes_a_waiting_run_on_its_timeout_cursor(client, deps, s
     assert client.get(run_id).state["outcome"] == "unpaid"
 
 
-def test_cancel_stops_a_waiting_run_at_once_and_a_late_signal_wakes_nothing(
-    client, deps
-) -> None:
+def test_cancel_stops_a_waiting_run_at_once_and_a_late_signal_wakes_nothing(client, deps) -> None:
     run_id = client.enqueue("invoice", PAID)
     assert loop.run(run_id, deps) == "waiting"
     assert client.cancel(run_id, "order withdrawn").status == "cancelled"

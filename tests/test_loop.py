@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from cairn.errors import IncompatibleCheckpoint, InvalidInput, StaleWrite, UnknownWorkflow
+from cairn.errors import (
+    IncompatibleCheckpoint,
+    InvalidInput,
+    StaleWrite,
+    UnknownRun,
+    UnknownWorkflow,
+)
 from cairn.steps import registry
 from cairn.steps.model import cost_of
 from cairn.steps.window import compact
@@ -54,6 +60,13 @@ def test_redelivered_finished_run_does_nothing(
     assert (tmp_path / "steps.log").read_text() == lines
     assert mail.stats()["attempts"] == 1
     assert leases.holder(run_id) is None
+    assert not leases.client.exists(keys.epoch(run_id))  # an ended run keeps no counter
+
+
+def test_an_unknown_run_leaves_no_key_in_redis(deps, leases: Leases) -> None:
+    with pytest.raises(UnknownRun):
+        loop.run("no-such-run", deps)
+    assert leases.client.keys("cairn:*no-such-run") == []
 
 
 def test_a_held_lease_defers_the_run(create, deps, leases: Leases, tmp_path) -> None:

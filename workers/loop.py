@@ -92,7 +92,7 @@ def run(run_id: str, deps: Deps) -> str:
     is due later), HandOff (this worker is stopping), Superseded (another worker has the
     run: stop, touch nothing).
     """
-    store, settings = deps.store, deps.settings
+    store = deps.store
     try:
         lease, cp = _take(run_id, deps)
     except (IncompatibleCheckpoint, CorruptCheckpoint) as exc:
@@ -102,10 +102,21 @@ def run(run_id: str, deps: Deps) -> str:
         return status
     if cp.status in STOPPED:
         # A warm shutdown or a reaper race can deliver a finished run again.
-        lease.release()
+        lease.release(ended=True)
         logger.info("run %s is already %s; nothing to do", run_id, cp.status)
         return cp.status
     lease.start_heartbeat()
+    status = None
+    try:
+        status = _drive(cp, lease, deps)
+        return status
+    finally:
+        lease.release(ended=status in STOPPED)
+
+
+def _drive(cp: Checkpoint, lease: Lease, deps: Deps) -> str:
+    """run() once the run is leased and claimed: its steps, until it ends or waits."""
+    store, settings, run_id = deps.store, deps.settings, cp.run_id
     try:
         if cp.cancel_reason is not None:
             raise Stop("cancelled", cp.cancel_reason)
@@ -170,8 +181,6 @@ def run(run_id: str, deps: Deps) -> str:
         logger.error("run %s failed: %s", run_id, exc)
         store.mark_failed(cp, str(exc))
         return "failed"
-    finally:
-        lease.release()
 
 
 def _take(run_id: str, deps: Deps) -> tuple[Lease, Checkpoint]:
@@ -181,8 +190,9 @@ def _take(run_id: str, deps: Deps) -> tuple[Lease, Checkpoint]:
 
     The claim is the delivery's first read: a load before it would cost every delivery
     a round trip. Epochs come from Redis, so a new lease's is above the stored one, unless
-    Redis lost the run's counter (a restart without persistence); then the run is leased
-    again above the stored epoch, which the load that tells these cases apart found.
+    Redis lost the run's counter (its TTL passed, or a restart without persistence); then
+    the run is leased again above the stored epoch, which the load that tells these cases
+    apart found.
     """
     store = deps.store
     lease = _acquire(run_id, 0, deps)
@@ -193,6 +203,7 @@ def _take(run_id: str, deps: Deps) -> tuple[Lease, Checkpoint]:
                 return lease, claimed
             cp = store.load(run_id)
             if cp is None:
+                lease.release(ended=True)  # and the counter this acquire made
                 raise UnknownRun(f"no run {run_id!r}: enqueue it with cairn.Client().enqueue()")
             if cp.status in STOPPED:
                 return lease, cp
@@ -200,6 +211,8 @@ def _take(run_id: str, deps: Deps) -> tuple[Lease, Checkpoint]:
                 lease.release()
                 lease = _acquire(run_id, cp.epoch, deps)
         raise StaleWrite(run_id, cp.seq, lease.epoch)
+    except UnknownRun:
+        raise  # released above
     except BaseException:
         lease.release()
         raise

@@ -5,7 +5,8 @@
 -- ARGV[1]  owner (hostname:pid:nonce)
 -- ARGV[2]  ttl in ms
 -- ARGV[3]  floor: the epoch stored with the checkpoint; the new epoch is above it even
---          if Redis lost the counter (restart without persistence)
+--          if Redis lost the counter (restart without persistence, or its TTL passed)
+-- ARGV[4]  the counter's ttl in ms, from this acquisition
 -- Returns {epoch, token} on success, {0, current token} when another owner holds it.
 local held = redis.call('GET', KEYS[1])
 if held then
@@ -17,6 +18,7 @@ if epoch <= floor then
   epoch = floor + 1
   redis.call('SET', KEYS[2], epoch)
 end
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
 local token = ARGV[1] .. '|' .. epoch
 redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2])
 redis.call('DEL', KEYS[3])
