@@ -34,6 +34,12 @@ class Mutant:
 ZOMBIE = "tests/test_crash.py::test_zombie_after_sigstop_writes_nothing_and_sends_nothing"
 SAME_SEQ = "tests/test_crash.py::test_zombie_at_the_same_seq_commits_no_ctx_db_write"
 CLAIM = "tests/test_loop.py::test_claim_fences_the_old_owner_before_the_new_owners_first_save"
+COUNTER_LOST = (
+    "tests/test_loop.py::test_a_run_whose_epoch_counter_redis_lost_is_leased_above_its_stored_epoch"
+)
+COUNTER_ENDS = (
+    "tests/test_lease.py::test_the_epoch_counter_expires_and_goes_with_the_lease_of_an_ended_run"
+)
 OWN_WRITES = "test_the_steps_own_writes_commit_with_the_save_and_roll_back_with_a_rejection"
 
 MUTANTS = [
@@ -155,7 +161,9 @@ MUTANTS = [
         "steps/context.py",
         "            if spent + worst > self._cap:",
         "            if False:",
-        ("tests/test_lifecycle.py::test_a_run_stops_before_the_model_call_that_would_pass_its_budget",),
+        (
+            "tests/test_lifecycle.py::test_a_run_stops_before_the_model_call_that_would_pass_its_budget",
+        ),
     ),
     Mutant(
         "M19",
@@ -196,6 +204,23 @@ MUTANTS = [
         "if redis.call('GET', KEYS[1]) == ARGV[1] then",
         "if true then",
         ("tests/test_lease.py::test_release_never_deletes_a_successors_lease",),
+    ),
+    Mutant(
+        "M22",
+        "a run whose epoch counter is gone is leased again without the stored floor",
+        "workers/loop.py",
+        "                lease = _acquire(run_id, cp.epoch, deps)",
+        "                lease = _acquire(run_id, 0, deps)",
+        (COUNTER_LOST,),
+    ),
+    Mutant(
+        "M23",
+        "an ended run's release deletes the epoch counter without holding the lease",
+        "store/lua/release.lua",
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then\n  if KEYS[2] then",
+        "if KEYS[2] then redis.call('DEL', KEYS[2]) end\n"
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then\n  if KEYS[2] then",
+        (COUNTER_ENDS,),
     ),
     Mutant(
         "M15",
