@@ -84,6 +84,23 @@ def tiny_run(url: str, steps: int, epoch: int = 1) -> tuple[float, int]:
     return elapsed, wal
 
 
+def fenced_runs(url: str, runs: int) -> float:
+    """Seconds for `runs` runs of the least a fenced durable run writes, on one prepared
+    connection: two tiny guarded upserts, each its own commit (the claim's fence, the
+    step's save). No lease, no broker: what durability alone costs a run."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        ids = [f"fenced-{uuid.uuid4().hex[:10]}" for _ in range(runs)]
+        t0 = time.perf_counter()
+        for run_id in ids:
+            for seq in (1, 2):
+                row = conn.execute(
+                    TINY_UPSERT, (run_id, seq, 1, Jsonb({"n": seq})), prepare=True
+                ).fetchone()
+                if row is None:
+                    raise RuntimeError(f"fenced floor {run_id}: write {seq} was fenced")
+        return time.perf_counter() - t0
+
+
 def floor_run(
     url: str, steps: int, win: list[dict[str, Any]], append: Callable[[int], Any] | None = None
 ) -> tuple[float, int]:

@@ -78,7 +78,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             x <= 2.0,
             f"{run['run_ms']:.2f} vs {run['noop_ms']:.2f} ms each = {x:.2f}× "
             f"(best of {run['reps']} batches of {run['runs']}; paired "
-            f"{_f(run.get('paired_ratio'), '{:.2f}×')})",
+            f"{_f(run.get('paired_ratio'), '{:.2f}×')}; a fenced run's 2 commits alone: "
+            f"{_f(run.get('fenced_floor_ms'), '{:.2f}')} ms)",
         )
 
     grow = _rows(results, "growth")
