@@ -65,6 +65,13 @@ def floor_setup(url: str) -> None:
         conn.execute(TINY_DDL)
 
 
+def _tiny_write(conn: psycopg.Connection[Any], run_id: str, seq: int, epoch: int) -> None:
+    """One tiny guarded upsert ({"n": seq} as state); a fenced write raises, as cairn's."""
+    cur = conn.execute(TINY_UPSERT, (run_id, seq, epoch, Jsonb({"n": seq})), prepare=True)
+    if cur.fetchone() is None:
+        raise RuntimeError(f"tiny floor {run_id}: write {seq} was fenced")
+
+
 def tiny_run(url: str, steps: int, epoch: int = 1) -> tuple[float, int]:
     """One tiny guarded upsert per step ({"n": i} as state), prepared, autocommit, one
     connection: what a no-op step must at least cost. A fenced write raises, as cairn's."""
@@ -73,11 +80,7 @@ def tiny_run(url: str, steps: int, epoch: int = 1) -> tuple[float, int]:
 
         def go() -> None:
             for i in range(1, steps + 1):
-                row = conn.execute(
-                    TINY_UPSERT, (run_id, i, epoch, Jsonb({"n": i})), prepare=True
-                ).fetchone()
-                if row is None:
-                    raise RuntimeError(f"tiny floor {run_id}: write {i} was fenced")
+                _tiny_write(conn, run_id, i, epoch)
 
         conn.execute(TINY_UPSERT, (run_id, 0, epoch, Jsonb({})), prepare=True)
         elapsed, wal, _ = measure(url, go)
@@ -93,11 +96,7 @@ def fenced_runs(url: str, runs: int) -> float:
         t0 = time.perf_counter()
         for run_id in ids:
             for seq in (1, 2):
-                row = conn.execute(
-                    TINY_UPSERT, (run_id, seq, 1, Jsonb({"n": seq})), prepare=True
-                ).fetchone()
-                if row is None:
-                    raise RuntimeError(f"fenced floor {run_id}: write {seq} was fenced")
+                _tiny_write(conn, run_id, seq, 1)
         return time.perf_counter() - t0
 
 

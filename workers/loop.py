@@ -203,7 +203,6 @@ def _take(run_id: str, deps: Deps) -> tuple[Lease, Checkpoint]:
                 return lease, claimed
             cp = store.load(run_id)
             if cp is None:
-                lease.release(ended=True)  # and the counter this acquire made
                 raise UnknownRun(f"no run {run_id!r}: enqueue it with cairn.Client().enqueue()")
             if cp.status in STOPPED:
                 return lease, cp
@@ -211,10 +210,9 @@ def _take(run_id: str, deps: Deps) -> tuple[Lease, Checkpoint]:
                 lease.release()
                 lease = _acquire(run_id, cp.epoch, deps)
         raise StaleWrite(run_id, cp.seq, lease.epoch)
-    except UnknownRun:
-        raise  # released above
-    except BaseException:
-        lease.release()
+    except BaseException as exc:
+        # A run that does not exist keeps no counter either (this acquire made one).
+        lease.release(ended=isinstance(exc, UnknownRun))
         raise
 
 
