@@ -112,3 +112,7 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
     ):
         assert any(n.startswith(prefix) for n in names), (prefix, names)
     assert data["targets"] and all("pass" in t for t in data["targets"])
+    # Each fleet line says what 40% would leave a step once Celery's own dispatch is paid.
+    rooms = [t["detail"] for t in data["targets"] if t["target"].startswith("fleet steps/s")]
+    assert len(rooms) == sum(1 for r in fleet if r["pgbench_tps"]), rooms
+    assert all("a Celery no-op took" in d for d in rooms), rooms
