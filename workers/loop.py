@@ -100,14 +100,13 @@ def run(run_id: str, deps: Deps) -> str:
         status = "incompatible" if isinstance(exc, IncompatibleCheckpoint) else "failed"
         store.mark_unreadable(run_id, status, str(exc))
         return status
-    if cp.status in STOPPED:
-        # A warm shutdown or a reaper race can deliver a finished run again.
-        lease.release(ended=True)
-        logger.info("run %s is already %s; nothing to do", run_id, cp.status)
-        return cp.status
-    lease.start_heartbeat()
-    status = None
+    status = cp.status
     try:
+        if status in STOPPED:
+            # A warm shutdown or a reaper race can deliver a finished run again.
+            logger.info("run %s is already %s; nothing to do", run_id, status)
+            return status
+        lease.start_heartbeat()
         status = _drive(cp, lease, deps)
         return status
     finally:
