@@ -6,7 +6,7 @@ import dataclasses
 import datetime as dt
 import time
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple, Protocol, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 from psycopg.types.json import Jsonb
 
@@ -17,6 +17,7 @@ from cairn.errors import (
     StaleWrite,
     StoreUnavailable,
 )
+from cairn.status import RunStatus
 from cairn.store.db import Database, outage, translated
 from cairn.store.runs import Run, Wait
 from cairn.store.sql import QUERIES
@@ -25,21 +26,6 @@ from cairn.store.tx import StepTransaction
 # Bump when the persisted shape changes; a checkpoint of another version is refused.
 CHECKPOINT_VERSION = 1
 
-Status = Literal[
-    "pending",
-    "running",
-    "waiting",
-    "done",
-    "failed",
-    "cancelled",
-    "budget_exceeded",
-    "incompatible",
-]
-# Never delivered again, and swept after the retention period.
-TERMINAL: frozenset[str] = frozenset({"done", "failed", "cancelled", "budget_exceeded"})
-# Not worked on: the terminal states, and a checkpoint this code cannot read (until code
-# that reads it is deployed and the run is enqueued again).
-STOPPED: frozenset[str] = TERMINAL | {"incompatible"}
 # Status counts: a reader folds the deltas itself past FOLD_AT rows (summing 10,000 takes
 # about 2 ms); a fold moves at most FOLD_BATCH rows per transaction.
 FOLD_AT = 10_000
@@ -71,7 +57,7 @@ class Checkpoint:
     win_start: int  # index of window[0] in window_messages
     cost_usd: float
     version: int = CHECKPOINT_VERSION
-    status: Status = "pending"
+    status: RunStatus = RunStatus.PENDING
     error: str | None = None
     epoch: int = 0  # fencing epoch of the lease that wrote it
     resumes: int = 0
@@ -127,19 +113,6 @@ class Attempt:
     signal_id: str | None = None  # the signal the step received (consumed by the save)
 
 
-class CheckpointStore(Protocol):
-    def load(self, run_id: str) -> Checkpoint | None: ...
-    def claim(self, run_id: str, epoch: int) -> Checkpoint | None: ...
-    def save(
-        self,
-        cp: Checkpoint,
-        previous: Checkpoint,
-        tx: StepTransaction | None = None,
-        attempt: Attempt | None = None,
-    ) -> Saved: ...
-    def mark_failed(self, cp: Checkpoint, error: str, attempt: Attempt | None = None) -> bool: ...
-
-
 def appended(previous: Checkpoint, cp: Checkpoint) -> tuple[int, list[Message]]:
     """What a save must write of the window: (first index, new messages).
 
@@ -171,6 +144,7 @@ def _checkpoint(row: dict[str, Any]) -> Checkpoint:
         for f in dataclasses.fields(Checkpoint)
         if f.name not in ("window", "window_bytes")
     }
+    fields["status"] = RunStatus(row["status"])
     return Checkpoint(window=tuple(row["window"]), **fields)
 
 
@@ -322,7 +296,7 @@ class PgStore:
     def end_attempt(
         self,
         cp: Checkpoint,
-        status: str,
+        status: RunStatus,
         error: str,
         attempt: Attempt | None = None,
         retry_in: float | None = None,
@@ -330,7 +304,7 @@ class PgStore:
         """Record a step attempt that did not save: a retry in retry_in seconds (status
         running), or the run stopping with status. Fenced like a save; returns the run's
         failed attempts so far, or None if another worker owns the run."""
-        counted = retry_in is not None or status == "failed"
+        counted = retry_in is not None or status == RunStatus.FAILED
         row = self.db.one(
             "end_attempt",
             {
@@ -353,31 +327,31 @@ class PgStore:
 
     def signal(
         self, run_id: str, event: str, payload: Any, signal_id: str
-    ) -> tuple[str, bool] | None:
+    ) -> tuple[RunStatus, bool] | None:
         """Store a signal; (the run's status, whether it was new), or None: no such run."""
         row = self.db.one(
             "signal",
             {"run_id": run_id, "event": event, "payload": Jsonb(payload), "signal_id": signal_id},
         )
-        return (row["status"], row["stored"]) if row else None
+        return (RunStatus(row["status"]), row["stored"]) if row else None
 
     def cancel_reason(self, run_id: str) -> str | None:
         row = self.db.one("cancel_reason", {"run_id": run_id})
         return row["cancel_reason"] if row else None
 
-    def cancel(self, run_id: str, reason: str) -> str | None:
+    def cancel(self, run_id: str, reason: str) -> RunStatus | None:
         """Ask the run to stop; its status now (None: no such run, or it had ended)."""
         row = self.db.one("cancel", {"run_id": run_id, "reason": reason})
-        return row["status"] if row else None
+        return RunStatus(row["status"]) if row else None
 
     def history(self, run_id: str) -> list[dict[str, Any]]:
         return self.db.all("history", {"run_id": run_id})
 
     def mark_failed(self, cp: Checkpoint, error: str, attempt: Attempt | None = None) -> bool:
         """Record a permanent error without touching the checkpoint's data."""
-        return self.end_attempt(cp, "failed", error, attempt) is not None
+        return self.end_attempt(cp, RunStatus.FAILED, error, attempt) is not None
 
-    def mark_unreadable(self, run_id: str, status: str, error: str) -> bool:
+    def mark_unreadable(self, run_id: str, status: RunStatus, error: str) -> bool:
         """For a row we cannot even parse: status and error only, whatever its seq."""
         row = self.load_row(run_id)
         if row is None:
@@ -410,7 +384,7 @@ class PgStore:
     # -- queries for the CLI, the reaper and the sweep -------------------------------
     def list_runs(
         self,
-        status: str | None = None,
+        status: RunStatus | None = None,
         limit: int = 50,
         *,
         workflow: str | None = None,

@@ -7,6 +7,8 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
+from cairn.status import RunStatus
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Wait:
@@ -22,15 +24,15 @@ class Wait:
 class Run:
     """One run as `Client.get` and `Client.list` return it.
 
-    status: pending, running, waiting (for a signal), done, failed, cancelled,
-    budget_exceeded or incompatible. cursor: the step that comes next ("" before the first
+    status: a cairn.RunStatus (pending, running, waiting for a signal, done, failed,
+    cancelled, budget_exceeded or incompatible). cursor: the step that comes next ("" before the first
     step has been resolved by a worker). state: the result once done. window:
     the model window, only when asked for (it can be large).
     """
 
     run_id: str
     workflow: str
-    status: str
+    status: RunStatus
     cursor: str
     seq: int
     cost_usd: float
@@ -46,6 +48,7 @@ class Run:
     def from_row(cls, row: Mapping[str, Any]) -> Run:
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in row.items() if k in names}
+        values["status"] = RunStatus(values["status"])
         if values.get("window") is not None:
             values["window"] = tuple(values["window"])
         return cls(**values)
@@ -53,6 +56,7 @@ class Run:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (timestamps as ISO 8601)."""
         out = dataclasses.asdict(self)
+        out["status"] = str(self.status)
         for key in ("created_at", "updated_at"):
             out[key] = out[key].isoformat()
         if out["window"] is None:

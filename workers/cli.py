@@ -15,6 +15,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cairn.status import CANCEL_REASON, RunStatus
+
 app = typer.Typer(
     help="Durable multi-step LLM agent runs on Celery + Postgres + Redis.",
     no_args_is_help=True,
@@ -93,14 +95,7 @@ LogLevel = Annotated[
 ]
 
 
-Status = enum.Enum(  # type: ignore[misc]
-    "Status",
-    {s: s for s in ("pending", "running", "waiting", "done", "failed", "cancelled")}
-    | {"budget_exceeded": "budget_exceeded", "incompatible": "incompatible"},
-    type=str,
-)
-
-
+COLOURS = {RunStatus.DONE: "green", RunStatus.FAILED: "red", RunStatus.RUNNING: "yellow"}
 Pool = enum.Enum("Pool", {"prefork": "prefork", "threads": "threads"}, type=str)  # type: ignore[misc]
 
 
@@ -277,7 +272,7 @@ def enqueue(
 @app.command()
 def runs(
     status: Annotated[
-        Status | None, typer.Option("--status", help="Only runs in this status.")
+        RunStatus | None, typer.Option("--status", help="Only runs in this status.")
     ] = None,
     workflow: Annotated[
         str | None, typer.Option("--workflow", help="Only runs of this workflow.")
@@ -299,7 +294,7 @@ def runs(
     """List runs, newest first, a page at a time, with the totals by status."""
     with _client(_settings(database_url=database_url)) as client:
         found = client.list(
-            status.value if status else None,
+            status,
             limit,
             workflow=workflow,
             after=after,
@@ -318,7 +313,7 @@ def runs(
     table = Table("workflow", "status", "cursor", "seq", "cost $", "resumes", "updated")
     table.add_column("run", no_wrap=True)
     for r in found:
-        colour = {"done": "green", "failed": "red", "running": "yellow"}.get(r.status, "")
+        colour = COLOURS.get(r.status, "")
         table.add_row(
             r.workflow,
             f"[{colour}]{r.status}[/]" if colour else r.status,
@@ -450,7 +445,7 @@ def signal(
 @app.command()
 def cancel(
     run_id: Annotated[str, typer.Argument(help="The run id.")],
-    reason: Annotated[str, typer.Option("--reason", help="Recorded on the run.")] = "cancelled",
+    reason: Annotated[str, typer.Option("--reason", help="Recorded on the run.")] = CANCEL_REASON,
     as_json: AsJson = False,
     database_url: DatabaseUrl = None,
 ) -> None:
@@ -463,7 +458,7 @@ def cancel(
         print(_dumps({"run": run.to_json()}))
         return
     console.print(
-        f"{run_id}: {run.status}" + ("" if run.status == "cancelled" else " (cancel asked)")
+        f"{run_id}: {run.status}" + ("" if run.status == RunStatus.CANCELLED else " (cancel asked)")
     )
 
 

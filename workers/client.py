@@ -12,8 +12,9 @@ import uuid
 from typing import TYPE_CHECKING, Any, Self
 
 from cairn.errors import CairnError, InvalidInput, StoreUnavailable, UnknownRun
+from cairn.status import CANCEL_REASON, STOPPED, RunStatus
 from cairn.steps import registry
-from cairn.store.checkpoints import STOPPED, PgStore
+from cairn.store.checkpoints import PgStore
 from cairn.store.db import Database
 from cairn.store.runs import Run
 from cairn.workers import broker, health
@@ -119,7 +120,7 @@ class Client:
 
     def list(
         self,
-        status: str | None = None,
+        status: RunStatus | None = None,
         limit: int = 50,
         *,
         workflow: str | None = None,
@@ -133,11 +134,11 @@ class Client:
             status, limit, workflow=workflow, after=after, since=since, until=until
         )
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[RunStatus, int]:
         """How many runs are in each status."""
-        return {status: int(row["n"]) for status, row in self.store.counts().items()}
+        return {RunStatus(status): int(row["n"]) for status, row in self.store.counts().items()}
 
-    def cancel(self, run_id: str, reason: str = "cancelled") -> Run | None:
+    def cancel(self, run_id: str, reason: str = CANCEL_REASON) -> Run | None:
         """Stop a run: a pending one at once, a running one at its next step boundary
         (before any further effect or model call). None if there is no such run."""
         self.store.cancel(run_id, reason)

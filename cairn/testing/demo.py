@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 import cairn.steps.invoice  # noqa: F401  (registers the invoice workflow: checked here)
+from cairn.status import RunStatus
 from cairn.store import Leases, admin, upgrade
 from cairn.testing import fleet
 from cairn.testing.standins import MailServer, ModelServer
@@ -111,8 +112,10 @@ def run_demo(
             deadline = time.monotonic() + 240
             while time.monotonic() < deadline:
                 rows = {r.run_id: r for r in store.list_runs(limit=10_000) if r.run_id in ids}
-                finished = sum(r.status in ("done", "failed") for r in rows.values())
-                active = [r for r in rows.values() if r.status == "running"]
+                finished = sum(
+                    r.status in (RunStatus.DONE, RunStatus.FAILED) for r in rows.values()
+                )
+                active = [r for r in rows.values() if r.status == RunStatus.RUNNING]
                 progress.update(
                     bar,
                     completed=finished,
@@ -134,8 +137,8 @@ def run_demo(
         summary = {
             "runs": runs,
             "workers": workers,
-            "runs_finished": sum(r.status == "done" for r in rows.values()),
-            "runs_failed": sum(r.status == "failed" for r in rows.values()),
+            "runs_finished": sum(r.status == RunStatus.DONE for r in rows.values()),
+            "runs_failed": sum(r.status == RunStatus.FAILED for r in rows.values()),
             "runs_resumed": sum(r.resumes > 0 for r in rows.values()),
             "kills": kills,
             "emails_attempted": stats["attempts"],

@@ -41,8 +41,8 @@ from cairn.errors import (
     UnknownRun,
     UnknownWorkflow,
 )
+from cairn.status import CANCEL_REASON, RunStatus
 from cairn.steps import registry
-from cairn.store.checkpoints import Status
 from cairn.workers.client import Client
 from cairn.workers.inputs import check_run_id
 from cairn.workers.settings import Settings
@@ -79,7 +79,7 @@ class NewRun(BaseModel):
 
 class Cancel(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    reason: str = Field(default="cancelled", max_length=500)
+    reason: str = Field(default=CANCEL_REASON, max_length=500)
 
 
 class NewSignal(BaseModel):
@@ -337,7 +337,7 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
 
     @app.get("/runs", tags=["runs"])
     def list_runs(
-        status: Status | None = None,
+        status: RunStatus | None = None,
         workflow: Annotated[str | None, Query(max_length=200)] = None,
         cursor: Annotated[
             str | None, Query(max_length=200, description="next_cursor of the previous page")

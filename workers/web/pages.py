@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-import typing
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -20,13 +19,13 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from cairn.store.checkpoints import STOPPED, Status
+from cairn.status import STOPPED, RunStatus
 from cairn.store.runs import Run
 from cairn.workers.web.api import COOKIE
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")
-STATUSES = typing.get_args(Status)
+STATUSES = tuple(RunStatus)
 # A gap between two steps longer than this, on the same worker, is drawn as a pause.
 PAUSE = 1.0
 
@@ -55,7 +54,7 @@ def _usd(value: float | None) -> str:
 
 
 templates.env.filters.update(seconds=_seconds, when=_when, usd=_usd)
-templates.env.globals.update(STOPPED=STOPPED)
+templates.env.globals.update(STOPPED=STOPPED, RunStatus=RunStatus)
 
 
 @dataclasses.dataclass
@@ -195,7 +194,7 @@ def mount(app: FastAPI) -> None:
         partial: bool = False,
     ) -> HTMLResponse:
         client = request.app.state.client
-        status = status if status in STATUSES else None
+        status = RunStatus(status) if status in STATUSES else None
         workflow = workflow or None
         limit = 50
         runs = client.list(status, limit, workflow=workflow, after=cursor)

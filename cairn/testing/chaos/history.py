@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cairn.status import RunStatus
 from cairn.store import admin
 
 HISTORY_SQL = """
@@ -90,6 +91,6 @@ def check_history(rows: list[dict[str, Any]]) -> list[str]:
             problems.append(f"run {run}: seq went back {prev['seq']} -> {row['seq']}")
         elif row["kind"] == "save" and row["seq"] <= prev["seq"]:
             problems.append(f"run {run}: a save did not advance seq ({row['seq']})")
-        if prev["status"] == "done" and row["status"] != "done":
+        if prev["status"] == RunStatus.DONE and row["status"] != RunStatus.DONE:
             problems.append(f"run {run}: a done run became {row['status']}")
     return problems

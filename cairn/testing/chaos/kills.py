@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from cairn.status import RunStatus
 from cairn.testing import fleet
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ def kill_from_outside(
     rng: random.Random,
 ) -> dict[str, Any] | None:
     """SIGKILL a random busy pool child (or the whole worker holding it)."""
-    running = {r.run_id: r for r in store.list_runs("running", limit=100_000)}
+    running = {r.run_id: r for r in store.list_runs(RunStatus.RUNNING, limit=100_000)}
     if not running:
         return None
     held: dict[int, list[Run]] = defaultdict(list)

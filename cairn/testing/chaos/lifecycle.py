@@ -8,6 +8,8 @@ import random
 import time
 from typing import TYPE_CHECKING, Any
 
+from cairn.status import RunStatus
+
 if TYPE_CHECKING:
     from cairn.store import PgStore
     from cairn.workers.client import Client
@@ -37,11 +39,11 @@ class Lifecycle:
             if run_id in self._to_cancel and run_id not in self.cancelled_at:
                 # A fast run may never be seen running: one already waiting is cancelled
                 # there, else nobody would signal or cancel it and it would wait forever.
-                if status in ("running", "waiting"):
+                if status in (RunStatus.RUNNING, RunStatus.WAITING):
                     client.cancel(run_id, "chaos")
                     # After the commit: a step attempt that begins later must see it.
                     self.cancelled_at[run_id] = time.time()
-            elif self.signals and status == "waiting" and run_id not in self._signalled:
+            elif self.signals and status == RunStatus.WAITING and run_id not in self._signalled:
                 self._signal(client, run_id)
 
     def _signal(self, client: Client, run_id: str) -> None:
@@ -64,7 +66,7 @@ class Lifecycle:
             for r in final
             if self.signals
             and r["run_id"] not in self.cancelled_at
-            and r["status"] == "done"
+            and r["status"] == RunStatus.DONE
             and r.get("outcome") != "paid"
         ]
         if unpaid:
@@ -77,7 +79,9 @@ class Lifecycle:
                 after_cancel.append(run_id)
         if after_cancel:
             problems.append(f"{len(after_cancel)} send(s) after a cancel (e.g. {after_cancel[0]})")
-        cancelled = [r for r in self.cancelled_at if by_run.get(r, {}).get("status") == "cancelled"]
+        cancelled = [
+            r for r in self.cancelled_at if by_run.get(r, {}).get("status") == RunStatus.CANCELLED
+        ]
         section = {
             "signals_sent": self.sent,
             "signals_duplicated": len(self._twice & self._signalled),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
+from cairn.status import RunStatus
 from cairn.testing.chaos.history import check_history
 from cairn.testing.faults import BOUNDARIES
 
@@ -44,7 +45,7 @@ def recoveries(kills: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[
                 "at": kill.get("boundary") or "outside",
                 "cursor": kill.get("cursor"),
             }
-            if before and before[-1]["status"] in ("done", "failed"):
+            if before and before[-1]["status"] in (RunStatus.DONE, RunStatus.FAILED):
                 entry["note"] = "run had already finished"
             else:
                 epoch = max((r["epoch"] for r in before), default=0)
@@ -147,10 +148,14 @@ def build_report(
 ) -> dict[str, Any]:
     """The report of one chaos run from what it recorded; report["ok"] is the verdict:
     every run finished, no effect delivered twice, no checkpoint went backwards."""
-    done = [r for r in final if r["status"] == "done"]
-    failed = [r for r in final if r["status"] == "failed"]
-    cancelled = [r for r in final if r["status"] == "cancelled"]
-    lost = [r for r in final if r["status"] not in ("done", "failed", "cancelled")]
+    done = [r for r in final if r["status"] == RunStatus.DONE]
+    failed = [r for r in final if r["status"] == RunStatus.FAILED]
+    cancelled = [r for r in final if r["status"] == RunStatus.CANCELLED]
+    lost = [
+        r
+        for r in final
+        if r["status"] not in (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED)
+    ]
     per_boundary = {b: sum(1 for k in kills if k.get("boundary") == b) for b in BOUNDARIES}
     per_boundary["random_pool_child"] = sum(1 for k in kills if k["kind"] == "pool_child")
     per_boundary["whole_worker"] = sum(1 for k in kills if k["kind"] == "whole_worker")

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cairn.status import RunStatus
 from cairn.testing import fleet
 from cairn.testing.chaos.config import (
     SENTINEL,
@@ -213,11 +214,14 @@ class _Experiment:
             while time.monotonic() < end:
                 counts = {s: int(r["n"]) for s, r in store.counts().items()}
                 depths.append(self._depth())
-                finished = sum(counts.get(s, 0) for s in ("done", "failed", "cancelled"))
+                finished = sum(
+                    counts.get(s, 0)
+                    for s in (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED)
+                )
                 progress.update(
                     bar,
                     completed=finished,
-                    description=f"running {counts.get('running', 0)} · kills "
+                    description=f"running {counts.get(RunStatus.RUNNING, 0)} · kills "
                     f"{len(os.listdir(self._faults_dir / 'killed')) + len(killer.kills)}",
                 )
                 if not flushed and not broker.exists(SENTINEL):
