@@ -100,7 +100,11 @@ class Database:
     ) -> None:
         self.url = url
         self.give_up_after = give_up_after
-        options: dict[str, Any] = {"autocommit": True, "row_factory": dict_row, "connect_timeout": 5}
+        options: dict[str, Any] = {
+            "autocommit": True,
+            "row_factory": dict_row,
+            "connect_timeout": 5,
+        }
         if not prepare:
             # PgBouncer < 1.21 in transaction mode hands each transaction any server
             # connection: a statement prepared on one is unknown on the next.

@@ -53,7 +53,13 @@ def _cairn(*args: str, env: dict[str, str], stdin: str | None = None):
     full = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **env}
     return subprocess.run(
         [sys.executable, "-m", "cairn.workers.cli", *args],
-        input=stdin, capture_output=True, text=True, env=full, cwd=ROOT, timeout=60, check=False,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=full,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
     )
 
 
@@ -87,16 +93,22 @@ def test_the_cli_reads_a_large_input_from_a_file_or_stdin(cli_env, client, tmp_p
     path = tmp_path / "input.json"
     path.write_text(json.dumps(data))
     from_file = _cairn("enqueue", "invoice", "--input-file", str(path), env=cli_env)
-    from_stdin = _cairn("enqueue", "invoice", "--input-file", "-", env=cli_env, stdin=json.dumps(data))
+    from_stdin = _cairn(
+        "enqueue", "invoice", "--input-file", "-", env=cli_env, stdin=json.dumps(data)
+    )
     assert from_file.returncode == 0 and from_stdin.returncode == 0, from_file.stderr
     ids = {from_file.stdout.strip(), from_stdin.stdout.strip()}
     assert ids == {r.run_id for r in client.list()}
 
 
-def test_an_unreachable_postgres_fails_a_client_call_in_seconds_naming_host_port_and_cause() -> None:
+def test_an_unreachable_postgres_fails_a_client_call_in_seconds_naming_host_port_and_cause() -> (
+    None
+):
     client = Client("postgresql://postgres@127.0.0.1:9/cairn")
     started = time.monotonic()
-    with pytest.raises(StoreUnavailable, match=r"postgres at 127\.0\.0\.1:9 is unreachable: .*refused"):
+    with pytest.raises(
+        StoreUnavailable, match=r"postgres at 127\.0\.0\.1:9 is unreachable: .*refused"
+    ):
         client.list()
     assert time.monotonic() - started <= 5.5
     client.close()

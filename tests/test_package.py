@@ -12,7 +12,7 @@ from cairn.store import PgStore
 from cairn.testing import fleet
 from tests.conftest import wait_for
 
-USER_STEPS = '''
+USER_STEPS = """
 import cairn
 from store import remember          # the user's own `store` package, not cairn's
 
@@ -21,16 +21,16 @@ flow = cairn.workflow("user-greet")
 @flow.step()
 def greet(ctx: cairn.Context) -> cairn.StepResult:
     return cairn.StepResult(cursor="done", state={"greeting": remember(ctx.input["name"])})
-'''
+"""
 
-ENQUEUE = '''
+ENQUEUE = """
 import json, sys
 import cairn, cairn.store, store, steps, workers
 assert store.__file__.startswith(sys.argv[1]), store.__file__   # theirs, not ours
 assert cairn.store.__name__ == "cairn.store"
 with cairn.Client(sys.argv[2], sys.argv[3]) as client:
     print(client.enqueue("user-greet", {"name": "Ada"}, run_id="user-1"))
-'''
+"""
 
 
 def _user_project(root: Path) -> Path:

@@ -55,7 +55,12 @@ def test_every_python_block_runs_as_written_outside_the_repo(
     script.write_text(PYTHON[index])
     out = subprocess.run(
         [sys.executable, str(script)],
-        cwd=tmp_path, env=_env(settings), capture_output=True, text=True, timeout=60, check=False,
+        cwd=tmp_path,
+        env=_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert out.returncode == 0, f"README python block {index}:\n{PYTHON[index]}\n{out.stderr}"
 
@@ -71,8 +76,13 @@ def test_the_workflow_example_runs_with_its_own_table_on_a_real_worker(
     env = _env(settings, CAIRN_MAIL_URL=mail.url)
     migrate = next(b for b in BASH if "--migrations" in b)
     done = subprocess.run(
-        ["bash", "-euc", migrate], cwd=tmp_path, env=env, capture_output=True, text=True,
-        timeout=60, check=False,
+        ["bash", "-euc", migrate],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert done.returncode == 0 and "applied your migrations: [1]" in done.stdout, done.stderr
     worker = fleet.start_worker(
@@ -86,7 +96,12 @@ def test_the_workflow_example_runs_with_its_own_table_on_a_real_worker(
             assert run.status == "done", run.error
         rows = subprocess.run(
             [str(BIN / "cairn"), "show", run_id, "--json"],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30, check=True,
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         )
         shown = json.loads(rows.stdout)
         assert [s["cursor"] for s in shown["steps"]] == ["plan", "welcome", "record"]
@@ -104,7 +119,11 @@ def test_runs_json_pages_through_a_thousand_runs(settings, client, store) -> Non
     while True:
         out = subprocess.run(
             [str(BIN / "cairn"), "runs", "--json", "--limit", "400", *after],
-            env=env, capture_output=True, text=True, timeout=60, check=True,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
         )
         page = json.loads(out.stdout)
         assert set(page) == {"runs", "totals", "next_after"}
@@ -119,7 +138,9 @@ def test_runs_json_pages_through_a_thousand_runs(settings, client, store) -> Non
 
 
 def test_version() -> None:
-    out = subprocess.run([str(BIN / "cairn"), "--version"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [str(BIN / "cairn"), "--version"], capture_output=True, text=True, check=True
+    )
     assert re.fullmatch(r"cairn \d+\.\d+\.\d+\n", out.stdout)
 
 
@@ -143,8 +164,12 @@ def test_every_shell_block_runs_as_written_outside_the_repo(
     log = tmp_path / "out.txt"
     with log.open("w") as sink:  # a file, not a pipe: background jobs keep theirs open
         proc = subprocess.Popen(
-            ["bash", "-euc", block], cwd=tmp_path, env=env, stdout=sink,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            ["bash", "-euc", block],
+            cwd=tmp_path,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         proc.wait(timeout=120)

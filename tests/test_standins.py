@@ -34,8 +34,9 @@ def client(model: ModelServer) -> Iterator[anthropic.Anthropic]:
         yield c
 
 
-def _send(http: httpx.Client, mail: MailServer, ref: str = "run-1", key: str | None = None,
-          **body: object) -> httpx.Response:
+def _send(
+    http: httpx.Client, mail: MailServer, ref: str = "run-1", key: str | None = None, **body: object
+) -> httpx.Response:
     payload = {"to": "a@example.com", "subject": "hi", "body": "hello", "ref": ref, **body}
     headers = {"Idempotency-Key": key} if key else {}
     return http.post(f"{mail.url}/v1/send", json=payload, headers=headers)
@@ -79,8 +80,13 @@ def test_mail_dedupes_on_idempotency_key(mail: MailServer, http: httpx.Client) -
     assert first.status_code == second.status_code == 200
     assert first.json() == {"id": "msg_1", "deduplicated": False}
     assert second.json() == {"id": "msg_1", "deduplicated": True}
-    assert mail.stats() == {"attempts": 2, "deliveries": 1, "deduplicated": 1,
-                            "duplicate_deliveries": 0, "by_ref": {"run-1": 1}}
+    assert mail.stats() == {
+        "attempts": 2,
+        "deliveries": 1,
+        "deduplicated": 1,
+        "duplicate_deliveries": 0,
+        "by_ref": {"run-1": 1},
+    }
 
 
 def test_mail_without_key_counts_duplicates_per_ref(mail: MailServer, http: httpx.Client) -> None:
@@ -102,17 +108,24 @@ def test_mail_without_key_counts_duplicates_per_ref(mail: MailServer, http: http
 def test_mail_reset(mail: MailServer, http: httpx.Client) -> None:
     _send(http, mail, key="k")
     assert http.post(f"{mail.url}/v1/reset").status_code == 200
-    assert mail.stats() == {"attempts": 0, "deliveries": 0, "deduplicated": 0,
-                            "duplicate_deliveries": 0, "by_ref": {}}
+    assert mail.stats() == {
+        "attempts": 0,
+        "deliveries": 0,
+        "deduplicated": 0,
+        "duplicate_deliveries": 0,
+        "by_ref": {},
+    }
     # The key is forgotten too, so the same key delivers again.
     assert _send(http, mail, key="k").json() == {"id": "msg_1", "deduplicated": False}
 
 
-@pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b'{"subject": "no to"}',
-                                     b'{"to": ""}', b""])
+@pytest.mark.parametrize(
+    "content", [b"{not json", b"[1, 2]", b'{"subject": "no to"}', b'{"to": ""}', b""]
+)
 def test_mail_rejects_malformed(mail: MailServer, http: httpx.Client, content: bytes) -> None:
-    resp = http.post(f"{mail.url}/v1/send", content=content,
-                     headers={"Content-Type": "application/json"})
+    resp = http.post(
+        f"{mail.url}/v1/send", content=content, headers={"Content-Type": "application/json"}
+    )
     assert resp.status_code == 400
     assert "message" in resp.json()["error"]
     stats = mail.stats()
@@ -163,7 +176,7 @@ def test_model_reply_rules(client: anthropic.Anthropic) -> None:
         assert block.type == "text"
         return block.text
 
-    assert text("Do a thing.\nREPLY: {\"plan\": [1, 2]}\nthanks") == '{"plan": [1, 2]}'
+    assert text('Do a thing.\nREPLY: {"plan": [1, 2]}\nthanks') == '{"plan": [1, 2]}'
     assert text("VALIDATE this: looks fine") == "VALID"
     assert text("VALIDATE this, expected verdict INVALID") == "INVALID"
     long = "SUMMARIZE " + "x" * 500
@@ -176,7 +189,9 @@ def test_model_reply_rules(client: anthropic.Anthropic) -> None:
 
 def test_model_uses_last_user_message(client: anthropic.Anthropic) -> None:
     msg = client.messages.create(
-        model="claude-local", max_tokens=64, system="You are terse.",
+        model="claude-local",
+        max_tokens=64,
+        system="You are terse.",
         messages=[
             {"role": "user", "content": "REPLY: first"},
             {"role": "assistant", "content": "first"},
@@ -188,8 +203,7 @@ def test_model_uses_last_user_message(client: anthropic.Anthropic) -> None:
 
 def test_model_response_shape_and_usage(model: ModelServer, client: anthropic.Anthropic) -> None:
     messages = [{"role": "user", "content": "REPLY: abcdefgh"}]
-    msg = client.messages.create(model="claude-x", max_tokens=64, system="sys",
-                                 messages=messages)  # type: ignore[arg-type]
+    msg = client.messages.create(model="claude-x", max_tokens=64, system="sys", messages=messages)  # type: ignore[arg-type]
     assert msg.id == "msg_local_1"
     assert msg.type == "message" and msg.role == "assistant" and msg.model == "claude-x"
     assert msg.stop_reason == "end_turn" and msg.stop_sequence is None
@@ -212,14 +226,18 @@ def test_model_is_deterministic(client: anthropic.Anthropic) -> None:
     assert a.id != b.id
 
 
-@pytest.mark.parametrize("body, fragment", [
-    ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}, "model"),
-    ({"model": "m", "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
-    ({"model": "m", "max_tokens": 5, "messages": []}, "messages"),
-    ({"model": "m", "max_tokens": 5, "messages": [{"role": "bot", "content": "x"}]}, "role"),
-])
-def test_model_rejects_bad_body(model: ModelServer, http: httpx.Client,
-                                body: dict[str, object], fragment: str) -> None:
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}, "model"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
+        ({"model": "m", "max_tokens": 5, "messages": []}, "messages"),
+        ({"model": "m", "max_tokens": 5, "messages": [{"role": "bot", "content": "x"}]}, "role"),
+    ],
+)
+def test_model_rejects_bad_body(
+    model: ModelServer, http: httpx.Client, body: dict[str, object], fragment: str
+) -> None:
     resp = http.post(f"{model.url}/v1/messages", json=body)
     assert resp.status_code == 400
     assert resp.headers["request-id"].startswith("req_local_")
@@ -236,8 +254,9 @@ def test_model_bad_body_raises_bad_request_in_sdk(client: anthropic.Anthropic) -
 
 
 def test_model_malformed_json(model: ModelServer, http: httpx.Client) -> None:
-    resp = http.post(f"{model.url}/v1/messages", content=b"{oops",
-                     headers={"Content-Type": "application/json"})
+    resp = http.post(
+        f"{model.url}/v1/messages", content=b"{oops", headers={"Content-Type": "application/json"}
+    )
     assert resp.status_code == 400
     assert resp.json()["error"]["type"] == "invalid_request_error"
 
@@ -245,9 +264,12 @@ def test_model_malformed_json(model: ModelServer, http: httpx.Client) -> None:
 # -- model: failure injection ---------------------------------------------------------------
 
 
-def test_sdk_raises_rate_limit_then_succeeds(model: ModelServer, http: httpx.Client,
-                                             client: anthropic.Anthropic) -> None:
-    assert http.post(f"{model.url}/_control", json={"fail_next": 2, "status": 429}).status_code == 200
+def test_sdk_raises_rate_limit_then_succeeds(
+    model: ModelServer, http: httpx.Client, client: anthropic.Anthropic
+) -> None:
+    assert (
+        http.post(f"{model.url}/_control", json={"fail_next": 2, "status": 429}).status_code == 200
+    )
     for _ in range(2):
         with pytest.raises(anthropic.RateLimitError) as info:
             _ask(client, "hi")
@@ -262,8 +284,9 @@ def test_sdk_raises_rate_limit_then_succeeds(model: ModelServer, http: httpx.Cli
     assert http.get(f"{model.url}/_stats").json() == {"requests": 3, "failures": 2}
 
 
-def test_sdk_raises_overloaded_then_succeeds(model: ModelServer,
-                                             client: anthropic.Anthropic) -> None:
+def test_sdk_raises_overloaded_then_succeeds(
+    model: ModelServer, client: anthropic.Anthropic
+) -> None:
     model.control(fail_next=1, status=529)
     with pytest.raises(anthropic.OverloadedError) as info:
         _ask(client, "hi")
@@ -273,8 +296,9 @@ def test_sdk_raises_overloaded_then_succeeds(model: ModelServer,
     assert _ask(client, "REPLY: ok").content[0].text == "ok"
 
 
-def test_sdk_raises_internal_server_error_on_500(model: ModelServer,
-                                                 client: anthropic.Anthropic) -> None:
+def test_sdk_raises_internal_server_error_on_500(
+    model: ModelServer, client: anthropic.Anthropic
+) -> None:
     model.control(fail_next=1, status=500)
     with pytest.raises(anthropic.InternalServerError) as info:
         _ask(client, "hi")
@@ -291,11 +315,14 @@ def test_sdk_own_retries_absorb_injected_failure(model: ModelServer) -> None:
     assert model.stats() == {"requests": 2, "failures": 1}
 
 
-@pytest.mark.parametrize("status, exc_type", [(429, anthropic.RateLimitError),
-                                              (529, anthropic.OverloadedError)])
+@pytest.mark.parametrize(
+    "status, exc_type", [(429, anthropic.RateLimitError), (529, anthropic.OverloadedError)]
+)
 def test_fail_every_nth(status: int, exc_type: type[Exception]) -> None:
-    with ModelServer(fail_every=3, fail_status=status) as model, \
-            anthropic.Anthropic(api_key="local", base_url=model.url, max_retries=0) as c:
+    with (
+        ModelServer(fail_every=3, fail_status=status) as model,
+        anthropic.Anthropic(api_key="local", base_url=model.url, max_retries=0) as c,
+    ):
         outcomes = []
         for _ in range(7):
             try:
@@ -308,7 +335,9 @@ def test_fail_every_nth(status: int, exc_type: type[Exception]) -> None:
 
 
 def test_control_rejects_bad_input(model: ModelServer, http: httpx.Client) -> None:
-    assert http.post(f"{model.url}/_control", json={"fail_next": 1, "status": 418}).status_code == 400
+    assert (
+        http.post(f"{model.url}/_control", json={"fail_next": 1, "status": 418}).status_code == 400
+    )
     assert http.post(f"{model.url}/_control", json={"bogus": 1}).status_code == 400
     assert http.post(f"{model.url}/_control", content=b"nope").status_code == 400
     with pytest.raises(ValueError):
@@ -320,8 +349,12 @@ def test_model_delay(model: ModelServer, client: anthropic.Anthropic) -> None:
     started = time.monotonic()
     _ask(client, "hi")
     assert time.monotonic() - started >= 0.2
-    with anthropic.Anthropic(api_key="local", base_url=model.url, max_retries=0,
-                             timeout=0.05) as fast, pytest.raises(anthropic.APITimeoutError):
+    with (
+        anthropic.Anthropic(
+            api_key="local", base_url=model.url, max_retries=0, timeout=0.05
+        ) as fast,
+        pytest.raises(anthropic.APITimeoutError),
+    ):
         _ask(fast, "hi")
 
 
@@ -329,20 +362,26 @@ def test_sdk_connection_error_when_down() -> None:
     model = ModelServer().start()
     url = model.url
     model.stop()
-    with anthropic.Anthropic(api_key="local", base_url=url, max_retries=0) as c, \
-            pytest.raises(anthropic.APIConnectionError):
+    with (
+        anthropic.Anthropic(api_key="local", base_url=url, max_retries=0) as c,
+        pytest.raises(anthropic.APIConnectionError),
+    ):
         _ask(c, "hi")
 
 
 # -- CLI ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args", [["mail", "--delay-ms", "0"],
-                                  ["model", "--fail-every", "2", "--fail-status", "529"]])
+@pytest.mark.parametrize(
+    "args", [["mail", "--delay-ms", "0"], ["model", "--fail-every", "2", "--fail-status", "529"]]
+)
 def test_cli_prints_url_and_serves(args: list[str]) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "cairn.testing.standins", *args, "--port", "0", "--quiet"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
