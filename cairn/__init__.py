@@ -25,11 +25,15 @@ from cairn.errors import (
     CairnError,
     Cancelled,
     CorruptCheckpoint,
+    Deferred,
+    HandOff,
     IncompatibleCheckpoint,
+    Interrupted,
     InvalidInput,
     LeaseLost,
     ModelUnavailable,
     MultipleEffects,
+    RetryLater,
     RunIdConflict,
     StaleWrite,
     StoreUnavailable,
@@ -52,10 +56,12 @@ _LAZY = {
     "Context": "cairn.steps.context",
     "Client": "cairn.workers.client",
     "Run": "cairn.store.runs",
+    "RunStatus": "cairn.status",
     "Settings": "cairn.workers.settings",
 }
 
 if TYPE_CHECKING:
+    from cairn.status import RunStatus
     from cairn.steps.context import Context
     from cairn.steps.registry import DONE, Retry, StepResult, Workflow, workflow
     from cairn.store.runs import Run
@@ -78,14 +84,19 @@ __all__ = [
     "Client",
     "Context",
     "CorruptCheckpoint",
+    "Deferred",
+    "HandOff",
     "IncompatibleCheckpoint",
+    "Interrupted",
     "InvalidInput",
     "LeaseLost",
     "ModelUnavailable",
     "MultipleEffects",
     "Retry",
+    "RetryLater",
     "Run",
     "RunIdConflict",
+    "RunStatus",
     "Settings",
     "StaleWrite",
     "StepResult",

@@ -1,9 +1,16 @@
 """Every error cairn raises, in one hierarchy, so callers can catch a family.
 
 CairnError
-├── Transient           retry later; never fails the run (StoreUnavailable, ModelUnavailable)
-├── Superseded          another worker has the run: stop at once (LeaseLost, StaleWrite)
+├── Interrupted         this delivery of the run ends; the run does not (never fails it)
+│   ├── Transient       retry later (StoreUnavailable, ModelUnavailable; raise it from a step)
+│   ├── Superseded      another worker has the run: stop at once (LeaseLost, StaleWrite)
+│   ├── Deferred        another live worker holds the run's lease: try again later
+│   ├── RetryLater      a step failed and its Retry policy runs it again after a delay
+│   └── HandOff         give the run back to the queue (worker stopping, signal already in)
 └── the rest            permanent: the run (or the call) fails with the message
+
+The loop lets every Interrupted through to the run task, which handles each kind; a new
+kind is still handled (retried with backoff, as Transient) before anyone writes its branch.
 """
 
 from __future__ import annotations
@@ -13,7 +20,11 @@ class CairnError(Exception):
     """Root of cairn's errors."""
 
 
-class Transient(CairnError):
+class Interrupted(CairnError):
+    """This delivery stops here and the run goes on later, or on another worker."""
+
+
+class Transient(Interrupted):
     """An outside service failed in a way a later attempt may not: retry this step later.
 
     Raise it from a step for "not now" (a 503, a rate limit): the run is retried, not failed.
@@ -28,10 +39,32 @@ class ModelUnavailable(Transient):
     """The model API kept answering 429/5xx/overloaded, or could not be reached."""
 
 
-class Superseded(CairnError):
+class Superseded(Interrupted):
     """Another worker owns the run now: touch nothing more, it will finish the run."""
 
     run_id: str
+
+
+class Deferred(Interrupted):
+    """Another live worker holds the run's lease: try again later, never concurrently."""
+
+    def __init__(self, run_id: str, holder: str | None) -> None:
+        super().__init__(f"run {run_id} is held by {holder}")
+        self.run_id, self.holder = run_id, holder
+
+
+class RetryLater(Interrupted):
+    """A step failed in a way its Retry policy retries; the attempt is recorded, and the
+    run is to be delivered again in `delay` seconds (one retry chain per run)."""
+
+    def __init__(self, run_id: str, delay: float) -> None:
+        super().__init__(f"run {run_id}: retry in {delay:g}s")
+        self.run_id, self.delay = run_id, delay
+
+
+class HandOff(Interrupted):
+    """Give the run back to the queue: the worker is shutting down (the step in hand is
+    saved), or the signal a new wait waits for had already come."""
 
 
 class StoreError(CairnError):

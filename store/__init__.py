@@ -13,9 +13,9 @@ from cairn._lazy import loader
 _LAZY = {
     "CHECKPOINT_VERSION": "cairn.store.checkpoints",
     "START": "cairn.store.checkpoints",
-    "TERMINAL": "cairn.store.checkpoints",
+    "TERMINAL": "cairn.status",
     "Checkpoint": "cairn.store.checkpoints",
-    "CheckpointStore": "cairn.store.checkpoints",
+    "CheckpointStore": "cairn.store.contract",
     "PgStore": "cairn.store.checkpoints",
     "Database": "cairn.store.db",
     "upgrade": "cairn.store.db",
@@ -27,14 +27,9 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from cairn.store.checkpoints import (
-        CHECKPOINT_VERSION,
-        START,
-        TERMINAL,
-        Checkpoint,
-        CheckpointStore,
-        PgStore,
-    )
+    from cairn.status import TERMINAL
+    from cairn.store.checkpoints import CHECKPOINT_VERSION, START, Checkpoint, PgStore
+    from cairn.store.contract import CheckpointStore
     from cairn.store.db import Database, upgrade
     from cairn.store.lease import Lease, Leases, LeaseToken
     from cairn.store.runs import Run

@@ -27,7 +27,7 @@ from tests.conftest import BASE_DB, both_brokers, via_pgbouncer
 def test_the_production_worker_never_loads_the_fault_machinery() -> None:
     code = (
         "import sys, cairn.workers.main as m; "
-        "assert m.app.cairn.hooks.__class__.__name__ == 'StepHooks'; "
+        "assert [type(x).__name__ for x in m.app.cairn.middleware.middleware] == ['Metrics']; "
         "print(sorted(n for n in sys.modules if n.startswith('cairn.testing')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -46,17 +46,35 @@ def test_the_kill_schedule_is_a_pure_function_of_the_seed() -> None:
 
 
 def _row(i: int, run: str, kind: str, seq: int, epoch: int, status: str = "running") -> dict:
-    return {"id": i, "run_id": run, "kind": kind, "seq": seq, "epoch": epoch,
-            "cursor": "c", "status": status, "at": float(i)}
+    return {
+        "id": i,
+        "run_id": run,
+        "kind": kind,
+        "seq": seq,
+        "epoch": epoch,
+        "cursor": "c",
+        "status": status,
+        "at": float(i),
+    }
 
 
 def test_history_check_flags_a_checkpoint_going_backwards() -> None:
-    good = [_row(1, "a", "create", 0, 0, "pending"), _row(2, "a", "claim", 0, 1, "pending"),
-            _row(3, "a", "save", 1, 1), _row(4, "a", "claim", 1, 2), _row(5, "a", "save", 2, 2),
-            _row(6, "a", "save", 3, 2, "done"), _row(7, "a", "claim", 3, 3, "done")]
+    good = [
+        _row(1, "a", "create", 0, 0, "pending"),
+        _row(2, "a", "claim", 0, 1, "pending"),
+        _row(3, "a", "save", 1, 1),
+        _row(4, "a", "claim", 1, 2),
+        _row(5, "a", "save", 2, 2),
+        _row(6, "a", "save", 3, 2, "done"),
+        _row(7, "a", "claim", 3, 3, "done"),
+    ]
     assert chaos.check_history(good) == []
-    bad = [*good[:5], _row(6, "a", "save", 1, 2), _row(7, "a", "save", 2, 1),
-           _row(8, "a", "save", 2, 3)]
+    bad = [
+        *good[:5],
+        _row(6, "a", "save", 1, 2),
+        _row(7, "a", "save", 2, 1),
+        _row(8, "a", "save", 2, 3),
+    ]
     problems = chaos.check_history(bad)
     assert any("seq went back 2 -> 1" in p for p in problems)
     assert any("epoch went back" in p for p in problems)
@@ -64,11 +82,17 @@ def test_history_check_flags_a_checkpoint_going_backwards() -> None:
 
 
 def test_recovery_is_measured_to_the_next_owner() -> None:
-    rows = [_row(1, "a", "create", 0, 0, "pending"), _row(2, "a", "claim", 0, 1, "pending"),
-            _row(3, "a", "save", 1, 1), _row(10, "a", "claim", 1, 2), _row(11, "a", "save", 2, 2,
-            "done")]
-    kills = [{"kind": "boundary", "run_id": "a", "ts": 4.5},
-             {"kind": "pool_child", "run_id": "a", "ts": 12.0}]
+    rows = [
+        _row(1, "a", "create", 0, 0, "pending"),
+        _row(2, "a", "claim", 0, 1, "pending"),
+        _row(3, "a", "save", 1, 1),
+        _row(10, "a", "claim", 1, 2),
+        _row(11, "a", "save", 2, 2, "done"),
+    ]
+    kills = [
+        {"kind": "boundary", "run_id": "a", "ts": 4.5},
+        {"kind": "pool_child", "run_id": "a", "ts": 12.0},
+    ]
     rec = chaos.recoveries(kills, rows)
     assert rec[0]["seconds"] == 5.5
     assert rec[1]["seconds"] is None and rec[1]["note"] == "run had already finished"
@@ -108,33 +132,58 @@ def test_invoice_survives_kills_at_every_boundary(
     template_db: str, redis_url: str, broker_url: str | None, tmp_path: Path
 ) -> None:
     report = chaos.run_chaos(
-        "invoice", runs=RUNS, workers=2, concurrency=2, seed=SEED, rate=RATE, random_kills=3,
-        lease_ttl=2.0, deadline=150, pending_after=20, mail_delay_ms=5, model_delay_ms=0, database_url=CHAOS_DB,
-        redis_url=redis_url, broker_url=broker_url, state_dir=tmp_path, quiet=True,
+        "invoice",
+        runs=RUNS,
+        workers=2,
+        concurrency=2,
+        seed=SEED,
+        rate=RATE,
+        random_kills=3,
+        lease_ttl=2.0,
+        deadline=150,
+        pending_after=20,
+        mail_delay_ms=5,
+        model_delay_ms=0,
+        database_url=CHAOS_DB,
+        redis_url=redis_url,
+        broker_url=broker_url,
+        state_dir=tmp_path,
+        quiet=True,
     )
     assert report["ok"], report["problems"]
     assert report["runs_finished"] == RUNS and report["runs_lost"] == 0
     assert report["duplicates"] == 0 and report["history_violations"] == 0
     assert report["history_rows"] >= RUNS * 5  # create + 4 saves per run, at least
     kills = report["kills"]
-    assert sum(kills[b] for b in BOUNDARIES) + kills["random_pool_child"] + kills["whole_worker"] >= 20
+    assert (
+        sum(kills[b] for b in BOUNDARIES) + kills["random_pool_child"] + kills["whole_worker"] >= 20
+    )
     assert all(kills[b] >= 3 for b in BOUNDARIES), kills
     # Replayable: the boundary kills are exactly the points the seed picks (an outside
     # kill between a save and its after_save hit may skip one after_save point).
     predicted = {
         (f"chaos-{SEED}-{i:04d}", seq, b)
-        for i in range(RUNS) for seq in range(4) for b in BOUNDARIES
+        for i in range(RUNS)
+        for seq in range(4)
+        for b in BOUNDARIES
         if faults.decide(SEED, f"chaos-{SEED}-{i:04d}", seq, b, RATE)
     }
-    actual = {(k["run_id"], k["seq"], k["boundary"]) for k in report["kill_log"] if k["kind"] == "boundary"}
+    actual = {
+        (k["run_id"], k["seq"], k["boundary"])
+        for k in report["kill_log"]
+        if k["kind"] == "boundary"
+    }
     assert actual <= predicted
     assert len(actual) >= len(predicted) - kills["random_pool_child"] - kills["whole_worker"]
     send = next(s for s in report["steps"] if s["step"] == "send_email")
     assert send["delivered"] == RUNS and send["keys"] == RUNS and send["max_per_key"] == 1
     # Every kill between a send and its checkpoint makes the replay resend the same key.
     sent_unsaved = [
-        k for k in report["kill_log"]
-        if k["kind"] == "boundary" and k["boundary"] == "after_effect" and k["cursor"] == "send_email"
+        k
+        for k in report["kill_log"]
+        if k["kind"] == "boundary"
+        and k["boundary"] == "after_effect"
+        and k["cursor"] == "send_email"
     ]
     assert len(sent_unsaved) > 0
     assert send["deduplicated"] >= len(sent_unsaved)
@@ -150,9 +199,22 @@ def test_invoice_survives_kills_on_the_threads_pool(
     new worker is started; the runs still finish with each email sent once."""
     runs = 40
     report = chaos.run_chaos(
-        "invoice", runs=runs, workers=2, concurrency=8, pool="threads", seed=SEED, rate=RATE,
-        random_kills=2, lease_ttl=2.0, deadline=150, pending_after=20, mail_delay_ms=5,
-        model_delay_ms=0, database_url=CHAOS_DB, redis_url=redis_url, state_dir=tmp_path,
+        "invoice",
+        runs=runs,
+        workers=2,
+        concurrency=8,
+        pool="threads",
+        seed=SEED,
+        rate=RATE,
+        random_kills=2,
+        lease_ttl=2.0,
+        deadline=150,
+        pending_after=20,
+        mail_delay_ms=5,
+        model_delay_ms=0,
+        database_url=CHAOS_DB,
+        redis_url=redis_url,
+        state_dir=tmp_path,
         quiet=True,
     )
     assert report["ok"], report["problems"]
@@ -165,7 +227,9 @@ def test_invoice_survives_kills_on_the_threads_pool(
 
 
 @pytest.mark.slow
-def test_unkeyed_effect_is_reported_as_the_step_that_duplicates(template_db: str, redis_url: str, tmp_path: Path) -> None:
+def test_unkeyed_effect_is_reported_as_the_step_that_duplicates(
+    template_db: str, redis_url: str, tmp_path: Path
+) -> None:
     app = typer.Typer()
     chaos.register(app)
 
@@ -176,9 +240,29 @@ def test_unkeyed_effect_is_reported_as_the_step_that_duplicates(template_db: str
     seed = 5
     kills = [f"chaos-{seed}-{i:04d}:2:after_effect" for i in (0, 3)]  # send_email is seq 2
     args = [
-        "chaos", "unkeyed", "--runs", "6", "--workers", "1", "--seed", str(seed), "--rate", "0",
-        "--random-kills", "0", "--lease-ttl", "2", "--deadline", "90", "--json",
-        "--workflows", "tests.chaos_flows", "--database-url", BASE_DB, "--redis-url", redis_url,
+        "chaos",
+        "unkeyed",
+        "--runs",
+        "6",
+        "--workers",
+        "1",
+        "--seed",
+        str(seed),
+        "--rate",
+        "0",
+        "--random-kills",
+        "0",
+        "--lease-ttl",
+        "2",
+        "--deadline",
+        "90",
+        "--json",
+        "--workflows",
+        "tests.chaos_flows",
+        "--database-url",
+        BASE_DB,
+        "--redis-url",
+        redis_url,
         *[a for k in kills for a in ("--kill", k)],
     ]
     result = CliRunner().invoke(app, args)
@@ -186,7 +270,9 @@ def test_unkeyed_effect_is_reported_as_the_step_that_duplicates(template_db: str
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert not report["ok"] and report["runs_finished"] == 6
     assert report["kills"]["after_effect"] == 2
-    assert any("'send_email'" in p and "without an idempotency key" in p for p in report["problems"])
+    assert any(
+        "'send_email'" in p and "without an idempotency key" in p for p in report["problems"]
+    )
     by_step = {s["step"]: s for s in report["steps"]}
     assert by_step["send_email"]["duplicates"] == 2
     assert by_step["send_email"]["delivered"] == 8 and by_step["send_email"]["keys"] == 0
@@ -196,10 +282,24 @@ def test_unkeyed_effect_is_reported_as_the_step_that_duplicates(template_db: str
 @pytest.mark.slow
 def test_signals_and_cancels_under_kills(template_db: str, redis_url: str, tmp_path: Path) -> None:
     report = chaos.run_chaos(
-        "invoice", runs=40, workers=2, concurrency=2, seed=SEED, rate=RATE, random_kills=2,
-        lease_ttl=2.0, deadline=150, pending_after=20, mail_delay_ms=5, model_delay_ms=0,
-        database_url=CHAOS_DB, redis_url=redis_url, state_dir=tmp_path, quiet=True,
-        signals=True, cancel_rate=0.1,
+        "invoice",
+        runs=40,
+        workers=2,
+        concurrency=2,
+        seed=SEED,
+        rate=RATE,
+        random_kills=2,
+        lease_ttl=2.0,
+        deadline=150,
+        pending_after=20,
+        mail_delay_ms=5,
+        model_delay_ms=0,
+        database_url=CHAOS_DB,
+        redis_url=redis_url,
+        state_dir=tmp_path,
+        quiet=True,
+        signals=True,
+        cancel_rate=0.1,
     )
     assert report["ok"], report["problems"]
     life = report["lifecycle"]
@@ -208,7 +308,6 @@ def test_signals_and_cancels_under_kills(template_db: str, redis_url: str, tmp_p
     assert life["signals_duplicated"] > 0 and life["signals_early"] > 0
     assert life["runs_paid"] == report["runs_finished"] == 40 - 4
     assert report["duplicates"] == 0 and report["history_violations"] == 0
-
 
 
 @pytest.mark.slow
@@ -220,9 +319,20 @@ def test_recovery_stays_within_the_lease_ttl_under_heavy_kills(
     whose pool process died must not wait behind the backlog (issue 10: p95 was ~20 s)."""
     ttl = 3.0
     report = chaos.run_chaos(
-        "invoice", runs=60, workers=3, concurrency=2, seed=7, rate=0.1, random_kills=2,
-        lease_ttl=ttl, deadline=150, database_url=CHAOS_DB, redis_url=redis_url,
-        broker_url=broker_url, state_dir=tmp_path, quiet=True,
+        "invoice",
+        runs=60,
+        workers=3,
+        concurrency=2,
+        seed=7,
+        rate=0.1,
+        random_kills=2,
+        lease_ttl=ttl,
+        deadline=150,
+        database_url=CHAOS_DB,
+        redis_url=redis_url,
+        broker_url=broker_url,
+        state_dir=tmp_path,
+        quiet=True,
     )
     assert report["ok"], report["problems"]
     assert report["kills_total"] >= 60

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from cairn import errors
 from cairn.store import PgStore, keys
 from cairn.testing.standins import MailServer, ModelServer
 from cairn.workers import loop
@@ -46,7 +47,7 @@ def test_a_transient_step_failure_is_retried_with_its_attempts_recorded(
 ) -> None:
     run_id = client.enqueue("hiccup", {"log": str(tmp_path / "calls"), "fail": 2})
     for _ in range(2):
-        with pytest.raises(loop.RetryLater):
+        with pytest.raises(errors.RetryLater):
             loop.run(run_id, deps)
     assert store.load(run_id).attempts == 2  # counted in the checkpoint: survives a crash
     assert loop.run(run_id, deps) == "done"
@@ -57,7 +58,7 @@ def test_a_transient_step_failure_is_retried_with_its_attempts_recorded(
 def test_a_step_whose_attempts_are_spent_fails_the_run(client, deps, store, tmp_path) -> None:
     run_id = client.enqueue("hiccup", {"log": str(tmp_path / "calls"), "fail": 99})
     for _ in range(2):
-        with pytest.raises(loop.RetryLater):
+        with pytest.raises(errors.RetryLater):
             loop.run(run_id, deps)
     assert loop.run(run_id, deps) == "failed"
     run = client.get(run_id)
@@ -185,7 +186,7 @@ def test_a_signal_sent_before_the_run_waits_is_not_lost(client, deps) -> None:
     run_id = client.enqueue("invoice", PAID)
     assert client.signal(run_id, "payment", {"early": True})
     # The run reaches its wait with the signal already there: it goes on by itself.
-    with pytest.raises(loop.HandOff, match="had come"):
+    with pytest.raises(errors.HandOff, match="had come"):
         loop.run(run_id, deps)
     assert loop.run(run_id, deps) == "done"
     assert client.get(run_id).state["payment"] == {"early": True}

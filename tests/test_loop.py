@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from cairn import errors
 from cairn.errors import (
     IncompatibleCheckpoint,
     InvalidInput,
@@ -23,7 +24,7 @@ from cairn.steps.window import compact
 from cairn.store import Checkpoint, Database, Leases, PgStore, keys
 from cairn.testing.standins import MailServer
 from cairn.workers import loop
-from cairn.workers.hooks import StepHooks
+from cairn.workers.middleware import Chain, Middleware
 
 
 def _probe_input(tmp_path: Path, **extra: object) -> dict:
@@ -73,7 +74,7 @@ def test_a_held_lease_defers_the_run(create, deps, leases: Leases, tmp_path) -> 
     run_id = create("probe", _probe_input(tmp_path), queue=False)
     other = leases.acquire(run_id, ttl=5)
     assert other is not None
-    with pytest.raises(loop.Deferred):
+    with pytest.raises(errors.Deferred):
         loop.run(run_id, deps)
     assert not (tmp_path / "steps.log").exists()
     other.release()
@@ -199,7 +200,7 @@ def test_claim_fences_the_old_owner_before_the_new_owners_first_save(
     leases.client.delete(keys.lease(run_id))  # ...and went silent: its lease expired
     seen: list[str] = []
 
-    class OldOwnerSaves(StepHooks):
+    class OldOwnerSaves(Middleware):
         """Right after the new owner claimed the run, before its first save."""
 
         def before_step(self, cp: Checkpoint) -> None:
@@ -212,7 +213,9 @@ def test_claim_fences_the_old_owner_before_the_new_owners_first_save(
             except StaleWrite:
                 seen.append("rejected")
 
-    assert loop.run(run_id, dataclasses.replace(deps, hooks=OldOwnerSaves())) == "done"
+    assert (
+        loop.run(run_id, dataclasses.replace(deps, middleware=Chain([OldOwnerSaves()]))) == "done"
+    )
     assert seen == ["rejected"]
 
 

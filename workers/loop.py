@@ -9,63 +9,46 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from cairn import logs
 from cairn.errors import (
     BudgetExceeded,
     CairnError,
     Cancelled,
     CorruptCheckpoint,
+    Deferred,
+    HandOff,
     IncompatibleCheckpoint,
+    Interrupted,
+    RetryLater,
     StaleWrite,
     StoreUnavailable,
     Superseded,
-    Transient,
     UnknownRun,
     WindowTooLarge,
 )
+from cairn.status import STOPPED, RunStatus
 from cairn.steps import registry
 from cairn.steps.context import Context
 from cairn.steps.registry import DONE, StepResult
 from cairn.steps.window import compact, grown_size, json_size
-from cairn.store.checkpoints import START, STOPPED, Attempt, Checkpoint, PgStore
-from cairn.store.lease import Lease, Leases
-from cairn.workers import metrics
-from cairn.workers.hooks import NO_HOOKS, StepHooks
+from cairn.store.checkpoints import START, Attempt, Checkpoint
+from cairn.workers.middleware import NONE, Chain
 from cairn.workers.settings import Settings
 
 if TYPE_CHECKING:
     from cairn.steps.model import ModelClient
+    from cairn.store.contract import CheckpointStore, HeldLease, LeaseManager
 
 logger = logging.getLogger(__name__)
 
 
-class Deferred(CairnError):
-    """Another live worker holds the run's lease: try again later, never concurrently."""
-
-    def __init__(self, run_id: str, holder: str | None) -> None:
-        super().__init__(f"run {run_id} is held by {holder}")
-        self.holder = holder
-
-
-class RetryLater(CairnError):
-    """A step failed in a way its Retry policy retries; the attempt is recorded, and the
-    task is to run again in `delay` seconds (one retry chain per run)."""
-
-    def __init__(self, run_id: str, delay: float) -> None:
-        super().__init__(f"run {run_id}: retry in {delay:g}s")
-        self.delay = delay
-
-
-class HandOff(CairnError):
-    """Give the run back to the queue: the worker is shutting down (the step in hand is
-    saved), or the signal a new wait waits for had already come."""
-
-
 class Stop(CairnError):
-    """The run stops with status (failed, cancelled, budget_exceeded, incompatible)."""
+    """The run stops with status (failed, cancelled, budget_exceeded, incompatible).
+    Raised and caught inside the loop only: run() returns the status."""
 
     def __init__(
         self,
-        status: str,
+        status: RunStatus,
         message: str,
         attempt: Attempt | None = None,
         at: Checkpoint | None = None,
@@ -77,34 +60,58 @@ class Stop(CairnError):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Deps:
     settings: Settings
-    store: PgStore
-    leases: Leases
+    store: CheckpointStore
+    leases: LeaseManager
     model: ModelClient | None
-    hooks: StepHooks = NO_HOOKS
+    middleware: Chain = NONE
     # True once this worker is shutting down: runs are handed back at a step boundary.
     stopping: Callable[[], bool] = lambda: False
 
 
-def run(run_id: str, deps: Deps) -> str:
-    """Drive one run to its end, or until this worker loses it. Returns the final status.
+def run(run_id: str, deps: Deps) -> RunStatus:
+    """Drive one run to its end, or until it waits or this worker lets it go.
 
-    Raises Deferred (held elsewhere), Transient (retry later), RetryLater (a step's retry
-    is due later), HandOff (this worker is stopping), Superseded (another worker has the
-    run: stop, touch nothing).
+    Returns the run's status: done, waiting (parked until a signal or a timeout), or how
+    it stopped (failed, cancelled, budget_exceeded, incompatible), recorded on the run.
+
+    Raises (each a cairn.errors.Interrupted: this delivery ends, the run does not):
+        Deferred: another live worker holds the run's lease; deliver it again later.
+        RetryLater: a step failed and its Retry policy runs it again after exc.delay.
+        HandOff: this worker is stopping, or a new wait's signal had come; send it again.
+        Transient: Postgres or Redis is down (StoreUnavailable); retry with backoff.
+        Superseded: another worker owns the run now; touch nothing more.
+    and UnknownRun: no run has this id (nothing to retry).
     """
-    store = deps.store
+    deps.middleware.before_run(run_id)
+    status: RunStatus | None = None
+    try:
+        status = _run(run_id, deps)
+        return status
+    except BaseException as exc:
+        deps.middleware.after_run(run_id, exception=exc)
+        raise
+    finally:
+        if status is not None:
+            deps.middleware.after_run(run_id, status=status)
+
+
+def _run(run_id: str, deps: Deps) -> RunStatus:
     try:
         lease, cp = _take(run_id, deps)
     except (IncompatibleCheckpoint, CorruptCheckpoint) as exc:
-        logger.error("%s", exc)
-        status = "incompatible" if isinstance(exc, IncompatibleCheckpoint) else "failed"
-        store.mark_unreadable(run_id, status, str(exc))
+        status = (
+            RunStatus.INCOMPATIBLE if isinstance(exc, IncompatibleCheckpoint) else RunStatus.FAILED
+        )
+        logger.error("%s", exc, extra=logs.run(run_id, "unreadable", status=status))
+        deps.store.mark_unreadable(run_id, status, str(exc))
         return status
     status = cp.status
     try:
         if status in STOPPED:
             # A warm shutdown or a reaper race can deliver a finished run again.
-            logger.info("run %s is already %s; nothing to do", run_id, status)
+            logger.info(
+                "run %s is already %s; nothing to do", run_id, status, extra=logs.at(cp, "stopped")
+            )
             return status
         lease.start_heartbeat()
         status = _drive(cp, lease, deps)
@@ -113,38 +120,46 @@ def run(run_id: str, deps: Deps) -> str:
         lease.release(ended=status in STOPPED)
 
 
-def _drive(cp: Checkpoint, lease: Lease, deps: Deps) -> str:
+def _drive(cp: Checkpoint, lease: HeldLease, deps: Deps) -> RunStatus:
     """run() once the run is leased and claimed: its steps, until it ends or waits."""
     store, settings, run_id = deps.store, deps.settings, cp.run_id
     try:
         if cp.cancel_reason is not None:
-            raise Stop("cancelled", cp.cancel_reason)
-        if cp.status == "waiting" and cp.signal is None and not cp.wait_over:
-            return "waiting"  # woken for nothing: a duplicate message, another event
-        if cp.status != "waiting" and cp.deliveries - cp.attempts > settings.max_deliveries:
+            raise Stop(RunStatus.CANCELLED, cp.cancel_reason)
+        waiting = cp.status == RunStatus.WAITING
+        if waiting and cp.signal is None and not cp.wait_over:
+            return RunStatus.WAITING  # woken for nothing: a duplicate message, another event
+        if not waiting and cp.deliveries - cp.attempts > settings.max_deliveries:
             # Delivered again and again without a save or a recorded failure: the step
             # kills its process (OOM, segfault). Stop delivering it.
             raise Stop(
-                "failed",
+                RunStatus.FAILED,
                 f"poison: delivered {cp.deliveries} times without finishing step "
                 f"{cp.cursor or '(first)'!r} (CAIRN_MAX_DELIVERIES={settings.max_deliveries})",
             )
         # A crash resume: the run was running, or a worker claimed it (our claim is not its
         # first) and died in its first step. (A waiting run was saved and released on
         # purpose; a failed run enqueued again starts its deliveries afresh.)
-        resumed = cp.status == "running" or (cp.status == "pending" and cp.deliveries > 1)
-        timed_out = cp.status == "waiting" and cp.signal is None
+        resumed = cp.status == RunStatus.RUNNING or (
+            cp.status == RunStatus.PENDING and cp.deliveries > 1
+        )
+        timed_out = waiting and cp.signal is None
         flow = registry.get(cp.workflow)
         state = cp.state
         if cp.flow_version is not None and cp.flow_version != flow.version:
             upgraded = flow.upgrade(cp.state, cp.flow_version)
             if upgraded is None:
                 raise Stop(
-                    "incompatible",
+                    RunStatus.INCOMPATIBLE,
                     f"run {run_id}: state saved by {flow.name!r} version {cp.flow_version}; "
                     f"this code is version {flow.version} and has no migration for it",
                 )
-            logger.warning("run %s: state migrated from version %d", run_id, cp.flow_version)
+            logger.warning(
+                "run %s: state migrated from version %d",
+                run_id,
+                cp.flow_version,
+                extra=logs.at(cp, "state_migrated", to_version=flow.version),
+            )
             state = upgraded
         # The enqueuer may not have the workflow's code: its input is checked, and its
         # first step found, here (validators are pure, so every delivery agrees).
@@ -159,30 +174,33 @@ def _drive(cp: Checkpoint, lease: Lease, deps: Deps) -> str:
             if timed_out
             else cp.cursor,
             epoch=lease.epoch,
-            status="running",
+            status=RunStatus.RUNNING,
             resumes=cp.resumes + int(resumed),
         )
         if resumed:
-            logger.warning("run %s: resuming at %r (seq %d)", run_id, cp.cursor, cp.seq)
-            metrics.RESUMES.labels(cp.workflow).inc()
-        while cp.cursor != DONE and cp.status != "waiting":
+            where = f"{cp.cursor!r} (seq {cp.seq})"
+            logger.warning("run %s: resuming at %s", run_id, where, extra=logs.at(cp, "resume"))
+            deps.middleware.resumed(cp)
+        while cp.cursor != DONE and cp.status != RunStatus.WAITING:
             if deps.stopping():
                 raise HandOff(f"run {run_id}: worker shutting down at {cp.cursor!r}")
             cp = _step(cp, flow, lease, deps)
         return cp.status
     except Stop as exc:
-        logger.warning("run %s %s: %s", run_id, exc.status, exc)
+        logger.warning(
+            "run %s %s: %s", run_id, exc.status, exc, extra=logs.at(exc.at or cp, exc.status)
+        )
         store.end_attempt(exc.at or cp, exc.status, str(exc), exc.attempt)
         return exc.status
+    except Interrupted:
+        raise  # this delivery ends, the run does not: the task handles each kind
     except CairnError as exc:
-        if isinstance(exc, (Transient, Superseded, RetryLater, HandOff)):
-            raise
-        logger.error("run %s failed: %s", run_id, exc)
+        logger.error("run %s failed: %s", run_id, exc, extra=logs.at(cp, RunStatus.FAILED))
         store.mark_failed(cp, str(exc))
-        return "failed"
+        return RunStatus.FAILED
 
 
-def _take(run_id: str, deps: Deps) -> tuple[Lease, Checkpoint]:
+def _take(run_id: str, deps: Deps) -> tuple[HeldLease, Checkpoint]:
     """The run's lease, and its checkpoint claimed (fenced) at the lease's epoch; a run
     that has stopped comes back as it is, unclaimed. Raises Deferred (held elsewhere) or
     UnknownRun.
@@ -215,7 +233,7 @@ def _take(run_id: str, deps: Deps) -> tuple[Lease, Checkpoint]:
         raise
 
 
-def _acquire(run_id: str, floor: int, deps: Deps) -> Lease:
+def _acquire(run_id: str, floor: int, deps: Deps) -> HeldLease:
     """The run's lease, or Deferred. A lease whose owner is a dead process on this host
     (a SIGKILLed pool child) is broken at once instead of waiting out its TTL: the
     fencing epoch keeps even a wrong guess safe."""
@@ -225,16 +243,21 @@ def _acquire(run_id: str, floor: int, deps: Deps) -> Lease:
         return lease
     holder = leases.holder(run_id)
     if holder and holder.dead_here() and leases.break_dead(run_id, holder):
-        logger.warning("run %s: owner %s is dead; taking the run over", run_id, holder)
+        logger.warning(
+            "run %s: owner %s is dead; taking the run over",
+            run_id,
+            holder,
+            extra=logs.run(run_id, "take_over", epoch=holder.epoch),
+        )
         lease = leases.acquire(run_id, ttl, floor=floor)
         if lease is not None:
             return lease
     raise Deferred(run_id, str(holder) if holder else None)
 
 
-def _step(cp: Checkpoint, flow: registry.Workflow, lease: Lease, deps: Deps) -> Checkpoint:
+def _step(cp: Checkpoint, flow: registry.Workflow, lease: HeldLease, deps: Deps) -> Checkpoint:
     """Run the step at cp.cursor and save its checkpoint; returns the saved checkpoint."""
-    settings, store, hooks = deps.settings, deps.store, deps.hooks
+    settings, store, middleware = deps.settings, deps.store, deps.middleware
     fn = flow.steps.get(cp.cursor)
     if fn is None:
         raise CairnError(f"workflow {flow.name!r} has no step {cp.cursor!r}")
@@ -249,35 +272,35 @@ def _step(cp: Checkpoint, flow: registry.Workflow, lease: Lease, deps: Deps) -> 
     )
     ctx = Context(cp, store=store, lease=lease, model=deps.model, config=settings)
     try:
-        hooks.before_step(cp)
+        middleware.before_step(cp)
         try:
             result = fn(ctx)
         except (Superseded, StoreUnavailable):
             raise  # another owner; or our own store is down: the task retries, bounded
         except Cancelled as exc:
-            raise Stop("cancelled", str(exc), _with_key(attempt, ctx)) from exc
+            raise Stop(RunStatus.CANCELLED, str(exc), _with_key(attempt, ctx)) from exc
         except BudgetExceeded as exc:
-            raise Stop("budget_exceeded", str(exc), _with_key(attempt, ctx)) from exc
+            raise Stop(RunStatus.BUDGET_EXCEEDED, str(exc), _with_key(attempt, ctx)) from exc
         except Exception as exc:
             if (down := store.outage(exc)) is not None:  # the step's own ctx.db query
                 raise down from exc
             # Recorded on the run, whose checkpoint stays as it was before this step.
             raise _retry_or_stop(cp, flow, exc, _with_key(attempt, ctx), store) from exc
         nxt = _next(cp, flow, result, ctx, settings)
-        hooks.after_effect(cp)
+        middleware.after_effect(cp)
         lease.ensure()  # last chance to stop before a write that would be fenced anyway
         saved = store.save(nxt, cp, ctx.transaction, _with_key(attempt, ctx), result.waits_for)
-        hooks.after_save(cp)
-        metrics.step_saved(
-            cp.workflow, cp.cursor, time.perf_counter() - started, nxt.cost_usd - cp.cost_usd
-        )
-        if saved.cancel_reason is not None and nxt.cursor != DONE:
-            raise Stop("cancelled", saved.cancel_reason, at=nxt)
-        if saved.signalled:
-            raise HandOff(f"run {cp.run_id}: the signal it now waits for had come; going on")
-        return nxt
+    except BaseException as exc:
+        middleware.after_step(cp, started, exception=exc)
+        raise
     finally:
         ctx.close()
+    middleware.after_step(cp, started, saved=nxt)
+    if saved.cancel_reason is not None and nxt.cursor != DONE:
+        raise Stop(RunStatus.CANCELLED, saved.cancel_reason, at=nxt)
+    if saved.signalled:
+        raise HandOff(f"run {cp.run_id}: the signal it now waits for had come; going on")
+    return nxt
 
 
 def _with_key(attempt: Attempt, ctx: Context) -> Attempt:
@@ -285,24 +308,34 @@ def _with_key(attempt: Attempt, ctx: Context) -> Attempt:
 
 
 def _retry_or_stop(
-    cp: Checkpoint, flow: registry.Workflow, exc: Exception, attempt: Attempt, store: PgStore
+    cp: Checkpoint,
+    flow: registry.Workflow,
+    exc: Exception,
+    attempt: Attempt,
+    store: CheckpointStore,
 ) -> CairnError:
     """What a step's exception becomes: a recorded retry (RetryLater), or the run failing
     (its policy does not retry this exception, or its attempts are spent)."""
     what = f"{type(exc).__name__}: {exc}"
     policy = flow.retries[cp.cursor]
     if not isinstance(exc, policy.on):
-        logger.error("run %s step %r raised:\n%s", cp.run_id, cp.cursor, traceback.format_exc())
-        return Stop("failed", f"step {cp.cursor!r} raised {what}", attempt)
+        logger.error(
+            "run %s step %r raised:\n%s",
+            cp.run_id,
+            cp.cursor,
+            traceback.format_exc(),
+            extra=logs.at(cp, "step_raised"),
+        )
+        return Stop(RunStatus.FAILED, f"step {cp.cursor!r} raised {what}", attempt)
     failed = cp.attempts + 1
     if failed >= policy.attempts:
         return Stop(
-            "failed",
+            RunStatus.FAILED,
             f"step {cp.cursor!r}: retries exhausted after {failed} attempts; last: {what}",
             attempt,
         )
     delay = policy.delay(failed)
-    if store.end_attempt(cp, "running", what, attempt, retry_in=delay) is None:
+    if store.end_attempt(cp, RunStatus.RUNNING, what, attempt, retry_in=delay) is None:
         return StaleWrite(cp.run_id, cp.seq, cp.epoch)
     logger.warning(
         "run %s step %r: %s; attempt %d of %d in %.1fs",
@@ -312,6 +345,7 @@ def _retry_or_stop(
         failed + 1,
         policy.attempts,
         delay,
+        extra=logs.at(cp, "retry", attempt=failed + 1, delay=delay),
     )
     return RetryLater(cp.run_id, delay)
 
@@ -352,7 +386,11 @@ def _next(
         window_bytes=size,
         win_start=cp.win_start if extends else cp.win_end,
         cost_usd=cp.cost_usd + ctx.cost_usd + result.cost_usd,
-        status="waiting" if wait else "done" if result.cursor == DONE else "running",
+        status=RunStatus.WAITING
+        if wait
+        else RunStatus.DONE
+        if result.cursor == DONE
+        else RunStatus.RUNNING,
         error=None,
         wait_event=wait.event if wait else None,
         wait_timeout_cursor=wait.on_timeout if wait else None,

@@ -9,9 +9,15 @@ must be set before prometheus_client is imported, which `cairn worker` does.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess, start_http_server
+
+from cairn.errors import Deferred, HandOff, RetryLater, Superseded, Transient
+from cairn.workers.middleware import Middleware
+
+if TYPE_CHECKING:
+    from cairn.store import Checkpoint
 
 STEPS = Counter("cairn_steps_total", "Steps saved.", ["workflow", "step"])
 STEP_SECONDS = Histogram(
@@ -54,6 +60,46 @@ def step_saved(workflow: str, step: str, seconds: float, cost_usd: float) -> Non
 
 def run_ended(outcome: str) -> None:
     _child(RUNS, outcome).inc()
+
+
+# How a delivery that did not return a status ended, by the kind of its exception.
+_OUTCOMES: tuple[tuple[type[BaseException], str], ...] = (
+    (Deferred, "deferred"),
+    (RetryLater, "retry"),
+    (Transient, "retry"),
+    (HandOff, "handed_off"),
+    (Superseded, "lost"),
+)
+
+
+def outcome(status: str | None, exception: BaseException | None) -> str:
+    """The cairn_runs_total label of a delivery: its run's status, or how it was cut."""
+    if exception is None:
+        return str(status)
+    return next((name for kind, name in _OUTCOMES if isinstance(exception, kind)), "error")
+
+
+class Metrics(Middleware):
+    """The loop's Prometheus metrics, as a middleware."""
+
+    def resumed(self, cp: Checkpoint) -> None:
+        _child(RESUMES, cp.workflow).inc()
+
+    def after_step(
+        self,
+        cp: Checkpoint,
+        *,
+        saved: Checkpoint | None,
+        exception: BaseException | None,
+        seconds: float,
+    ) -> None:
+        if saved is not None:
+            step_saved(cp.workflow, cp.cursor, seconds, saved.cost_usd - cp.cost_usd)
+
+    def after_run(
+        self, run_id: str, *, status: str | None, exception: BaseException | None
+    ) -> None:
+        run_ended(outcome(status, exception))
 
 
 def serve(port: int) -> None:

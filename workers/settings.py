@@ -152,6 +152,12 @@ class Settings:
     def broker(self) -> str:
         return self.broker_url or self.redis_url
 
+    @property
+    def resend_window(self) -> float:
+        """How long a sent resume message may wait untaken before the reaper (or a lost
+        pool process's request) sends another."""
+        return max(self.lease_ttl, self.lost_after)
+
     def with_options(self, **options: Any) -> Settings:
         """These settings with the options that were given (None: not given) on top."""
         return dataclasses.replace(self, **{k: v for k, v in options.items() if v is not None})

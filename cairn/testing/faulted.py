@@ -1,4 +1,5 @@
-"""The chaos workers' app: the worker app with FaultHooks from the plan in CAIRN_FAULTS.
+"""The chaos workers' app: the worker app, with FaultHooks (middleware) from the plan in
+CAIRN_FAULTS.
 
 celery -A cairn.testing.faulted worker ...     (started by `cairn chaos`)
 """
@@ -7,4 +8,4 @@ from cairn.testing.faults import FaultHooks
 from cairn.workers.app import create_app
 from cairn.workers.settings import Settings
 
-app = create_app(Settings.from_env(), hooks=FaultHooks.from_env())
+app = create_app(Settings.from_env(), middleware=[FaultHooks.from_env()])

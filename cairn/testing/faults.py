@@ -1,9 +1,10 @@
-"""Fault injection for `cairn chaos`: StepHooks that SIGKILL this process at a step boundary.
+"""Fault injection for `cairn chaos`: middleware that SIGKILLs this process at a step boundary.
 
-The loop calls its hooks at three boundaries of every step: "before_effect" (before the
-step function runs), "after_effect" (it returned; the checkpoint is not saved yet) and
-"after_save". The chaos workers run `cairn.testing.faulted`'s app, whose hooks are
-FaultHooks over the JSON plan named by CAIRN_FAULTS (written by `cairn chaos` before it
+The loop calls its middleware at three boundaries of every step: "before_effect" (before
+the step function runs), "after_effect" (it returned; the checkpoint is not saved yet) and
+"after_save" (after_step with the saved checkpoint). The chaos workers run
+`cairn.testing.faulted`'s app, whose middleware is FaultHooks over the JSON plan named by
+CAIRN_FAULTS (written by `cairn chaos` before it
 starts them). Production workers never load this module. Every hit:
 
 * at "before_effect", journals the attempt and tags this process's outgoing httpx
@@ -36,7 +37,7 @@ import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from cairn.workers.hooks import StepHooks
+from cairn.workers.middleware import Middleware
 
 if TYPE_CHECKING:
     from cairn.store import Checkpoint
@@ -170,8 +171,8 @@ def read_journal(directory: str) -> list[dict[str, Any]]:
     return out
 
 
-class FaultHooks(StepHooks):
-    """The plan's kill points, as the loop's hooks."""
+class FaultHooks(Middleware):
+    """The plan's kill points, as the loop's middleware."""
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
@@ -186,5 +187,13 @@ class FaultHooks(StepHooks):
     def after_effect(self, cp: Checkpoint) -> None:
         self.plan.hit("after_effect", cp.run_id, cp.seq, cp.cursor)
 
-    def after_save(self, cp: Checkpoint) -> None:
-        self.plan.hit("after_save", cp.run_id, cp.seq, cp.cursor)
+    def after_step(
+        self,
+        cp: Checkpoint,
+        *,
+        saved: Checkpoint | None,
+        exception: BaseException | None,
+        seconds: float,
+    ) -> None:
+        if saved is not None:
+            self.plan.hit("after_save", cp.run_id, cp.seq, cp.cursor)
