@@ -7,6 +7,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from cairn import logs
 from cairn.errors import BudgetExceeded, Cancelled, MultipleEffects
 
 if TYPE_CHECKING:
@@ -76,6 +77,10 @@ class Context:
         """The key this step asked for, if any (recorded in the step history)."""
         return self._effect
 
+    def _log(self, action: str, **more: Any) -> dict[str, Any]:
+        epoch = self._lease.epoch
+        return logs.run(self.run_id, action, cursor=self.cursor, seq=self.seq, epoch=epoch, **more)
+
     def _ensure(self) -> None:
         """Before an effect: this worker still owns the run, and nobody cancelled it."""
         self._lease.ensure()
@@ -94,7 +99,12 @@ class Context:
         key = self.idempotency_key(suffix)
         done, result = self._store.was_done(key)
         if done:
-            logger.info("run %s: %s already done, skipping", self.run_id, key)
+            logger.info(
+                "run %s: %s already done, skipping",
+                self.run_id,
+                key,
+                extra=self._log("once_skipped", key=key),
+            )
             return result
         self._lease.ensure(fresh=True)  # nothing downstream fences this effect: ask Redis
         result = effect(key)

@@ -16,6 +16,7 @@ from typing import Any
 
 import redis
 
+from cairn import logs
 from cairn.errors import LeaseLost, StoreUnavailable
 from cairn.store import keys
 
@@ -140,7 +141,12 @@ class Lease:
             with translated():
                 self._leases._release(keys=names, args=[str(self.token)])
         except StoreUnavailable as exc:
-            logger.warning("run %s: lease release failed (it will expire): %s", self.run_id, exc)
+            logger.warning(
+                "run %s: lease release failed (it will expire): %s",
+                self.run_id,
+                exc,
+                extra=logs.run(self.run_id, "release_failed", epoch=self.epoch),
+            )
 
 
 class _Heartbeat:
@@ -201,7 +207,12 @@ class _Heartbeat:
                 answers = pipe.execute(raise_on_error=False)
         except StoreUnavailable as exc:
             # Keep trying; ensure() will refuse once the TTL has passed unrenewed.
-            logger.warning("lease renewal failed for %d run(s): %s", len(due), exc)
+            logger.warning(
+                "lease renewal failed for %d run(s): %s",
+                len(due),
+                exc,
+                extra=logs.run(None, "renew_failed", runs=[x.run_id for x in due]),
+            )
             time.sleep(min(x.ttl for x in due) / 10)
             return
         for x, held in zip(due, answers, strict=True):
@@ -212,7 +223,12 @@ class _Heartbeat:
             except LeaseLost:
                 self.untrack(x)
             except Exception as exc:  # noqa: BLE001 (one lease's error must not stop the rest)
-                logger.warning("run %s: lease renewal failed: %s", x.run_id, exc)
+                logger.warning(
+                    "run %s: lease renewal failed: %s",
+                    x.run_id,
+                    exc,
+                    extra=logs.run(x.run_id, "renew_failed", epoch=x.epoch),
+                )
 
 
 class Leases:

@@ -32,7 +32,7 @@ from prometheus_client.core import GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cairn import __version__
+from cairn import __version__, logs
 from cairn.errors import (
     CairnError,
     InvalidInput,
@@ -141,7 +141,7 @@ class RunGauge:
         try:
             counts = self.client.counts()
         except CairnError as exc:  # the scrape still answers, without this family
-            log.warning("cairn_runs not collected: %s", exc)
+            log.warning("cairn_runs not collected: %s", exc, extra=logs.run(None, "metrics_failed"))
             return
         for status, n in sorted(counts.items()):
             gauge.add_metric([status], n)
