@@ -58,6 +58,7 @@ _LAZY = {
     "Run": "cairn.store.runs",
     "RunStatus": "cairn.status",
     "Settings": "cairn.workers.settings",
+    "Middleware": "cairn.workers.middleware",
 }
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
     from cairn.steps.registry import DONE, Retry, StepResult, Workflow, workflow
     from cairn.store.runs import Run
     from cairn.workers.client import Client
+    from cairn.workers.middleware import Middleware
     from cairn.workers.settings import Settings
 
 
@@ -90,6 +92,7 @@ __all__ = [
     "Interrupted",
     "InvalidInput",
     "LeaseLost",
+    "Middleware",
     "ModelUnavailable",
     "MultipleEffects",
     "Retry",

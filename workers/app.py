@@ -24,6 +24,7 @@ from cairn.store.lease import Leases
 from cairn.workers import broker, loop, metrics
 from cairn.workers.metrics import Metrics
 from cairn.workers.middleware import NONE, Chain, Middleware
+from cairn.workers.middleware import load as load_middleware
 from cairn.workers.reaper import Reaper
 from cairn.workers.settings import Settings
 
@@ -221,8 +222,8 @@ def sweep(task: Task) -> int:
 
 def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Celery:
     """The worker's Celery app. Imports the shipped workflows and settings.workflows, so
-    their steps are registered in every pool process. middleware: the loop's, after the
-    metrics (cairn.workers.middleware)."""
+    their steps are registered in every pool process. The loop's middleware: the metrics,
+    then settings.middleware (CAIRN_MIDDLEWARE), then `middleware`."""
     registry.import_modules(("cairn.steps.invoice", *settings.workflows))
     # Loaded once here, before the pool forks: each pool process (and each replacement
     # of a killed one) would otherwise pay about a second of CPU for it.
@@ -242,7 +243,8 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
             "cairn-sweep": {"task": broker.SWEEP_TASK, "schedule": 3600.0},
         },
     )
-    runtime = Runtime(settings, Chain([Metrics(), *middleware]))
+    chain = Chain([Metrics(), *load_middleware(settings.middleware), *middleware])
+    runtime = Runtime(settings, chain)
     app.cairn = runtime  # type: ignore[attr-defined]
     # A warm shutdown (SIGTERM) hands each run in hand back at its next step boundary,
     # so a deploy waits one step, not a run. Runs in the worker's main process.

@@ -181,13 +181,17 @@ def worker(
         # prometheus_client's multiprocess mode is chosen by this variable, read when it
         # is first imported: set it before the app (and its metrics module) loads.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="cairn-metrics-")
+    from cairn.errors import CairnError
     from cairn.workers import health, metrics
     from cairn.workers.app import create_app
 
     down = health.problems(settings)
     if down:
         _fail("the worker cannot start:\n  " + "\n  ".join(down))
-    celery_app = create_app(settings)
+    try:
+        celery_app = create_app(settings)
+    except (CairnError, ValueError, TypeError) as exc:  # CAIRN_WORKFLOWS, CAIRN_MIDDLEWARE
+        _fail(f"the worker cannot start: {exc}")
     if settings.metrics_port:
         metrics.serve(settings.metrics_port)
     argv = [

@@ -12,6 +12,7 @@ A delivery of a run:   before_run → [resumed] → per step: before_step → (t
 
 from __future__ import annotations
 
+import importlib
 import logging
 import time
 from collections.abc import Iterable
@@ -117,3 +118,23 @@ def _overrides(m: Middleware, name: str) -> bool:
 
 
 NONE = Chain()
+
+
+def load(paths: Iterable[str]) -> list[Middleware]:
+    """Instances of the `module:Class` middleware named in CAIRN_MIDDLEWARE, in order."""
+    found = []
+    for path in paths:
+        module, _, name = path.partition(":")
+        try:
+            kind = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ValueError(
+                f"CAIRN_MIDDLEWARE names {path!r}, which cannot be imported ({exc}); "
+                "write it as module:Class, the module importable by the workers"
+            ) from exc
+        if not (isinstance(kind, type) and issubclass(kind, Middleware)):
+            raise TypeError(
+                f"CAIRN_MIDDLEWARE names {path!r}, which is not a cairn Middleware subclass"
+            )
+        found.append(kind())
+    return found

@@ -41,6 +41,11 @@ class Settings:
         "CAIRN_WORKFLOWS",
         "comma-separated modules imported at start so their workflows register",
     )
+    middleware: tuple[str, ...] = _setting(
+        (),
+        "CAIRN_MIDDLEWARE",
+        "comma-separated `module:Class` middleware the workers call around every run and step",
+    )
     # Recovery from a lost worker takes about this plus the reaper interval.
     lease_ttl: float = _setting(
         10.0, "CAIRN_LEASE_TTL", "seconds a lease lives without a heartbeat (renewed every TTL/3)"
