@@ -22,7 +22,7 @@ from cairn.errors import (
     RetryLater,
     StaleWrite,
     StoreUnavailable,
-    Superseded,
+    Transient,
     UnknownRun,
     WindowTooLarge,
 )
@@ -275,12 +275,17 @@ def _step(cp: Checkpoint, flow: registry.Workflow, lease: HeldLease, deps: Deps)
         middleware.before_step(cp)
         try:
             result = fn(ctx)
-        except (Superseded, StoreUnavailable):
-            raise  # another owner; or our own store is down: the task retries, bounded
+        except StoreUnavailable:
+            raise  # our own store is down: the task retries, bounded
         except Cancelled as exc:
             raise Stop(RunStatus.CANCELLED, str(exc), _with_key(attempt, ctx)) from exc
         except BudgetExceeded as exc:
             raise Stop(RunStatus.BUDGET_EXCEEDED, str(exc), _with_key(attempt, ctx)) from exc
+        except Interrupted as exc:
+            if not isinstance(exc, Transient):
+                raise  # another owner (Superseded), or any delivery outcome: the task's
+            # The step's "not now": its Retry policy decides, as for any exception.
+            raise _retry_or_stop(cp, flow, exc, _with_key(attempt, ctx), store) from exc
         except Exception as exc:
             if (down := store.outage(exc)) is not None:  # the step's own ctx.db query
                 raise down from exc
