@@ -16,6 +16,8 @@ from bench import flows
 from bench.common import measure
 from cairn.store import Database, Leases, PgStore, upgrade
 from cairn.workers import broker, loop
+from cairn.workers.metrics import Metrics
+from cairn.workers.middleware import Chain
 from cairn.workers.settings import Settings
 
 # -- the floor -----------------------------------------------------------------------------
@@ -166,8 +168,13 @@ class InProcess:
         self.db = Database(url, give_up_after=self.settings.store_give_up_after)
         self.store = PgStore(self.db)
         self.leases = Leases.from_url(redis_url)
+        # The metrics middleware a worker runs too: the loop measured is the production one.
         self.deps = loop.Deps(
-            settings=self.settings, store=self.store, leases=self.leases, model=None
+            settings=self.settings,
+            store=self.store,
+            leases=self.leases,
+            model=None,
+            middleware=Chain([Metrics()]),
         )
         self.url = url
 

@@ -199,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  {'POST /runs over HTTP':22}{h['per_s']:9.0f}{h['p50_ms']:9.1f}{h['p95_ms']:9.1f}")
     print(f"  HTTP keeps {h['per_s'] / d['per_s']:.2f}x of the floor's throughput")
     print(f"run page with {args.steps} steps ({size / 1024:.0f} KiB of HTML)")
-    print(f"  server: page {median(server_ms):.0f} ms, live part {median(partial_ms):.0f} ms (median of 10)")
+    print(
+        f"  server: page {median(server_ms):.0f} ms, live part {median(partial_ms):.0f} ms (median of 10)"
+    )
     shown = f"{load_ms:.0f} ms" if isinstance(load_ms, float | int) else load_ms
     print(f"  headless Chromium, navigation start to load event: {shown} (median of 5)")
     return 0
