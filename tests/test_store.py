@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from cairn.errors import CorruptCheckpoint, IncompatibleCheckpoint, RunIdConflict, StaleWrite
 from cairn.steps.registry import DONE
 from cairn.store import CHECKPOINT_VERSION, Checkpoint, PgStore
-from cairn.store.checkpoints import STOPPED
+from cairn.status import STOPPED
 
 
 def _run(store: PgStore, run_id: str = "r1") -> Checkpoint:
