@@ -10,9 +10,9 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from cairn.errors import CorruptCheckpoint, IncompatibleCheckpoint, RunIdConflict, StaleWrite
+from cairn.status import STOPPED
 from cairn.steps.registry import DONE
 from cairn.store import CHECKPOINT_VERSION, Checkpoint, PgStore
-from cairn.status import STOPPED
 
 
 def _run(store: PgStore, run_id: str = "r1") -> Checkpoint:
