@@ -1,0 +1,184 @@
+-- cairn's schema as it stands: what migrations/0001..0004 build, in one file to read.
+-- Databases are made and upgraded by the migrations (`cairn db upgrade`);
+-- tests/test_schema.py builds one database from them and one from this file and asserts
+-- their schema-only dumps are equal, so this file cannot drift. A new migration edits
+-- this file too.
+
+-- Runs are immutable once enqueued; checkpoints change after every step. Keeping them
+-- apart keeps the per-step row small (the input is never rewritten).
+CREATE TABLE runs (
+    run_id        text PRIMARY KEY,
+    workflow      text NOT NULL,
+    input         jsonb NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    -- the per-run cost cap (NULL: the workers' CAIRN_MAX_COST_USD, 0 there means none)
+    max_cost_usd  double precision
+);
+
+-- Listing runs newest first, a page at a time (keyset on created_at, run_id).
+CREATE INDEX runs_newest ON runs (created_at DESC, run_id DESC);
+
+-- fillfactor leaves room on each page so the per-step update can be HOT (no index
+-- column changes per step: status changes only at start and end).
+CREATE TABLE checkpoints (
+    run_id      text PRIMARY KEY REFERENCES runs (run_id) ON DELETE CASCADE,
+    seq         bigint NOT NULL,
+    cursor      text NOT NULL,
+    state       jsonb NOT NULL,
+    visits      jsonb NOT NULL DEFAULT '{}',
+    win_start   integer NOT NULL DEFAULT 0,
+    win_end     integer NOT NULL DEFAULT 0,
+    cost_usd    double precision NOT NULL DEFAULT 0,
+    version     integer NOT NULL,
+    -- cairn.RunStatus, value for value (tests/test_schema.py)
+    status      text NOT NULL CONSTRAINT checkpoints_status_check CHECK (status IN (
+        'pending', 'running', 'waiting', 'done', 'failed', 'cancelled', 'budget_exceeded',
+        'incompatible')),
+    error       text,
+    epoch       bigint NOT NULL DEFAULT 0,  -- fencing epoch of the lease that wrote it
+    resumes     integer NOT NULL DEFAULT 0,
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    -- failed attempts of the step at cursor (reset by a save): survive crashes
+    attempts    integer NOT NULL DEFAULT 0,
+    -- claims since the last save: a run redelivered over and over without progress is
+    -- poison (a step that kills its process)
+    deliveries  integer NOT NULL DEFAULT 0,
+    -- a retry is scheduled for then: the reaper leaves the run alone until it is due
+    retry_at    timestamptz,
+    -- cancel was asked for: the run stops at its next step boundary, before any effect
+    cancel_reason  text,
+    -- status waiting: the event it waits for, until when, and where it goes on timeout
+    wait_event  text,
+    wait_until  timestamptz,
+    wait_timeout_cursor  text,
+    -- the workflow version whose code wrote the state (NULL: not written by a step yet)
+    flow_version  integer,
+    -- a copy of the run's created_at, set by create_run's one statement and never
+    -- changed, so lists filtered by status walk one index (checkpoints_status_newest)
+    created_at  timestamptz NOT NULL DEFAULT now()
+) WITH (fillfactor = 70);
+
+CREATE INDEX checkpoints_active ON checkpoints (status) WHERE status IN ('pending', 'running');
+CREATE INDEX checkpoints_waiting ON checkpoints (wait_until) WHERE status = 'waiting';
+CREATE INDEX checkpoints_status_newest ON checkpoints (status, created_at DESC, run_id DESC);
+
+-- The model window, append-only: a save writes only the messages that are new.
+-- The live window is the rows idx in [win_start, win_end) of the checkpoint.
+CREATE TABLE window_messages (
+    run_id   text NOT NULL,
+    idx      integer NOT NULL,
+    message  jsonb NOT NULL,
+    PRIMARY KEY (run_id, idx)
+);
+
+-- Done-ledger for downstreams without idempotency (ctx.once), with the lease epoch under
+-- which the effect ran (0: before this was recorded).
+CREATE TABLE effects (
+    key         text PRIMARY KEY,
+    run_id      text NOT NULL,
+    result      jsonb,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    epoch       bigint NOT NULL DEFAULT 0
+);
+
+-- The shipped invoice workflow's ledger: written through ctx.db, in the checkpoint's
+-- transaction.
+CREATE TABLE invoice_ledger (
+    idempotency_key  text PRIMARY KEY,
+    run_id           text NOT NULL,
+    customer         text NOT NULL,
+    amount_cents     bigint NOT NULL,
+    created_at       timestamptz NOT NULL DEFAULT now()
+);
+
+-- Signals sent to runs, kept until the run is swept: one sent before the run waits is
+-- not lost, and the same signal id twice is one signal. consumed_seq: the save of the
+-- step that received it.
+CREATE TABLE signals (
+    run_id        text NOT NULL,
+    signal_id     text NOT NULL,
+    event         text NOT NULL,
+    payload       jsonb,
+    created_at    timestamptz NOT NULL DEFAULT clock_timestamp(),
+    consumed_seq  bigint,
+    PRIMARY KEY (run_id, signal_id)
+);
+CREATE INDEX signals_pending ON signals (run_id, event, created_at) WHERE consumed_seq IS NULL;
+
+-- One row per step attempt that ended: saved, retried, failed, cancelled. Appended in the
+-- statement that saves the step, so the per-step write stays one round trip.
+CREATE TABLE step_history (
+    run_id      text NOT NULL,
+    id          bigint GENERATED ALWAYS AS IDENTITY,
+    seq         bigint NOT NULL,          -- the seq the step started from
+    cursor      text NOT NULL,
+    visit       integer NOT NULL,
+    outcome     text NOT NULL,
+    started_at  timestamptz NOT NULL,
+    ended_at    timestamptz NOT NULL DEFAULT clock_timestamp(),
+    worker      text NOT NULL,
+    epoch       bigint NOT NULL,
+    cost_usd    double precision NOT NULL DEFAULT 0,
+    effect_key  text,
+    error       text,
+    -- one index, the one reads use: the per-step write pays for a single index entry
+    PRIMARY KEY (run_id, id)
+);
+
+-- Runs per status without scanning checkpoints (a GROUP BY took ~160 ms at 1M runs).
+-- Every status change appends delta rows in the transaction that makes it, and the reaper
+-- folds them into one total per status; count_by_status sums totals plus deltas in one
+-- snapshot, so it is exact. Insert-only on purpose: counter rows updated by each change
+-- made every run's transition wait on that status row's lock. Triggers, not the store's
+-- statements, so no statement that changes a status can forget to count.
+CREATE TABLE run_counts (
+    status  text PRIMARY KEY,
+    n       bigint NOT NULL
+);
+
+-- No index: appended by every change, read whole (the reaper keeps it short), folded by
+-- ctid. An index would be one more write per change for nothing.
+CREATE TABLE run_count_deltas (
+    status  text NOT NULL,
+    n       bigint NOT NULL
+);
+
+CREATE FUNCTION cairn_count_change() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO run_count_deltas (status, n) VALUES (NEW.status, 1);
+    ELSE
+        INSERT INTO run_count_deltas (status, n) VALUES (OLD.status, -1), (NEW.status, 1);
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- Row triggers for inserts and updates: the per-step save is an upsert, and a statement
+-- trigger would run on every step; these run only when a row is new or its status moves.
+CREATE TRIGGER checkpoints_count_insert AFTER INSERT ON checkpoints
+    FOR EACH ROW EXECUTE FUNCTION cairn_count_change();
+CREATE TRIGGER checkpoints_count_update AFTER UPDATE OF status ON checkpoints
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION cairn_count_change();
+
+-- A statement trigger for deletes: retention's batch of 1,000 (cascaded from runs, which
+-- Postgres gathers into one transition table) appends one row per status, not 1,000.
+CREATE FUNCTION cairn_count_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO run_count_deltas (status, n) SELECT status, -count(*) FROM gone GROUP BY status;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER checkpoints_count_delete AFTER DELETE ON checkpoints
+    REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION cairn_count_delete();
+
+-- TRUNCATE fires no row triggers: it empties the counts with the table.
+CREATE FUNCTION cairn_count_truncate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM run_count_deltas;
+    DELETE FROM run_counts;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER checkpoints_count_truncate AFTER TRUNCATE ON checkpoints
+    FOR EACH STATEMENT EXECUTE FUNCTION cairn_count_truncate();
