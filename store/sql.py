@@ -1,7 +1,9 @@
 """Loads named SQL blocks from store/sql/queries.sql (procrastinate's layout).
 
 A block starts with `-- name: <name>` followed by a description comment; the query
-runs to the next block.
+runs to the next block. A `-- fragment: <name>` block is no query: named queries include
+it where they say `{{name}}`, so a shared part (the guarded upsert, a column list) is
+written once.
 """
 
 from __future__ import annotations
@@ -10,39 +12,32 @@ import re
 from importlib import resources
 from typing import Any
 
-_BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_BLOCK = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
+_INCLUDE = re.compile(r"\{\{(\w+)\}\}")
 
 
 def _parse(text: str) -> dict[str, str]:
     parts = _BLOCK.split(text)
-    queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+    blocks: dict[str, dict[str, str]] = {"name": {}, "fragment": {}}
+    for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
         lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
-        queries[name] = "\n".join(lines).strip().rstrip(";")
-    return queries
+        blocks[kind][name] = "\n".join(lines).strip().rstrip(";")
+    fragments = blocks["fragment"]
+
+    def include(match: re.Match[str]) -> str:
+        try:
+            return fragments[match.group(1)]
+        except KeyError:
+            raise ValueError(f"queries.sql: no fragment {match.group(1)!r}") from None
+
+    return {name: _INCLUDE.sub(include, query) for name, query in blocks["name"].items()}
 
 
 def sql_text(name: str) -> str:
     return resources.files("cairn.store").joinpath("sql", name).read_text()
 
 
-def without(query: str, *ctes: str) -> str:
-    """query with the named CTEs (a `), name AS (` line up to the next line opening with
-    `)`) cut out. Raises if one is missing, so a renamed CTE cannot go unnoticed."""
-    lines = query.splitlines()
-    for name in ctes:
-        start = lines.index(f"), {name} AS (")  # ValueError: no such CTE
-        end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith(")"))
-        del lines[start:end]
-    return "\n".join(lines)
-
-
 QUERIES = _parse(sql_text("queries.sql"))
-# A step that appends no window message and consumes no signal (most steps) saves without
-# those two CTEs: Postgres opens their tables and indexes on every execution even when
-# they write nothing, about a sixth of the statement's server time. Derived from `save`,
-# so the guard and everything else stay written once.
-QUERIES["save_plain"] = without(QUERIES["save"], "appended", "consumed")
 
 
 def migrations(directory: Any = None) -> list[tuple[int, str, str]]:

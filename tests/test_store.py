@@ -259,15 +259,16 @@ def test_plain_and_full_saves_interleave_and_record_every_step(store: PgStore, s
 
 
 def test_save_plain_is_save_without_the_idle_ctes() -> None:
-    from cairn.store.sql import QUERIES, without
+    from cairn.store.sql import QUERIES, _parse
 
     full, plain = QUERIES["save"], QUERIES["save_plain"]
     for cte in ("appended", "consumed"):
         assert f"), {cte} AS (" in full and f"), {cte} AS (" not in plain
     for kept in ("WHERE c.seq < EXCLUDED.seq AND c.epoch <= EXCLUDED.epoch", "), history AS ("):
-        assert kept in plain
-    with pytest.raises(ValueError):
-        without(full, "no_such_cte")
+        assert kept in plain and kept in full  # one fragment, included by both
+    assert not any("{{" in query for query in QUERIES.values())
+    with pytest.raises(ValueError, match="no fragment 'missing'"):
+        _parse("-- name: q\nSELECT {{missing}}")
 
 
 def test_evolve_is_replace_without_the_cost() -> None:
