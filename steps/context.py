@@ -12,7 +12,8 @@ from cairn.errors import BudgetExceeded, Cancelled, MultipleEffects
 
 if TYPE_CHECKING:
     from cairn.steps.model import ModelClient
-    from cairn.store import Checkpoint, Lease, PgStore, StepTransaction
+    from cairn.store import Checkpoint, StepTransaction
+    from cairn.store.contract import CheckpointStore, HeldLease
     from cairn.store.tx import Connection
 
 logger = logging.getLogger(__name__)
@@ -26,8 +27,8 @@ class Context:
         self,
         cp: Checkpoint,
         *,
-        store: PgStore,
-        lease: Lease,
+        store: CheckpointStore,
+        lease: HeldLease,
         model: ModelClient | None = None,
         config: Any = None,
     ) -> None:
