@@ -1,6 +1,11 @@
 """The store contract: what the loop, Context, the reaper, the Client and the web API call
-on a checkpoint store and on the leases. `PgStore` and `Leases` implement it; the loop and
-the reaper are typed against it (LangGraph's BaseCheckpointSaver, in small)."""
+on a checkpoint store and on the leases (LangGraph's BaseCheckpointSaver, in small).
+
+`PgStore` and the Redis `Leases` implement it, and so do their in-memory twins in
+`cairn.testing` (`MemoryStore`, `MemoryLeases`); tests/test_store_contract.py runs one
+suite against both, so the twins cannot drift from the real thing. The loop, Context and
+the reaper are typed against these protocols, never against a backend.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,22 @@ if TYPE_CHECKING:
     from cairn.store.checkpoints import Attempt, Checkpoint, Saved
     from cairn.store.lease import LeaseToken
     from cairn.store.runs import Run, Wait
-    from cairn.store.tx import StepTransaction
+    from cairn.store.tx import Connection
+
+
+class StepTx(Protocol):
+    """A step's own database transaction (ctx.db), committed by the save of its step."""
+
+    @property
+    def connection(self) -> Connection:
+        """The connection, in a transaction, taken on first use."""
+
+    @property
+    def open(self) -> Connection | None:
+        """The connection if the step used it, else None (the save then needs none)."""
+
+    def close(self) -> None:
+        """Roll back what was not committed and give the connection back."""
 
 
 class CheckpointStore(Protocol):
@@ -24,13 +44,13 @@ class CheckpointStore(Protocol):
         """The run's checkpoint with its live window, or None: no such run."""
 
     def claim(self, run_id: str, epoch: int) -> Checkpoint | None:
-        """Fence the run at epoch and return it; None if stopped or a newer epoch holds it."""
+        """Fence the run at epoch and return it; None if it stopped or its epoch is not older."""
 
     def save(
         self,
         cp: Checkpoint,
         previous: Checkpoint,
-        tx: StepTransaction | None = None,
+        tx: StepTx | None = None,
         attempt: Attempt | None = None,
         wait: Wait | None = None,
     ) -> Saved:
@@ -61,7 +81,7 @@ class CheckpointStore(Protocol):
     def mark_done(self, key: str, run_id: str, result: Any, epoch: int = 0) -> None:
         """Record in the ledger that the effect of key ran, under epoch."""
 
-    def transaction(self) -> StepTransaction:
+    def transaction(self) -> StepTx:
         """A step's own connection (ctx.db), committed by save() with the checkpoint."""
 
     def outage(self, exc: BaseException) -> Exception | None:
@@ -141,6 +161,9 @@ class HeldLease(Protocol):
 
     def ensure(self, fresh: bool = False) -> None:
         """Raise LeaseLost unless this worker provably still holds it."""
+
+    def renew(self) -> None:
+        """Extend it now; raise LeaseLost if another owner holds it or it expired."""
 
     def release(self, ended: bool = False) -> None:
         """Let go of the run (ended: its epoch counter goes too)."""

@@ -1,2 +1,25 @@
 """Test tooling, kept out of the run path: loopback stand-ins (mail API, Messages API),
-real worker processes (fleet), fault hooks, `cairn demo` and `cairn chaos`."""
+real worker processes (fleet), fault hooks, `cairn demo` and `cairn chaos`, and the
+in-memory twins of the store and the leases (MemoryStore, MemoryLeases) that loop-logic
+tests run on without services. Names load on first use: importing this package is free.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cairn._lazy import loader
+
+_LAZY = {
+    "ManualClock": "cairn.testing.memory",
+    "MemoryLease": "cairn.testing.memory",
+    "MemoryLeases": "cairn.testing.memory",
+    "MemoryStore": "cairn.testing.memory",
+}
+
+if TYPE_CHECKING:
+    from cairn.testing.memory import ManualClock, MemoryLease, MemoryLeases, MemoryStore
+
+__getattr__ = loader("cairn.testing", _LAZY, globals())
+
+__all__ = ["ManualClock", "MemoryLease", "MemoryLeases", "MemoryStore"]

@@ -1,0 +1,780 @@
+"""In-memory twins of the checkpoint store and the leases, for loop-logic tests without
+Postgres, Redis or Celery (procrastinate's InMemoryConnector, LangGraph's InMemorySaver).
+
+    clock = ManualClock()
+    store = MemoryStore(clock)
+    deps = loop.Deps(settings=Settings(), store=store, leases=MemoryLeases(clock), model=None)
+    store.create_run("r1", "my-flow", {})
+    assert loop.run("r1", deps) == RunStatus.WAITING    # its first step waits, an hour at most
+    clock.advance(3600)                                  # and then the timeout has passed
+
+Each MemoryStore method follows its named query in store/sql/queries.sql clause by clause
+(the guard, the claim's fence, what a save writes and answers), and MemoryLeases follows
+store/lua/*.lua. tests/test_store_contract.py runs one suite against these and against
+PgStore and the Redis Leases: a twin that drifts fails there, not in production.
+Where a twin cannot be the real thing (ctx.db has no database) it says so loudly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from cairn.errors import CairnError, LeaseLost, RunIdConflict, StaleWrite, StoreError
+from cairn.status import ACTIVE, REARMABLE, STOPPED, TERMINAL, RunStatus
+from cairn.store.checkpoints import (
+    CHECKPOINT_VERSION,
+    FOLD_BATCH,
+    START,
+    Attempt,
+    Checkpoint,
+    Saved,
+    _checkpoint,
+    appended,
+)
+from cairn.store.keys import EPOCH_TTL
+from cairn.store.lease import LeaseToken
+from cairn.store.runs import Run, Wait
+
+if TYPE_CHECKING:
+    from cairn.store.contract import StepTx
+
+Clock = Callable[[], float]
+
+
+class ManualClock:
+    """A clock a test moves by hand: pass it to MemoryStore and MemoryLeases, then
+    `advance(seconds)` to let a wait time out, a retry fall due or a lease expire.
+    Starts at the real time, so timestamps a step takes itself (time.time()) agree."""
+
+    def __init__(self, start: float | None = None) -> None:
+        self.now = time.time() if start is None else start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _dump(value: Any) -> str:
+    # Stored as JSON text, as jsonb stores it: a caller's later edit of a dict it saved
+    # (or read) cannot reach the stored copy, and what JSON cannot hold fails here too.
+    return json.dumps(value)
+
+
+def _status(value: str) -> RunStatus:
+    try:
+        return RunStatus(value)
+    except ValueError:  # the CHECK constraint's refusal
+        raise StoreError(f"refused: {value!r} is not a run status") from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Signal:
+    event: str
+    payload: str  # JSON
+    created_at: dt.datetime
+    consumed_seq: int | None = None
+
+
+@dataclasses.dataclass(kw_only=True)
+class _Row:
+    """One run: its `runs` row and its `checkpoints` row (one each per run), and the rows
+    of the tables keyed by run that the sweep deletes with it. JSON columns hold text."""
+
+    run_id: str
+    workflow: str
+    input: str
+    max_cost_usd: float | None
+    created_at: dt.datetime
+    cursor: str
+    state: str
+    version: int
+    updated_at: dt.datetime
+    seq: int = 0
+    visits: str = "{}"
+    win_start: int = 0
+    win_end: int = 0
+    cost_usd: float = 0.0
+    status: RunStatus = RunStatus.PENDING
+    error: str | None = None
+    epoch: int = 0
+    resumes: int = 0
+    attempts: int = 0
+    deliveries: int = 0
+    retry_at: dt.datetime | None = None
+    cancel_reason: str | None = None
+    wait_event: str | None = None
+    wait_until: dt.datetime | None = None
+    wait_timeout_cursor: str | None = None
+    flow_version: int | None = None
+    window: dict[int, str] = dataclasses.field(default_factory=dict)  # window_messages
+    signals: dict[str, _Signal] = dataclasses.field(default_factory=dict)
+    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # step_history
+
+
+class _NoTransaction:
+    """What MemoryStore.transaction() gives a step: nothing is open, nothing to close,
+    and ctx.db, which needs a real database, says so."""
+
+    open = None
+
+    @property
+    def connection(self) -> NoReturn:
+        raise CairnError(
+            "ctx.db needs PgStore (Postgres): a step's own SQL commits with its checkpoint "
+            "in one Postgres transaction, which MemoryStore cannot give; test this step "
+            "against PgStore on a real database"
+        )
+
+    def close(self) -> None:
+        """Nothing to give back."""
+
+
+class MemoryStore:
+    """CheckpointStore in dicts under one lock, with the SQL's semantics; `clock` (seconds,
+    as time.time) stands for Postgres's now(), so a test can move time."""
+
+    def __init__(self, clock: Clock = time.time) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._rows: dict[str, _Row] = {}
+        self._effects: dict[str, tuple[str, str, int]] = {}  # key: (run_id, result, epoch)
+        self._last = dt.datetime.min.replace(tzinfo=dt.UTC)
+
+    def _now(self) -> dt.datetime:
+        """The clock's time: what reads compare with, and what deadlines count from."""
+        return dt.datetime.fromtimestamp(self._clock(), dt.UTC)
+
+    def _stamp(self) -> dt.datetime:
+        """A write's updated_at (or created_at). Postgres's now() moves on between
+        statements; a clock a test holds still must not give two writes one updated_at
+        (the reaper's second look compares it), so stamps are bumped a microsecond apart.
+        Deadlines count from _now(), unbumped: advancing the clock by a wait's timeout
+        ends the wait, however many writes came before."""
+        stamp = max(self._now(), self._last + dt.timedelta(microseconds=1))
+        self._last = stamp
+        return stamp
+
+    # -- runs ------------------------------------------------------------------------
+    def create_run(
+        self,
+        run_id: str,
+        workflow: str,
+        input: dict[str, Any],
+        cursor: str = START,
+        max_cost_usd: float | None = None,
+    ) -> bool:
+        """Insert a run at seq 0; False if it existed (a failed one is re-armed).
+
+        Raises RunIdConflict if run_id exists with another workflow or input.
+        """
+        text = _dump(input)
+        with self._lock:
+            stamp = self._stamp()
+            row = self._rows.get(run_id)
+            if row is None:  # create_run
+                self._rows[run_id] = _Row(
+                    run_id=run_id,
+                    workflow=workflow,
+                    input=text,
+                    max_cost_usd=max_cost_usd,
+                    created_at=stamp,
+                    cursor=cursor,
+                    state="{}",
+                    version=CHECKPOINT_VERSION,
+                    updated_at=stamp,
+                )
+                return True
+            # existing_run: jsonb equality, so key order does not matter
+            same_workflow = row.workflow == workflow
+            same_input = json.loads(row.input) == json.loads(text)
+            if not (same_workflow and same_input):
+                what = "workflow" if not same_workflow else "input"
+                raise RunIdConflict(
+                    f"run id {run_id!r} already names a {row.workflow!r} run with another "
+                    f"{what}; use a new run id, or the same workflow and input to resume it"
+                )
+            if row.status in REARMABLE:  # rearm_failed
+                row.status, row.error, row.attempts, row.deliveries = RunStatus.PENDING, None, 0, 0
+                row.retry_at, row.updated_at = None, stamp
+            return False
+
+    def get(self, run_id: str) -> Run | None:
+        """The run without its window."""
+        with self._lock:
+            row = self._rows.get(run_id)
+            if row is None:
+                return None
+            return Run(
+                **self._listed(row), input=json.loads(row.input), state=json.loads(row.state)
+            )
+
+    def load(self, run_id: str) -> Checkpoint | None:
+        """The run's checkpoint with its live window, or None: no such run."""
+        with self._lock:
+            row = self._rows.get(run_id)
+            return _checkpoint(self._columns(row, self._now())) if row else None
+
+    def claim(self, run_id: str, epoch: int) -> Checkpoint | None:
+        """Fence the run at epoch and return it; None if it stopped or its epoch is not
+        older. Like the SQL, the fence is written before the row is read back (a row this
+        code cannot parse is fenced, then refused)."""
+        with self._lock:
+            row = self._rows.get(run_id)
+            if row is None or row.epoch >= epoch or row.status in STOPPED:
+                return None
+            row.epoch, row.retry_at, row.updated_at = epoch, None, self._stamp()
+            row.deliveries += 0 if row.status == RunStatus.WAITING else 1
+            return _checkpoint(self._columns(row, self._now()))
+
+    # -- the per-step write ----------------------------------------------------------
+    def transaction(self) -> _NoTransaction:
+        """No database: ctx.db raises, saying it needs PgStore."""
+        return _NoTransaction()
+
+    @staticmethod
+    def outage(exc: BaseException) -> Exception | None:
+        """None: no driver here, so no step's error is a store outage."""
+        return None
+
+    def save(
+        self,
+        cp: Checkpoint,
+        previous: Checkpoint,
+        tx: StepTx | None = None,
+        attempt: Attempt | None = None,
+        wait: Wait | None = None,
+    ) -> Saved:
+        """Write cp (its window's new messages, the step's history row, the wait and the
+        signal it consumed) if its seq is newer and its epoch not older; else StaleWrite.
+        tx is ignored: a MemoryStore transaction never opens."""
+        first_idx, messages = appended(previous, cp)
+        attempt = attempt or Attempt(started=self._clock())
+        status, state, visits = _status(cp.status), _dump(cp.state), _dump(cp.visits)
+        texts = [_dump(m) for m in messages]
+        with self._lock:
+            now, stamp = self._now(), self._stamp()
+            row = self._rows.get(cp.run_id)
+            if row is None:  # the checkpoint's foreign key: the run was swept, or never was
+                raise StoreError(f"refused: no run {cp.run_id!r} to save a checkpoint for")
+            if not (row.seq < cp.seq and row.epoch <= cp.epoch):  # the guard
+                raise StaleWrite(cp.run_id, cp.seq, cp.epoch)
+            row.seq, row.cursor, row.state, row.visits = cp.seq, cp.cursor, state, visits
+            row.win_start, row.win_end, row.cost_usd = cp.win_start, cp.win_end, cp.cost_usd
+            row.version, row.status, row.error, row.epoch = cp.version, status, cp.error, cp.epoch
+            row.resumes, row.updated_at, row.attempts, row.deliveries = cp.resumes, stamp, 0, 0
+            row.retry_at, row.flow_version = None, cp.flow_version
+            row.wait_event = wait.event if wait else None
+            timeout = wait.timeout if wait else None
+            row.wait_until = now + dt.timedelta(seconds=timeout) if timeout is not None else None
+            row.wait_timeout_cursor = wait.on_timeout if wait else None
+            for i, text in enumerate(texts):  # appended: the new tail, or a fresh range
+                row.window[first_idx + i] = text
+            row.history.append(
+                self._history(
+                    cp.seq - 1,
+                    previous.cursor,
+                    previous.visits.get(previous.cursor, 0),
+                    "saved",
+                    attempt,
+                    cp.epoch,
+                    cp.cost_usd - previous.cost_usd,
+                    None,
+                    stamp,
+                )
+            )
+            consumed = row.signals.get(attempt.signal_id or "")
+            if attempt.signal_id is not None and consumed is not None:
+                row.signals[attempt.signal_id] = dataclasses.replace(consumed, consumed_seq=cp.seq)
+            signalled = row.wait_event is not None and self._pending(row) is not None
+            return Saved(row.cancel_reason, signalled)
+
+    def end_attempt(
+        self,
+        cp: Checkpoint,
+        status: RunStatus,
+        error: str,
+        attempt: Attempt | None = None,
+        retry_in: float | None = None,
+    ) -> int | None:
+        """Record a step attempt that did not save: a retry in retry_in seconds (status
+        running), or the run stopping with status. Fenced like a save; returns the run's
+        failed attempts so far, or None if another worker owns the run."""
+        counted = retry_in is not None or status == RunStatus.FAILED
+        checked = _status(status)
+        with self._lock:
+            return self._end_attempt(cp, checked, error, attempt, retry_in, counted)
+
+    def _end_attempt(
+        self,
+        cp: Checkpoint,
+        status: RunStatus,
+        error: str,
+        attempt: Attempt | None,
+        retry_in: float | None,
+        counted: bool,
+    ) -> int | None:
+        now, stamp = self._now(), self._stamp()
+        row = self._rows.get(cp.run_id)
+        if row is None or row.epoch > cp.epoch or row.seq != cp.seq or row.status == RunStatus.DONE:
+            return None
+        row.status, row.error = status, error[:4000]
+        row.attempts += int(counted and attempt is not None)
+        row.retry_at = now + dt.timedelta(seconds=retry_in) if retry_in is not None else None
+        row.updated_at = stamp
+        if attempt is not None:
+            outcome = "retry" if retry_in is not None else str(status)
+            visit = cp.visits.get(cp.cursor, 0)
+            row.history.append(
+                self._history(
+                    cp.seq, cp.cursor, visit, outcome, attempt, cp.epoch, 0.0, error[:4000], stamp
+                )
+            )
+        return row.attempts
+
+    def mark_failed(self, cp: Checkpoint, error: str, attempt: Attempt | None = None) -> bool:
+        """Fail the run with error, its checkpoint data untouched."""
+        return self.end_attempt(cp, RunStatus.FAILED, error, attempt) is not None
+
+    def mark_unreadable(self, run_id: str, status: RunStatus, error: str) -> bool:
+        """Status and error for a row this code cannot parse, whatever its seq."""
+        with self._lock:
+            row = self._rows.get(run_id)
+            if row is None:
+                return False
+            cp = Checkpoint(
+                run_id=run_id,
+                workflow=row.workflow,
+                input={},
+                seq=row.seq,
+                cursor=row.cursor,
+                state={},
+                visits={},
+                window=(),
+                win_start=0,
+                cost_usd=0.0,
+                epoch=row.epoch,
+            )
+            counted = status == RunStatus.FAILED
+            return self._end_attempt(cp, _status(status), error, None, None, counted) is not None
+
+    def signal(
+        self, run_id: str, event: str, payload: Any, signal_id: str
+    ) -> tuple[RunStatus, bool] | None:
+        """Store a signal (the same id twice is one signal): (the run's status, whether it
+        was new), or None: no such run."""
+        text = _dump(payload)
+        with self._lock:
+            stamp = self._stamp()  # signals are taken oldest first
+            row = self._rows.get(run_id)
+            if row is None:
+                return None
+            stored = signal_id not in row.signals
+            if stored:
+                row.signals[signal_id] = _Signal(event=event, payload=text, created_at=stamp)
+            return row.status, stored
+
+    def cancel_reason(self, run_id: str) -> str | None:
+        """Why the run was cancelled, or None."""
+        with self._lock:
+            row = self._rows.get(run_id)
+            return row.cancel_reason if row else None
+
+    def cancel(self, run_id: str, reason: str) -> RunStatus | None:
+        """Ask the run to stop: one no worker holds (pending, waiting) at once, a running
+        one at its next step boundary. Its status now, or None: no such run, or ended."""
+        with self._lock:
+            stamp = self._stamp()
+            row = self._rows.get(run_id)
+            if row is None or row.status not in ACTIVE:
+                return None
+            if row.cancel_reason is None:
+                row.cancel_reason = reason
+            if row.status != RunStatus.RUNNING:
+                row.status, row.error = RunStatus.CANCELLED, reason
+            row.updated_at = stamp
+            return row.status
+
+    def history(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's step attempts, oldest first."""
+        with self._lock:
+            row = self._rows.get(run_id)
+            return [dict(h) for h in row.history] if row else []
+
+    # -- ledger ----------------------------------------------------------------------
+    def was_done(self, key: str) -> tuple[bool, Any]:
+        """Whether the ledger holds key, and the effect's recorded result."""
+        with self._lock:
+            found = self._effects.get(key)
+        return (True, json.loads(found[1])) if found else (False, None)
+
+    def mark_done(self, key: str, run_id: str, result: Any, epoch: int = 0) -> None:
+        """Record that the effect of key ran, under epoch; the first record stays."""
+        text = _dump(result)
+        with self._lock:
+            self._effects.setdefault(key, (run_id, text, epoch))
+
+    # -- queries for the CLI, the reaper and the sweep -------------------------------
+    def list_runs(
+        self,
+        status: RunStatus | None = None,
+        limit: int = 50,
+        *,
+        workflow: str | None = None,
+        after: str | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+    ) -> list[Run]:
+        """Runs newest first, created in [since, until); after: the last run id of the
+        previous page (an unknown one ends the list, as the SQL's keyset does)."""
+        with self._lock:
+            rows: Iterable[_Row] = self._rows.values()
+            if after is not None:
+                mark = self._rows.get(after)
+                if mark is None:
+                    return []
+                rows = [r for r in rows if (r.created_at, r.run_id) < (mark.created_at, after)]
+            found = [
+                r
+                for r in rows
+                if (status is None or r.status == status)
+                and (workflow is None or r.workflow == workflow)
+                and (since is None or r.created_at >= since)
+                and (until is None or r.created_at < until)
+            ]
+            found.sort(key=lambda r: (r.created_at, r.run_id), reverse=True)
+            return [Run(**self._listed(r)) for r in found[:limit]]
+
+    def counts(self) -> dict[str, dict[str, Any]]:
+        """Runs per status ({status: {"n": ...}}), the statuses that have runs."""
+        with self._lock:
+            totals: dict[str, int] = {}
+            for row in self._rows.values():
+                totals[str(row.status)] = totals.get(str(row.status), 0) + 1
+        return {s: {"status": s, "n": n, "unfolded": 0} for s, n in totals.items()}
+
+    def fold_counts(self, batch: int = FOLD_BATCH) -> int:
+        """0: counts are read from the rows themselves, so there are no deltas to fold."""
+        return 0
+
+    def stalled(self, pending_after: float, running_after: float) -> list[dict[str, Any]]:
+        """Reaper candidates: {run_id, status, epoch, updated_at} (see the SQL's stalled)."""
+        with self._lock:
+            now = self._now()
+            running_since = now - dt.timedelta(seconds=running_after)
+            pending_since = now - dt.timedelta(seconds=pending_after)
+            found = []
+            for r in self._rows.values():
+                claimed = r.status == RunStatus.RUNNING or (
+                    r.status == RunStatus.PENDING and r.epoch > 0
+                )
+                quiet = (claimed and r.updated_at < running_since) or (
+                    r.status == RunStatus.PENDING and r.updated_at < pending_since
+                )
+                due = r.retry_at is None or r.retry_at < running_since
+                woken = r.status == RunStatus.WAITING and (
+                    (r.wait_until is not None and r.wait_until < now)
+                    or any(s.created_at < running_since for _, s in _unconsumed(r, r.wait_event))
+                )
+                if (quiet and due) or woken:
+                    found.append(
+                        {
+                            "run_id": r.run_id,
+                            "status": str(r.status),
+                            "epoch": r.epoch,
+                            "updated_at": r.updated_at,
+                        }
+                    )
+            return found
+
+    def unclaimed(self, older_than: float, limit: int = 10_000) -> list[dict[str, Any]]:
+        """Pending runs no worker has taken, sent over older_than seconds ago, oldest
+        first: {run_id, epoch, updated_at}."""
+        with self._lock:
+            since = self._now() - dt.timedelta(seconds=older_than)
+            found = sorted(
+                (
+                    r
+                    for r in self._rows.values()
+                    if r.status == RunStatus.PENDING and r.epoch == 0 and r.updated_at < since
+                ),
+                key=lambda r: (r.updated_at, r.run_id),
+            )
+            return [
+                {"run_id": r.run_id, "epoch": r.epoch, "updated_at": r.updated_at}
+                for r in found[:limit]
+            ]
+
+    def unchanged(self, rows: list[dict[str, Any]]) -> set[str]:
+        """The run ids among rows (as stalled or unclaimed listed them) whose epoch and
+        updated_at are still the same."""
+        with self._lock:
+            return {
+                r["run_id"]
+                for r in rows
+                if (row := self._rows.get(r["run_id"])) is not None
+                and (row.epoch, row.updated_at) == (r["epoch"], r["updated_at"])
+            }
+
+    def sweep(
+        self,
+        older_than: float,
+        batch: int = 1000,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Delete terminal runs older than older_than seconds with their window, ledger,
+        history and signals, batch runs at a time; returns how many went."""
+        total = 0
+        while True:
+            with self._lock:
+                since = self._now() - dt.timedelta(seconds=older_than)
+                old = [
+                    r.run_id
+                    for r in self._rows.values()
+                    if r.status in TERMINAL and r.updated_at < since
+                ][:batch]
+                for run_id in old:
+                    del self._rows[run_id]
+                gone = set(old)
+                for key in [k for k, (run_id, *_) in self._effects.items() if run_id in gone]:
+                    del self._effects[key]
+            total += len(old)
+            if progress is not None and old:
+                progress(total)
+            if len(old) < batch:
+                return total
+
+    # -- helpers, called under the lock ----------------------------------------------
+    @staticmethod
+    def _pending(row: _Row) -> tuple[str, _Signal] | None:
+        """The oldest signal not consumed yet of the event the run waits for, by id."""
+        found = _unconsumed(row, row.wait_event)
+        return found[0] if found else None
+
+    def _columns(self, row: _Row, now: dt.datetime) -> dict[str, Any]:
+        """The row as `load` and `claim` select it (the checkpoint_columns fragment)."""
+        pending = self._pending(row)
+        return {
+            "run_id": row.run_id,
+            "workflow": row.workflow,
+            "input": json.loads(row.input),
+            "seq": row.seq,
+            "cursor": row.cursor,
+            "state": json.loads(row.state),
+            "visits": json.loads(row.visits),
+            "win_start": row.win_start,
+            "win_end": row.win_end,
+            "cost_usd": row.cost_usd,
+            "version": row.version,
+            "status": row.status,
+            "error": row.error,
+            "epoch": row.epoch,
+            "resumes": row.resumes,
+            "updated_at": row.updated_at,
+            "attempts": row.attempts,
+            "deliveries": row.deliveries,
+            "cancel_reason": row.cancel_reason,
+            "max_cost_usd": row.max_cost_usd,
+            "wait_event": row.wait_event,
+            "wait_timeout_cursor": row.wait_timeout_cursor,
+            "wait_over": row.wait_until is not None and row.wait_until <= now,
+            "flow_version": row.flow_version,
+            "signal": {"id": pending[0], "payload": json.loads(pending[1].payload)}
+            if pending
+            else None,
+            "window": [
+                json.loads(row.window[i])
+                for i in range(row.win_start, row.win_end)
+                if i in row.window
+            ],
+        }
+
+    @staticmethod
+    def _listed(row: _Row) -> dict[str, Any]:
+        """What list_runs and get select of a run."""
+        return {
+            "run_id": row.run_id,
+            "workflow": row.workflow,
+            "status": row.status,
+            "cursor": row.cursor,
+            "seq": row.seq,
+            "cost_usd": row.cost_usd,
+            "resumes": row.resumes,
+            "error": row.error,
+            "created_at": row.created_at,
+            "updated_at": row.updated_at,
+        }
+
+    @staticmethod
+    def _history(
+        seq: int,
+        cursor: str,
+        visit: int,
+        outcome: str,
+        attempt: Attempt,
+        epoch: int,
+        cost_usd: float,
+        error: str | None,
+        ended_at: dt.datetime,
+    ) -> dict[str, Any]:
+        """One step_history row, as the history query selects it."""
+        return {
+            "seq": seq,
+            "cursor": cursor,
+            "visit": visit,
+            "outcome": outcome,
+            "started_at": dt.datetime.fromtimestamp(attempt.started, dt.UTC),
+            "ended_at": ended_at,
+            "worker": attempt.worker,
+            "epoch": epoch,
+            "cost_usd": cost_usd,
+            "effect_key": attempt.effect_key,
+            "error": error,
+        }
+
+
+class MemoryLease:
+    """A lease MemoryLeases handed out; its TTL runs on the leases' clock.
+
+    start_heartbeat does nothing: time moves only when a test moves the clock, so a lease
+    expires only when a test moves it past the TTL without a renewal, which is how a test
+    plays a process paused (SIGSTOP) while it held the run. ensure() then behaves as
+    Lease.ensure: a renewal younger than half the TTL is trusted, an older one is checked.
+    """
+
+    def __init__(self, leases: MemoryLeases, run_id: str, token: LeaseToken, ttl: float) -> None:
+        self._leases, self.run_id, self.token, self.ttl = leases, run_id, token, ttl
+        self.epoch = token.epoch
+        self._renewed_at = leases._clock()
+        self._lost: str | None = None
+
+    def start_heartbeat(self) -> MemoryLease:
+        """No heartbeat thread: the test's clock stands still unless moved."""
+        return self
+
+    def renew(self) -> None:
+        """Extend it now; raise LeaseLost if another owner holds it or it expired."""
+        if self._lost:
+            raise LeaseLost(self.run_id, self._lost)
+        started = self._leases._clock()
+        held = self._leases._renew(self.run_id, self.token, self.ttl)
+        if held is not True:
+            self._lost = f"now held by {held or 'nobody (expired)'}"
+            raise LeaseLost(self.run_id, self._lost)
+        self._renewed_at = started
+
+    def ensure(self, fresh: bool = False) -> None:
+        """Raise LeaseLost unless this worker provably still holds it (fresh: ask the
+        leases whatever the last renewal's age)."""
+        if self._lost:
+            raise LeaseLost(self.run_id, self._lost)
+        if self._leases._clock() - self._renewed_at < self.ttl / 2 and not fresh:
+            return
+        self.renew()
+
+    def release(self, ended: bool = False) -> None:
+        """Let go of the run, only if still ours (ended: its epoch counter goes too)."""
+        self._leases._release(self.run_id, self.token, ended)
+
+
+class MemoryLeases:
+    """LeaseManager in dicts under one lock, as store/lua/*.lua do it in Redis: an epoch
+    counter per run that grows above a floor, leases and `sent` marks that expire on
+    `clock` (seconds; a ManualClock lets a test move it)."""
+
+    def __init__(self, clock: Clock = time.time) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        # run_id: (value, expires at): the keys cairn:lease, cairn:epoch and cairn:sent
+        self._leases: dict[str, tuple[LeaseToken, float]] = {}
+        self._epochs: dict[str, tuple[int, float]] = {}
+        self._sent: dict[str, tuple[bool, float]] = {}
+
+    def acquire(
+        self, run_id: str, ttl: float, floor: int = 0, owner: LeaseToken | None = None
+    ) -> MemoryLease | None:
+        """The run's lease with an epoch above floor, or None while another owner holds
+        it (acquire.lua)."""
+        owner = owner or LeaseToken.mine()
+        with self._lock:
+            now = self._clock()
+            if _live(self._leases, run_id, now) is not None:
+                return None
+            counter = _live(self._epochs, run_id, now) or 0
+            epoch = max(counter + 1, floor + 1)
+            self._epochs[run_id] = (epoch, now + EPOCH_TTL)
+            token = dataclasses.replace(owner, epoch=epoch)
+            self._leases[run_id] = (token, now + ttl)
+            self._sent.pop(run_id, None)
+        return MemoryLease(self, run_id, token, ttl)
+
+    def holder(self, run_id: str) -> LeaseToken | None:
+        """Who holds the run's lease."""
+        with self._lock:
+            return _live(self._leases, run_id, self._clock())
+
+    def break_dead(self, run_id: str, token: LeaseToken) -> bool:
+        """Delete a lease whose owner is known dead, only if it is still token."""
+        return self._release(run_id, token, ended=False)
+
+    def unheld(self, run_ids: list[str]) -> list[str]:
+        """The run ids whose lease is gone."""
+        with self._lock:
+            now = self._clock()
+            return [r for r in run_ids if _live(self._leases, r, now) is None]
+
+    def mark_sent(self, run_id: str, window: float) -> bool:
+        """False while an earlier message for the run is out and untaken (SET NX PX)."""
+        with self._lock:
+            now = self._clock()
+            if _live(self._sent, run_id, now) is not None:
+                return False
+            self._sent[run_id] = (True, now + window)
+            return True
+
+    def _renew(self, run_id: str, token: LeaseToken, ttl: float) -> LeaseToken | bool | None:
+        """renew.lua: True if extended, else who holds it now (None: nobody)."""
+        with self._lock:
+            now = self._clock()
+            held = _live(self._leases, run_id, now)
+            if held is not None and str(held) == str(token):
+                self._leases[run_id] = (held, now + ttl)
+                return True
+            return held
+
+    def _release(self, run_id: str, token: LeaseToken, ended: bool) -> bool:
+        """release.lua: compare and delete, never a successor's lease."""
+        with self._lock:
+            held = _live(self._leases, run_id, self._clock())
+            if held is None or str(held) != str(token):
+                return False
+            del self._leases[run_id]
+            if ended:
+                self._epochs.pop(run_id, None)
+            return True
+
+
+def _unconsumed(row: _Row, event: str | None) -> list[tuple[str, _Signal]]:
+    """The run's signals of event not consumed yet, oldest first (created_at, then id)."""
+    found = [
+        (sid, s) for sid, s in row.signals.items() if s.consumed_seq is None and s.event == event
+    ]
+    return sorted(found, key=lambda found: (found[1].created_at, found[0]))
+
+
+def _live(table: dict[str, tuple[Any, float]], key: str, now: float) -> Any:
+    """The key's value unless it expired (then it is gone, as in Redis)."""
+    entry = table.get(key)
+    if entry is None:
+        return None
+    if entry[1] <= now:
+        del table[key]
+        return None
+    return entry[0]
