@@ -26,7 +26,8 @@ def _validate(data: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(email, str) or "@" not in email:
         raise InvalidInput("invoice: 'email' must be an email address")
     invoices = data.get("invoices", 2)
-    if not isinstance(invoices, int) or not 1 <= invoices <= 50:
+    # bool is an int to Python: "invoices": true is not 1
+    if isinstance(invoices, bool) or not isinstance(invoices, int) or not 1 <= invoices <= 50:
         raise InvalidInput("invoice: 'invoices' must be a whole number from 1 to 50")
     out = {"customer": customer, "email": email, "invoices": invoices}
     if "await_payment" in data:

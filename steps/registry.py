@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -203,7 +205,14 @@ def get(name: str) -> Workflow:
 
 
 def import_modules(modules: Iterable[str]) -> None:
-    """Import the modules named in CAIRN_WORKFLOWS so their workflows register."""
+    """Import the modules named in CAIRN_WORKFLOWS so their workflows register.
+
+    The current folder is searched first, as `python -m` and `celery -A` do: a console
+    script (`cairn worker`) has only its own bin folder on sys.path, so `mypkg` next to
+    where the command runs would not be found."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
     for module in modules:
         try:
             importlib.import_module(module)

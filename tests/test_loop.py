@@ -240,12 +240,17 @@ def test_foreign_version_is_refused_and_recorded(
 
 
 def test_unknown_workflow_and_bad_input_are_clear() -> None:
+    registry.import_modules(["cairn.steps.invoice"])  # as a worker does: alone, nothing has
     with pytest.raises(UnknownWorkflow, match="CAIRN_WORKFLOWS"):
         registry.get("no-such-flow")
     with pytest.raises(InvalidInput, match="email"):
         registry.get("invoice").validate({"customer": "acme", "email": "nope"})
     with pytest.raises(InvalidInput, match="JSON object"):
         registry.get("invoice").validate(["not", "an", "object"])
+    for count in (True, 2.0, 0, 51):  # a bool is an int to Python, and not a count
+        with pytest.raises(InvalidInput, match="whole number from 1 to 50"):
+            registry.get("invoice").validate({"customer": "a", "email": "a@b", "invoices": count})
+    assert registry.get("invoice").validate({"customer": "a", "email": "a@b", "invoices": 1})
 
 
 def test_run_of_unregistered_workflow_fails_with_a_clear_error(deps, store: PgStore) -> None:

@@ -85,8 +85,14 @@ def test_the_workflow_example_runs_with_its_own_table_on_a_real_worker(
         check=False,
     )
     assert done.returncode == 0 and "applied your migrations: [1]" in done.stdout, done.stderr
-    worker = fleet.start_worker(
-        {**env, "CAIRN_WORKFLOWS": "mypkg.flows"}, tmp_path / "w.log", "readme", 1, cwd=tmp_path
+    # The command as the README gives it, from the folder that holds mypkg.
+    command = re.search(r"`(CAIRN_WORKFLOWS=mypkg\.flows cairn worker)`", README)
+    assert command is not None, "the README no longer says how to start the workers"
+    variable, _, args = command.group(1).partition(" ")
+    key, _, value = variable.partition("=")
+    argv = [str(BIN / "cairn"), *args.split()[1:], "--concurrency", "1"]
+    worker = fleet.wait_ready(
+        fleet.Proc(argv, {**env, key: value}, tmp_path / "w.log", "readme", tmp_path)
     )
     try:
         with Client(settings=settings) as client:
