@@ -8,6 +8,7 @@ CairnError
 │   ├── RetryLater      a step failed and its Retry policy runs it again after a delay
 │   └── HandOff         give the run back to the queue (worker stopping, signal already in)
 └── the rest            permanent: the run (or the call) fails with the message
+                        (JournalDiverged, CallFailed, MultipleEffects, ...)
 
 The loop lets every Interrupted through to the run task, which handles each kind; a new
 kind is still handled (retried with backoff, as Transient) before anyone writes its branch.
@@ -135,3 +136,16 @@ class BudgetExceeded(CairnError):
 
 class MultipleEffects(CairnError):
     """A step asked for a second keyed effect: one externally visible effect per step."""
+
+
+class JournalDiverged(CairnError):
+    """A replayed step made its journaled calls in another order than the journal holds."""
+
+
+class CallFailed(CairnError):
+    """A journaled call's recorded permanent error, replayed where its own exception class
+    could not be rebuilt (type_name says which it was)."""
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(f"{type_name}: {message}")
+        self.type_name = type_name

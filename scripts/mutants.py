@@ -40,6 +40,7 @@ COUNTER_LOST = (
 COUNTER_ENDS = (
     "tests/test_lease.py::test_the_epoch_counter_expires_and_goes_with_the_lease_of_an_ended_run"
 )
+JOURNAL_REPLAY = "tests/test_journal.py::test_a_replay_after_a_crash_makes_no_call_twice"
 OWN_WRITES = "test_the_steps_own_writes_commit_with_the_save_and_roll_back_with_a_rejection"
 
 MUTANTS = [
@@ -159,8 +160,8 @@ MUTANTS = [
         "M18",
         "the budget is not checked before a model call",
         "steps/context.py",
-        "            if spent + worst > self._cap:",
-        "            if False:",
+        "        if spent + worst > self._cap:",
+        "        if False:",
         (
             "tests/test_lifecycle.py::test_a_run_stops_before_the_model_call_that_would_pass_its_budget",
         ),
@@ -221,6 +222,30 @@ MUTANTS = [
         "if KEYS[2] then redis.call('DEL', KEYS[2]) end\n"
         "if redis.call('GET', KEYS[1]) == ARGV[1] then\n  if KEYS[2] then",
         (COUNTER_ENDS,),
+    ),
+    Mutant(
+        "M24",
+        "a journal record is not fenced (a worker that lost the run still records)",
+        "store/sql/queries.sql",
+        " WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s AND c.epoch <= %(epoch)s",
+        " WHERE c.run_id = %(run_id)s",
+        ("tests/test_journal.py::test_a_worker_that_lost_the_run_records_nothing[pg]",),
+    ),
+    Mutant(
+        "M25",
+        "the journal is ignored on replay (calls are made again)",
+        "steps/context.py",
+        "            self._journal = self._store.journal(self.run_id, self.cursor, self.visit)",
+        "            self._journal = []",
+        (f"{JOURNAL_REPLAY}[memory-5]", f"{JOURNAL_REPLAY}[pg-5]"),
+    ),
+    Mutant(
+        "M26",
+        "a journal record retried after a lost reply reads as fenced",
+        "store/sql/queries.sql",
+        " WHERE j.epoch = EXCLUDED.epoch AND j.name = EXCLUDED.name",
+        " WHERE false",
+        ("tests/test_store_contract.py::test_a_journal_record_is_fenced_like_a_save[pg]",),
     ),
     Mutant(
         "M15",

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import importlib
+import json
 import logging
 import types
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from cairn import logs
-from cairn.errors import BudgetExceeded, Cancelled, MultipleEffects
+from cairn.errors import (
+    BudgetExceeded,
+    CairnError,
+    CallFailed,
+    Cancelled,
+    JournalDiverged,
+    MultipleEffects,
+    StaleWrite,
+    Transient,
+)
+from cairn.store.runs import Call
 
 if TYPE_CHECKING:
     from cairn.steps.model import ModelClient
@@ -31,6 +43,8 @@ class Context:
         lease: HeldLease,
         model: ModelClient | None = None,
         config: Any = None,
+        retry_on: tuple[type[BaseException], ...] = (Transient,),
+        fresh: bool = False,
     ) -> None:
         self.run_id = cp.run_id
         self.cursor = cp.cursor
@@ -47,13 +61,20 @@ class Context:
         # The signal this step was woken by (see StepResult.wait): its payload, its id.
         self.signal: Any = cp.signal["payload"] if cp.signal else None
         self.signal_id: str | None = cp.signal["id"] if cp.signal else None
-        self.cost_usd = 0.0  # this step's model cost so far
+        self.cost_usd = 0.0  # this step's cost so far (model calls, add_cost, replays)
         self._spent = cp.cost_usd  # the run's, before this step
         cap = cp.max_cost_usd if cp.max_cost_usd is not None else getattr(config, "max_cost_usd", 0)
         self._cap: float | None = cap or None
-        self._store, self._lease, self._model = store, lease, model
+        self._cp, self._store, self._lease, self._model = cp, store, lease, model
+        self._retry_on = retry_on
         self._effect: str | None = None
         self._tx: StepTransaction | None = None
+        # The journal of this visit, read at the first journaled call (a step that follows
+        # this worker's own save is fresh: nobody can have recorded calls for it).
+        self._journal: list[Call] | None = [] if fresh else None
+        self._calls = 0  # journaled calls made (or replayed) so far in this attempt
+        self._per_name: dict[str, int] = {}
+        self._inside: tuple[str, str | None] | None = None  # (call's key, its effect key)
 
     # -- effects ---------------------------------------------------------------------
     def idempotency_key(self, suffix: str = "") -> str:
@@ -61,21 +82,30 @@ class Context:
 
         Derived from run, cursor and visit, never the attempt, so a replay of this visit
         sends the same key and the downstream dedupes it. Asking for a second, different
-        key in one step is an error: split the step at the effect boundary.
+        key in one step is an error: split the step at the effect boundary, or make each
+        effect a ctx.call, which has a key of its own (run, cursor, visit, call name, n).
         """
-        key = f"cairn:{self.run_id}:{self.cursor}:{self.visit}" + (f":{suffix}" if suffix else "")
-        if self._effect is not None and self._effect != key:
+        base = (
+            self._inside[0] if self._inside else f"cairn:{self.run_id}:{self.cursor}:{self.visit}"
+        )
+        key = base + (f":{suffix}" if suffix else "")
+        held = self._inside[1] if self._inside else self._effect
+        if held is not None and held != key:
+            where = f"call {base!r}" if self._inside else f"step {self.cursor!r}"
             raise MultipleEffects(
-                f"step {self.cursor!r} of run {self.run_id} asked for a second effect key "
-                f"({key!r} after {self._effect!r}); one externally visible effect per step"
+                f"{where} of run {self.run_id} asked for a second effect key ({key!r} after "
+                f"{held!r}); one externally visible effect per step or per ctx.call"
             )
         self._ensure()  # a worker that lost the run, or a cancelled run, must not reach it
-        self._effect = key
+        if self._inside:
+            self._inside = (self._inside[0], key)
+        else:
+            self._effect = key
         return key
 
     @property
     def effect_key(self) -> str | None:
-        """The key this step asked for, if any (recorded in the step history)."""
+        """The key this step asked for outside its calls, if any (in the step history)."""
         return self._effect
 
     def _log(self, action: str, **more: Any) -> dict[str, Any]:
@@ -112,6 +142,116 @@ class Context:
         self._store.mark_done(key, self.run_id, result, self._lease.epoch)
         return result
 
+    # -- journaled calls -------------------------------------------------------------
+    def call(
+        self,
+        name: str,
+        fn: Callable[..., T],
+        /,
+        *args: Any,
+        max_cost: float | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """fn(*args, **kwargs), made at most once per (run, cursor, visit, name, n-th call
+        of name) and journaled: a replay of this step returns the recorded result instead.
+
+        The result must be JSON (dicts, lists, strings, numbers, bools, None); the first
+        run returns what a replay will, the JSON copy. A permanent error (one the step's
+        Retry policy does not retry) is recorded and replays as the same error; Transient
+        and cairn's own errors are not recorded, so the call runs again. Inside fn,
+        ctx.idempotency_key() is this call's own key (one keyed effect per call), and
+        ctx.add_cost() counts toward what the call records. max_cost: the most it may
+        cost, checked against the run's budget first.
+
+        A replay must make its calls in the same order: one that asks for another name at
+        a recorded position stops the run with JournalDiverged.
+        """
+        if self._inside is not None:
+            raise CairnError(
+                f"ctx.call({name!r}) inside ctx.call of run {self.run_id}: calls do not nest; "
+                "make them one after the other"
+            )
+        pos, n = self._position(name)
+        recorded = self._recorded(pos, name)
+        if recorded is not None:
+            return self._replay(recorded)  # type: ignore[no-any-return]
+        self._ensure()
+        if max_cost is not None:
+            self._afford(max_cost, f"ctx.call({name!r})")
+        before = self.cost_usd
+        self._inside = (f"cairn:{self.run_id}:{self.cursor}:{self.visit}:{name}:{n}", None)
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            if self._recordable(exc):
+                self._record(
+                    Call(pos=pos, name=name, error=_error_of(exc), cost_usd=self.cost_usd - before)
+                )
+            raise
+        finally:
+            self._inside = None
+        value = _as_json(result, f"ctx.call({name!r})")
+        self._record(Call(pos=pos, name=name, result=value, cost_usd=self.cost_usd - before))
+        return value  # type: ignore[no-any-return]
+
+    def add_cost(self, usd: float) -> None:
+        """Count usd (a call to another provider, a paid API) toward the run's budget: the
+        next ctx.model or ctx.call(..., max_cost=) is checked against it."""
+        if not usd >= 0:
+            raise ValueError(f"add_cost({usd!r}): a cost is a number of dollars, 0 or more")
+        self.cost_usd += usd
+
+    def _position(self, name: str) -> tuple[int, int]:
+        """This call's place in the visit, and its number among the calls of name."""
+        pos, n = self._calls, self._per_name.get(name, 0)
+        self._calls, self._per_name[name] = pos + 1, n + 1
+        return pos, n
+
+    def _recorded(self, pos: int, name: str) -> Call | None:
+        if self._journal is None:
+            self._journal = self._store.journal(self.run_id, self.cursor, self.visit)
+        if pos >= len(self._journal):
+            return None
+        call = self._journal[pos]
+        if call.name != name:
+            raise JournalDiverged(
+                f"step {self.cursor!r} of run {self.run_id}: call {pos} is {name!r} in this "
+                f"attempt but the journal recorded {call.name!r} there; a step must make its "
+                "journaled calls in the same order every time (branch on recorded results, "
+                "not on the clock or randomness)"
+            )
+        return call
+
+    def _replay(self, call: Call) -> Any:
+        self.cost_usd += call.cost_usd  # counted once: the attempt that paid never saved
+        if call.error is not None:
+            raise _rebuilt(call.error)
+        return call.result
+
+    def _record(self, call: Call) -> None:
+        if not self._store.record_call(self._cp, self.visit, call):
+            # Another worker claimed the run: what this call did is not ours to keep.
+            raise StaleWrite(self.run_id, self.seq, self._lease.epoch)
+        assert self._journal is not None
+        self._journal.append(call)
+
+    def _recordable(self, exc: Exception) -> bool:
+        """A permanent error of the call itself: not cairn's own (cancel, budget, lost
+        lease, Transient), not one the step's policy retries, not our store going down."""
+        return not (
+            isinstance(exc, (CairnError, *self._retry_on)) or self._store.outage(exc) is not None
+        )
+
+    def _afford(self, worst: float, what: str) -> None:
+        if self._cap is None:
+            return
+        spent = self._spent + self.cost_usd
+        if spent + worst > self._cap:
+            raise BudgetExceeded(
+                f"run {self.run_id}: spent ${spent:.6f}; {what} could cost "
+                f"up to ${worst:.6f}, over the cap of ${self._cap:.6f}"
+            )
+
     @property
     def db(self) -> Connection:
         """A Postgres connection in a transaction that commits with this step's checkpoint.
@@ -136,20 +276,77 @@ class Context:
 
     # -- model -----------------------------------------------------------------------
     def model(self, **request: Any) -> Any:
-        """messages.create through the anthropic SDK, retried; its cost is counted."""
+        """messages.create through the anthropic SDK, retried, journaled (a replay of the
+        step returns the recorded message, uncalled); its cost is counted once."""
         if self._model is None:
             raise RuntimeError("no model client configured for this worker")
+        if self._inside is not None:  # part of the call's own result: not journaled apart
+            return self._ask(request)
+        pos, _ = self._position("model")
+        recorded = self._recorded(pos, "model")
+        if recorded is not None:
+            return _decode(self._model, self._replay(recorded))
+        try:
+            message, cost = self._ask(request)
+        except Exception as exc:
+            if self._recordable(exc):  # a request the API refuses: refused again on replay
+                self._record(Call(pos=pos, name="model", error=_error_of(exc)))
+            raise
+        encoded = _encode(self._model, message)
+        self._record(Call(pos=pos, name="model", result=encoded, cost_usd=cost))
+        return message
+
+    def _ask(self, request: dict[str, Any]) -> Any:
+        assert self._model is not None
         # A model call costs money and shapes the run: a worker that lost the run must not
         # make one (a process resumed after SIGSTOP finds out here), nor a cancelled run.
         self._ensure()
         if self._cap is not None:
-            worst = self._model.worst_cost(**request)
-            spent = self._spent + self.cost_usd
-            if spent + worst > self._cap:
-                raise BudgetExceeded(
-                    f"run {self.run_id}: spent ${spent:.6f}; the next model call could cost "
-                    f"up to ${worst:.6f}, over the cap of ${self._cap:.6f}"
-                )
+            self._afford(self._model.worst_cost(**request), "the next model call")
         message, cost = self._model.create(**request)
         self.cost_usd += cost
-        return message
+        return message, cost
+
+
+def _as_json(value: Any, what: str) -> Any:
+    """value's JSON copy: what a replay will return."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise CairnError(
+            f"{what} returned {type(value).__name__}, which cannot be journaled ({exc}); "
+            "return JSON: dicts, lists, strings, numbers, bools or None"
+        ) from exc
+
+
+def _encode(model: Any, message: Any) -> Any:
+    encode = getattr(model, "encode", None)
+    return encode(message) if encode else _as_json(message, "the model client")
+
+
+def _decode(model: Any, data: Any) -> Any:
+    decode = getattr(model, "decode", None)
+    return decode(data) if decode else data
+
+
+def _error_of(exc: Exception) -> dict[str, Any]:
+    """A permanent error as the journal keeps it: enough to raise it again."""
+    try:
+        args = json.loads(json.dumps(exc.args))
+    except (TypeError, ValueError):
+        args = None
+    kind = type(exc)
+    return {"type": kind.__qualname__, "module": kind.__module__, "args": args, "message": str(exc)}
+
+
+def _rebuilt(error: dict[str, Any]) -> Exception:
+    """The recorded error, as its own class where that can be rebuilt from its args."""
+    try:
+        kind = importlib.import_module(error["module"])
+        for part in error["type"].split("."):
+            kind = getattr(kind, part)
+        if isinstance(kind, type) and issubclass(kind, Exception) and error["args"] is not None:
+            return kind(*error["args"])
+    except Exception:  # a class that moved, or that wants other arguments
+        logger.debug("could not rebuild %s", error["type"], exc_info=True)
+    return CallFailed(error["type"], error["message"])

@@ -178,6 +178,22 @@ class ModelClient:
             raise
         return message, cost_of(message.model, message.usage)
 
+    @staticmethod
+    def encode(message: Any) -> Any:
+        """A response as the journal keeps it (JSON)."""
+        return message.model_dump(mode="json")
+
+    @staticmethod
+    def decode(data: Any) -> Any:
+        """A journaled response as the SDK's own Message again."""
+        return _message_type().model_validate(data)
+
+
+def _message_type() -> Any:
+    from anthropic.types import Message
+
+    return Message
+
 
 def text_of(message: Any) -> str:
     """The concatenated text blocks of a response."""

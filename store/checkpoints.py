@@ -19,7 +19,7 @@ from cairn.errors import (
 )
 from cairn.status import RunStatus
 from cairn.store.db import Database, outage, translated
-from cairn.store.runs import Run, Wait
+from cairn.store.runs import Call, Run, Wait
 from cairn.store.sql import QUERIES
 from cairn.store.tx import StepTransaction
 
@@ -380,6 +380,29 @@ class PgStore:
         """Record that the effect of key ran, and under which lease epoch."""
         params = {"key": key, "run_id": run_id, "result": Jsonb(result), "epoch": epoch}
         self.db.one("mark_done", params)
+
+    # -- journal ---------------------------------------------------------------------
+    def journal(self, run_id: str, cursor: str, visit: int) -> list[Call]:
+        """The calls recorded for the step's visit, in order."""
+        rows = self.db.all("journal", {"run_id": run_id, "cursor": cursor, "visit": visit})
+        return [Call(**row) for row in rows]
+
+    def record_call(self, cp: Checkpoint, visit: int, call: Call) -> bool:
+        """Journal call for the step at cp (its seq, cursor and epoch); False if fenced: the
+        run moved on, or a newer epoch claimed it."""
+        params = {
+            "run_id": cp.run_id,
+            "seq": cp.seq,
+            "epoch": cp.epoch,
+            "cursor": cp.cursor,
+            "visit": visit,
+            "pos": call.pos,
+            "name": call.name,
+            "result": Jsonb(call.result) if call.error is None else None,
+            "error": Jsonb(call.error) if call.error is not None else None,
+            "cost_usd": call.cost_usd,
+        }
+        return self.db.one("record_call", params) is not None
 
     # -- queries for the CLI, the reaper and the sweep -------------------------------
     def list_runs(

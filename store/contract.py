@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from cairn.status import RunStatus
     from cairn.store.checkpoints import Attempt, Checkpoint, Saved
     from cairn.store.lease import LeaseToken
-    from cairn.store.runs import Run, Wait
+    from cairn.store.runs import Call, Run, Wait
     from cairn.store.tx import Connection
 
 
@@ -80,6 +80,12 @@ class CheckpointStore(Protocol):
 
     def mark_done(self, key: str, run_id: str, result: Any, epoch: int = 0) -> None:
         """Record in the ledger that the effect of key ran, under epoch."""
+
+    def journal(self, run_id: str, cursor: str, visit: int) -> list[Call]:
+        """The calls recorded for the step's visit, in order."""
+
+    def record_call(self, cp: Checkpoint, visit: int, call: Call) -> bool:
+        """Journal call for the step at cp, fenced like a save; False if fenced."""
 
     def transaction(self) -> StepTx:
         """A step's own connection (ctx.db), committed by save() with the checkpoint."""

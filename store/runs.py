@@ -21,6 +21,19 @@ class Wait:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class Call:
+    """One journaled call inside a step (ctx.call, ctx.model): its place in the step's
+    visit, its name, and its outcome: the JSON it returned, or the permanent error it
+    raised ({"type", "module", "args", "message"}), and the cost it counted."""
+
+    pos: int
+    name: str
+    result: Any = None
+    error: dict[str, Any] | None = None
+    cost_usd: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Run:
     """One run as `Client.get` and `Client.list` return it.
 

@@ -29,7 +29,7 @@ from cairn.status import STOPPED, RunStatus
 from cairn.store.checkpoints import Attempt, Checkpoint
 from cairn.store.contract import CheckpointStore, HeldLease, LeaseManager
 from cairn.store.lease import LeaseToken
-from cairn.store.runs import Run, Wait
+from cairn.store.runs import Call, Run, Wait
 from cairn.testing import ManualClock, MemoryLease, MemoryLeases, MemoryStore
 
 # Every timestamp Postgres stores, by table: moved back by the seconds that pass.
@@ -716,6 +716,7 @@ def test_the_sweep_removes_old_terminal_runs_with_everything_they_own(backend: B
         cp = _new(store, run_id)
         store.signal(run_id, "e", {}, "s-1")
         store.mark_done(f"k-{run_id}", run_id, {"ok": True})
+        assert store.record_call(cp, 0, Call(pos=0, name="tool", result=[run_id]))
         nxt = _advance(cp, window=(_msg("m"),))
         store.save(nxt, cp)
         if status == RunStatus.INCOMPATIBLE:
@@ -730,14 +731,54 @@ def test_the_sweep_removes_old_terminal_runs_with_everything_they_own(backend: B
     for run_id in ("old-done", "old-failed", "old-cancelled"):
         assert store.get(run_id) is None and store.history(run_id) == []
         assert store.was_done(f"k-{run_id}") == (False, None)
+        assert store.journal(run_id, "one", 0) == []
     for run_id in kept:
         assert store.was_done(f"k-{run_id}") == (True, {"ok": True})
+        assert [c.result for c in store.journal(run_id, "one", 0)] == [[run_id]]
     assert store.sweep(older_than=7 * 86400) == 0
     # A swept run id starts afresh: no window, no signal of the old run.
     cp = _new(store, "old-done")
     assert (cp.window, cp.seq) == ((), 0)
     _wait(store, cp, Wait(event="e"))
     assert _load(store, "old-done").signal is None
+
+
+# -- the journal of calls inside a step --------------------------------------------------
+def test_calls_are_journaled_in_order_per_visit(any_store: CheckpointStore) -> None:
+    cp = _running(any_store)  # at cursor "two", seq 1, epoch 1
+    made = [
+        Call(pos=0, name="model", result={"role": "assistant", "content": "hi"}, cost_usd=0.01),
+        Call(
+            pos=1,
+            name="search",
+            error={"type": "ValueError", "module": "builtins", "args": ["no"], "message": "no"},
+        ),
+        Call(pos=2, name="search", result=None),
+    ]
+    for call in reversed(made):  # read back by position, whatever the order of writing
+        assert any_store.record_call(cp, 0, call)
+    assert any_store.journal("r1", "two", 0) == made
+    assert any_store.journal("r1", "two", 1) == []  # another visit: nothing
+    assert any_store.journal("r1", "one", 0) == []
+
+
+def test_a_journal_record_is_fenced_like_a_save(any_store: CheckpointStore) -> None:
+    cp = _running(any_store)
+    call = Call(pos=0, name="tool", result=1)
+    # Not at the run's seq (it moved on, or this writer is behind): refused.
+    assert not any_store.record_call(dataclasses.replace(cp, seq=0), 0, call)
+    assert any_store.record_call(cp, 0, call)
+    # The same writer again (its first try committed, the reply was lost): recorded.
+    assert any_store.record_call(cp, 0, call)
+    # Another name at that place is not this writer's record: refused.
+    assert not any_store.record_call(cp, 0, Call(pos=0, name="other", result=2))
+    # A newer epoch claims the run: the old owner records nothing more.
+    assert any_store.claim("r1", 2) is not None
+    assert not any_store.record_call(cp, 0, Call(pos=1, name="tool", result=3))
+    assert not any_store.record_call(cp, 0, call)
+    assert any_store.journal("r1", "two", 0) == [call]
+    assert any_store.record_call(dataclasses.replace(cp, epoch=2), 0, Call(pos=1, name="x"))
+    assert not any_store.record_call(dataclasses.replace(cp, run_id="nope"), 0, call)
 
 
 # -- a step's transaction --------------------------------------------------------------

@@ -181,10 +181,11 @@ def _drive(cp: Checkpoint, lease: HeldLease, deps: Deps) -> RunStatus:
             where = f"{cp.cursor!r} (seq {cp.seq})"
             logger.warning("run %s: resuming at %s", run_id, where, extra=logs.at(cp, "resume"))
             deps.middleware.resumed(cp)
+        fresh = False  # the first step may be a replay; the ones after our own saves are not
         while cp.cursor != DONE and cp.status != RunStatus.WAITING:
             if deps.stopping():
                 raise HandOff(f"run {run_id}: worker shutting down at {cp.cursor!r}")
-            cp = _step(cp, flow, lease, deps)
+            cp, fresh = _step(cp, flow, lease, deps, fresh), True
         return cp.status
     except Stop as exc:
         logger.warning(
@@ -255,8 +256,11 @@ def _acquire(run_id: str, floor: int, deps: Deps) -> HeldLease:
     raise Deferred(run_id, str(holder) if holder else None)
 
 
-def _step(cp: Checkpoint, flow: registry.Workflow, lease: HeldLease, deps: Deps) -> Checkpoint:
-    """Run the step at cp.cursor and save its checkpoint; returns the saved checkpoint."""
+def _step(
+    cp: Checkpoint, flow: registry.Workflow, lease: HeldLease, deps: Deps, fresh: bool = False
+) -> Checkpoint:
+    """Run the step at cp.cursor and save its checkpoint; returns the saved checkpoint.
+    fresh: this worker saved the step before, so no journal can hold calls of this one."""
     settings, store, middleware = deps.settings, deps.store, deps.middleware
     fn = flow.steps.get(cp.cursor)
     if fn is None:
@@ -270,7 +274,15 @@ def _step(cp: Checkpoint, flow: registry.Workflow, lease: HeldLease, deps: Deps)
         worker=lease.token.owner,
         signal_id=cp.signal["id"] if cp.signal else None,
     )
-    ctx = Context(cp, store=store, lease=lease, model=deps.model, config=settings)
+    ctx = Context(
+        cp,
+        store=store,
+        lease=lease,
+        model=deps.model,
+        config=settings,
+        retry_on=flow.retries[cp.cursor].on,
+        fresh=fresh,
+    )
     try:
         middleware.before_step(cp)
         try:

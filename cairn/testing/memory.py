@@ -39,7 +39,7 @@ from cairn.store.checkpoints import (
 )
 from cairn.store.keys import EPOCH_TTL
 from cairn.store.lease import LeaseToken
-from cairn.store.runs import Run, Wait
+from cairn.store.runs import Call, Run, Wait
 
 if TYPE_CHECKING:
     from cairn.store.contract import StepTx
@@ -117,6 +117,8 @@ class _Row:
     window: dict[int, str] = dataclasses.field(default_factory=dict)  # window_messages
     signals: dict[str, _Signal] = dataclasses.field(default_factory=dict)
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # step_history
+    # journal: (cursor, visit, pos) -> (the call with its result and error as JSON text, epoch)
+    journal: dict[tuple[str, int, int], tuple[Call, int]] = dataclasses.field(default_factory=dict)
 
 
 class _NoTransaction:
@@ -420,6 +422,37 @@ class MemoryStore:
         text = _dump(result)
         with self._lock:
             self._effects.setdefault(key, (run_id, text, epoch))
+
+    # -- journal ---------------------------------------------------------------------
+    def journal(self, run_id: str, cursor: str, visit: int) -> list[Call]:
+        """The calls recorded for the step's visit, in order."""
+        with self._lock:
+            row = self._rows.get(run_id)
+            found = sorted(
+                (key[2], call)
+                for key, (call, _) in (row.journal.items() if row else ())
+                if key[:2] == (cursor, visit)
+            )
+        return [_loaded(call) for _, call in found]
+
+    def record_call(self, cp: Checkpoint, visit: int, call: Call) -> bool:
+        """Journal call for the step at cp, fenced like a save (record_call in the SQL);
+        False if fenced. The same writer recording it again gets True."""
+        stored = dataclasses.replace(
+            call,
+            result=_dump(call.result) if call.error is None else None,
+            error=_dump(call.error) if call.error is not None else None,
+        )
+        with self._lock:
+            row = self._rows.get(cp.run_id)
+            if row is None or row.seq != cp.seq or row.epoch > cp.epoch:
+                return False
+            key = (cp.cursor, visit, call.pos)
+            if key in row.journal:
+                held, epoch = row.journal[key]
+                return epoch == cp.epoch and held.name == call.name
+            row.journal[key] = (stored, cp.epoch)
+            return True
 
     # -- queries for the CLI, the reaper and the sweep -------------------------------
     def list_runs(
@@ -759,6 +792,15 @@ class MemoryLeases:
             if ended:
                 self._epochs.pop(run_id, None)
             return True
+
+
+def _loaded(call: Call) -> Call:
+    """A journaled call as read back: its result and error parsed from their JSON text."""
+    return dataclasses.replace(
+        call,
+        result=json.loads(call.result) if call.result is not None else None,
+        error=json.loads(call.error) if call.error is not None else None,
+    )
 
 
 def _unconsumed(row: _Row, event: str | None) -> list[tuple[str, _Signal]]:

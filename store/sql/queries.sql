@@ -203,6 +203,27 @@ VALUES (%(key)s, %(run_id)s, %(result)s, %(epoch)s)
 ON CONFLICT (key) DO NOTHING
 RETURNING key;
 
+-- name: journal
+-- A step visit's recorded calls, in order: what its replay returns without calling.
+SELECT pos, name, result, error, cost_usd
+  FROM journal
+ WHERE run_id = %(run_id)s AND cursor = %(cursor)s AND visit = %(visit)s
+ ORDER BY pos;
+
+-- name: record_call
+-- One call's outcome, fenced like a save: written only while the run is at the step's
+-- seq and no newer epoch has claimed it, so a worker that lost the run records nothing.
+-- A retry whose first try committed (the reply was lost on the way) meets its own row
+-- (same epoch, same name) and gets it back: recorded, not fenced.
+INSERT INTO journal AS j (run_id, cursor, visit, pos, name, seq, epoch, result, error, cost_usd)
+SELECT c.run_id, %(cursor)s, %(visit)s, %(pos)s, %(name)s, c.seq, %(epoch)s, %(result)s,
+       %(error)s, %(cost_usd)s
+  FROM checkpoints c
+ WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s AND c.epoch <= %(epoch)s
+ON CONFLICT (run_id, cursor, visit, pos) DO UPDATE SET epoch = j.epoch
+ WHERE j.epoch = EXCLUDED.epoch AND j.name = EXCLUDED.name
+RETURNING j.pos;
+
 -- name: get_run
 -- What Client.get shows: position, result and error, not the window.
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
@@ -317,7 +338,7 @@ SELECT c.run_id
 
 -- name: sweep
 -- Retention, one batch: up to `batch` terminal runs older than the horizon go, with
--- their window, ledger, history and signal rows. Called until a batch comes back short,
+-- their window, ledger, history, signal and journal rows. Called until a batch comes back short,
 -- so each transaction (and its cascade) stays small.
 WITH old AS (
     SELECT run_id FROM checkpoints
@@ -335,6 +356,8 @@ WITH old AS (
     DELETE FROM step_history s USING gone WHERE s.run_id = gone.run_id
 ), sig AS (
     DELETE FROM signals s USING gone WHERE s.run_id = gone.run_id
+), j AS (
+    DELETE FROM journal j USING gone WHERE j.run_id = gone.run_id
 )
 SELECT count(*) AS n FROM gone;
 

@@ -1,4 +1,4 @@
--- cairn's schema as it stands: what migrations/0001..0004 build, in one file to read.
+-- cairn's schema as it stands: what migrations/0001..0005 build, in one file to read.
 -- Databases are made and upgraded by the migrations (`cairn db upgrade`);
 -- tests/test_schema.py builds one database from them and one from this file and asserts
 -- their schema-only dumps are equal, so this file cannot drift. A new migration edits
@@ -182,3 +182,22 @@ END $$;
 
 CREATE TRIGGER checkpoints_count_truncate AFTER TRUNCATE ON checkpoints
     FOR EACH STATEMENT EXECUTE FUNCTION cairn_count_truncate();
+
+-- Journaled calls inside a step (ctx.call, ctx.model): each call's outcome in the order the
+-- step made them, so a replay of the step's visit returns what was recorded instead of
+-- calling again. Kept with the run for its history, and swept with it (no foreign key,
+-- like the other per-run tables: the sweep deletes them in one statement).
+CREATE TABLE journal (
+    run_id      text NOT NULL,
+    cursor      text NOT NULL,
+    visit       integer NOT NULL,
+    pos         integer NOT NULL,          -- the call's place in the visit, from 0
+    name        text NOT NULL,
+    seq         bigint NOT NULL,           -- the seq the step started from
+    epoch       bigint NOT NULL,           -- the lease epoch that recorded it
+    result      jsonb,                     -- what the call returned, or
+    error       jsonb,                     -- the permanent error it raised
+    cost_usd    double precision NOT NULL DEFAULT 0,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (run_id, cursor, visit, pos)
+);
