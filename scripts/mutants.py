@@ -237,7 +237,10 @@ MUTANTS = [
         "steps/context.py",
         "            self._journal = self._store.journal(self.run_id, self.cursor, self.visit)",
         "            self._journal = []",
-        (f"{JOURNAL_REPLAY}[memory-5]", f"{JOURNAL_REPLAY}[pg-5]"),
+        (
+            f"{JOURNAL_REPLAY}[memory-journal-agent-5]",
+            f"{JOURNAL_REPLAY}[pg-journal-agent-async-5]",
+        ),
     ),
     Mutant(
         "M26",

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import dataclasses
 import importlib
+import inspect
 import json
 import logging
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from cairn import logs
@@ -30,6 +34,21 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+@dataclasses.dataclass
+class _Frame:
+    """The journaled call running in this thread or asyncio task: its key, the effect key
+    it asked for, and the cost counted inside it. A context variable, not an attribute, so
+    calls awaited side by side (asyncio.gather) each keep their own."""
+
+    ctx: Context
+    key: str
+    effect: str | None = None
+    cost: float = 0.0
+
+
+_frame: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar("cairn_call", default=None)
 
 
 class Context:
@@ -71,10 +90,9 @@ class Context:
         self._tx: StepTransaction | None = None
         # The journal of this visit, read at the first journaled call (a step that follows
         # this worker's own save is fresh: nobody can have recorded calls for it).
-        self._journal: list[Call] | None = [] if fresh else None
+        self._journal: dict[int, Call] | None = {} if fresh else None
         self._calls = 0  # journaled calls made (or replayed) so far in this attempt
         self._per_name: dict[str, int] = {}
-        self._inside: tuple[str, str | None] | None = None  # (call's key, its effect key)
 
     # -- effects ---------------------------------------------------------------------
     def idempotency_key(self, suffix: str = "") -> str:
@@ -85,20 +103,19 @@ class Context:
         key in one step is an error: split the step at the effect boundary, or make each
         effect a ctx.call, which has a key of its own (run, cursor, visit, call name, n).
         """
-        base = (
-            self._inside[0] if self._inside else f"cairn:{self.run_id}:{self.cursor}:{self.visit}"
-        )
+        frame = self._inside()
+        base = frame.key if frame else f"cairn:{self.run_id}:{self.cursor}:{self.visit}"
         key = base + (f":{suffix}" if suffix else "")
-        held = self._inside[1] if self._inside else self._effect
+        held = frame.effect if frame else self._effect
         if held is not None and held != key:
-            where = f"call {base!r}" if self._inside else f"step {self.cursor!r}"
+            where = f"call {base!r}" if frame else f"step {self.cursor!r}"
             raise MultipleEffects(
                 f"{where} of run {self.run_id} asked for a second effect key ({key!r} after "
                 f"{held!r}); one externally visible effect per step or per ctx.call"
             )
         self._ensure()  # a worker that lost the run, or a cancelled run, must not reach it
-        if self._inside:
-            self._inside = (self._inside[0], key)
+        if frame:
+            frame.effect = key
         else:
             self._effect = key
         return key
@@ -142,6 +159,17 @@ class Context:
         self._store.mark_done(key, self.run_id, result, self._lease.epoch)
         return result
 
+    async def aonce(self, effect: Callable[[str], Awaitable[T]], *, suffix: str = "") -> T:
+        """ctx.once for an async effect: await effect(key) unless the ledger has it."""
+        key = self.idempotency_key(suffix)
+        done, result = self._store.was_done(key)
+        if done:
+            return result  # type: ignore[no-any-return]
+        self._lease.ensure(fresh=True)
+        result = await effect(key)
+        self._store.mark_done(key, self.run_id, result, self._lease.epoch)
+        return result
+
     # -- journaled calls -------------------------------------------------------------
     def call(
         self,
@@ -166,40 +194,90 @@ class Context:
         A replay must make its calls in the same order: one that asks for another name at
         a recorded position stops the run with JournalDiverged.
         """
-        if self._inside is not None:
+        pos, n, recorded = self._begin(name, max_cost)
+        if recorded is not None:
+            return self._replay(recorded)  # type: ignore[no-any-return]
+        token = _frame.set(_Frame(self, self._call_key(name, n)))
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            self._failed(pos, name, exc, token)
+            raise
+        return self._returned(pos, name, result, token)  # type: ignore[no-any-return]
+
+    async def acall(
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[T] | T],
+        /,
+        *args: Any,
+        max_cost: float | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """ctx.call for async code: awaits fn(*args, **kwargs) if it returns an awaitable.
+        Calls awaited side by side (asyncio.gather) take their places in the order they
+        start, so a replay that starts them in the same order finds each one's record."""
+        pos, n, recorded = self._begin(name, max_cost)
+        if recorded is not None:
+            return self._replay(recorded)  # type: ignore[no-any-return]
+        token = _frame.set(_Frame(self, self._call_key(name, n)))
+        try:
+            result = fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as exc:
+            self._failed(pos, name, exc, token)
+            raise
+        return self._returned(pos, name, result, token)  # type: ignore[no-any-return]
+
+    def _call_key(self, name: str, n: int) -> str:
+        return f"cairn:{self.run_id}:{self.cursor}:{self.visit}:{name}:{n}"
+
+    def _inside(self) -> _Frame | None:
+        frame = _frame.get()
+        return frame if frame is not None and frame.ctx is self else None
+
+    def _begin(self, name: str, max_cost: float | None) -> tuple[int, int, Call | None]:
+        """A call's place, and its record if an earlier attempt made it; else the checks
+        before making it."""
+        if self._inside() is not None:
             raise CairnError(
                 f"ctx.call({name!r}) inside ctx.call of run {self.run_id}: calls do not nest; "
                 "make them one after the other"
             )
         pos, n = self._position(name)
         recorded = self._recorded(pos, name)
-        if recorded is not None:
-            return self._replay(recorded)  # type: ignore[no-any-return]
-        self._ensure()
-        if max_cost is not None:
-            self._afford(max_cost, f"ctx.call({name!r})")
-        before = self.cost_usd
-        self._inside = (f"cairn:{self.run_id}:{self.cursor}:{self.visit}:{name}:{n}", None)
-        try:
-            result = fn(*args, **kwargs)
-        except Exception as exc:
-            if self._recordable(exc):
-                self._record(
-                    Call(pos=pos, name=name, error=_error_of(exc), cost_usd=self.cost_usd - before)
-                )
-            raise
-        finally:
-            self._inside = None
+        if recorded is None:
+            self._ensure()
+            if max_cost is not None:
+                self._afford(max_cost, f"ctx.call({name!r})")
+        return pos, n, recorded
+
+    def _failed(self, pos: int, name: str, exc: Exception, token: contextvars.Token[Any]) -> None:
+        frame = _frame.get()
+        _frame.reset(token)
+        if self._recordable(exc):
+            cost = frame.cost if frame else 0.0
+            self._record(Call(pos=pos, name=name, error=_error_of(exc), cost_usd=cost))
+
+    def _returned(self, pos: int, name: str, result: Any, token: contextvars.Token[Any]) -> Any:
+        frame = _frame.get()
+        _frame.reset(token)
         value = _as_json(result, f"ctx.call({name!r})")
-        self._record(Call(pos=pos, name=name, result=value, cost_usd=self.cost_usd - before))
-        return value  # type: ignore[no-any-return]
+        self._record(Call(pos=pos, name=name, result=value, cost_usd=frame.cost if frame else 0.0))
+        return value
 
     def add_cost(self, usd: float) -> None:
         """Count usd (a call to another provider, a paid API) toward the run's budget: the
         next ctx.model or ctx.call(..., max_cost=) is checked against it."""
         if not usd >= 0:
             raise ValueError(f"add_cost({usd!r}): a cost is a number of dollars, 0 or more")
+        self._count(usd)
+
+    def _count(self, usd: float) -> None:
         self.cost_usd += usd
+        if (frame := self._inside()) is not None:
+            frame.cost += usd  # recorded with the call, so its replay counts it
 
     def _position(self, name: str) -> tuple[int, int]:
         """This call's place in the visit, and its number among the calls of name."""
@@ -209,10 +287,12 @@ class Context:
 
     def _recorded(self, pos: int, name: str) -> Call | None:
         if self._journal is None:
-            self._journal = self._store.journal(self.run_id, self.cursor, self.visit)
-        if pos >= len(self._journal):
+            self._journal = {
+                c.pos: c for c in self._store.journal(self.run_id, self.cursor, self.visit)
+            }
+        call = self._journal.get(pos)
+        if call is None:
             return None
-        call = self._journal[pos]
         if call.name != name:
             raise JournalDiverged(
                 f"step {self.cursor!r} of run {self.run_id}: call {pos} is {name!r} in this "
@@ -233,7 +313,7 @@ class Context:
             # Another worker claimed the run: what this call did is not ours to keep.
             raise StaleWrite(self.run_id, self.seq, self._lease.epoch)
         assert self._journal is not None
-        self._journal.append(call)
+        self._journal[call.pos] = call
 
     def _recordable(self, exc: Exception) -> bool:
         """A permanent error of the call itself: not cairn's own (cancel, budget, lost
@@ -280,8 +360,8 @@ class Context:
         step returns the recorded message, uncalled); its cost is counted once."""
         if self._model is None:
             raise RuntimeError("no model client configured for this worker")
-        if self._inside is not None:  # part of the call's own result: not journaled apart
-            return self._ask(request)
+        if self._inside() is not None:  # part of the call's own result: not journaled apart
+            return self._ask(request)[0]
         pos, _ = self._position("model")
         recorded = self._recorded(pos, "model")
         if recorded is not None:
@@ -296,16 +376,48 @@ class Context:
         self._record(Call(pos=pos, name="model", result=encoded, cost_usd=cost))
         return message
 
-    def _ask(self, request: dict[str, Any]) -> Any:
+    async def amodel(self, **request: Any) -> Any:
+        """ctx.model for async steps: the same journal and checks; the SDK call runs in a
+        worker thread, so the step's event loop goes on with its other tasks."""
+        if self._model is None:
+            raise RuntimeError("no model client configured for this worker")
+        if self._inside() is not None:
+            return (await self._aask(request))[0]
+        pos, _ = self._position("model")
+        recorded = self._recorded(pos, "model")
+        if recorded is not None:
+            return _decode(self._model, self._replay(recorded))
+        try:
+            message, cost = await self._aask(request)
+        except Exception as exc:
+            if self._recordable(exc):
+                self._record(Call(pos=pos, name="model", error=_error_of(exc)))
+            raise
+        encoded = _encode(self._model, message)
+        self._record(Call(pos=pos, name="model", result=encoded, cost_usd=cost))
+        return message
+
+    def _ask(self, request: dict[str, Any]) -> tuple[Any, float]:
+        assert self._model is not None
+        self._check_model(request)
+        message, cost = self._model.create(**request)
+        self._count(cost)
+        return message, cost
+
+    async def _aask(self, request: dict[str, Any]) -> tuple[Any, float]:
+        assert self._model is not None
+        self._check_model(request)
+        message, cost = await asyncio.to_thread(self._model.create, **request)
+        self._count(cost)
+        return message, cost
+
+    def _check_model(self, request: dict[str, Any]) -> None:
         assert self._model is not None
         # A model call costs money and shapes the run: a worker that lost the run must not
         # make one (a process resumed after SIGSTOP finds out here), nor a cancelled run.
         self._ensure()
         if self._cap is not None:
             self._afford(self._model.worst_cost(**request), "the next model call")
-        message, cost = self._model.create(**request)
-        self.cost_usd += cost
-        return message, cost
 
 
 def _as_json(value: Any, what: str) -> Any:

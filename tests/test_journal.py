@@ -9,6 +9,7 @@ real workers is tests/test_journal_crash.py.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import uuid
 from collections import defaultdict
@@ -118,9 +119,34 @@ def _send(ctx: Context, turn: int) -> dict[str, Any]:
     return {"sent": turn, "key": key}
 
 
+async_agent = workflow("journal-agent-async")
+
+
+@async_agent.step("think")
+async def think_async(ctx: Context) -> StepResult:
+    """The same agent as async code: amodel, and acall of an async tool."""
+    replies = []
+    for turn in range(8):
+        _maybe_die(ctx)
+        reply = await ctx.amodel(messages=[], max_tokens=8, metadata={"user_id": ctx.run_id})
+        replies.append(reply)
+        if turn % 3 == 1:
+            _maybe_die(ctx)
+            await ctx.acall("send", _send_async, ctx, turn)
+    return StepResult(cursor="done", state={"replies": [r["content"] for r in replies]})
+
+
+async def _send_async(ctx: Context, turn: int) -> dict[str, Any]:
+    await asyncio.sleep(0)
+    return _send(ctx, turn)
+
+
 @pytest.mark.parametrize("die_after", [0, 5, 9])
-def test_a_replay_after_a_crash_makes_no_call_twice(deps: loop.Deps, die_after: int) -> None:
-    run_id = _start(deps, "journal-agent")
+@pytest.mark.parametrize("flow", ["journal-agent", "journal-agent-async"])
+def test_a_replay_after_a_crash_makes_no_call_twice(
+    deps: loop.Deps, flow: str, die_after: int
+) -> None:
+    run_id = _start(deps, flow)
     dies[run_id] = die_after
     with pytest.raises(ProcessDied):
         loop.run(run_id, deps)
@@ -348,3 +374,72 @@ def test_the_sdks_messages_replay_as_messages_and_are_asked_once(
     cp = _load(deps, run_id)
     assert len(cp.state["texts"]) == 2 and all(cp.state["texts"])
     assert cp.cost_usd > first.cost_usd == 0
+
+
+# -- async steps ---------------------------------------------------------------------------
+side_by_side = workflow("journal-gather")
+
+
+@side_by_side.step()
+async def fan_out(ctx: Context) -> StepResult:
+    async def fetch(delay: float, what: str) -> dict[str, Any]:
+        await asyncio.sleep(delay)  # the first started finishes last
+        calls[ctx.run_id].append(what)
+        return {"what": what, "key": ctx.idempotency_key()}
+
+    slow, fast = await asyncio.gather(
+        ctx.acall("fetch", fetch, 0.05, "slow"), ctx.acall("fetch", fetch, 0.0, "fast")
+    )
+    _maybe_die(ctx)
+    loops = calls.setdefault(f"{ctx.run_id}:loops", [])
+    loops.append(id(asyncio.get_running_loop()))
+    once = await ctx.aonce(_note_async)
+    return StepResult(cursor="done", state={"slow": slow, "fast": fast, "once": once})
+
+
+async def _note_async(key: str) -> str:
+    run_id = key.split(":")[1]
+    calls[run_id].append("once")
+    return key
+
+
+def test_calls_awaited_side_by_side_keep_their_places_and_keys(deps: loop.Deps) -> None:
+    run_id = _start(deps, "journal-gather")
+    dies[run_id] = 2
+    with pytest.raises(ProcessDied):
+        loop.run(run_id, deps)
+    assert calls[run_id] == ["fast", "slow"]  # recorded in the order they returned
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+    assert calls[run_id] == ["fast", "slow", "once"]  # neither fetched again
+    state = _load(deps, run_id).state
+    assert state["slow"] == {"what": "slow", "key": f"cairn:{run_id}:fan_out:0:fetch:0"}
+    assert state["fast"] == {"what": "fast", "key": f"cairn:{run_id}:fan_out:0:fetch:1"}
+    assert state["once"] == f"cairn:{run_id}:fan_out:0"
+    again = _start(deps, "journal-gather")
+    assert loop.run(again, deps) == RunStatus.DONE
+    # One event loop per thread, kept from step to step.
+    assert calls[f"{run_id}:loops"] == calls[f"{again}:loops"]
+
+
+guarded = workflow("journal-async-guards")
+
+
+@guarded.step()
+async def spend(ctx: Context) -> StepResult:
+    await ctx.acall("first", lambda: calls[ctx.run_id].append("first"))
+    ctx._store.cancel(ctx.run_id, "stop now") if ctx.input.get("cancel") else None
+    for _ in range(3):
+        await ctx.amodel(messages=[], max_tokens=8, metadata={"user_id": ctx.run_id})
+    return StepResult(cursor="done")
+
+
+def test_an_async_step_is_stopped_by_cancel_and_budget_as_a_sync_one(deps: loop.Deps) -> None:
+    cancelled = _start(deps, "journal-async-guards", {"cancel": True})
+    assert loop.run(cancelled, deps) == RunStatus.CANCELLED
+    assert calls[cancelled] == ["first"]  # no model call after the cancel
+    capped = _start(deps, "journal-async-guards", max_cost_usd=0.035)
+    assert loop.run(capped, deps) == RunStatus.BUDGET_EXCEEDED
+    # Each call costs 0.01 and could cost 0.02: the third could take 0.02 spent to 0.04.
+    assert calls[capped] == ["first", "model", "model"]
+    error = _load(deps, capped).error or ""
+    assert "spent $0.020000; the next model call could cost up to $0.020000" in error

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import inspect
 import logging
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -287,6 +290,8 @@ def _step(
         middleware.before_step(cp)
         try:
             result = fn(ctx)
+            if inspect.iscoroutine(result):  # an async def step
+                result = _await(result)
         except StoreUnavailable:
             raise  # our own store is down: the task retries, bounded
         except Cancelled as exc:
@@ -318,6 +323,19 @@ def _step(
     if saved.signalled:
         raise HandOff(f"run {cp.run_id}: the signal it now waits for had come; going on")
     return nxt
+
+
+_local = threading.local()
+
+
+def _await(step: Any) -> Any:
+    """Run an async step on this thread's event loop, made once per thread and kept: a new
+    loop per step would cost more than a small step. (Each thread of the threads pool has
+    its own; async clients a step keeps in module globals stay on one loop per thread.)"""
+    runner = getattr(_local, "runner", None)
+    if runner is None:
+        runner = _local.runner = asyncio.Runner()
+    return runner.run(step)
 
 
 def _with_key(attempt: Attempt, ctx: Context) -> Attempt:
