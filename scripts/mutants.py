@@ -235,8 +235,8 @@ MUTANTS = [
         "M25",
         "the journal is ignored on replay (calls are made again)",
         "steps/context.py",
-        "            self._journal = self._store.journal(self.run_id, self.cursor, self.visit)",
-        "            self._journal = []",
+        "            self._journal = {\n                c.pos: c for c in self._store.journal(",
+        "            self._journal = {} if True else {\n                c.pos: c for c in self._store.journal(",
         (
             f"{JOURNAL_REPLAY}[memory-journal-agent-5]",
             f"{JOURNAL_REPLAY}[pg-journal-agent-async-5]",
