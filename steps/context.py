@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from cairn.store import Checkpoint, StepTransaction
     from cairn.store.contract import CheckpointStore, HeldLease
     from cairn.store.tx import Connection
+    from cairn.workers.middleware import Chain
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -64,6 +65,7 @@ class Context:
         config: Any = None,
         retry_on: tuple[type[BaseException], ...] = (Transient,),
         fresh: bool = False,
+        hooks: Chain | None = None,
     ) -> None:
         self.run_id = cp.run_id
         self.cursor = cp.cursor
@@ -85,7 +87,7 @@ class Context:
         cap = cp.max_cost_usd if cp.max_cost_usd is not None else getattr(config, "max_cost_usd", 0)
         self._cap: float | None = cap or None
         self._cp, self._store, self._lease, self._model = cp, store, lease, model
-        self._retry_on = retry_on
+        self._retry_on, self._hooks = retry_on, hooks
         self._effect: str | None = None
         self._tx: StepTransaction | None = None
         # The journal of this visit, read at the first journaled call (a step that follows
@@ -197,7 +199,7 @@ class Context:
         pos, n, recorded = self._begin(name, max_cost)
         if recorded is not None:
             return self._replay(recorded)  # type: ignore[no-any-return]
-        token = _frame.set(_Frame(self, self._call_key(name, n)))
+        token = self._enter(name, pos, n)
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:
@@ -220,7 +222,7 @@ class Context:
         pos, n, recorded = self._begin(name, max_cost)
         if recorded is not None:
             return self._replay(recorded)  # type: ignore[no-any-return]
-        token = _frame.set(_Frame(self, self._call_key(name, n)))
+        token = self._enter(name, pos, n)
         try:
             result = fn(*args, **kwargs)
             if inspect.isawaitable(result):
@@ -230,8 +232,12 @@ class Context:
             raise
         return self._returned(pos, name, result, token)  # type: ignore[no-any-return]
 
-    def _call_key(self, name: str, n: int) -> str:
-        return f"cairn:{self.run_id}:{self.cursor}:{self.visit}:{name}:{n}"
+    def _enter(self, name: str, pos: int, n: int) -> contextvars.Token[Any]:
+        if self._hooks is not None:
+            self._hooks.before_call(self._cp, name, pos)
+        return _frame.set(
+            _Frame(self, f"cairn:{self.run_id}:{self.cursor}:{self.visit}:{name}:{n}")
+        )
 
     def _inside(self) -> _Frame | None:
         frame = _frame.get()
@@ -256,6 +262,8 @@ class Context:
     def _failed(self, pos: int, name: str, exc: Exception, token: contextvars.Token[Any]) -> None:
         frame = _frame.get()
         _frame.reset(token)
+        if self._hooks is not None:
+            self._hooks.after_call(self._cp, name, pos, exc)
         if self._recordable(exc):
             cost = frame.cost if frame else 0.0
             self._record(Call(pos=pos, name=name, error=_error_of(exc), cost_usd=cost))
@@ -263,6 +271,8 @@ class Context:
     def _returned(self, pos: int, name: str, result: Any, token: contextvars.Token[Any]) -> Any:
         frame = _frame.get()
         _frame.reset(token)
+        if self._hooks is not None:
+            self._hooks.after_call(self._cp, name, pos)
         value = _as_json(result, f"ctx.call({name!r})")
         self._record(Call(pos=pos, name=name, result=value, cost_usd=frame.cost if frame else 0.0))
         return value
@@ -367,10 +377,9 @@ class Context:
         if recorded is not None:
             return _decode(self._model, self._replay(recorded))
         try:
-            message, cost = self._ask(request)
+            message, cost = self._ask(request, pos)
         except Exception as exc:
-            if self._recordable(exc):  # a request the API refuses: refused again on replay
-                self._record(Call(pos=pos, name="model", error=_error_of(exc)))
+            self._model_failed(pos, exc)
             raise
         encoded = _encode(self._model, message)
         self._record(Call(pos=pos, name="model", result=encoded, cost_usd=cost))
@@ -388,36 +397,56 @@ class Context:
         if recorded is not None:
             return _decode(self._model, self._replay(recorded))
         try:
-            message, cost = await self._aask(request)
+            message, cost = await self._aask(request, pos)
         except Exception as exc:
-            if self._recordable(exc):
-                self._record(Call(pos=pos, name="model", error=_error_of(exc)))
+            self._model_failed(pos, exc)
             raise
         encoded = _encode(self._model, message)
         self._record(Call(pos=pos, name="model", result=encoded, cost_usd=cost))
         return message
 
-    def _ask(self, request: dict[str, Any]) -> tuple[Any, float]:
+    def _ask(self, request: dict[str, Any], pos: int | None = None) -> tuple[Any, float]:
+        """The model call itself (pos: its journal place; None inside a ctx.call)."""
         assert self._model is not None
-        self._check_model(request)
-        message, cost = self._model.create(**request)
+        self._check_model(request, pos)
+        try:
+            message, cost = self._model.create(**request)
+        except Exception as exc:
+            self._after_model(pos, exc)
+            raise
         self._count(cost)
+        self._after_model(pos, None)
         return message, cost
 
-    async def _aask(self, request: dict[str, Any]) -> tuple[Any, float]:
+    async def _aask(self, request: dict[str, Any], pos: int | None = None) -> tuple[Any, float]:
         assert self._model is not None
-        self._check_model(request)
-        message, cost = await asyncio.to_thread(self._model.create, **request)
+        self._check_model(request, pos)
+        try:
+            message, cost = await asyncio.to_thread(self._model.create, **request)
+        except Exception as exc:
+            self._after_model(pos, exc)
+            raise
         self._count(cost)
+        self._after_model(pos, None)
         return message, cost
 
-    def _check_model(self, request: dict[str, Any]) -> None:
+    def _after_model(self, pos: int | None, exc: Exception | None) -> None:
+        if pos is not None and self._hooks is not None:
+            self._hooks.after_call(self._cp, "model", pos, exc)
+
+    def _model_failed(self, pos: int, exc: Exception) -> None:
+        if self._recordable(exc):  # a request the API refuses: refused again on replay
+            self._record(Call(pos=pos, name="model", error=_error_of(exc)))
+
+    def _check_model(self, request: dict[str, Any], pos: int | None) -> None:
         assert self._model is not None
         # A model call costs money and shapes the run: a worker that lost the run must not
         # make one (a process resumed after SIGSTOP finds out here), nor a cancelled run.
         self._ensure()
         if self._cap is not None:
             self._afford(self._model.worst_cost(**request), "the next model call")
+        if pos is not None and self._hooks is not None:
+            self._hooks.before_call(self._cp, "model", pos)
 
 
 def _as_json(value: Any, what: str) -> Any:

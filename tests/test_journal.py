@@ -27,6 +27,7 @@ from cairn.store.checkpoints import Checkpoint
 from cairn.testing import ManualClock, MemoryLeases, MemoryStore
 from cairn.testing.standins import ModelServer
 from cairn.workers import loop
+from cairn.workers.middleware import Chain, Middleware
 from cairn.workers.settings import Settings
 
 SETTINGS = Settings(
@@ -443,3 +444,46 @@ def test_an_async_step_is_stopped_by_cancel_and_budget_as_a_sync_one(deps: loop.
     assert calls[capped] == ["first", "model", "model"]
     error = _load(deps, capped).error or ""
     assert "spent $0.020000; the next model call could cost up to $0.020000" in error
+
+
+class _Seen(Middleware):
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, int, str | None]] = []
+
+    def before_call(self, cp: Checkpoint, name: str, pos: int) -> None:
+        self.seen.append(("before", name, pos, None))
+
+    def after_call(
+        self, cp: Checkpoint, name: str, pos: int, *, exception: BaseException | None
+    ) -> None:
+        self.seen.append(("after", name, pos, type(exception).__name__ if exception else None))
+
+
+def test_middleware_hears_each_call_made_and_none_replayed(deps: loop.Deps) -> None:
+    seen = _Seen()
+    watched = dataclasses.replace(deps, middleware=Chain([seen]))
+    run_id = _start(deps, "journal-errors")
+    dies[run_id] = 3
+    with pytest.raises(ProcessDied):
+        loop.run(run_id, watched)
+    assert seen.seen == [
+        ("before", "permanent", 0, None),
+        ("after", "permanent", 0, "ValueError"),
+        ("before", "flaky", 1, None),
+        ("after", "flaky", 1, "Transient"),
+        ("before", "retried", 2, None),
+        ("after", "retried", 2, "KeyError"),
+    ]
+    seen.seen.clear()
+    assert _redeliver(run_id, watched) == RunStatus.DONE
+    assert [s[1] for s in seen.seen] == ["flaky", "flaky", "retried", "retried"]
+    agent_run = _start(deps, "journal-agent")
+    seen.seen.clear()
+    assert loop.run(agent_run, watched) == RunStatus.DONE
+    assert [s[:3] for s in seen.seen[:4]] == [
+        ("before", "model", 0),
+        ("after", "model", 0),
+        ("before", "model", 1),
+        ("after", "model", 1),
+    ]
+    assert len(seen.seen) == 22  # 8 model calls and 3 sends, each heard twice

@@ -285,6 +285,7 @@ def _step(
         config=settings,
         retry_on=flow.retries[cp.cursor].on,
         fresh=fresh,
+        hooks=middleware,
     )
     try:
         middleware.before_step(cp)

@@ -8,6 +8,8 @@ worker at chosen boundaries (cairn.testing.faults.FaultHooks); tracing will be a
 
 A delivery of a run:   before_run → [resumed] → per step: before_step → (the step runs)
                        → after_effect → (the save) → after_step … → after_run
+Inside a step, per journaled call made (not replayed): before_call → (the call)
+                       → after_call → (its journal record)
 """
 
 from __future__ import annotations
@@ -38,6 +40,15 @@ class Middleware:
 
     def after_effect(self, cp: Checkpoint) -> None:
         """The step function returned; its checkpoint is not saved yet."""
+
+    def before_call(self, cp: Checkpoint, name: str, pos: int) -> None:
+        """A journaled call (ctx.call, ctx.model) at place pos of the step is about to be
+        made: it was checked (lease, cancel, budget) and has no record to replay."""
+
+    def after_call(
+        self, cp: Checkpoint, name: str, pos: int, *, exception: BaseException | None
+    ) -> None:
+        """The call returned (or raised exception); its journal record is not written yet."""
 
     def after_step(
         self,
@@ -93,6 +104,14 @@ class Chain:
     def after_effect(self, cp: Checkpoint) -> None:
         self._emit("after_effect", cp)
 
+    def before_call(self, cp: Checkpoint, name: str, pos: int) -> None:
+        self._emit("before_call", cp, name, pos)
+
+    def after_call(
+        self, cp: Checkpoint, name: str, pos: int, exception: BaseException | None = None
+    ) -> None:
+        self._emit("after_call", cp, name, pos, exception=exception)
+
     def after_step(
         self,
         cp: Checkpoint,
@@ -110,7 +129,16 @@ class Chain:
         self._emit("after_run", run_id, status=status, exception=exception)
 
 
-_HOOKS = ("before_run", "resumed", "before_step", "after_effect", "after_step", "after_run")
+_HOOKS = (
+    "before_run",
+    "resumed",
+    "before_step",
+    "after_effect",
+    "before_call",
+    "after_call",
+    "after_step",
+    "after_run",
+)
 
 
 def _overrides(m: Middleware, name: str) -> bool:
