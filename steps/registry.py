@@ -204,6 +204,10 @@ def get(name: str) -> Workflow:
         ) from None
 
 
+# The workflows cairn ships: every worker, server and chaos run knows them.
+SHIPPED = ("cairn.steps.invoice", "cairn.steps.agent")
+
+
 def import_modules(modules: Iterable[str]) -> None:
     """Import the modules named in CAIRN_WORKFLOWS so their workflows register.
 

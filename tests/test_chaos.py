@@ -114,6 +114,27 @@ def test_step_report_counts_replays_of_one_visit_as_duplicates() -> None:
     assert send["duplicates"] == 1 and send["visits"] == 3
 
 
+def test_step_report_counts_each_journaled_calls_key_as_its_own_effect() -> None:
+    events = [
+        # attempt 1 sends call 0, dies; attempt 2 replays it and sends calls 1 and 2
+        {"step": "r1 0 work 1", "key": "cairn:r1:work:0:notify:0", "id": "a", "delivered": True},
+        {"step": "r1 0 work 2", "key": "cairn:r1:work:0:notify:1", "id": "b", "delivered": True},
+        {"step": "r1 0 work 2", "key": "cairn:r1:work:0:notify:2", "id": "c", "delivered": True},
+        # a call whose kill came after its send and before its record: sent again, deduped
+        {"step": "r2 0 work 1", "key": "cairn:r2:work:0:notify:0", "id": "d", "delivered": True},
+        {"step": "r2 0 work 2", "key": "cairn:r2:work:0:notify:0", "id": "d", "delivered": False},
+    ]
+    (work,) = chaos.step_report(events, {"work": 4}, ["work"])
+    assert work["duplicates"] == 0 and work["keys"] == 4 and work["deduplicated"] == 1
+
+
+def test_model_requests_beyond_the_journal_and_the_kills_are_a_problem() -> None:
+    kills = [{"kind": "call", "run_id": "a"}, {"kind": "whole_worker", "runs": ["b", "c"]}]
+    assert chaos.report._model_check(10, {"model": 7}, kills)["excess"] == 0
+    assert chaos.report._model_check(11, {"model": 7}, kills)["excess"] == 1
+    assert chaos.report._model_check(None, {}, kills)["excess"] == 0
+
+
 # ---------------------------------------------------------------------------------------
 # Slow: real workers, real SIGKILLs
 # ---------------------------------------------------------------------------------------
@@ -224,6 +245,50 @@ def test_invoice_survives_kills_on_the_threads_pool(
     assert "--pool threads" in report["replay"]
     send = next(s for s in report["steps"] if s["step"] == "send_email")
     assert send["delivered"] == runs and send["max_per_key"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("workflow", "pool", "runs"),
+    [("agent", "prefork", 8), ("agent_async", "prefork", 8), ("agent_async", "threads", 3)],
+)
+def test_an_agent_loop_in_one_step_survives_kills_at_every_call(
+    workflow: str, pool: str, runs: int, template_db: str, redis_url: str, tmp_path: Path
+) -> None:
+    """Eight journaled model calls and three keyed tool effects in ONE step, killed before
+    and after calls (one point in ten) and at the step boundaries: each call is made
+    once, or again only when a kill cut it short."""
+    report = chaos.run_chaos(
+        workflow,
+        runs=runs,
+        workers=2,
+        concurrency=2,
+        pool=pool,
+        seed=SEED,
+        rate=0.1,
+        random_kills=1,
+        lease_ttl=2.0,
+        deadline=240,
+        pending_after=20,
+        mail_delay_ms=5,
+        model_delay_ms=0,
+        database_url=CHAOS_DB,
+        redis_url=redis_url,
+        state_dir=tmp_path,
+        quiet=True,
+    )
+    assert report["ok"], report["problems"]
+    assert report["runs_finished"] == runs and report["duplicates"] == 0
+    assert report["history_violations"] == 0
+    kills = report["kills"]
+    assert kills["before_call"] >= 1 and kills["after_call"] >= 1, kills
+    # Every call recorded once; the model asked again only for calls a kill cut short.
+    assert report["journaled"] == {"model": 8 * runs, "notify": 3 * runs}
+    model = report["model"]
+    assert model["excess"] == 0
+    assert model["journaled"] <= model["requests"] <= model["journaled"] + report["kills_total"]
+    work = next(s for s in report["steps"] if s["step"] == "work")
+    assert work["delivered"] == work["keys"] == 3 * runs and work["max_per_key"] == 1
 
 
 @pytest.mark.slow

@@ -487,3 +487,27 @@ def test_middleware_hears_each_call_made_and_none_replayed(deps: loop.Deps) -> N
         ("after", "model", 1),
     ]
     assert len(seen.seen) == 22  # 8 model calls and 3 sends, each heard twice
+
+
+progress = workflow("journal-progress")
+
+
+@progress.step()
+def many(ctx: Context) -> StepResult:
+    for n in range(14):
+        _maybe_die(ctx)
+        ctx.call("tool", lambda n=n: calls[ctx.run_id].append(n) or n)
+    return StepResult(cursor="done")
+
+
+def test_a_step_killed_again_and_again_while_its_journal_grows_is_not_poison(
+    deps: loop.Deps,
+) -> None:
+    run_id = _start(deps, "journal-progress")
+    limit = deps.settings.max_deliveries
+    for n in range(1, limit + 3):  # more deliveries than the poison limit, each one a call on
+        dies[run_id] = n
+        with pytest.raises(ProcessDied):
+            _redeliver(run_id, deps)
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+    assert calls[run_id] == list(range(14))  # each call made once

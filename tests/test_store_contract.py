@@ -781,6 +781,20 @@ def test_a_journal_record_is_fenced_like_a_save(any_store: CheckpointStore) -> N
     assert not any_store.record_call(dataclasses.replace(cp, run_id="nope"), 0, call)
 
 
+def test_a_journal_record_is_progress_and_restarts_the_delivery_count(
+    any_store: CheckpointStore,
+) -> None:
+    cp = _running(any_store)
+    for epoch in (2, 3, 4):  # delivered three times since the save, no step finished
+        assert any_store.claim("r1", epoch) is not None
+    assert _load(any_store, "r1").deliveries == 3
+    assert any_store.record_call(dataclasses.replace(cp, epoch=4), 0, Call(pos=0, name="x"))
+    assert _load(any_store, "r1").deliveries == 1
+    assert not any_store.record_call(cp, 0, Call(pos=1, name="x"))  # fenced: no progress
+    assert any_store.claim("r1", 5) is not None
+    assert _load(any_store, "r1").deliveries == 2
+
+
 # -- a step's transaction --------------------------------------------------------------
 def test_a_transaction_the_step_never_used_is_not_open_and_the_save_goes_on(
     any_store: CheckpointStore,

@@ -224,7 +224,7 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
     """The worker's Celery app. Imports the shipped workflows and settings.workflows, so
     their steps are registered in every pool process. The loop's middleware: the metrics,
     then settings.middleware (CAIRN_MIDDLEWARE), then `middleware`."""
-    registry.import_modules(("cairn.steps.invoice", *settings.workflows))
+    registry.import_modules((*registry.SHIPPED, *settings.workflows))
     # Loaded once here, before the pool forks: each pool process (and each replacement
     # of a killed one) would otherwise pay about a second of CPU for it.
     preload_sdk()

@@ -264,7 +264,7 @@ def enqueue(
     try:
         # At a terminal, a typo should fail here, not on a worker: the CLI knows the
         # shipped workflows and --workflows (a web app's Client needs only the name).
-        registry.import_modules(("cairn.steps.invoice", *settings.workflows))
+        registry.import_modules((*registry.SHIPPED, *settings.workflows))
         registry.get(workflow)
         with _client(settings) as client:
             created = client.enqueue(workflow, data, run_id=run_id)

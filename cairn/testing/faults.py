@@ -2,7 +2,9 @@
 
 The loop calls its middleware at three boundaries of every step: "before_effect" (before
 the step function runs), "after_effect" (it returned; the checkpoint is not saved yet) and
-"after_save" (after_step with the saved checkpoint). The chaos workers run
+"after_save" (after_step with the saved checkpoint), and at two around every journaled
+call a step makes: "before_call" and "after_call" (it returned; not recorded yet), whose
+points are "<boundary>:<pos>". The chaos workers run
 `cairn.testing.faulted`'s app, whose middleware is FaultHooks over the JSON plan named by
 CAIRN_FAULTS (written by `cairn chaos` before it
 starts them). Production workers never load this module. Every hit:
@@ -43,6 +45,9 @@ if TYPE_CHECKING:
     from cairn.store import Checkpoint
 
 BOUNDARIES = ("before_effect", "after_effect", "after_save")
+# Inside a step, around each journaled call made: before it, and after it returned but
+# before its journal record. A point is "<boundary>:<pos>" (the call's place in the step).
+CALL_BOUNDARIES = ("before_call", "after_call")
 STEP_HEADER = "X-Cairn-Step"
 JOURNAL = "journal.jsonl"
 
@@ -60,7 +65,9 @@ class Plan:
         self.dir: str = data["dir"]
         self.seed = data.get("seed", 0)
         rate = float(data.get("rate", 0.0))
-        self.rates = {b: float(data.get("rates", {}).get(b, rate)) for b in BOUNDARIES}
+        self.rates = {
+            b: float(data.get("rates", {}).get(b, rate)) for b in (*BOUNDARIES, *CALL_BOUNDARIES)
+        }
         self.kills = {(str(r), int(s), str(b)) for r, s, b in data.get("kills", [])}
         self.spare_pid = data.get("spare_pid")
         self._fd = -1
@@ -93,9 +100,10 @@ class Plan:
             self._fd_pid = pid
         os.write(self._fd, (json.dumps(record) + "\n").encode())
 
-    def due(self, boundary: str, run_id: str, seq: int) -> bool:
-        return (run_id, seq, boundary) in self.kills or decide(
-            self.seed, run_id, seq, boundary, self.rates[boundary]
+    def due(self, boundary: str, run_id: str, seq: int, point: str | None = None) -> bool:
+        point = point or boundary
+        return (run_id, seq, point) in self.kills or decide(
+            self.seed, run_id, seq, point, self.rates[boundary]
         )
 
     def hit(self, boundary: str, run_id: str, seq: int, cursor: str) -> None:
@@ -115,9 +123,18 @@ class Plan:
             )
         elif boundary == "after_effect":
             self.current = None
-        if not self.due(boundary, run_id, seq) or os.getpid() == self.spare_pid:
+        self._maybe_die("boundary", boundary, boundary, run_id, seq, cursor)
+
+    def hit_call(self, boundary: str, run_id: str, seq: int, cursor: str, pos: int) -> None:
+        """A journaled call's point: before it, or after it returned (not yet recorded)."""
+        self._maybe_die("call", boundary, f"{boundary}:{pos}", run_id, seq, cursor)
+
+    def _maybe_die(
+        self, kind: str, boundary: str, point: str, run_id: str, seq: int, cursor: str
+    ) -> None:
+        if not self.due(boundary, run_id, seq, point) or os.getpid() == self.spare_pid:
             return
-        marker = os.path.join(self.dir, "killed", f"{quote(run_id, safe='')}.{seq}.{boundary}")
+        marker = os.path.join(self.dir, "killed", f"{quote(run_id, safe='')}.{seq}.{point}")
         try:
             os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         except FileExistsError:
@@ -125,8 +142,9 @@ class Plan:
         self.journal(
             {
                 "e": "kill",
-                "kind": "boundary",
+                "kind": kind,
                 "boundary": boundary,
+                "point": point,
                 "run_id": run_id,
                 "seq": seq,
                 "cursor": cursor,
@@ -145,15 +163,23 @@ class Plan:
             import httpx
         except ImportError:  # pragma: no cover
             return
-        original = httpx.Client.send
+        original, aoriginal = httpx.Client.send, httpx.AsyncClient.send
         plan = self
 
-        def send(client: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        def tag(request: Any) -> None:
             if plan.current and STEP_HEADER not in request.headers:
                 request.headers[STEP_HEADER] = plan.current
+
+        def send(client: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+            tag(request)
             return original(client, request, *args, **kwargs)
 
+        async def asend(client: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+            tag(request)  # an async step runs on its worker thread: plan.current is its own
+            return await aoriginal(client, request, *args, **kwargs)
+
         httpx.Client.send = send  # type: ignore[method-assign]
+        httpx.AsyncClient.send = asend  # type: ignore[method-assign]
 
 
 def read_journal(directory: str) -> list[dict[str, Any]]:
@@ -186,6 +212,14 @@ class FaultHooks(Middleware):
 
     def after_effect(self, cp: Checkpoint) -> None:
         self.plan.hit("after_effect", cp.run_id, cp.seq, cp.cursor)
+
+    def before_call(self, cp: Checkpoint, name: str, pos: int) -> None:
+        self.plan.hit_call("before_call", cp.run_id, cp.seq, cp.cursor, pos)
+
+    def after_call(
+        self, cp: Checkpoint, name: str, pos: int, *, exception: BaseException | None
+    ) -> None:
+        self.plan.hit_call("after_call", cp.run_id, cp.seq, cp.cursor, pos)
 
     def after_step(
         self,

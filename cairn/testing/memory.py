@@ -450,8 +450,11 @@ class MemoryStore:
             key = (cp.cursor, visit, call.pos)
             if key in row.journal:
                 held, epoch = row.journal[key]
-                return epoch == cp.epoch and held.name == call.name
-            row.journal[key] = (stored, cp.epoch)
+                if not (epoch == cp.epoch and held.name == call.name):
+                    return False
+            else:
+                row.journal[key] = (stored, cp.epoch)
+            row.deliveries = min(row.deliveries, 1)  # progress: not poison
             return True
 
     # -- queries for the CLI, the reaper and the sweep -------------------------------

@@ -215,14 +215,24 @@ SELECT pos, name, result, error, cost_usd
 -- seq and no newer epoch has claimed it, so a worker that lost the run records nothing.
 -- A retry whose first try committed (the reply was lost on the way) meets its own row
 -- (same epoch, same name) and gets it back: recorded, not fenced.
-INSERT INTO journal AS j (run_id, cursor, visit, pos, name, seq, epoch, result, error, cost_usd)
-SELECT c.run_id, %(cursor)s, %(visit)s, %(pos)s, %(name)s, c.seq, %(epoch)s, %(result)s,
-       %(error)s, %(cost_usd)s
-  FROM checkpoints c
- WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s AND c.epoch <= %(epoch)s
-ON CONFLICT (run_id, cursor, visit, pos) DO UPDATE SET epoch = j.epoch
- WHERE j.epoch = EXCLUDED.epoch AND j.name = EXCLUDED.name
-RETURNING j.pos;
+-- A record is progress: a step killed again and again while its journal grows is not
+-- poison, so its delivery count restarts at this delivery (written only when above 1).
+WITH recorded AS (
+    INSERT INTO journal AS j (run_id, cursor, visit, pos, name, seq, epoch, result, error,
+                              cost_usd)
+    SELECT c.run_id, %(cursor)s, %(visit)s, %(pos)s, %(name)s, c.seq, %(epoch)s, %(result)s,
+           %(error)s, %(cost_usd)s
+      FROM checkpoints c
+     WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s AND c.epoch <= %(epoch)s
+    ON CONFLICT (run_id, cursor, visit, pos) DO UPDATE SET epoch = j.epoch
+     WHERE j.epoch = EXCLUDED.epoch AND j.name = EXCLUDED.name
+    RETURNING j.run_id, j.pos
+), progress AS (
+    UPDATE checkpoints c SET deliveries = 1
+      FROM recorded
+     WHERE c.run_id = recorded.run_id AND c.deliveries > 1
+)
+SELECT pos FROM recorded;
 
 -- name: get_run
 -- What Client.get shows: position, result and error, not the window.

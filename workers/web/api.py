@@ -240,7 +240,7 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
             "CAIRN_API_TOKEN is not set: set it (e.g. `export CAIRN_API_TOKEN=$(openssl rand "
             "-hex 32)`) or pass --insecure-no-auth on a machine only you can reach"
         )
-    registry.import_modules(("cairn.steps.invoice", *settings.workflows))
+    registry.import_modules((*registry.SHIPPED, *settings.workflows))
     # Postgres connections of this process: enough for the thread pool's busy requests.
     client = Client(settings=settings, pool_size=16)
     auth = Auth(settings.api_token)

@@ -18,6 +18,8 @@ STATE = fleet.STATE / "chaos"
 DEFAULT_INPUTS: dict[str, dict[str, Any]] = {
     "invoice": {"customer": "customer-{i}", "email": "billing{i}@example.com"},
     "unkeyed": {"customer": "customer-{i}", "email": "billing{i}@example.com"},
+    "agent": {"topic": "topic {i}", "email": "agent{i}@example.com"},
+    "agent_async": {"topic": "topic {i}", "email": "agent{i}@example.com"},
 }
 
 

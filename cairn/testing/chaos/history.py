@@ -75,6 +75,12 @@ def read_history(url: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return history, final
 
 
+def read_journal_counts(url: str) -> dict[str, int]:
+    """Journaled calls recorded, per call name (the model's calls are "model")."""
+    rows = admin.execute(url, "SELECT name, count(*) AS n FROM journal GROUP BY name")
+    return {r["name"]: int(r["n"]) for r in rows}
+
+
 def check_history(rows: list[dict[str, Any]]) -> list[str]:
     """Rows of checkpoint_history ordered by id: where did a checkpoint go backwards?"""
     problems: list[str] = []

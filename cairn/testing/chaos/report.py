@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from cairn.status import RunStatus
 from cairn.testing.chaos.history import check_history
-from cairn.testing.faults import BOUNDARIES
+from cairn.testing.faults import BOUNDARIES, CALL_BOUNDARIES
 
 if TYPE_CHECKING:
     from cairn.testing.chaos.config import ChaosConfig
@@ -64,9 +64,9 @@ def step_report(
     """Per step: attempts, sends, deliveries, dedupes, keys, duplicates.
 
     A delivery belongs to a step visit (run, seq, cursor), known from the X-Cairn-Step
-    header (or, without it, from a cairn idempotency key). A duplicate is a delivery of a
-    visit by an attempt other than the first one that delivered it: the customer got the
-    effect twice.
+    header (or, without it, from a cairn idempotency key), and to one journaled call of it
+    if its key is a call's. A duplicate is a delivery of a visit (or call) by an attempt
+    other than the first one that delivered it: the customer got the effect twice.
     """
     steps: dict[str, dict[str, Any]] = {}
 
@@ -111,7 +111,12 @@ def step_report(
         r["keyed" if e.get("key") else "unkeyed"] += 1
         if e.get("key"):
             per_key[(cursor, e["key"])] += 1
-        per_visit[(cursor, f"{run}|{visit}")][attempt] += 1
+        # A journaled call's key (cairn:run:cursor:visit:name:n) is an effect of its own:
+        # the replay that skips the calls already made sends the later ones, and those
+        # are the first (not a second) delivery of their slot.
+        key_parts = (e.get("key") or "").split(":")
+        slot = ":".join(key_parts[4:6]) if len(key_parts) >= 6 else ""
+        per_visit[(cursor, f"{run}|{visit}|{slot}")][attempt] += 1
     for (cursor, _), by_attempt in per_visit.items():
         r = row(cursor)
         r["visits"] += 1
@@ -145,6 +150,8 @@ def build_report(
     warnings: list[str] | None = None,
     queue_depths: list[int] | None = None,
     lifecycle: Lifecycle | None = None,
+    model_requests: int | None = None,
+    journaled: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """The report of one chaos run from what it recorded; report["ok"] is the verdict:
     every run finished, no effect delivered twice, no checkpoint went backwards."""
@@ -156,7 +163,9 @@ def build_report(
         for r in final
         if r["status"] not in (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED)
     ]
-    per_boundary = {b: sum(1 for k in kills if k.get("boundary") == b) for b in BOUNDARIES}
+    per_boundary = {
+        b: sum(1 for k in kills if k.get("boundary") == b) for b in (*BOUNDARIES, *CALL_BOUNDARIES)
+    }
     per_boundary["random_pool_child"] = sum(1 for k in kills if k["kind"] == "pool_child")
     per_boundary["whole_worker"] = sum(1 for k in kills if k["kind"] == "whole_worker")
     rec = recoveries([k for k in kills if k.get("run_id") or k.get("runs")], history)
@@ -181,6 +190,13 @@ def build_report(
             problems.append(
                 f"step {s['step']!r} delivered {s['duplicates']} duplicate effect(s) ({how})"
             )
+    model = _model_check(model_requests, journaled or {}, kills)
+    if model["excess"] > 0:
+        problems.append(
+            f"{model['requests']} model requests for {model['journaled']} journaled model "
+            f"calls and {model['in_flight_allowed']} calls a kill may have cut short: "
+            f"{model['excess']} made again after their result was recorded"
+        )
     life: dict[str, Any] = {}
     if lifecycle is not None:
         life, life_problems = lifecycle.verdict(final, events)
@@ -235,6 +251,8 @@ def build_report(
             "max": max(queue_depths or [0]),
         },
         "steps": steps,
+        "model": model,
+        "journaled": journaled or {},
         "duplicates": sum(s["duplicates"] for s in steps),
         "history_rows": len(history),
         "history_violations": len(backwards),
@@ -316,6 +334,14 @@ def _summary_table(report: dict[str, Any]) -> Any:
             "broker queue depth while running",
             f"p50 {report['queue_depth']['p50']} · max {report['queue_depth']['max']}",
         ),
+        (
+            "kills at before_call / after_call",
+            f"{k.get('before_call', 0)} / {k.get('after_call', 0)}",
+        ),
+        (
+            "model requests / journaled (+ in flight at a kill)",
+            _model_row(report.get("model") or {}),
+        ),
         ("duplicate deliveries", str(report["duplicates"])),
         *_lifecycle_rows(report.get("lifecycle") or {}),
         (
@@ -329,6 +355,30 @@ def _summary_table(report: dict[str, Any]) -> Any:
     ):
         summary.add_row(label, value)
     return summary
+
+
+def _model_row(m: dict[str, Any]) -> str:
+    if m.get("requests") is None:
+        return "n/a"
+    return f"{m['requests']} / {m['journaled']} (+ {m['in_flight_allowed']})"
+
+
+def _model_check(
+    requests: int | None, journaled: dict[str, int], kills: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Model requests against the journal: each journaled call was asked once, and each
+    kill may cut short at most one call in flight per run it held (a whole worker holds
+    several). More than that is a call made again after its result was recorded."""
+    allowed = sum(max(1, len(k.get("runs") or [])) for k in kills)
+    recorded = journaled.get("model", 0)
+    if requests is None:
+        return {"requests": None, "journaled": recorded, "in_flight_allowed": allowed, "excess": 0}
+    return {
+        "requests": requests,
+        "journaled": recorded,
+        "in_flight_allowed": allowed,
+        "excess": max(0, requests - recorded - allowed),
+    }
 
 
 def _recovery_time(d: dict[str, Any]) -> str:

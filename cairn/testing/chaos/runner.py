@@ -20,7 +20,12 @@ from cairn.testing.chaos.config import (
     chaos_redis_url,
     fill,
 )
-from cairn.testing.chaos.history import create_database, drop_database, read_history
+from cairn.testing.chaos.history import (
+    create_database,
+    drop_database,
+    read_history,
+    read_journal_counts,
+)
 from cairn.testing.chaos.kills import OutsideKiller
 from cairn.testing.chaos.lifecycle import Lifecycle
 from cairn.testing.chaos.report import build_report
@@ -116,7 +121,7 @@ def _load_workflow(config: ChaosConfig) -> tuple[Workflow, list[dict[str, Any]]]
     """The workflow (its modules imported) and each run's validated input."""
     from cairn.steps import registry
 
-    registry.import_modules(("cairn.steps.invoice", *config.modules))
+    registry.import_modules((*registry.SHIPPED, *config.modules))
     flow = registry.get(config.workflow)
     assert flow.first is not None, f"workflow {config.workflow!r} has no steps"
     template = config.template()
@@ -285,6 +290,8 @@ class _Experiment:
             queue_depths=depths,
             warnings=crew.warnings + ([flush_warning] if flushed else []),
             lifecycle=life,
+            model_requests=int(self._model.stats()["requests"]),
+            journaled=read_journal_counts(self._db_url),
         )
 
     def close(self) -> None:
