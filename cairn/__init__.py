@@ -35,6 +35,7 @@ from cairn.errors import (
     LeaseLost,
     ModelUnavailable,
     MultipleEffects,
+    OutcomeUnknown,
     RetryLater,
     RunIdConflict,
     StaleWrite,
@@ -43,6 +44,7 @@ from cairn.errors import (
     Transient,
     UnknownRun,
     UnknownWorkflow,
+    WaitTimedOut,
     WindowTooLarge,
 )
 
@@ -57,6 +59,7 @@ _LAZY = {
     "DONE": "cairn.steps.registry",
     "Context": "cairn.steps.context",
     "Client": "cairn.workers.client",
+    "AsyncClient": "cairn.workers.client",
     "Run": "cairn.store.runs",
     "RunStatus": "cairn.status",
     "Settings": "cairn.workers.settings",
@@ -68,7 +71,7 @@ if TYPE_CHECKING:
     from cairn.steps.context import Context
     from cairn.steps.registry import DONE, Retry, StepResult, Workflow, workflow
     from cairn.store.runs import Run
-    from cairn.workers.client import Client
+    from cairn.workers.client import AsyncClient, Client
     from cairn.workers.middleware import Middleware
     from cairn.workers.settings import Settings
 
@@ -82,6 +85,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "DONE",
+    "AsyncClient",
     "BudgetExceeded",
     "CairnError",
     "CallFailed",
@@ -99,6 +103,7 @@ __all__ = [
     "Middleware",
     "ModelUnavailable",
     "MultipleEffects",
+    "OutcomeUnknown",
     "Retry",
     "RetryLater",
     "Run",
@@ -112,6 +117,7 @@ __all__ = [
     "Transient",
     "UnknownRun",
     "UnknownWorkflow",
+    "WaitTimedOut",
     "WindowTooLarge",
     "Workflow",
     "workflow",

@@ -149,3 +149,21 @@ class CallFailed(CairnError):
     def __init__(self, type_name: str, message: str) -> None:
         super().__init__(f"{type_name}: {message}")
         self.type_name = type_name
+
+
+class OutcomeUnknown(CairnError):
+    """An at-most-once effect was started (its intent is recorded) and its outcome is not:
+    it is never run again, and the run stops as unknown until someone resolves it."""
+
+    def __init__(self, run_id: str, key: str) -> None:
+        super().__init__(
+            f"run {run_id}: the at-most-once effect {key} was started and its outcome is "
+            "unknown (its worker stopped between the intent and the done mark); find out "
+            f"whether it happened, then `cairn resolve {run_id} --done` (with --result JSON) "
+            f"or `--not-done` (it runs again), or POST /runs/{run_id}/resolve"
+        )
+        self.run_id, self.key = run_id, key
+
+
+class WaitTimedOut(CairnError, TimeoutError):
+    """Client.wait gave up: the run had not stopped or parked within the timeout."""

@@ -3,7 +3,8 @@ read these names, and the database's CHECK constraint lists the same values (tes
 
     pending ──claim──▶ running ──save──▶ running … ──▶ done
        ▲                  │  └──wait──▶ waiting ──signal/timeout──▶ running
-       └── re-armed ◀── failed, incompatible        cancelled, budget_exceeded
+       ├── re-armed ◀── failed, incompatible        cancelled, budget_exceeded
+       └── resolved ◀── unknown (an at-most-once effect's outcome)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class RunStatus(StrEnum):
     CANCELLED = "cancelled"
     BUDGET_EXCEEDED = "budget_exceeded"
     INCOMPATIBLE = "incompatible"  # its checkpoint is one this code cannot read
+    UNKNOWN = "unknown"  # an at-most-once effect's outcome is unknown: resolve it to go on
 
     @property
     def stopped(self) -> bool:
@@ -35,10 +37,12 @@ TERMINAL: frozenset[RunStatus] = frozenset(
 )
 # Not worked on: the terminal states, and a checkpoint this code cannot read (until code
 # that reads it is deployed and the run is enqueued again).
-STOPPED: frozenset[RunStatus] = TERMINAL | {RunStatus.INCOMPATIBLE}
+STOPPED: frozenset[RunStatus] = TERMINAL | {RunStatus.INCOMPATIBLE, RunStatus.UNKNOWN}
 # Worked on, or waiting to be: what a cancel reaches and what the reaper watches.
 ACTIVE: frozenset[RunStatus] = frozenset(RunStatus) - STOPPED
 # Enqueueing the run again resumes it at its cursor.
 REARMABLE: frozenset[RunStatus] = frozenset({RunStatus.FAILED, RunStatus.INCOMPATIBLE})
+# What Client.wait returns at: the run stopped, or parked until a signal.
+SETTLED: frozenset[RunStatus] = STOPPED | {RunStatus.WAITING}
 # A cancelled run's error when whoever cancelled it gave no reason.
 CANCEL_REASON = "cancel asked"

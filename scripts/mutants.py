@@ -41,6 +41,10 @@ COUNTER_ENDS = (
     "tests/test_lease.py::test_the_epoch_counter_expires_and_goes_with_the_lease_of_an_ended_run"
 )
 JOURNAL_REPLAY = "tests/test_journal.py::test_a_replay_after_a_crash_makes_no_call_twice"
+J = "tests/test_journal.py"
+PAUSED_CHARGE = (
+    "tests/test_crash.py::test_a_worker_paused_inside_an_at_most_once_effect_never_makes_it_twice"
+)
 OWN_WRITES = "test_the_steps_own_writes_commit_with_the_save_and_roll_back_with_a_rejection"
 
 MUTANTS = [
@@ -227,8 +231,9 @@ MUTANTS = [
         "M24",
         "a journal record is not fenced (a worker that lost the run still records)",
         "store/sql/queries.sql",
-        " WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s AND c.epoch <= %(epoch)s",
-        " WHERE c.run_id = %(run_id)s",
+        "     WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s AND c.epoch <= %(epoch)s\n"
+        "    ON CONFLICT (run_id, cursor, visit, pos)",
+        "     WHERE c.run_id = %(run_id)s\n    ON CONFLICT (run_id, cursor, visit, pos)",
         ("tests/test_journal.py::test_a_worker_that_lost_the_run_records_nothing[pg]",),
     ),
     Mutant(
@@ -249,6 +254,33 @@ MUTANTS = [
         " WHERE j.epoch = EXCLUDED.epoch AND j.name = EXCLUDED.name",
         " WHERE false",
         ("tests/test_store_contract.py::test_a_journal_record_is_fenced_like_a_save[pg]",),
+    ),
+    Mutant(
+        "M27",
+        "an at-most-once effect's open intent is not checked (the replay runs it again)",
+        "steps/context.py",
+        '        return key, False, _UNKNOWN if state == "open" else None',
+        "        return key, False, None",
+        (f"{J}::test_an_effect_whose_outcome_was_lost_is_never_run_again[memory]", PAUSED_CHARGE),
+    ),
+    Mutant(
+        "M28",
+        "an intent is not fenced (a worker that lost the run still charges)",
+        "store/sql/queries.sql",
+        " WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s AND c.epoch <= %(epoch)s\n"
+        "ON CONFLICT (key)",
+        " WHERE c.run_id = %(run_id)s\nON CONFLICT (key)",
+        (f"{J}::test_a_worker_that_lost_the_run_writes_no_intent_and_makes_no_charge[pg]",),
+    ),
+    Mutant(
+        "M29",
+        "an intent retried after a lost reply reads as another worker's (outcome unknown)",
+        "store/sql/queries.sql",
+        " WHERE e.epoch = EXCLUDED.epoch AND NOT e.done",
+        " WHERE false",
+        (
+            "tests/test_store_contract.py::test_an_intent_is_fenced_and_found_open_until_its_mark[pg]",
+        ),
     ),
     Mutant(
         "M15",

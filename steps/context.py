@@ -21,6 +21,7 @@ from cairn.errors import (
     Cancelled,
     JournalDiverged,
     MultipleEffects,
+    OutcomeUnknown,
     StaleWrite,
     Transient,
 )
@@ -48,6 +49,8 @@ class _Frame:
     effect: str | None = None
     cost: float = 0.0
 
+
+_UNKNOWN = object()  # an at-most-once effect's intent without its mark
 
 _frame: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar("cairn_call", default=None)
 
@@ -138,14 +141,64 @@ class Context:
         if reason is not None:
             raise Cancelled(f"run {self.run_id} was cancelled: {reason}")
 
-    def once(self, effect: Callable[[str], T], *, suffix: str = "") -> T:
+    def once(
+        self,
+        effect: Callable[[str], T],
+        *,
+        suffix: str = "",
+        at_most_once: bool = False,
+        reconcile: Callable[[str], T] | None = None,
+    ) -> T:
         """Run effect(key) unless the done-ledger says this visit already ran it.
 
-        For downstreams without idempotency. It narrows the window, not closes it: a
-        crash between the effect and mark_done repeats the effect on replay, and so can a
-        process paused longer than the lease TTL between its last lease check (asked of
-        Redis itself, right before the effect) and the effect.
+        For downstreams without idempotency. By default at least once: it narrows the
+        window, not closes it. A crash between the effect and its done mark repeats the
+        effect on replay, and so can a process paused longer than the lease TTL between
+        its last lease check (asked of Redis itself, right before the effect) and the effect.
+
+        at_most_once=True closes it the other way: an intent is committed (fenced by the
+        run's epoch) before the effect runs, and a replay that finds the intent without
+        its mark never runs the effect again. It calls reconcile(key) for the outcome (and
+        records it), or without one stops the run as unknown (cairn.OutcomeUnknown) until
+        someone resolves it (`cairn resolve`, POST /runs/{id}/resolve, Client.resolve).
         """
+        key, done, result = self._ledger(suffix, at_most_once)
+        if done:
+            return result  # type: ignore[no-any-return]
+        if result is _UNKNOWN:
+            if reconcile is None:
+                raise OutcomeUnknown(self.run_id, key)
+            result = reconcile(key)
+        else:
+            result = effect(key)
+        self._store.mark_done(key, self.run_id, result, self._lease.epoch)
+        return result  # type: ignore[no-any-return]
+
+    async def aonce(
+        self,
+        effect: Callable[[str], Awaitable[T]],
+        *,
+        suffix: str = "",
+        at_most_once: bool = False,
+        reconcile: Callable[[str], Awaitable[T]] | None = None,
+    ) -> T:
+        """ctx.once for async code: await effect(key) (or reconcile(key)) the same way."""
+        key, done, result = self._ledger(suffix, at_most_once)
+        if done:
+            return result  # type: ignore[no-any-return]
+        if result is _UNKNOWN:
+            if reconcile is None:
+                raise OutcomeUnknown(self.run_id, key)
+            result = await reconcile(key)
+        else:
+            result = await effect(key)
+        self._store.mark_done(key, self.run_id, result, self._lease.epoch)
+        return result  # type: ignore[no-any-return]
+
+    def _ledger(self, suffix: str, at_most_once: bool) -> tuple[str, bool, Any]:
+        """The effect's key, and whether the ledger says it ran (with its result); else
+        the checks before it runs, and for an at-most-once effect its intent. _UNKNOWN as
+        the result: an earlier attempt's intent has no mark."""
         key = self.idempotency_key(suffix)
         done, result = self._store.was_done(key)
         if done:
@@ -155,22 +208,16 @@ class Context:
                 key,
                 extra=self._log("once_skipped", key=key),
             )
-            return result
+            return key, True, result
         self._lease.ensure(fresh=True)  # nothing downstream fences this effect: ask Redis
-        result = effect(key)
-        self._store.mark_done(key, self.run_id, result, self._lease.epoch)
-        return result
-
-    async def aonce(self, effect: Callable[[str], Awaitable[T]], *, suffix: str = "") -> T:
-        """ctx.once for an async effect: await effect(key) unless the ledger has it."""
-        key = self.idempotency_key(suffix)
-        done, result = self._store.was_done(key)
-        if done:
-            return result  # type: ignore[no-any-return]
-        self._lease.ensure(fresh=True)
-        result = await effect(key)
-        self._store.mark_done(key, self.run_id, result, self._lease.epoch)
-        return result
+        if not at_most_once:
+            return key, False, None
+        state, result = self._store.record_intent(self._cp, key)
+        if state == "fenced":
+            raise StaleWrite(self.run_id, self.seq, self._lease.epoch)
+        if state == "done":
+            return key, True, result
+        return key, False, _UNKNOWN if state == "open" else None
 
     # -- journaled calls -------------------------------------------------------------
     def call(

@@ -16,9 +16,11 @@ from cairn.errors import (
     RunIdConflict,
     StaleWrite,
     StoreUnavailable,
+    UnknownRun,
+    WaitTimedOut,
 )
-from cairn.status import RunStatus
-from cairn.store.db import Database, outage, translated
+from cairn.status import SETTLED, RunStatus
+from cairn.store.db import Database, channel, outage, translated
 from cairn.store.runs import Call, Run, Wait
 from cairn.store.sql import QUERIES
 from cairn.store.tx import StepTransaction
@@ -126,6 +128,17 @@ def appended(previous: Checkpoint, cp: Checkpoint) -> tuple[int, list[Message]]:
     return cp.win_start, list(new)
 
 
+def conflict(run_id: str, row: dict[str, Any]) -> None:
+    """RunIdConflict unless the existing run (existing_run's row) has this workflow and
+    input: the same run id is the same run, or a mistake."""
+    if not (row["same_workflow"] and row["same_input"]):
+        what = "workflow" if not row["same_workflow"] else "input"
+        raise RunIdConflict(
+            f"run id {run_id!r} already names a {row['workflow']!r} run with another "
+            f"{what}; use a new run id, or the same workflow and input to resume it"
+        )
+
+
 def _checkpoint(row: dict[str, Any]) -> Checkpoint:
     if row["version"] != CHECKPOINT_VERSION:
         raise IncompatibleCheckpoint(row["run_id"], row["version"], CHECKPOINT_VERSION)
@@ -181,12 +194,7 @@ class PgStore:
         row = self.db.one("existing_run", params)
         if row is None:  # swept between the two statements: create it afresh
             return self.create_run(run_id, workflow, input, cursor, max_cost_usd)
-        if not (row["same_workflow"] and row["same_input"]):
-            what = "workflow" if not row["same_workflow"] else "input"
-            raise RunIdConflict(
-                f"run id {run_id!r} already names a {row['workflow']!r} run with another "
-                f"{what}; use a new run id, or the same workflow and input to resume it"
-            )
+        conflict(run_id, row)
         self.db.one("rearm_failed", {"run_id": run_id})
         return False
 
@@ -380,6 +388,52 @@ class PgStore:
         """Record that the effect of key ran, and under which lease epoch."""
         params = {"key": key, "run_id": run_id, "result": Jsonb(result), "epoch": epoch}
         self.db.one("mark_done", params)
+
+    def record_intent(self, cp: Checkpoint, key: str) -> tuple[str, Any]:
+        """Before an at-most-once effect: its intent, fenced and committed. ("written",
+        None); ("open", None): an earlier attempt's intent without its mark (the outcome is
+        unknown); ("done", result): it ran; ("fenced", None): another worker has the run."""
+        params = {"key": key, "run_id": cp.run_id, "seq": cp.seq, "epoch": cp.epoch}
+        if self.db.one("record_intent", params):
+            return "written", None
+        row = self.db.one("intent_state", {"key": key})
+        if row is None:
+            return "fenced", None
+        return ("done", row["result"]) if row["done"] else ("open", None)
+
+    def open_intents(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's at-most-once effects whose outcome is unknown: {key, epoch, created_at}."""
+        return self.db.all("open_intents", {"run_id": run_id})
+
+    def resolve(self, run_id: str, done: bool, result: Any = None) -> tuple[bool, list[str]]:
+        """Settle the run's unknown effects (done, with result; or not done: they run
+        again) and re-arm it if it stopped as unknown: (re-armed, the keys settled)."""
+        row = self.db.one(
+            "resolve_intents", {"run_id": run_id, "done": done, "result": Jsonb(result)}
+        )
+        assert row is not None
+        return bool(row["rearmed"]), list(row["keys"])
+
+    def wait(self, run_id: str, timeout: float | None = None, poll: float = 2.0) -> Run:
+        """The run once it is stopped or waiting (cairn.status.SETTLED), woken by the
+        notification its status change sends, and looking again every poll seconds in case
+        none can come (PgBouncer in transaction mode). Raises UnknownRun, or WaitTimedOut
+        after timeout seconds (None: no limit)."""
+        deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
+        with self.db.listening(channel(run_id)) as heard:
+            while True:  # listening before the first look: a change between is not missed
+                run = self.get(run_id)
+                if run is None:
+                    raise UnknownRun(f"no run {run_id!r}")
+                if run.status in SETTLED:
+                    return run
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WaitTimedOut(
+                        f"run {run_id} is still {run.status} at {run.cursor!r} after "
+                        f"{timeout:g}s; wait again, or look it up with Client.get"
+                    )
+                heard(min(poll, left))
 
     # -- journal ---------------------------------------------------------------------
     def journal(self, run_id: str, cursor: str, visit: int) -> list[Call]:

@@ -87,6 +87,10 @@ class CheckpointStore(Protocol):
     def record_call(self, cp: Checkpoint, visit: int, call: Call) -> bool:
         """Journal call for the step at cp, fenced like a save; False if fenced."""
 
+    def record_intent(self, cp: Checkpoint, key: str) -> tuple[str, Any]:
+        """An at-most-once effect's intent, fenced: written, open, done (with result) or
+        fenced."""
+
     def transaction(self) -> StepTx:
         """A step's own connection (ctx.db), committed by save() with the checkpoint."""
 

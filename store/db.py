@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -81,6 +82,11 @@ def _why_unreachable(url: str) -> str:
     return f"postgres at {at} answered, but no pooled connection came in time (pool busy?)"
 
 
+def channel(run_id: str) -> str:
+    """The run's notification channel (the trigger in migration 0006 names it alike)."""
+    return "cairn_" + hashlib.md5(run_id.encode()).hexdigest()[:16]  # a name, not a secret
+
+
 def retrying(give_up_after: float) -> Retrying:
     """Backoff for StoreUnavailable: a restarted server is waited for, then we fail clearly."""
     return Retrying(
@@ -100,6 +106,7 @@ class Database:
     ) -> None:
         self.url = url
         self.give_up_after = give_up_after
+        self.prepare = prepare
         options: dict[str, Any] = {
             "autocommit": True,
             "row_factory": dict_row,
@@ -149,6 +156,24 @@ class Database:
         self.open()
         with translated(self.url), self.pool.connection() as conn:
             yield conn
+
+    @contextlib.contextmanager
+    def listening(self, name: str) -> Iterator[Callable[[float], bool]]:
+        """LISTEN on channel name over a connection of its own (a pooled one goes back to
+        the pool between statements); yields heard(seconds): whether a notification came
+        within that time. Behind PgBouncer in transaction mode none ever does, so callers
+        look again now and then whatever they hear."""
+        options: dict[str, Any] = {"autocommit": True, "connect_timeout": 5}
+        if not self.prepare:
+            options["prepare_threshold"] = None
+        with translated(self.url), psycopg.connect(self.url, **options) as conn:
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(name)))
+
+            def heard(seconds: float) -> bool:
+                with translated(self.url):
+                    return any(True for _ in conn.notifies(timeout=seconds, stop_after=1))
+
+            yield heard
 
     def one(self, name: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
         def attempt() -> dict[str, Any] | None:

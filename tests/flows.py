@@ -202,3 +202,26 @@ def boom(ctx: Context) -> StepResult:
     if ctx.input.get("mode") == "huge_window":
         return StepResult(cursor="done", window=[{"role": "user", "content": "x" * 50_000}] * 4)
     return StepResult(cursor="done")
+
+
+# A charge made at most once: its intent is committed before it runs. "before"/"after"
+# pauses (as in probe) sit inside the effect, after the intent; the charge is a mail send
+# without an idempotency key, so the mail stand-in counts every one that happens.
+at_most = workflow("at_most_once")
+
+
+@at_most.step()
+def charge(ctx: Context) -> StepResult:
+    def pay(key: str) -> dict[str, str]:
+        _log(ctx, "start")
+        _pause(ctx, "before")
+        httpx.post(
+            f"{ctx.config.mail_url}/v1/send",
+            json={"to": "x@example.com", "subject": "charge", "body": "", "ref": key},
+            timeout=30,
+        ).raise_for_status()
+        _pause(ctx, "after")
+        return {"charged": key}
+
+    result = ctx.once(pay, at_most_once=True)
+    return StepResult(cursor="done", state={"charge": result})

@@ -263,3 +263,39 @@ def test_workflow_plugged_in_with_cairn_workflows(start_worker, create, store, t
     start_worker(concurrency=1, CAIRN_WORKFLOWS="tests.flows")
     found = create("loop", {"visits": 2})
     _done(store, found)
+
+
+def test_a_worker_paused_inside_an_at_most_once_effect_never_makes_it_twice(
+    start_worker, start_beat, create, store, leases, client, mail: MailServer, tmp_path
+) -> None:
+    """A is SIGSTOPped after its lease check and its intent, before the charge, past the
+    TTL. B takes the run over, finds the intent without its mark and stops the run as
+    unknown. A, resumed, makes the charge it had started: once across both workers. Then
+    someone resolves the run as done and it finishes without charging again."""
+    log = tmp_path / "steps.log"
+    a = start_worker(concurrency=1)
+    run_id = create("at_most_once", {"log": str(log), "before": {"charge": 2 * LEASE_TTL + 2}})
+    wait_for(lambda: _sleeping(log, "charge", "before"), 30, "the charge")
+    zombie = holder_pid(leases, run_id)
+    a.signal_all(signal.SIGSTOP)
+    start_worker(concurrency=1)
+    start_beat()
+
+    def unknown() -> bool:
+        cp = store.load(run_id)
+        return cp is not None and cp.status == "unknown"
+
+    wait_for(unknown, LEASE_TTL + 30, "B to stop the run as unknown")
+    cp = store.load(run_id)
+    assert cp is not None and f"cairn resolve {run_id}" in (cp.error or "")
+    assert mail.stats()["deliveries"] == 0  # B did not charge
+    a.signal_all(signal.SIGCONT)
+    wait_for(lambda: mail.stats()["deliveries"] == 1, 20, "A's charge")
+    wait_for(lambda: "lease lost" in a.text() or "stale" in a.text().lower(), 20, "A to stop")
+    time.sleep(0.5)
+    assert mail.stats()["deliveries"] == 1
+    assert store.load(run_id).status == "unknown"  # type: ignore[union-attr]
+    assert not any(pid != zombie for c, _, pid, e in step_log(log) if e == "start")
+    client.resolve(run_id, done=True, result={"charged": "by hand"})
+    _done(store, run_id, timeout=30)
+    assert mail.stats()["deliveries"] == 1

@@ -511,3 +511,77 @@ def test_a_step_killed_again_and_again_while_its_journal_grows_is_not_poison(
             _redeliver(run_id, deps)
     assert _redeliver(run_id, deps) == RunStatus.DONE
     assert calls[run_id] == list(range(14))  # each call made once
+
+
+# -- at-most-once effects --------------------------------------------------------------------
+charges = workflow("journal-at-most-once")
+
+
+@charges.step()
+def charge(ctx: Context) -> StepResult:
+    def pay(key: str) -> dict[str, str]:
+        calls[ctx.run_id].append(("pay", key))
+        _maybe_die(ctx)  # after the charge, before its done mark
+        return {"charged": key}
+
+    def look_up(key: str) -> dict[str, str]:
+        calls[ctx.run_id].append(("reconcile", key))
+        return {"found": key}
+
+    if ctx.input.get("claimed_by_another"):  # another worker claims the run right now
+        assert ctx._store.claim(ctx.run_id, ctx._lease.epoch + 5) is not None
+    reconcile = look_up if ctx.input.get("reconcile") else None
+    result = ctx.once(pay, at_most_once=True, reconcile=reconcile)
+    return StepResult(cursor="done", state={"result": result})
+
+
+def test_an_effect_whose_outcome_was_lost_is_never_run_again(deps: loop.Deps) -> None:
+    run_id = _start(deps, "journal-at-most-once")
+    dies[run_id] = 0
+    with pytest.raises(ProcessDied):
+        loop.run(run_id, deps)
+    assert _redeliver(run_id, deps) == RunStatus.UNKNOWN
+    key = f"cairn:{run_id}:charge:0"
+    cp = _load(deps, run_id)
+    assert f"the at-most-once effect {key} was started" in (cp.error or "")
+    assert f"cairn resolve {run_id} --done" in (cp.error or "")
+    assert loop.run(run_id, deps) == RunStatus.UNKNOWN  # delivered again: still stopped
+    assert calls[run_id] == [("pay", key)]
+    # Resolved as done: the replay returns the given result, the charge is not made again.
+    assert deps.store.resolve(run_id, True, {"charged": "by hand"}) == (True, [key])
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    assert _load(deps, run_id).state["result"] == {"charged": "by hand"}
+    assert calls[run_id] == [("pay", key)]
+    assert deps.store.resolve(run_id, True, None) == (False, [])  # again: nothing to do
+
+
+def test_resolved_as_not_done_the_effect_runs_again(deps: loop.Deps) -> None:
+    run_id = _start(deps, "journal-at-most-once")
+    dies[run_id] = 0
+    with pytest.raises(ProcessDied):
+        loop.run(run_id, deps)
+    assert _redeliver(run_id, deps) == RunStatus.UNKNOWN
+    assert deps.store.resolve(run_id, False) == (True, [f"cairn:{run_id}:charge:0"])
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    assert [c[0] for c in calls[run_id]] == ["pay", "pay"]
+
+
+def test_a_reconcile_decides_the_outcome_instead(deps: loop.Deps) -> None:
+    run_id = _start(deps, "journal-at-most-once", {"reconcile": True})
+    dies[run_id] = 0
+    with pytest.raises(ProcessDied):
+        loop.run(run_id, deps)
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+    key = f"cairn:{run_id}:charge:0"
+    assert calls[run_id] == [("pay", key), ("reconcile", key)]
+    assert _load(deps, run_id).state["result"] == {"found": key}
+
+
+def test_a_worker_that_lost_the_run_writes_no_intent_and_makes_no_charge(
+    deps: loop.Deps,
+) -> None:
+    run_id = _start(deps, "journal-at-most-once", {"claimed_by_another": True})
+    with pytest.raises(errors.Superseded):
+        loop.run(run_id, deps)
+    assert calls[run_id] == []
+    assert deps.store.open_intents(run_id) == []  # type: ignore[attr-defined]

@@ -795,6 +795,26 @@ def test_a_journal_record_is_progress_and_restarts_the_delivery_count(
     assert _load(any_store, "r1").deliveries == 2
 
 
+def test_an_intent_is_fenced_and_found_open_until_its_mark(any_store: CheckpointStore) -> None:
+    cp = _running(any_store)
+    assert any_store.record_intent(dataclasses.replace(cp, seq=0), "k1") == ("fenced", None)
+    assert any_store.record_intent(cp, "k1") == ("written", None)
+    # The same writer again (its first try committed, the reply was lost): still its own.
+    assert any_store.record_intent(cp, "k1") == ("written", None)
+    assert any_store.was_done("k1") == (False, None)  # an intent is not a done mark
+    assert any_store.open_intents("r1")[0]["key"] == "k1"  # type: ignore[attr-defined]
+    # A newer owner finds it open: the outcome is unknown.
+    assert any_store.claim("r1", 2) is not None
+    at_two = dataclasses.replace(cp, epoch=2)
+    assert any_store.record_intent(at_two, "k1") == ("open", None)
+    assert any_store.record_intent(cp, "k2") == ("fenced", None)  # the old owner: fenced
+    any_store.mark_done("k1", "r1", {"ok": 1}, 1)  # the old owner's effect ran after all
+    assert any_store.record_intent(at_two, "k1") == ("done", {"ok": 1})
+    any_store.mark_done("k1", "r1", {"ok": 2}, 2)
+    assert any_store.was_done("k1") == (True, {"ok": 1})  # the first mark stays
+    assert any_store.open_intents("r1") == []  # type: ignore[attr-defined]
+
+
 # -- a step's transaction --------------------------------------------------------------
 def test_a_transaction_the_step_never_used_is_not_open_and_the_save_goes_on(
     any_store: CheckpointStore,

@@ -466,6 +466,39 @@ def cancel(
     )
 
 
+@app.command()
+def resolve(
+    run_id: Annotated[str, typer.Argument(help="The run id (stopped as unknown).")],
+    done: Annotated[
+        bool,
+        typer.Option(
+            "--done/--not-done",
+            help="Whether the effect whose outcome was unknown happened (--not-done: the "
+            "run's replay runs it).",
+        ),
+    ],
+    result: Annotated[
+        str, typer.Option("--result", help="With --done: the effect's result, as JSON.")
+    ] = "null",
+    as_json: AsJson = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Settle a run stopped as unknown (an at-most-once effect lost its outcome); it goes on."""
+    try:
+        value = json.loads(result)
+    except ValueError as exc:
+        _fail(f"--result is not JSON: {exc}")
+    with _client(_settings(database_url=database_url)) as client:
+        open_keys = [i["key"] for i in client.store.open_intents(run_id)]
+        run = client.resolve(run_id, done=done, result=value)
+    if as_json:
+        print(_dumps({"run": run.to_json(), "resolved": open_keys}))
+        return
+    what = "done" if done else "not done (it runs again)"
+    keys = ", ".join(open_keys) or "nothing open"
+    console.print(f"{run_id}: {keys} settled as {what}; run {run.status}")
+
+
 @app.command("settings")
 def settings_cmd(
     markdown: Annotated[

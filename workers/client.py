@@ -1,11 +1,13 @@
-"""Client: what a web app uses to start runs and read them. Enqueues by workflow name.
+"""Client and AsyncClient: what a web app uses to start runs, read them and wait for
+them. Enqueues by workflow name.
 
-It needs neither the workflows' code nor Celery's worker: it writes the run to Postgres
-and sends one message naming the run. Celery is imported on the first enqueue.
+They need neither the workflows' code nor Celery's worker: they write the run to Postgres
+and send one message naming the run. Celery is imported on the first enqueue.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import uuid
@@ -53,7 +55,7 @@ class Client:
             prepare=s.database_prepare,
         )
         self.store = PgStore(db)
-        self._producer: Celery | None = None
+        self._sender = _Sender(self.settings)
 
     def __enter__(self) -> Self:
         return self
@@ -63,8 +65,7 @@ class Client:
 
     def close(self) -> None:
         self.store.db.close()
-        if self._producer is not None:
-            self._producer.close()
+        self._sender.close()
 
     def enqueue(
         self,
@@ -83,31 +84,14 @@ class Client:
         before anything is written); otherwise the worker validates it. max_cost_usd caps
         the run's model cost (default: the workers' CAIRN_MAX_COST_USD).
         """
-        data = check_input({} if input is None else input, self.settings.max_input_bytes)
-        run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
-        if not isinstance(workflow, str) or not workflow:
-            raise InvalidInput("workflow must be a workflow's name")
-        flow = registry.find(workflow)
-        if flow is not None:
-            data = flow.validate(data)
+        run_id, data = _checked(self.settings, workflow, input, run_id)
         self.store.create_run(run_id, workflow, data, max_cost_usd=max_cost_usd)
         self.send(run_id)
         return run_id
 
     def send(self, run_id: str) -> None:
         """Put one message for run_id on the broker (the run must exist)."""
-        try:
-            self.producer.send_task(broker.RUN_TASK, args=[run_id], queue=broker.RUNS)
-        except Exception as exc:
-            from kombu.exceptions import OperationalError
-
-            if not isinstance(exc, OperationalError):
-                raise
-            raise StoreUnavailable(
-                f"run {run_id} is recorded but the broker is unreachable ({exc}); enqueue "
-                "the same run id again once it is back, or the reaper will after "
-                "CAIRN_PENDING_AFTER"
-            ) from exc
+        self._sender.send(run_id)
 
     def get(self, run_id: str, *, window: bool = False) -> Run | None:
         """The run's status, cursor, state (its result once done), error and cost; the
@@ -150,17 +134,34 @@ class Client:
         """Send the run a signal of `event` with a JSON payload. It is stored durably: a
         run waiting for it wakes, a run that waits for it later finds it. The same
         signal_id twice is one signal (returns False the second time). Raises UnknownRun."""
-        check_event(event)
-        check_input({"payload": payload}, self.settings.max_input_bytes)
-        if signal_id is not None:
-            check_run_id(signal_id)  # same rules: it travels as a key and a header too
-        found = self.store.signal(run_id, event, payload, signal_id or uuid.uuid4().hex)
+        signal_id = _checked_signal(self.settings, event, payload, signal_id)
+        found = self.store.signal(run_id, event, payload, signal_id)
         if found is None:
             raise UnknownRun(f"no run {run_id!r}")
         status, stored = found
         if stored and status not in STOPPED:
             self.send(run_id)  # a waiting run wakes; a busy one finds it at its wait
         return stored
+
+    def resolve(self, run_id: str, *, done: bool, result: Any = None) -> Run:
+        """Settle a run stopped as unknown (an at-most-once effect whose outcome was lost):
+        done=True records that the effect happened (result: what ctx.once returns on the
+        replay), done=False that it did not (the replay runs it). The run goes on at its
+        cursor. Resolving again changes nothing. Raises UnknownRun."""
+        check_input({"result": result}, self.settings.max_input_bytes)
+        rearmed, _ = self.store.resolve(run_id, done, result)
+        run = self.get(run_id)
+        if run is None:
+            raise UnknownRun(f"no run {run_id!r}")
+        if rearmed:
+            self.send(run_id)
+        return run
+
+    def wait(self, run_id: str, timeout: float | None = 60.0) -> Run:
+        """The run once it is done, failed, cancelled (any stopped status) or waiting for a
+        signal: woken by Postgres LISTEN/NOTIFY, not by polling. Raises UnknownRun, or
+        cairn.WaitTimedOut (a TimeoutError) after timeout seconds (None: no limit)."""
+        return self.store.wait(run_id, timeout)
 
     def history(self, run_id: str) -> list[dict[str, Any]]:
         """The run's step timeline, oldest first: one row per step attempt that ended
@@ -180,6 +181,157 @@ class Client:
 
     @property
     def producer(self) -> Celery:
+        return self._sender.producer
+
+
+class AsyncClient:
+    """Client for asyncio apps (FastAPI, aiohttp): every method of Client, awaited, over
+    psycopg's async pool. The broker's client is synchronous, so a send runs in a worker
+    thread: the event loop never blocks on it.
+
+        async with cairn.AsyncClient() as client:
+            run_id = await client.enqueue("invoice", {"customer": "acme", "email": "a@acme.test"})
+            run = await client.wait(run_id, timeout=30)
+    """
+
+    def __init__(
+        self,
+        database_url: str | None = None,
+        broker_url: str | None = None,
+        *,
+        settings: Settings | None = None,
+        pool_size: int = 10,
+    ) -> None:
+        from cairn.store.aio import AsyncDatabase, AsyncPgStore
+
+        base = settings or Settings.from_env()
+        self.settings = base.with_options(database_url=database_url, broker_url=broker_url)
+        s = self.settings
+        db = AsyncDatabase(
+            s.database_url,
+            max_size=pool_size,
+            give_up_after=s.client_give_up_after,
+            prepare=s.database_prepare,
+        )
+        self.store = AsyncPgStore(db)
+        self._sender = _Sender(self.settings)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.store.db.close()
+        await asyncio.to_thread(self._sender.close)
+
+    async def enqueue(
+        self,
+        workflow: str,
+        input: dict[str, Any] | None = None,
+        *,
+        run_id: str | None = None,
+        max_cost_usd: float | None = None,
+    ) -> str:
+        """Client.enqueue: record the run and send it to the workers; its run id."""
+        run_id, data = _checked(self.settings, workflow, input, run_id)
+        await self.store.create_run(run_id, workflow, data, max_cost_usd=max_cost_usd)
+        await self.send(run_id)
+        return run_id
+
+    async def send(self, run_id: str) -> None:
+        """Put one message for run_id on the broker, from a worker thread."""
+        await asyncio.to_thread(self._sender.send, run_id)
+
+    async def get(self, run_id: str, *, window: bool = False) -> Run | None:
+        """Client.get: the run (its model window too with window=True), or None."""
+        run = await self.store.get(run_id)
+        if run is None or not window:
+            return run
+        row = await self.store.load_row(run_id)
+        return dataclasses.replace(run, window=tuple(row["window"]) if row else ())
+
+    async def list(
+        self,
+        status: RunStatus | None = None,
+        limit: int = 50,
+        *,
+        workflow: str | None = None,
+        after: str | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+    ) -> list[Run]:
+        """Client.list: runs newest first, a keyset page at a time."""
+        return await self.store.list_runs(
+            status, limit, workflow=workflow, after=after, since=since, until=until
+        )
+
+    async def counts(self) -> dict[RunStatus, int]:
+        """How many runs are in each status."""
+        rows = await self.store.counts()
+        return {RunStatus(status): int(row["n"]) for status, row in rows.items()}
+
+    async def cancel(self, run_id: str, reason: str = CANCEL_REASON) -> Run | None:
+        """Client.cancel: stop a run (a running one at its next step boundary)."""
+        await self.store.cancel(run_id, reason)
+        return await self.get(run_id)
+
+    async def signal(
+        self, run_id: str, event: str, payload: Any = None, *, signal_id: str | None = None
+    ) -> bool:
+        """Client.signal: a durable signal of `event`; False if signal_id was sent before."""
+        signal_id = _checked_signal(self.settings, event, payload, signal_id)
+        found = await self.store.signal(run_id, event, payload, signal_id)
+        if found is None:
+            raise UnknownRun(f"no run {run_id!r}")
+        status, stored = found
+        if stored and status not in STOPPED:
+            await self.send(run_id)
+        return stored
+
+    async def resolve(self, run_id: str, *, done: bool, result: Any = None) -> Run:
+        """Client.resolve: settle a run stopped as unknown; it goes on at its cursor."""
+        check_input({"result": result}, self.settings.max_input_bytes)
+        rearmed, _ = await self.store.resolve(run_id, done, result)
+        run = await self.get(run_id)
+        if run is None:
+            raise UnknownRun(f"no run {run_id!r}")
+        if rearmed:
+            await self.send(run_id)
+        return run
+
+    async def wait(self, run_id: str, timeout: float | None = 60.0) -> Run:
+        """Client.wait: the run once stopped or waiting, woken by LISTEN/NOTIFY."""
+        return await self.store.wait(run_id, timeout)
+
+    async def history(self, run_id: str) -> list[dict[str, Any]]:
+        """Client.history: the run's step timeline, oldest first."""
+        return await self.store.history(run_id)
+
+    async def problems(self) -> list[str]:
+        """Client.problems: one line per service that does not answer in time."""
+        found = []
+        try:
+            await self.store.db.one("ping")
+        except CairnError as exc:
+            found.append(str(exc))
+        return found + await asyncio.to_thread(health.broker_problems, self.settings)
+
+    @property
+    def producer(self) -> Celery:
+        return self._sender.producer
+
+
+class _Sender:
+    """The broker's producer, made on the first send (Celery imports then)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._producer: Celery | None = None
+
+    @property
+    def producer(self) -> Celery:
         if self._producer is None:
             from celery import Celery
 
@@ -187,3 +339,43 @@ class Client:
             app.conf.update(broker.conf(self.settings))
             self._producer = app
         return self._producer
+
+    def send(self, run_id: str) -> None:
+        try:
+            self.producer.send_task(broker.RUN_TASK, args=[run_id], queue=broker.RUNS)
+        except Exception as exc:
+            from kombu.exceptions import OperationalError
+
+            if not isinstance(exc, OperationalError):
+                raise
+            raise StoreUnavailable(
+                f"run {run_id} is recorded but the broker is unreachable ({exc}); enqueue "
+                "the same run id again once it is back, or the reaper will after "
+                "CAIRN_PENDING_AFTER"
+            ) from exc
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close()
+
+
+def _checked(
+    settings: Settings, workflow: str, input: dict[str, Any] | None, run_id: str | None
+) -> tuple[str, dict[str, Any]]:
+    """The run id (a new one if None) and the input, checked before anything is written."""
+    data = check_input({} if input is None else input, settings.max_input_bytes)
+    run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
+    if not isinstance(workflow, str) or not workflow:
+        raise InvalidInput("workflow must be a workflow's name")
+    flow = registry.find(workflow)
+    if flow is not None:
+        data = flow.validate(data)
+    return run_id, data
+
+
+def _checked_signal(settings: Settings, event: str, payload: Any, signal_id: str | None) -> str:
+    check_event(event)
+    check_input({"payload": payload}, settings.max_input_bytes)
+    if signal_id is not None:
+        check_run_id(signal_id)  # same rules: it travels as a key and a header too
+    return signal_id or uuid.uuid4().hex

@@ -22,6 +22,7 @@ from cairn.errors import (
     HandOff,
     IncompatibleCheckpoint,
     Interrupted,
+    OutcomeUnknown,
     RetryLater,
     StaleWrite,
     StoreUnavailable,
@@ -46,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 
 class Stop(CairnError):
-    """The run stops with status (failed, cancelled, budget_exceeded, incompatible).
+    """The run stops with status (failed, cancelled, budget_exceeded, incompatible, unknown).
     Raised and caught inside the loop only: run() returns the status."""
 
     def __init__(
@@ -75,7 +76,7 @@ def run(run_id: str, deps: Deps) -> RunStatus:
     """Drive one run to its end, or until it waits or this worker lets it go.
 
     Returns the run's status: done, waiting (parked until a signal or a timeout), or how
-    it stopped (failed, cancelled, budget_exceeded, incompatible), recorded on the run.
+    it stopped (failed, cancelled, budget_exceeded, incompatible, unknown), recorded on the run.
 
     Raises (each a cairn.errors.Interrupted: this delivery ends, the run does not):
         Deferred: another live worker holds the run's lease; deliver it again later.
@@ -299,6 +300,8 @@ def _step(
             raise Stop(RunStatus.CANCELLED, str(exc), _with_key(attempt, ctx)) from exc
         except BudgetExceeded as exc:
             raise Stop(RunStatus.BUDGET_EXCEEDED, str(exc), _with_key(attempt, ctx)) from exc
+        except OutcomeUnknown as exc:
+            raise Stop(RunStatus.UNKNOWN, str(exc), _with_key(attempt, ctx)) from exc
         except Interrupted as exc:
             if not isinstance(exc, Transient):
                 raise  # another owner (Superseded), or any delivery outcome: the task's

@@ -147,7 +147,8 @@ class MemoryStore:
         self._clock = clock
         self._lock = threading.Lock()
         self._rows: dict[str, _Row] = {}
-        self._effects: dict[str, tuple[str, str, int]] = {}  # key: (run_id, result, epoch)
+        # key: (run_id, result as JSON text, epoch, done: False while only an intent)
+        self._effects: dict[str, tuple[str, str, int, bool]] = {}
         self._last = dt.datetime.min.replace(tzinfo=dt.UTC)
 
     def _now(self) -> dt.datetime:
@@ -412,16 +413,63 @@ class MemoryStore:
 
     # -- ledger ----------------------------------------------------------------------
     def was_done(self, key: str) -> tuple[bool, Any]:
-        """Whether the ledger holds key, and the effect's recorded result."""
+        """Whether the ledger holds key's done mark, and the effect's recorded result."""
         with self._lock:
             found = self._effects.get(key)
-        return (True, json.loads(found[1])) if found else (False, None)
+        return (True, json.loads(found[1])) if found and found[3] else (False, None)
 
     def mark_done(self, key: str, run_id: str, result: Any, epoch: int = 0) -> None:
-        """Record that the effect of key ran, under epoch; the first record stays."""
+        """Record that the effect of key ran, under epoch (over its intent); the first
+        mark stays."""
         text = _dump(result)
         with self._lock:
-            self._effects.setdefault(key, (run_id, text, epoch))
+            found = self._effects.get(key)
+            if found is None or not found[3]:
+                self._effects[key] = (run_id, text, epoch, True)
+
+    def record_intent(self, cp: Checkpoint, key: str) -> tuple[str, Any]:
+        """record_intent and intent_state of the SQL: written, open, done or fenced."""
+        with self._lock:
+            row = self._rows.get(cp.run_id)
+            found = self._effects.get(key)
+            fenced = row is None or row.seq != cp.seq or row.epoch > cp.epoch
+            if found is None:
+                if fenced:
+                    return "fenced", None
+                self._effects[key] = (cp.run_id, "null", cp.epoch, False)
+                return "written", None
+            if found[3]:
+                return "done", json.loads(found[1])
+            if not fenced and found[2] == cp.epoch:
+                return "written", None  # this writer's own intent (a retried write)
+            return "open", None
+
+    def open_intents(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's effects with an intent and no mark."""
+        with self._lock:
+            return [
+                {"key": k, "epoch": v[2]}
+                for k, v in sorted(self._effects.items())
+                if v[0] == run_id and not v[3]
+            ]
+
+    def resolve(self, run_id: str, done: bool, result: Any = None) -> tuple[bool, list[str]]:
+        """Settle the run's unknown effects and re-arm it if it stopped as unknown."""
+        text = _dump(result)
+        with self._lock:
+            keys = [k for k, v in sorted(self._effects.items()) if v[0] == run_id and not v[3]]
+            for k in keys:
+                if done:
+                    run, _, epoch, _ = self._effects[k]
+                    self._effects[k] = (run, text, epoch, True)
+                else:
+                    del self._effects[k]
+            row = self._rows.get(run_id)
+            rearmed = row is not None and row.status == RunStatus.UNKNOWN
+            if row is not None and rearmed:
+                row.status, row.error, row.attempts, row.deliveries = RunStatus.PENDING, None, 0, 0
+                row.retry_at, row.updated_at = None, self._stamp()
+            return rearmed, keys
 
     # -- journal ---------------------------------------------------------------------
     def journal(self, run_id: str, cursor: str, visit: int) -> list[Call]:

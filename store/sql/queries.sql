@@ -195,13 +195,57 @@ SELECT seq, cursor, visit, outcome, started_at, ended_at, worker, epoch, cost_us
   FROM step_history WHERE run_id = %(run_id)s ORDER BY id;
 
 -- name: was_done
-SELECT result FROM effects WHERE key = %(key)s;
+SELECT result FROM effects WHERE key = %(key)s AND done;
 
 -- name: mark_done
-INSERT INTO effects (key, run_id, result, epoch)
+-- The effect ran: its done mark (over its intent, if it had one); the first mark stays.
+INSERT INTO effects AS e (key, run_id, result, epoch)
 VALUES (%(key)s, %(run_id)s, %(result)s, %(epoch)s)
-ON CONFLICT (key) DO NOTHING
+ON CONFLICT (key) DO UPDATE SET result = EXCLUDED.result, epoch = EXCLUDED.epoch, done = true
+ WHERE NOT e.done
 RETURNING key;
+
+-- name: record_intent
+-- An at-most-once effect is about to run: its intent, fenced like a save (written only
+-- while no newer epoch has claimed the run) and committed before the effect. A retry whose
+-- first try committed meets its own intent (same epoch) and gets it back. Nothing back:
+-- fenced, or an intent or mark already there (intent_state tells which).
+INSERT INTO effects AS e (key, run_id, result, epoch, done)
+SELECT %(key)s, c.run_id, NULL, %(epoch)s, false
+  FROM checkpoints c
+ WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s AND c.epoch <= %(epoch)s
+ON CONFLICT (key) DO UPDATE SET epoch = e.epoch
+ WHERE e.epoch = EXCLUDED.epoch AND NOT e.done
+RETURNING key;
+
+-- name: intent_state
+SELECT done, result, epoch FROM effects WHERE key = %(key)s;
+
+-- name: open_intents
+-- A run's at-most-once effects whose outcome is unknown: an intent without its mark.
+SELECT key, epoch, created_at FROM effects
+ WHERE run_id = %(run_id)s AND NOT done
+ ORDER BY created_at, key;
+
+-- name: resolve_intents
+-- Someone found out what the unknown effects did: done (with their result) or not done
+-- (the intents go, so the replay runs the effect); then the run goes on at its cursor.
+WITH marked AS (
+    UPDATE effects SET done = true, result = %(result)s
+     WHERE run_id = %(run_id)s AND NOT done AND %(done)s
+    RETURNING key
+), dropped AS (
+    DELETE FROM effects
+     WHERE run_id = %(run_id)s AND NOT done AND NOT %(done)s
+    RETURNING key
+), rearmed AS (
+    UPDATE checkpoints SET status = 'pending', error = NULL, attempts = 0, deliveries = 0,
+           retry_at = NULL, updated_at = now()
+     WHERE run_id = %(run_id)s AND status = 'unknown'
+    RETURNING run_id
+)
+SELECT (SELECT count(*) FROM rearmed) AS rearmed,
+       ARRAY(SELECT key FROM marked UNION ALL SELECT key FROM dropped) AS keys;
 
 -- name: journal
 -- A step visit's recorded calls, in order: what its replay returns without calling.

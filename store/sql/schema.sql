@@ -1,4 +1,4 @@
--- cairn's schema as it stands: what migrations/0001..0005 build, in one file to read.
+-- cairn's schema as it stands: what migrations/0001..0007 build, in one file to read.
 -- Databases are made and upgraded by the migrations (`cairn db upgrade`);
 -- tests/test_schema.py builds one database from them and one from this file and asserts
 -- their schema-only dumps are equal, so this file cannot drift. A new migration edits
@@ -33,7 +33,7 @@ CREATE TABLE checkpoints (
     -- cairn.RunStatus, value for value (tests/test_schema.py)
     status      text NOT NULL CONSTRAINT checkpoints_status_check CHECK (status IN (
         'pending', 'running', 'waiting', 'done', 'failed', 'cancelled', 'budget_exceeded',
-        'incompatible')),
+        'incompatible', 'unknown')),
     error       text,
     epoch       bigint NOT NULL DEFAULT 0,  -- fencing epoch of the lease that wrote it
     resumes     integer NOT NULL DEFAULT 0,
@@ -72,14 +72,17 @@ CREATE TABLE window_messages (
 );
 
 -- Done-ledger for downstreams without idempotency (ctx.once), with the lease epoch under
--- which the effect ran (0: before this was recorded).
+-- which the effect ran (0: before this was recorded). An at-most-once effect's row is
+-- first an intent (done false), committed before the effect runs.
 CREATE TABLE effects (
     key         text PRIMARY KEY,
     run_id      text NOT NULL,
     result      jsonb,
     created_at  timestamptz NOT NULL DEFAULT now(),
-    epoch       bigint NOT NULL DEFAULT 0
+    epoch       bigint NOT NULL DEFAULT 0,
+    done        boolean NOT NULL DEFAULT true
 );
+CREATE INDEX effects_open ON effects (run_id) WHERE NOT done;
 
 -- The shipped invoice workflow's ledger: written through ctx.db, in the checkpoint's
 -- transaction.
@@ -201,3 +204,18 @@ CREATE TABLE journal (
     created_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (run_id, cursor, visit, pos)
 );
+
+-- Client.wait: whoever waits for a run hears it stop or park instead of polling. One
+-- channel per run ('cairn_' and the first 16 hex digits of md5(run_id): a channel name is
+-- at most 63 bytes, a run id up to 200), notified by the transaction that moves its status
+-- to a stopped one or to waiting: about once per run, so commits rarely queue on it.
+CREATE FUNCTION cairn_notify_status() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('cairn_' || left(md5(NEW.run_id), 16), NEW.status);
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER checkpoints_notify_status AFTER UPDATE OF status ON checkpoints
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status
+                       AND NEW.status NOT IN ('pending', 'running'))
+    EXECUTE FUNCTION cairn_notify_status();

@@ -82,6 +82,12 @@ class Cancel(BaseModel):
     reason: str = Field(default=CANCEL_REASON, max_length=500)
 
 
+class Resolve(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    done: bool = Field(description="Whether the effect whose outcome was unknown happened.")
+    result: Any = Field(default=None, description="With done: the effect's result.")
+
+
 class NewSignal(BaseModel):
     model_config = ConfigDict(extra="forbid")
     payload: Any = None
@@ -378,6 +384,12 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
         if run is None:
             raise UnknownRun(f"no run {run_id!r}")
         return run.to_json()
+
+    @app.post("/runs/{run_id}/resolve", status_code=202, tags=["runs"])
+    def resolve(run_id: str, body: Resolve) -> dict[str, Any]:
+        """Settle a run stopped as unknown: whether its at-most-once effect happened. The
+        run goes on at its cursor."""
+        return client.resolve(run_id, done=body.done, result=body.result).to_json()
 
     @app.post("/runs/{run_id}/signals/{event}", status_code=202, tags=["runs"])
     def signal(
