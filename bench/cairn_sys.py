@@ -141,7 +141,7 @@ def create_run(
     """A run of the bench workflow whose checkpoint starts with win as its model window."""
     run_id = f"{workflow}-{uuid.uuid4().hex[:10]}"
     data = {"steps": steps, "append_bytes": append_bytes, **(extra or {})}
-    store.create_run(run_id, workflow, data, "tick" if workflow == flows.NOOP else "nap")
+    store.create_run(run_id, workflow, data, "nap" if workflow == flows.SLOW else "tick")
     if win:
         with store.db.connection() as conn, conn.transaction():
             with conn.cursor() as cur:
@@ -179,9 +179,12 @@ class InProcess:
         self.url = url
 
     def run(
-        self, steps: int, win: list[dict[str, Any]], append_bytes: int = 0
+        self, steps: int, win: list[dict[str, Any]], append_bytes: int = 0, calls: int = 0
     ) -> tuple[float, int]:
-        run_id = create_run(self.store, steps, win, append_bytes)
+        if calls:
+            run_id = create_run(self.store, steps, win, 0, flows.CALLS, {"calls": calls})
+        else:
+            run_id = create_run(self.store, steps, win, append_bytes)
         # warm the pool's connection so the timing is the loop, not the first connect
         self.db.one("position", {"run_id": run_id})
         elapsed, wal, status = measure(self.url, lambda: loop.run(run_id, self.deps))

@@ -29,6 +29,24 @@ def tick(ctx: Context) -> StepResult:
     return StepResult(cursor=cursor, state={"n": n}, window=win)
 
 
+CALLS = "bench_calls"
+calls = workflow(CALLS, max_steps=1_000_000)
+
+
+def _tool(n: int) -> dict[str, int]:
+    return {"n": n}
+
+
+@calls.step("tick")
+def tick_calls(ctx: Context) -> StepResult:
+    """bench_noop's step with input["calls"] journaled calls of a no-op tool in it."""
+    n = int(ctx.state.get("n", 0)) + 1
+    for i in range(int(ctx.input["calls"])):
+        ctx.call("tool", _tool, i)
+    cursor = "done" if n >= int(ctx.input["steps"]) else "tick"
+    return StepResult(cursor=cursor, state={"n": n})
+
+
 slow = workflow(SLOW, max_steps=1_000_000)
 
 

@@ -89,6 +89,19 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                     f"{_f(row.get('time_vs_window_floor'), '{:.2f}×')})",
                 )
 
+        call = _find(per, key="cairn+call", window_bytes=4096)
+        if tiny and cairn and call:
+            extra = call["best_ms_per_step"] - cairn["best_ms_per_step"]
+            x = extra / tiny["best_ms_per_step"]
+            add(
+                "a journaled call (ctx.call) ≤ 2× tiny floor on top of its step (W=4 KB)",
+                x <= 2.0,
+                f"step with one call {call['best_ms_per_step']:.3f} ms − step "
+                f"{cairn['best_ms_per_step']:.3f} ms = {extra:.3f} ms a call = {x:.2f}× tiny "
+                f"floor {tiny['best_ms_per_step']:.3f} ms (the call's fenced insert; the step "
+                f"itself is {cairn['time_vs_floor']:.2f}×)",
+            )
+
     run = results.get("per_run") or {}
     if isinstance(run, dict) and run.get("ratio"):
         x = run["ratio"]

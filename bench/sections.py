@@ -198,6 +198,7 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
                     ("floor", lambda win=win: cairn_sys.floor_run(floor_url, n, win)),
                     ("cairn", lambda win=win: inproc.run(n, win)),
                     ("cairn+msg", lambda win=win: inproc.run(n, win, append_bytes=sz.msg_bytes)),
+                    ("cairn+call", lambda win=win: inproc.run(n, win, calls=1)),
                 ):
                     e, b = fn()
                     el, wl = samples.setdefault((key, None if key == "tiny" else w), ([], []))
@@ -212,6 +213,7 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
         "floor": "reference: bare seq-guarded upsert (whole window)",
         "cairn": "cairn in-process (window unchanged)",
         "cairn+msg": f"cairn in-process (+1 msg of {sz.msg_bytes} B/step)",
+        "cairn+call": "cairn in-process (+1 journaled ctx.call/step)",
     }
     for (key, w), (el, wl) in samples.items():
         rows.append(

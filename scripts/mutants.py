@@ -42,6 +42,7 @@ COUNTER_ENDS = (
 )
 JOURNAL_REPLAY = "tests/test_journal.py::test_a_replay_after_a_crash_makes_no_call_twice"
 J = "tests/test_journal.py"
+LOST = "tests/test_lost_commit.py"
 PAUSED_CHARGE = (
     "tests/test_crash.py::test_a_worker_paused_inside_an_at_most_once_effect_never_makes_it_twice"
 )
@@ -253,7 +254,10 @@ MUTANTS = [
         "store/sql/queries.sql",
         " WHERE j.epoch = EXCLUDED.epoch AND j.name = EXCLUDED.name",
         " WHERE false",
-        ("tests/test_store_contract.py::test_a_journal_record_is_fenced_like_a_save[pg]",),
+        (
+            "tests/test_store_contract.py::test_a_journal_record_is_fenced_like_a_save[pg]",
+            f"{LOST}::test_a_journal_record_whose_commit_reply_was_lost_is_still_recorded",
+        ),
     ),
     Mutant(
         "M27",
@@ -280,7 +284,16 @@ MUTANTS = [
         " WHERE false",
         (
             "tests/test_store_contract.py::test_an_intent_is_fenced_and_found_open_until_its_mark[pg]",
+            f"{LOST}::test_an_intent_whose_commit_reply_was_lost_is_still_this_writers",
         ),
+    ),
+    Mutant(
+        "M30",
+        "a save retried after a lost commit reply is taken for a stale write",
+        "store/checkpoints.py",
+        "        if tries > 1:",
+        "        if False:",
+        (f"{LOST}::test_a_save_whose_commit_reply_was_lost_is_still_saved",),
     ),
     Mutant(
         "M15",
