@@ -21,9 +21,9 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from cairn.errors import StoreUnavailable, UnknownRun, WaitTimedOut
-from cairn.status import SETTLED, RunStatus
-from cairn.store.checkpoints import CHECKPOINT_VERSION, START, conflict
+from cairn.errors import StoreUnavailable
+from cairn.status import RunStatus
+from cairn.store.checkpoints import CHECKPOINT_VERSION, START, conflict, list_query, settled
 from cairn.store.db import channel, translated
 from cairn.store.runs import Run
 from cairn.store.sql import QUERIES
@@ -170,15 +170,7 @@ class AsyncPgStore:
         since: dt.datetime | None = None,
         until: dt.datetime | None = None,
     ) -> list[Run]:
-        params = {
-            "status": status,
-            "limit": limit,
-            "workflow": workflow,
-            "after": after,
-            "since": since,
-            "until": until,
-        }
-        query = "list_runs_by_status" if status else "list_runs"
+        query, params = list_query(status, limit, workflow, after, since, until)
         return [Run.from_row(r) for r in await self.db.all(query, params)]
 
     async def counts(self) -> dict[str, dict[str, Any]]:
@@ -214,14 +206,7 @@ class AsyncPgStore:
         async with self.db.listening(channel(run_id)) as heard:
             while True:
                 run = await self.get(run_id)
-                if run is None:
-                    raise UnknownRun(f"no run {run_id!r}")
-                if run.status in SETTLED:
-                    return run
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise WaitTimedOut(
-                        f"run {run_id} is still {run.status} at {run.cursor!r} after "
-                        f"{timeout:g}s; wait again, or look it up with AsyncClient.get"
-                    )
+                left = settled(run_id, run, timeout, deadline)
+                if left is None:
+                    return run  # type: ignore[return-value]
                 await heard(min(poll, left))

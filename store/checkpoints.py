@@ -128,6 +128,42 @@ def appended(previous: Checkpoint, cp: Checkpoint) -> tuple[int, list[Message]]:
     return cp.win_start, list(new)
 
 
+def settled(run_id: str, run: Run | None, timeout: float | None, deadline: float) -> float | None:
+    """For wait: None once the run is settled (stopped or waiting), else the seconds left
+    to wait. Raises UnknownRun, or WaitTimedOut past the deadline."""
+    if run is None:
+        raise UnknownRun(f"no run {run_id!r}")
+    if run.status in SETTLED:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise WaitTimedOut(
+            f"run {run_id} is still {run.status} at {run.cursor!r} after {timeout:g}s; "
+            "wait again, or look it up with get"
+        )
+    return left
+
+
+def list_query(
+    status: RunStatus | None,
+    limit: int,
+    workflow: str | None,
+    after: str | None,
+    since: dt.datetime | None,
+    until: dt.datetime | None,
+) -> tuple[str, dict[str, Any]]:
+    """The named query and parameters of a page of runs."""
+    params = {
+        "status": status,
+        "limit": limit,
+        "workflow": workflow,
+        "after": after,
+        "since": since,
+        "until": until,
+    }
+    return ("list_runs_by_status" if status else "list_runs"), params
+
+
 def conflict(run_id: str, row: dict[str, Any]) -> None:
     """RunIdConflict unless the existing run (existing_run's row) has this workflow and
     input: the same run id is the same run, or a mistake."""
@@ -423,16 +459,9 @@ class PgStore:
         with self.db.listening(channel(run_id)) as heard:
             while True:  # listening before the first look: a change between is not missed
                 run = self.get(run_id)
-                if run is None:
-                    raise UnknownRun(f"no run {run_id!r}")
-                if run.status in SETTLED:
-                    return run
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise WaitTimedOut(
-                        f"run {run_id} is still {run.status} at {run.cursor!r} after "
-                        f"{timeout:g}s; wait again, or look it up with Client.get"
-                    )
+                left = settled(run_id, run, timeout, deadline)
+                if left is None:
+                    return run  # type: ignore[return-value]
                 heard(min(poll, left))
 
     # -- journal ---------------------------------------------------------------------
@@ -471,15 +500,7 @@ class PgStore:
     ) -> list[Run]:
         """Runs newest first, created in [since, until); after: the last run id of the
         previous page."""
-        params = {
-            "status": status,
-            "limit": limit,
-            "workflow": workflow,
-            "after": after,
-            "since": since,
-            "until": until,
-        }
-        query = "list_runs_by_status" if status else "list_runs"
+        query, params = list_query(status, limit, workflow, after, since, until)
         return [Run.from_row(r) for r in self.db.all(query, params)]
 
     def counts(self) -> dict[str, dict[str, Any]]:
