@@ -139,3 +139,18 @@ def test_json_of_enqueue_signal_cancel_and_the_time_filters(cli_env) -> None:
     assert json.loads(later.stdout) == {"runs": [], "totals": {"cancelled": 1}, "next_after": None}
     span = _cairn("runs", "--json", "--since", "2000-01-01", "--until", "2999-01-01", env=cli_env)
     assert [r["run_id"] for r in json.loads(span.stdout)["runs"]] == ["j-1"]
+
+
+def test_resolve_settles_an_unknown_run(cli_env, store: PgStore) -> None:
+    from cairn.status import RunStatus
+
+    store.create_run("u-1", "probe", {}, "one")
+    cp = store.claim("u-1", 1)
+    assert cp is not None and store.record_intent(cp, "k-1") == ("written", None)
+    store.end_attempt(cp, RunStatus.UNKNOWN, "outcome unknown")
+    bad = _cairn("resolve", "u-1", "--done", "--result", "{not json", env=cli_env)
+    assert bad.returncode != 0 and "--result is not JSON" in bad.stderr
+    out = _cairn("resolve", "u-1", "--not-done", "--json", env=cli_env)
+    assert json.loads(out.stdout)["resolved"] == ["k-1"]
+    assert json.loads(out.stdout)["run"]["status"] == "pending"
+    assert store.open_intents("u-1") == [] and store.was_done("k-1") == (False, None)

@@ -303,3 +303,26 @@ def test_a_postgres_outage_is_a_503_within_seconds(
                     assert response.headers["retry-after"] == "5"
     finally:
         silent.close()
+
+
+def _unknown(store: Any, run_id: str) -> str:
+    """A run stopped as unknown: an at-most-once effect's intent without its mark."""
+    from cairn.status import RunStatus
+
+    store.create_run(run_id, "probe", {}, "one")
+    cp = store.claim(run_id, 1)
+    key = f"cairn:{run_id}:one:0"
+    assert store.record_intent(cp, key) == ("written", None)
+    store.end_attempt(cp, RunStatus.UNKNOWN, "outcome unknown")
+    return key
+
+
+def test_resolve_over_http(api: httpx.Client, store: Any) -> None:
+    key = _unknown(store, "lost")
+    assert api.get("/runs/lost").json()["status"] == "unknown"
+    refused = api.post("/runs/lost/resolve", json={"done": "maybe"})
+    assert refused.status_code == 422
+    resolved = api.post("/runs/lost/resolve", json={"done": True, "result": {"id": "ch_1"}})
+    assert resolved.status_code == 202 and resolved.json()["status"] == "pending"
+    assert store.was_done(key) == (True, {"id": "ch_1"})
+    assert api.post("/runs/nope/resolve", json={"done": False}).status_code == 404

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import threading
 import uuid
 from typing import TYPE_CHECKING, Any, Self
 
@@ -329,16 +330,20 @@ class _Sender:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._producer: Celery | None = None
+        # AsyncClient sends from several threads at once: celery's lazy module does not
+        # survive being imported by two of them together ("cannot import name 'Celery'").
+        self._lock = threading.Lock()
 
     @property
     def producer(self) -> Celery:
-        if self._producer is None:
-            from celery import Celery
+        with self._lock:
+            if self._producer is None:
+                from celery import Celery
 
-            app = Celery("cairn-client")
-            app.conf.update(broker.conf(self.settings))
-            self._producer = app
-        return self._producer
+                app = Celery("cairn-client")
+                app.conf.update(broker.conf(self.settings))
+                self._producer = app
+            return self._producer
 
     def send(self, run_id: str) -> None:
         try:

@@ -44,7 +44,8 @@ WITH c AS (
        SET epoch = %(epoch)s, retry_at = NULL, updated_at = now(),
            deliveries = deliveries + CASE WHEN status = 'waiting' THEN 0 ELSE 1 END
      WHERE run_id = %(run_id)s AND epoch < %(epoch)s
-       AND status NOT IN ('done', 'failed', 'cancelled', 'budget_exceeded', 'incompatible')
+       AND status NOT IN ('done', 'failed', 'cancelled', 'budget_exceeded', 'incompatible',
+                          'unknown')
     RETURNING *
 )
 SELECT {{checkpoint_columns}}
@@ -144,7 +145,7 @@ SELECT seq, epoch FROM checkpoints WHERE run_id = %(run_id)s;
 
 -- name: end_attempt
 -- A step attempt that did not save: a retry (status stays running, retry_at is set), or
--- the run stopping (failed, cancelled, budget_exceeded, incompatible). The checkpoint's
+-- the run stopping (failed, cancelled, budget_exceeded, incompatible, unknown). The checkpoint's
 -- data stays as it is. Fenced like a save; the history row rides along when a step ran.
 WITH c AS (
     UPDATE checkpoints
