@@ -140,3 +140,16 @@ def _answers(url: str) -> bool:
         return httpx.get(f"{url}/docs", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_async_client_has_every_method_of_client_as_a_coroutine() -> None:
+    import inspect
+
+    public = {
+        name for name, value in vars(Client).items() if not name.startswith("_") and callable(value)
+    }
+    assert public <= set(dir(AsyncClient)), public - set(dir(AsyncClient))
+    for name in public:
+        assert inspect.iscoroutinefunction(getattr(AsyncClient, name)), name
+    for name in ("__aenter__", "__aexit__"):
+        assert inspect.iscoroutinefunction(getattr(AsyncClient, name))
