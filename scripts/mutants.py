@@ -133,8 +133,8 @@ MUTANTS = [
         "M11",
         "the effect key counts attempts, not visits",
         "steps/context.py",
-        'key = f"cairn:{self.run_id}:{self.cursor}:{self.visit}"',
-        'key = f"cairn:{self.run_id}:{self.cursor}:{id(self)}"',
+        'base = frame.key if frame else f"cairn:{self.run_id}:{self.cursor}:{self.visit}"',
+        'base = frame.key if frame else f"cairn:{self.run_id}:{self.cursor}:{id(self)}"',
         ("tests/test_crash.py::test_email_step_killed_after_sending_delivers_once",),
     ),
     Mutant(
