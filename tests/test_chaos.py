@@ -250,7 +250,12 @@ def test_invoice_survives_kills_on_the_threads_pool(
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("workflow", "pool", "runs"),
-    [("agent", "prefork", 8), ("agent_async", "prefork", 8), ("agent_async", "threads", 3)],
+    [
+        ("agent", "prefork", 8),
+        ("agent_async", "prefork", 8),
+        ("agent", "threads", 3),
+        ("agent_async", "threads", 3),
+    ],
 )
 def test_an_agent_loop_in_one_step_survives_kills_at_every_call(
     workflow: str, pool: str, runs: int, template_db: str, redis_url: str, tmp_path: Path
