@@ -202,7 +202,31 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             f"p50 {m['p50']:.2f} s, p95 {m['p95']:.2f} s over {len(m['seconds'])} kills",
         )
     _million_targets(results, add)
+    _pai_target(results, add)
     return out
+
+
+def _pai_target(results: dict[str, Any], add: Any) -> None:
+    """One line: cairn's overhead on a pydantic-ai agent run against DBOS's, both
+    recording the run's 9 durable units (DBOS's tool made a @DBOS.step)."""
+    rows = _rows(results, "pydantic_ai")
+    cairn, dbos = _find(rows, key="cairn"), _find(rows, key="dbos+steps")
+    if not rows or cairn is None:
+        return
+    name = "pydantic-ai agent run: cairn's overhead ≤ DBOS's (9 durable units each)"
+    if dbos is None:
+        skipped = next((r for r in rows if r.get("key") == "dbos+steps"), {})
+        add(name, None, f"not compared: DBOS {skipped.get('skipped', 'missing')}")
+        return
+    x = cairn["overhead_ms"] / dbos["overhead_ms"] if dbos["overhead_ms"] > 0 else None
+    add(
+        name,
+        x is not None and x <= 1.0,
+        f"{cairn['overhead_ms']:.1f} vs {dbos['overhead_ms']:.1f} ms over the plain agent "
+        f"({cairn['plain_ms']:.1f} / {dbos['plain_ms']:.1f} ms in each process) = "
+        f"{_f(x, '{:.2f}×')}; per unit {cairn['overhead_ms_per_unit']:.2f} vs "
+        f"{dbos['overhead_ms_per_unit']:.2f} ms",
+    )
 
 
 # Section 5's bounds (medians): what a page or a CLI call may take at 1M runs.
@@ -367,7 +391,17 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
         c.print(t)
     _render_waiting(c, _rows(results, "waiting"))
     _render_million(results, c)
-    for name in ("per_step", "growth", "recovery", "fleet", "per_run", "waiting", "million"):
+    _render_pai(results, c)
+    for name in (
+        "per_step",
+        "growth",
+        "recovery",
+        "fleet",
+        "per_run",
+        "waiting",
+        "million",
+        "pydantic_ai",
+    ):
         sec = results.get(name)
         if isinstance(sec, dict) and "error" in sec:
             c.print(f"[red]{name}: {sec['error']}[/]")
@@ -517,3 +551,57 @@ def _render_million(results: dict[str, Any], c: Console) -> None:
         f"[dim]reaper fold of {sec.get('folded_deltas', 0):,} deltas: {sec.get('fold_ms', 0):.1f} ms; "
         "times through PgStore (round trip included); Postgres defaults (shared_buffers 128 MB)[/]"
     )
+
+
+def _render_pai(results: dict[str, Any], c: Console) -> None:
+    rows = _rows(results, "pydantic_ai")
+    if not rows:
+        return
+    sec = results["pydantic_ai"]
+    t = Table(
+        title=f"8. A pydantic-ai agent run ({sec['requests']} model requests + "
+        f"{sec['tool_calls']} tool calls, FunctionModel, instant): ms per agent run, median "
+        f"(min, max) of {sec['reps']} batches of {sec['runs']}; each system in its own "
+        "process beside the same agent without durability (plain); overhead = system − "
+        "plain; units = durable units recorded per run; WAL = min"
+    )
+    for col in (
+        "system",
+        "units",
+        "ms/run",
+        "min",
+        "max",
+        "× plain",
+        "overhead ms",
+        "paired ovh",
+        "ovh/unit ms",
+        "CPU ms/run",
+        "ovh CPU ms",
+        "WAL B/run",
+    ):
+        t.add_column(col, justify="left" if col == "system" else "right")
+    for r in rows:
+        if "skipped" in r:
+            t.add_row(r["system"], *[""] * 10, f"[yellow]{r['skipped']}[/]")
+            continue
+        t.add_row(
+            r["system"],
+            _f(r["units"], "{:g}"),
+            _f(r["ms"], "{:.2f}"),
+            _f(r["min_ms"], "{:.2f}"),
+            _f(r["max_ms"], "{:.2f}"),
+            _f(r.get("vs_plain"), "{:.2f}×"),
+            _f(r.get("overhead_ms"), "{:.2f}"),
+            _f(r.get("paired_overhead_ms"), "{:.2f}"),
+            _f(r.get("overhead_ms_per_unit"), "{:.2f}"),
+            _f(r["cpu_ms"], "{:.2f}"),
+            _f(r.get("overhead_cpu_ms"), "{:.2f}"),
+            _f(r["wal_bytes"]),
+        )
+    c.print(t)
+    for q in sec.get("ratios", []):
+        c.print(
+            f"  {q['what']}: {q['ratio']:.2f}× per agent run, {q['per_unit_ratio']:.2f}× per "
+            "durable unit"
+        )
+    c.print(f"[dim]{sec.get('note', '')}[/]")

@@ -15,10 +15,19 @@ from typing import Any
 import psycopg
 import redis
 
-from bench import million, report, sections, waiting
+from bench import million, pai, report, sections, waiting
 from bench.common import ROOT, Databases, base_db, bench_redis, progress, set_quiet
 
-SECTIONS = ("per_step", "growth", "recovery", "fleet", "per_run", "waiting", "million")
+SECTIONS = (
+    "per_step",
+    "growth",
+    "recovery",
+    "fleet",
+    "per_run",
+    "waiting",
+    "million",
+    "pydantic_ai",
+)
 DEFAULT_JSON = ROOT / "bench" / "results.json"
 
 
@@ -113,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         "per_run": sections.per_run,
         "waiting": waiting.section,
         "million": million.million,
+        "pydantic_ai": pai.section,
     }
     try:
         for name in chosen:

@@ -58,6 +58,7 @@ _LAZY = {
     "Retry": "cairn.steps.registry",
     "DONE": "cairn.steps.registry",
     "Context": "cairn.steps.context",
+    "current": "cairn.steps.context",
     "Client": "cairn.workers.client",
     "AsyncClient": "cairn.workers.client",
     "Run": "cairn.store.runs",
@@ -68,7 +69,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from cairn.status import RunStatus
-    from cairn.steps.context import Context
+    from cairn.steps.context import Context, current
     from cairn.steps.registry import DONE, Retry, StepResult, Workflow, workflow
     from cairn.store.runs import Run
     from cairn.workers.client import AsyncClient, Client
@@ -120,5 +121,6 @@ __all__ = [
     "WaitTimedOut",
     "WindowTooLarge",
     "Workflow",
+    "current",
     "workflow",
 ]

@@ -13,7 +13,7 @@
 # RabbitMQ: node cairn-$CAIRN_RABBITMQ_PORT@localhost, data and config in
 #   $STATE/rabbitmq, logs in $STATE/logs/rabbitmq, listening on
 #   127.0.0.1:$CAIRN_RABBITMQ_PORT, no plugins, user guest (loopback only), vhosts
-#   cairn-1..cairn-15 (one per test, like Redis databases). Its own epmd on
+#   cairn-1..cairn-45 (one per test, like Redis databases). Its own epmd on
 #   $CAIRN_RABBITMQ_PORT+40000, so two checkouts never share one. As root it runs as the
 #   system user "rabbitmq" (from the rabbitmq-server package).
 set -euo pipefail
@@ -174,7 +174,7 @@ redis_up() {
     fi
     say "starting redis on 127.0.0.1:$CAIRN_REDIS_PORT"
     redis-server --port "$CAIRN_REDIS_PORT" --bind 127.0.0.1 --dir "$REDIS_DIR" \
-        --appendonly yes --appendfsync everysec --save '' --daemonize yes \
+        --appendonly yes --appendfsync everysec --save '' --daemonize yes --databases 48 \
         --pidfile "$REDIS_PID" --logfile "$REDIS_LOG" \
         || die "redis-server failed to start (log: $REDIS_LOG)"
     local i
@@ -252,7 +252,7 @@ consumer_timeout = 3600000
 CONF
     echo '[].' >"$RMQ_DIR/enabled_plugins"
     local vhosts="" perms="" i
-    for i in $(seq 1 15); do
+    for i in $(seq 1 45); do  # 15 for each pytest process scripts/test runs side by side
         vhosts+="${vhosts:+,}{\"name\":\"cairn-$i\"}"
         perms+="${perms:+,}{\"user\":\"guest\",\"vhost\":\"cairn-$i\",\"configure\":\".*\",\"write\":\".*\",\"read\":\".*\"}"
     done

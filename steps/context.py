@@ -48,11 +48,20 @@ class _Frame:
     key: str
     effect: str | None = None
     cost: float = 0.0
+    tx: StepTransaction | None = None  # ctx.db inside the call: committed with its record
 
 
 _UNKNOWN = object()  # an at-most-once effect's intent without its mark
 
 _frame: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar("cairn_call", default=None)
+_step: contextvars.ContextVar[Context | None] = contextvars.ContextVar("cairn_step", default=None)
+
+
+def current() -> Context | None:
+    """The Context of the step running in this thread or asyncio task, or None outside a
+    cairn step. For code the step calls without passing ctx along: a framework's tool, a
+    pydantic-ai or LangGraph integration."""
+    return _step.get()
 
 
 class Context:
@@ -309,19 +318,30 @@ class Context:
     def _failed(self, pos: int, name: str, exc: Exception, token: contextvars.Token[Any]) -> None:
         frame = _frame.get()
         _frame.reset(token)
-        if self._hooks is not None:
-            self._hooks.after_call(self._cp, name, pos, exc)
-        if self._recordable(exc):
-            cost = frame.cost if frame else 0.0
-            self._record(Call(pos=pos, name=name, error=_error_of(exc), cost_usd=cost))
+        tx = frame.tx if frame else None
+        try:
+            if self._hooks is not None:
+                self._hooks.after_call(self._cp, name, pos, exc)
+            if self._recordable(exc):
+                cost = frame.cost if frame else 0.0
+                self._record(Call(pos=pos, name=name, error=_error_of(exc), cost_usd=cost), tx)
+        finally:
+            if tx is not None:
+                tx.close()  # what the record did not commit is rolled back
 
     def _returned(self, pos: int, name: str, result: Any, token: contextvars.Token[Any]) -> Any:
         frame = _frame.get()
         _frame.reset(token)
-        if self._hooks is not None:
-            self._hooks.after_call(self._cp, name, pos)
-        value = _as_json(result, f"ctx.call({name!r})")
-        self._record(Call(pos=pos, name=name, result=value, cost_usd=frame.cost if frame else 0.0))
+        tx = frame.tx if frame else None
+        try:
+            if self._hooks is not None:
+                self._hooks.after_call(self._cp, name, pos)
+            value = _as_json(result, f"ctx.call({name!r})")
+            cost = frame.cost if frame else 0.0
+            self._record(Call(pos=pos, name=name, result=value, cost_usd=cost), tx)
+        finally:
+            if tx is not None:
+                tx.close()
         return value
 
     def add_cost(self, usd: float) -> None:
@@ -365,8 +385,8 @@ class Context:
             raise _rebuilt(call.error)
         return call.result
 
-    def _record(self, call: Call) -> None:
-        if not self._store.record_call(self._cp, self.visit, call):
+    def _record(self, call: Call, tx: StepTransaction | None = None) -> None:
+        if not self._store.record_call(self._cp, self.visit, call, tx):
             # Another worker claimed the run: what this call did is not ours to keep.
             raise StaleWrite(self.run_id, self.seq, self._lease.epoch)
         assert self._journal is not None
@@ -394,8 +414,15 @@ class Context:
         """A Postgres connection in a transaction that commits with this step's checkpoint.
 
         Writes here and the checkpoint land together or not at all: the one way to close
-        the replay window, for effects that live in our own database.
+        the replay window, for effects that live in our own database. Inside ctx.call the
+        connection is the call's own, committed with the call's journal record instead (a
+        replay that returns the recorded result finds the writes made).
         """
+        if (frame := self._inside()) is not None:
+            if frame.tx is None:
+                self._lease.ensure()
+                frame.tx = self._store.transaction()
+            return frame.tx.connection
         if self._tx is None:
             self._lease.ensure()
             self._tx = self._store.transaction()

@@ -34,8 +34,17 @@ def extractive_summary(messages: Sequence[dict[str, Any]], limit: int = 2000) ->
         content = m.get("content")
         if isinstance(content, list):
             content = " ".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
-        parts.append(f"{m.get('role', '?')}: {str(content)[:200]}")
+        if "parts" in m:  # a pydantic-ai message: its parts' text and tool content
+            content = " ".join(str(p.get("content", "")) for p in m["parts"] if isinstance(p, dict))
+        parts.append(f"{_role(m)}: {str(content)[:200]}")
     return "\n".join(parts)[:limit]
+
+
+def _role(m: dict[str, Any]) -> str:
+    """Anthropic's role, or a pydantic-ai message's kind as one (a response is the
+    assistant's turn)."""
+    kind = m.get("kind")
+    return m.get("role") or {"response": "assistant", "request": "user"}.get(kind, "?")
 
 
 def compact(
@@ -54,7 +63,7 @@ def compact(
     cut = len(window) - keep_last
     # The tail opens with an assistant turn so user/assistant keep alternating after the
     # summary (which is a user turn).
-    while cut < len(window) and window[cut].get("role") != "assistant":
+    while cut < len(window) and _role(window[cut]) != "assistant":
         cut += 1
     head, tail = window[:cut], window[cut:]
     summary = {

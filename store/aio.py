@@ -200,6 +200,9 @@ class AsyncPgStore:
     async def history(self, run_id: str) -> list[dict[str, Any]]:
         return await self.db.all("history", {"run_id": run_id})
 
+    async def calls(self, run_id: str, limit: int = 500) -> list[dict[str, Any]]:
+        return await self.db.all("calls", {"run_id": run_id, "limit": limit})
+
     async def wait(self, run_id: str, timeout: float | None = None, poll: float = 2.0) -> Run:
         """PgStore.wait, awaited: the run once settled, woken by its notification."""
         deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))

@@ -470,9 +470,18 @@ class PgStore:
         rows = self.db.all("journal", {"run_id": run_id, "cursor": cursor, "visit": visit})
         return [Call(**row) for row in rows]
 
-    def record_call(self, cp: Checkpoint, visit: int, call: Call) -> bool:
+    def calls(self, run_id: str, limit: int = 500) -> list[dict[str, Any]]:
+        """The run's journaled calls, oldest first (cursor, visit, pos, name, result,
+        error, cost_usd, created_at): what a step's model requests and tools returned."""
+        return self.db.all("calls", {"run_id": run_id, "limit": limit})
+
+    def record_call(
+        self, cp: Checkpoint, visit: int, call: Call, tx: StepTransaction | None = None
+    ) -> bool:
         """Journal call for the step at cp (its seq, cursor and epoch); False if fenced: the
-        run moved on, or a newer epoch claimed it."""
+        run moved on, or a newer epoch claimed it. With the call's own transaction (ctx.db
+        inside the call), the record runs in it and commits it: the call's writes land with
+        its record or not at all."""
         params = {
             "run_id": cp.run_id,
             "seq": cp.seq,
@@ -485,7 +494,16 @@ class PgStore:
             "error": Jsonb(call.error) if call.error is not None else None,
             "cost_usd": call.cost_usd,
         }
-        return self.db.one("record_call", params) is not None
+        conn = tx.open if tx is not None else None
+        if conn is None:
+            return self.db.one("record_call", params) is not None
+        with translated():
+            row = conn.execute(QUERIES["record_call"], params).fetchone()
+            if row is not None:
+                conn.commit()
+            else:
+                conn.rollback()
+        return row is not None
 
     # -- queries for the CLI, the reaper and the sweep -------------------------------
     def list_runs(

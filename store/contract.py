@@ -84,8 +84,9 @@ class CheckpointStore(Protocol):
     def journal(self, run_id: str, cursor: str, visit: int) -> list[Call]:
         """The calls recorded for the step's visit, in order."""
 
-    def record_call(self, cp: Checkpoint, visit: int, call: Call) -> bool:
-        """Journal call for the step at cp, fenced like a save; False if fenced."""
+    def record_call(self, cp: Checkpoint, visit: int, call: Call, tx: StepTx | None = None) -> bool:
+        """Journal call for the step at cp, fenced like a save; False if fenced. tx: the
+        call's own transaction (ctx.db inside it), committed with the record."""
 
     def record_intent(self, cp: Checkpoint, key: str) -> tuple[str, Any]:
         """An at-most-once effect's intent, fenced: written, open, done (with result) or
@@ -121,6 +122,9 @@ class CheckpointStore(Protocol):
 
     def history(self, run_id: str) -> list[dict[str, Any]]:
         """The run's step attempts, oldest first."""
+
+    def calls(self, run_id: str, limit: int = 500) -> list[dict[str, Any]]:
+        """The run's journaled calls, oldest first."""
 
     def list_runs(
         self,

@@ -28,7 +28,10 @@ from cairn.workers.settings import Settings
 ROOT = Path(__file__).resolve().parent.parent
 BASE_DB = Settings.from_env().database_url
 BASE_REDIS = Settings.from_env().redis_url
-TEMPLATE = "cairn_test_template"
+# CAIRN_TEST_SLOT=k: this pytest process's own share of the servers (template database,
+# Redis databases, RabbitMQ vhosts), so scripts/test can run groups of tests side by side.
+SLOT = int(os.environ.get("CAIRN_TEST_SLOT", "0"))
+TEMPLATE = "cairn_test_template" + (f"_{SLOT}" if SLOT else "")
 LEASE_TTL = 3.0
 
 # Clear our own prefix so a developer's shell settings cannot leak into a test; the
@@ -43,7 +46,7 @@ if PGBOUNCER_PORT:
     # Every process the tests start (the chaos crew, the CLI) turns prepared statements
     # off: PgBouncer 1.18 in transaction mode hands each transaction any server connection.
     os.environ["CAIRN_DATABASE_PREPARE"] = "0"
-# scripts/services.sh's RabbitMQ: user guest (loopback only), vhosts cairn-1..cairn-15.
+# scripts/services.sh's RabbitMQ: user guest (loopback only), vhosts cairn-1..cairn-45.
 RABBITMQ = f"amqp://guest:guest@127.0.0.1:{os.environ.get('CAIRN_RABBITMQ_PORT', '5672')}"
 # A test that takes the broker_url fixture this way runs once per broker.
 both_brokers = pytest.mark.parametrize("broker_url", ["redis", "amqp"], indirect=True)
@@ -94,8 +97,9 @@ def db_url(template_db: str) -> Iterator[str]:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-# 13, 14 and 15 are left to chaos, the demo and the bench, which may run beside the tests.
-_redis_dbs = itertools.cycle(range(1, 13))
+# 13, 14 and 15 are left to chaos, the demo and the bench, which may run beside the tests;
+# slot k > 0 has 16k+1 .. 16k+12 (scripts/services.sh starts Redis with 48 databases).
+_redis_dbs = itertools.cycle(range(16 * SLOT + 1, 16 * SLOT + 13))
 
 
 @pytest.fixture
@@ -108,7 +112,8 @@ def redis_url() -> Iterator[str]:
     client.close()
 
 
-_vhosts = itertools.cycle(range(1, 13))  # like the Redis databases: 13-15 are left over
+# Like the Redis databases: 13-15 are left over; slot k > 0 has 15k+1 .. 15k+12.
+_vhosts = itertools.cycle(range(15 * SLOT + 1, 15 * SLOT + 13))
 
 
 @pytest.fixture

@@ -585,3 +585,63 @@ def test_a_worker_that_lost_the_run_writes_no_intent_and_makes_no_charge(
         loop.run(run_id, deps)
     assert calls[run_id] == []
     assert deps.store.open_intents(run_id) == []  # type: ignore[attr-defined]
+
+
+# -- ctx.db inside a call: its writes commit with the call's record ------------------------
+ledger = workflow("journal-ledger")
+
+
+@ledger.step()
+def book(ctx: Context) -> StepResult:
+    def write(n: int) -> str:
+        key = ctx.idempotency_key()
+        calls[ctx.run_id].append(key)
+        # No ON CONFLICT: written twice, the replay would fail on the primary key.
+        ctx.db.execute(
+            "INSERT INTO invoice_ledger (idempotency_key, run_id, customer, amount_cents)"
+            " VALUES (%s, %s, 'c', %s)",
+            (key, ctx.run_id, n),
+        )
+        return key
+
+    booked = []
+    for n in range(3):
+        _maybe_die(ctx)
+        booked.append(ctx.call("book", write, n))
+    return StepResult(cursor="done", state={"booked": booked})
+
+
+class _DieAfterCall(Middleware):
+    """Kills the process once after call pos returned, before its record is written."""
+
+    def __init__(self, pos: int) -> None:
+        self.pos: int | None = pos
+
+    def after_call(
+        self, cp: Checkpoint, name: str, pos: int, *, exception: BaseException | None
+    ) -> None:
+        if pos == self.pos:
+            self.pos = None
+            raise ProcessDied
+
+
+@pytest.mark.parametrize("kill", ["after the write, before its record", "after its record"])
+def test_ctx_db_in_a_call_commits_with_the_calls_record(
+    store: Any, settings: Settings, leases: Any, sql: Any, kill: str
+) -> None:
+    deps = loop.Deps(settings=settings, store=store, leases=leases, model=None)
+    run_id = _start(deps, "journal-ledger")
+    if kill.startswith("after the write"):
+        killed = dataclasses.replace(deps, middleware=Chain([_DieAfterCall(1)]))
+    else:
+        killed, dies[run_id] = deps, 2  # two calls recorded, the third not begun
+    with pytest.raises(ProcessDied):
+        loop.run(run_id, killed)
+    rows = sql("SELECT amount_cents FROM invoice_ledger WHERE run_id = %s ORDER BY 1", run_id)
+    # Call 1's write rolled back with its unwritten record; calls before it committed.
+    assert [r[0] for r in rows] == [0, 1] if kill == "after its record" else [0]
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+    rows = sql("SELECT idempotency_key FROM invoice_ledger WHERE run_id = %s", run_id)
+    keys = [f"cairn:{run_id}:book:0:book:{n}" for n in range(3)]
+    assert sorted(r[0] for r in rows) == keys  # each row once: none lost, none twice
+    assert _load(deps, run_id).state["booked"] == keys

@@ -190,3 +190,60 @@ def test_every_shell_block_runs_as_written_outside_the_repo(
             os.killpg(proc.pid, 9)
         except ProcessLookupError:
             pass
+
+
+@pytest.mark.slow
+def test_the_pydantic_ai_example_answers_from_a_worker_behind_fastapi(
+    settings, mail: MailServer, model, tmp_path: Path
+) -> None:
+    """support.py on `cairn worker`, app.py on uvicorn, as the README gives them: a web
+    request enqueues the agent, the worker runs it (the stand-in calls its tool), and the
+    answer comes back with the email sent once under the tool call's key."""
+    import httpx
+
+    for first_line, name in (("# support.py", "support.py"), ("# app.py: ask", "app.py")):
+        block = next(b for b in PYTHON if b.startswith(first_line))
+        (tmp_path / name).write_text(block)
+    # The model's key from the environment, as the README says (the stand-in ignores it).
+    env = _env(settings, MAIL_API=mail.url, ANTHROPIC_API_KEY="local-stand-in")
+    command = re.search(r"`(CAIRN_WORKFLOWS=support cairn worker)`", README)
+    assert command is not None, "the README no longer says how to start the agent's worker"
+    argv = [str(BIN / "cairn"), "worker", "--concurrency", "1"]
+    worker = fleet.wait_ready(
+        fleet.Proc(argv, {**env, "CAIRN_WORKFLOWS": "support"}, tmp_path / "w.log", "w", tmp_path)
+    )
+    port = fleet.free_port()
+    web = fleet.Proc(
+        [str(BIN / "uvicorn"), "app:app", "--port", str(port)],
+        env,
+        tmp_path / "uvicorn.log",
+        "uvicorn",
+        tmp_path,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            try:
+                return httpx.get(f"{url}/docs", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return not web.alive()
+
+        wait_for(up, 30, "uvicorn to start")
+        question = "TOOLS: email_customer\nWhere is my order?"
+        resp = httpx.post(
+            f"{url}/support", params={"question": question, "email": "ada@example.com"}, timeout=90
+        )
+    finally:
+        web.kill()
+        worker.kill()
+    assert resp.status_code == 200, web.text()[-2000:] + worker.text()[-3000:]
+    body = resp.json()
+    assert body["status"] == "done" and body["answer"], body
+    [sent] = mail.messages()
+    assert sent["to"] == "ada@example.com"
+    assert sent["idempotency_key"] == (
+        f"cairn:{body['run_id']}:agent:0:support__function_toolset__<agent>"
+        ".call_tool:email_customer:0"
+    )
+    assert model.stats()["requests"] == 2  # the tool call, then the answer

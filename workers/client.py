@@ -170,6 +170,11 @@ class Client:
         effect_key, error)."""
         return self.store.history(run_id)
 
+    def calls(self, run_id: str, limit: int = 500) -> list[dict[str, Any]]:
+        """The run's journaled calls (ctx.call, ctx.model, an agent's model requests and
+        tool calls), oldest first: cursor, visit, pos, name, result or error, cost_usd."""
+        return self.store.calls(run_id, limit)
+
     def problems(self) -> list[str]:
         """One line per service (Postgres, the broker) that does not answer within
         CAIRN_CLIENT_GIVE_UP_AFTER; empty when both do."""
@@ -309,6 +314,10 @@ class AsyncClient:
     async def history(self, run_id: str) -> list[dict[str, Any]]:
         """Client.history: the run's step timeline, oldest first."""
         return await self.store.history(run_id)
+
+    async def calls(self, run_id: str, limit: int = 500) -> list[dict[str, Any]]:
+        """Client.calls: the run's journaled calls, oldest first."""
+        return await self.store.calls(run_id, limit)
 
     async def problems(self) -> list[str]:
         """Client.problems: one line per service that does not answer in time."""

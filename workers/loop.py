@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import inspect
 import logging
@@ -33,6 +34,7 @@ from cairn.errors import (
 from cairn.status import STOPPED, RunStatus
 from cairn.steps import registry
 from cairn.steps.context import Context
+from cairn.steps.context import _step as _current
 from cairn.steps.registry import DONE, StepResult
 from cairn.steps.window import compact, grown_size, json_size
 from cairn.store.checkpoints import START, Attempt, Checkpoint
@@ -290,6 +292,7 @@ def _step(
     )
     try:
         middleware.before_step(cp)
+        current = _current.set(ctx)
         try:
             result = fn(ctx)
             if inspect.iscoroutine(result):  # an async def step
@@ -312,6 +315,8 @@ def _step(
                 raise down from exc
             # Recorded on the run, whose checkpoint stays as it was before this step.
             raise _retry_or_stop(cp, flow, exc, _with_key(attempt, ctx), store) from exc
+        finally:
+            _current.reset(current)
         nxt = _next(cp, flow, result, ctx, settings)
         middleware.after_effect(cp)
         lease.ensure()  # last chance to stop before a write that would be fenced anyway
@@ -339,7 +344,9 @@ def _await(step: Any) -> Any:
     runner = getattr(_local, "runner", None)
     if runner is None:
         runner = _local.runner = asyncio.Runner()
-    return runner.run(step)
+    # In this thread's context as it is now (the runner's own copy is from its first run),
+    # so the step's coroutine sees cairn.current().
+    return runner.run(step, context=contextvars.copy_context())
 
 
 def _with_key(attempt: Attempt, ctx: Context) -> Attempt:

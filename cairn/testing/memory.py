@@ -411,6 +411,16 @@ class MemoryStore:
             row = self._rows.get(run_id)
             return [dict(h) for h in row.history] if row else []
 
+    def calls(self, run_id: str, limit: int = 500) -> list[dict[str, Any]]:
+        """The run's journaled calls, oldest first (calls in SQL)."""
+        with self._lock:
+            row = self._rows.get(run_id)
+            found = [
+                {"cursor": cursor, "visit": visit, **dataclasses.asdict(_loaded(call))}
+                for (cursor, visit, _), (call, _) in (row.journal.items() if row else ())
+            ]
+        return found[:limit]
+
     # -- ledger ----------------------------------------------------------------------
     def was_done(self, key: str) -> tuple[bool, Any]:
         """Whether the ledger holds key's done mark, and the effect's recorded result."""
@@ -483,7 +493,7 @@ class MemoryStore:
             )
         return [_loaded(call) for _, call in found]
 
-    def record_call(self, cp: Checkpoint, visit: int, call: Call) -> bool:
+    def record_call(self, cp: Checkpoint, visit: int, call: Call, tx: Any = None) -> bool:
         """Journal call for the step at cp, fenced like a save (record_call in the SQL);
         False if fenced. The same writer recording it again gets True."""
         stored = dataclasses.replace(

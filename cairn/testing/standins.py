@@ -349,6 +349,40 @@ def reply_for(text: str) -> str:
     return "ack: " + text[:80]
 
 
+_TOOLS_LINE = re.compile(r"^[ \t]*TOOLS: ?(.*?)\r?$", re.MULTILINE)
+
+
+def _next_tool_use(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The tool_use block to answer with, for an agent loop without a real model: the
+    first user message's ``TOOLS: a, b, c`` line lists the tools to call, one a turn, in
+    order (turns done = assistant messages with a tool_use block); then text again. The
+    input fills each required property of the tool's schema from its name and the turn."""
+    first = next((m for m in data["messages"] if m.get("role") == "user"), None)
+    m = _TOOLS_LINE.search(_text_of(first["content"])) if first else None
+    if m is None or not data.get("tools"):
+        return None
+    plan = [t.strip() for t in m.group(1).split(",") if t.strip()]
+    done = sum(
+        1
+        for msg in data["messages"]
+        if msg.get("role") == "assistant"
+        and isinstance(msg.get("content"), list)
+        and any(isinstance(b, dict) and b.get("type") == "tool_use" for b in msg["content"])
+    )
+    tools = {t.get("name"): t for t in data["tools"] if isinstance(t, dict)}
+    if done >= len(plan) or plan[done] not in tools:
+        return None
+    name = plan[done]
+    schema = tools[name].get("input_schema") or {}
+    props = schema.get("properties") or {}
+    fill = {"integer": done, "number": done, "boolean": True}
+    args = {
+        p: fill.get(props.get(p, {}).get("type"), f"{name} {done}")
+        for p in schema.get("required") or []
+    }
+    return {"type": "tool_use", "id": f"toolu_local_{done}", "name": name, "input": args}
+
+
 def _validate_messages_body(data: dict[str, Any] | None) -> str | None:
     """An error message if the body is not a usable Messages request, else None."""
     if data is None:
@@ -508,6 +542,7 @@ class ModelServer(_StandIn):
         if problem is not None:
             return 400, _anthropic_error(400, problem), headers
         assert data is not None
+        tool_use = _next_tool_use(data)
         last_user = next((m for m in reversed(data["messages"]) if m.get("role") == "user"), None)
         reply = reply_for(_text_of(last_user["content"]) if last_user else "")
         prompt = json.dumps({"system": data.get("system"), "messages": data["messages"]})
@@ -521,8 +556,8 @@ class ModelServer(_StandIn):
                 "type": "message",
                 "role": "assistant",
                 "model": data["model"],
-                "content": [{"type": "text", "text": reply}],
-                "stop_reason": "end_turn",
+                "content": [tool_use] if tool_use else [{"type": "text", "text": reply}],
+                "stop_reason": "tool_use" if tool_use else "end_turn",
                 "stop_sequence": None,
                 "usage": {
                     "input_tokens": max(1, len(prompt) // 4),

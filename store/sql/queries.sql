@@ -255,6 +255,13 @@ SELECT pos, name, result, error, cost_usd
  WHERE run_id = %(run_id)s AND cursor = %(cursor)s AND visit = %(visit)s
  ORDER BY pos;
 
+-- name: calls
+-- A run's journaled calls, in the order they were recorded (the run page's list).
+SELECT cursor, visit, pos, name, result, error, cost_usd, created_at
+  FROM journal WHERE run_id = %(run_id)s
+ ORDER BY created_at, cursor, visit, pos
+ LIMIT %(limit)s;
+
 -- name: record_call
 -- One call's outcome, fenced like a save: written only while the run is at the step's
 -- seq and no newer epoch has claimed it, so a worker that lost the run records nothing.

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Any, Literal
 
 from fastapi import Body, FastAPI, Header, Query, Request, Response
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse
 from prometheus_client import (
@@ -376,6 +377,15 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
         if not history and client.get(run_id) is None:
             raise UnknownRun(f"no run {run_id!r}")
         return {"run_id": run_id, "steps": [step_json(s) for s in history]}
+
+    @app.get("/runs/{run_id}/calls", tags=["runs"])
+    def calls(run_id: str) -> dict[str, Any]:
+        """The run's journaled calls, oldest first: each model request and tool call a
+        step made (a pydantic-ai agent's too), with its result or error and its cost."""
+        found = client.calls(run_id)
+        if not found and client.get(run_id) is None:
+            raise UnknownRun(f"no run {run_id!r}")
+        return {"run_id": run_id, "calls": jsonable_encoder(found)}
 
     @app.post("/runs/{run_id}/cancel", status_code=202, tags=["runs"])
     def cancel(run_id: str, body: Annotated[Cancel | None, Body()] = None) -> dict[str, Any]:

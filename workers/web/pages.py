@@ -228,6 +228,7 @@ def mount(app: FastAPI) -> None:
         context = {
             "run": run,
             "steps": steps,
+            "calls": [_call_row(c) for c in client.calls(run_id)],
             "line": timeline(run, steps, now),
             "live": run.status not in STOPPED,
             "took": ((run.updated_at if run.status in STOPPED else now) - run.created_at),
@@ -236,6 +237,13 @@ def mount(app: FastAPI) -> None:
         }
         name = "_run_live.html" if partial else "run.html"
         return templates.TemplateResponse(request, name, context)
+
+
+def _call_row(call: dict[str, Any]) -> dict[str, Any]:
+    """A journaled call as the run page lists it: its outcome cut to one line."""
+    outcome = call["error"] if call["error"] is not None else call["result"]
+    text = json.dumps(outcome, default=str)
+    return {**call, "outcome": text if len(text) <= 240 else text[:239] + "…"}
 
 
 def _local(target: str) -> str:

@@ -115,7 +115,7 @@ def step_report(
         # the replay that skips the calls already made sends the later ones, and those
         # are the first (not a second) delivery of their slot.
         key_parts = (e.get("key") or "").split(":")
-        slot = ":".join(key_parts[4:6]) if len(key_parts) >= 6 else ""
+        slot = ":".join(key_parts[4:]) if len(key_parts) >= 6 else ""  # names may hold ":"
         per_visit[(cursor, f"{run}|{visit}|{slot}")][attempt] += 1
     for (cursor, _), by_attempt in per_visit.items():
         r = row(cursor)
@@ -363,6 +363,12 @@ def _model_row(m: dict[str, Any]) -> str:
     return f"{m['requests']} / {m['journaled']} (+ {m['in_flight_allowed']})"
 
 
+def is_model_call(name: str) -> bool:
+    """A journaled model request: ctx.model's, or a pydantic-ai agent's (its journal
+    convention names them "<agent>__model.request", streaming or for another model)."""
+    return name == "model" or "__model.request" in name
+
+
 def _model_check(
     requests: int | None, journaled: dict[str, int], kills: list[dict[str, Any]]
 ) -> dict[str, Any]:
@@ -370,7 +376,7 @@ def _model_check(
     kill may cut short at most one call in flight per run it held (a whole worker holds
     several). More than that is a call made again after its result was recorded."""
     allowed = sum(max(1, len(k.get("runs") or [])) for k in kills)
-    recorded = journaled.get("model", 0)
+    recorded = sum(n for name, n in journaled.items() if is_model_call(name))
     if requests is None:
         return {"requests": None, "journaled": recorded, "in_flight_allowed": allowed, "excess": 0}
     return {

@@ -1,0 +1,126 @@
+"""pydantic-ai agents (tests/pai_flows.py) on real Celery workers: killed by `cairn chaos`
+at every call boundary on both pools, and paused past their lease (SIGSTOP) mid-agent."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cairn.store import Leases, PgStore
+from cairn.store.admin import drop_database, execute, with_path
+from cairn.testing import chaos, fleet
+from cairn.testing.standins import MailServer, ModelServer
+from tests.conftest import LEASE_TTL, holder_pid, wait_for
+from tests.pai_flows import PLAN
+from tests.test_chaos import CHAOS_DB, SEED
+
+pytestmark = pytest.mark.slow
+
+PROMPT = f"TOOLS: {PLAN}\nCustomer {{i}} asks for help."
+TOOLS = [t.strip() for t in PLAN.split(",")]
+
+
+@pytest.mark.parametrize(("pool", "runs"), [("prefork", 46), ("threads", 6)])
+def test_agent_runs_survive_kills_at_every_call(
+    pool: str, runs: int, template_db: str, redis_url: str, tmp_path: Path
+) -> None:
+    """Five model requests and four tool calls (a lookup twice, a keyed email, a ledger row
+    through ctx.db) per run, killed before and after calls (one point in ten) and between
+    steps: every run done, each request and tool recorded once, the model asked again only
+    for requests a kill cut short, each email delivered once, each ledger row written once."""
+    report = chaos.run_chaos(
+        "pai_support",
+        runs=runs,
+        workers=2,
+        concurrency=2,
+        pool=pool,
+        seed=SEED,
+        rate=0.1,
+        random_kills=1,
+        lease_ttl=2.0,
+        deadline=300,
+        pending_after=20,
+        mail_delay_ms=5,
+        model_delay_ms=0,
+        workflows="tests.pai_flows",
+        keep=True,  # for the ledger rows, read below
+        input={"prompt": PROMPT},
+        database_url=CHAOS_DB,
+        redis_url=redis_url,
+        state_dir=tmp_path,
+        quiet=True,
+    )
+    assert report["ok"], report["problems"]
+    assert report["runs_finished"] == runs and report["duplicates"] == 0
+    kills = report["kills"]
+    assert kills["before_call"] >= 1 and kills["after_call"] >= 1, kills
+    journaled = {name.split("__")[-1]: n for name, n in report["journaled"].items()}
+    assert journaled == {
+        "model.request": 5 * runs,
+        **{f"<agent>.call_tool:{t}": TOOLS.count(t) * runs for t in set(TOOLS)},
+    }
+    model = report["model"]
+    assert model["excess"] == 0
+    assert model["journaled"] <= model["requests"] <= model["journaled"] + report["kills_total"]
+    agent = next(s for s in report["steps"] if s["step"] == "agent")
+    assert agent["delivered"] == agent["keys"] == runs and agent["max_per_key"] == 1
+    db_name = report["database"].split(" ")[0]
+    try:
+        rows = execute(
+            with_path(CHAOS_DB, db_name),
+            "SELECT count(*) AS n, count(DISTINCT run_id) AS runs FROM invoice_ledger"
+            " WHERE idempotency_key LIKE %s",
+            ("%call_tool:remember:0",),
+        )
+    finally:
+        drop_database(CHAOS_DB, db_name)
+    assert rows == [{"n": runs, "runs": runs}]  # one ctx.db row a run: none lost, none twice
+
+
+def test_a_zombie_agent_makes_no_request_and_no_effect_after_the_new_owner_took_over(
+    start_worker: Callable[..., fleet.Proc],
+    start_beat: Callable[[], fleet.Proc],
+    store: PgStore,
+    leases: Leases,
+    client: Any,
+    mail: MailServer,
+    model: ModelServer,
+    sql: Any,
+    tmp_path: Path,
+) -> None:
+    """A pauses inside the agent's first tool call, after its first model request, past
+    its lease (SIGSTOP); B takes the run over and finishes it; A, resumed, must record
+    nothing, ask the model nothing and send nothing."""
+    env = {"CAIRN_WORKFLOWS": "tests.pai_flows"}
+    a = start_worker(concurrency=1, **env)
+    marker = tmp_path / "paused"
+    run_id = client.enqueue(
+        "pai_support",
+        {
+            "prompt": PROMPT.format(i=0),
+            "pause": {"seconds": 2 * LEASE_TTL + 2, "marker": str(marker)},
+        },
+    )
+    wait_for(marker.exists, 30, "A in its first tool call")
+    zombie = holder_pid(leases, run_id)
+    a.signal_all(signal.SIGSTOP)
+    start_worker(concurrency=1, **env)
+    start_beat()  # the reaper sends the run again once A's lease has expired
+    wait_for(lambda: store.load(run_id).status == "done", LEASE_TTL + 40, "B to finish")
+    finished = store.load(run_id)
+    assert model.stats()["requests"] == 5  # A's first, replayed by B; B's four
+    a.signal_all(signal.SIGCONT)
+    wait_for(lambda: "another worker owns this run" in a.text(), 20, "A to stop")
+    time.sleep(1.0)
+    assert store.load(run_id) == finished
+    assert holder_pid(leases, run_id) != zombie
+    assert model.stats()["requests"] == 5
+    assert mail.stats()["deliveries"] == 1 and mail.stats()["attempts"] == 1
+    rows = sql("SELECT count(*) FROM invoice_ledger WHERE run_id = %s", run_id)
+    assert rows == [(1,)]
+    assert finished.state["output"]  # the agent's answer is the run's result
