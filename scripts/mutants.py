@@ -296,6 +296,16 @@ MUTANTS = [
         (f"{LOST}::test_a_save_whose_commit_reply_was_lost_is_still_saved",),
     ),
     Mutant(
+        "M31",
+        "a ctx.db write inside a journaled call commits apart from the call's record",
+        "store/checkpoints.py",
+        "        conn = tx.open if tx is not None else None\n        if conn is None:\n"
+        '            return self.db.one("record_call", params) is not None',
+        "        conn = None\n        if conn is None:\n"
+        '            return self.db.one("record_call", params) is not None',
+        (f"{J}::test_ctx_db_in_a_call_commits_with_the_calls_record",),
+    ),
+    Mutant(
         "M15",
         "renewal extends another owner's lease",
         "store/lua/renew.lua",

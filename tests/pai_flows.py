@@ -14,7 +14,7 @@ import time
 
 import httpx
 from anthropic import AsyncAnthropic
-from pydantic_ai import Agent
+from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.models.anthropic import AnthropicModel
 from pydantic_ai.providers.anthropic import AnthropicProvider
 
@@ -101,3 +101,23 @@ def remember(fact: str) -> str:
 
 
 flow = workflow("pai_support", agent)
+
+
+# A refund needs a person's approval: the run waits for the "approval" signal.
+approver = Agent(
+    _model(),
+    name="pai_refunds",
+    instructions="Refund the customer when asked.",
+    model_settings={"max_tokens": 256},
+    output_type=[str, DeferredToolRequests],
+    capabilities=[CairnDurability()],
+)
+
+
+@approver.tool_plain(requires_approval=True)
+def refund(order: str) -> str:
+    """Refund an order (a person approves it first)."""
+    return f"refunded {order}"
+
+
+refunds = workflow("pai_refunds", approver)

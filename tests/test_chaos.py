@@ -253,8 +253,8 @@ def test_invoice_survives_kills_on_the_threads_pool(
     [
         ("agent", "prefork", 8),
         ("agent_async", "prefork", 8),
+        # Async steps on the threads pool: test_pydantic_ai_fleet.py's agent chaos.
         ("agent", "threads", 3),
-        ("agent_async", "threads", 3),
     ],
 )
 def test_an_agent_loop_in_one_step_survives_kills_at_every_call(

@@ -221,9 +221,12 @@ def test_reaper_recovers_a_run_whose_whole_worker_was_lost(
     a.kill()
     killed = time.monotonic()
     start_worker(concurrency=1)
+    ready = time.monotonic()
     wait_for(lambda: (store.load(run_id) or object()).seq >= 2, 30, "the run to move on")  # type: ignore[attr-defined]
-    recovery = time.monotonic() - killed
-    assert recovery < LEASE_TTL + 8, recovery
+    moved = time.monotonic()
+    # Timed from the later of the lease's expiry and the replacement being ready (its
+    # start-up, slow on a busy machine, is not the reaper's doing): a tick and a delivery.
+    assert moved - max(ready, killed + LEASE_TTL) < 8, (moved - killed, ready - killed)
     _done(store, run_id)
 
 

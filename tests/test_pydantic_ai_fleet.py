@@ -124,3 +124,49 @@ def test_a_zombie_agent_makes_no_request_and_no_effect_after_the_new_owner_took_
     rows = sql("SELECT count(*) FROM invoice_ledger WHERE run_id = %s", run_id)
     assert rows == [(1,)]
     assert finished.state["output"]  # the agent's answer is the run's result
+
+
+def test_an_approval_over_http_resumes_a_waiting_agent_on_a_worker(
+    start_worker: Callable[..., fleet.Proc],
+    serve: Callable[..., Any],
+    model: ModelServer,
+) -> None:
+    """The model asks for a refund that needs approval: the run waits holding no worker,
+    with the pending call in its state; POST /runs/{id}/signals/approval resumes it."""
+    start_worker(concurrency=1, CAIRN_WORKFLOWS="tests.pai_flows")
+    server = serve(CAIRN_WORKFLOWS="tests.pai_flows")
+    with server.http() as http:
+        started = http.post(
+            "/runs",
+            json={"workflow": "pai_refunds", "input": {"prompt": "TOOLS: refund\nRefund me."}},
+        )
+        assert started.status_code == 202, started.text
+        run_id = started.json()["run_id"]
+
+        def status() -> str:
+            return http.get(f"/runs/{run_id}").json()["status"]
+
+        wait_for(lambda: status() in ("waiting", "failed"), 30, "the run to wait")
+        run = http.get(f"/runs/{run_id}").json()
+        assert run["status"] == "waiting", run["error"]
+        [pending] = run["state"]["pending"]["approvals"]
+        assert pending["tool_name"] == "refund"
+        approval = {"approvals": {pending["tool_call_id"]: True}}
+        sent = http.post(f"/runs/{run_id}/signals/approval", json={"payload": approval})
+        assert sent.status_code == 202, sent.text
+        wait_for(lambda: status() in ("done", "failed"), 30, "the run to finish")
+        run = http.get(f"/runs/{run_id}").json()
+    assert run["status"] == "done", run["error"]
+    assert run["state"]["output"] and run["state"]["pending"] is None
+    # Two requests: the one that asked for the refund, the one after it ran.
+    assert model.stats()["requests"] == 2
+    calls = [c["name"] for c in http_calls(server, run_id)]
+    assert calls[-2:] == [
+        "pai_refunds__function_toolset__<agent>.call_tool:refund",
+        "pai_refunds__model.request",
+    ]
+
+
+def http_calls(server: Any, run_id: str) -> list[dict[str, Any]]:
+    with server.http() as http:
+        return http.get(f"/runs/{run_id}/calls").json()["calls"]
