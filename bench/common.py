@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import importlib.util
 import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -20,6 +22,16 @@ import psycopg
 from cairn.workers.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
+SECTIONS = (
+    "per_step",
+    "growth",
+    "recovery",
+    "fleet",
+    "per_run",
+    "waiting",
+    "million",
+    "pydantic_ai",
+)
 BENCH_REDIS_DB = 15
 INSTALL_HINT = "not installed: pip install -e '.[bench]'"
 
@@ -168,3 +180,57 @@ def timed(label: str) -> Iterator[None]:
     progress(f"{label} …")
     yield
     progress(f"{label} done in {time.monotonic() - t0:.1f}s")
+
+
+def missing_module(modules: tuple[str, ...]) -> str | None:
+    """The first of modules that cannot be imported, or None."""
+    for mod in modules:
+        try:
+            if importlib.util.find_spec(mod) is None:
+                return mod
+        except ModuleNotFoundError:
+            return mod
+    return None
+
+
+def run_child(module: str, argv: list[str], what: str, timeout: float) -> Any:
+    """`python -m module *argv` in its own process (a system's threads, singletons and
+    warnings kept from the others' timings): the "results" of the JSON it prints after
+    @@BENCH@@, or a note (str) saying why there are none."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", module, *argv],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:.0f}s"
+    marker = proc.stdout.rfind("@@BENCH@@")
+    if marker < 0:
+        return f"exited {proc.returncode} without a result: {(proc.stderr or proc.stdout)[-800:]}"
+    payload = json.loads(proc.stdout[marker + len("@@BENCH@@") :])
+    if "error" in payload:
+        progress(f"{what} failed:\n{payload.get('traceback', '')}")
+        return f"error: {payload['error']}"
+    return payload["results"]
+
+
+def child_main(work: Callable[[], Any]) -> int:
+    """A child's side of run_child: work()'s results, or its error, as JSON after
+    @@BENCH@@ on stdout (whatever else the system printed stays before it)."""
+    import traceback
+    import warnings
+
+    warnings.simplefilter("ignore")  # a peer's deprecation noise is not ours to fail on
+    try:
+        payload: dict[str, Any] = {"results": work()}
+    except Exception as exc:  # noqa: BLE001
+        payload = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+    sys.stdout.write("\n@@BENCH@@" + json.dumps(payload) + "\n")
+    sys.stdout.flush()
+    return 0

@@ -25,20 +25,16 @@ over the plain agent measured in the same process.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import os
-import subprocess
 import sys
 import time
-import traceback
 import uuid
-import warnings
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bench.common import ROOT, Databases, measure, median, progress
+from bench import common
+from bench.common import Databases, measure, median, missing_module, progress
 
 if TYPE_CHECKING:
     from bench.sections import Sizes
@@ -66,13 +62,7 @@ NEEDS = {"cairn": ("pydantic_ai",), "dbos": ("pydantic_ai", "dbos")}
 
 def missing(system: str) -> str | None:
     """The first module the system needs that cannot be imported, or None."""
-    for mod in NEEDS[system]:
-        try:
-            if importlib.util.find_spec(mod) is None:
-                return mod
-        except ModuleNotFoundError:
-            return mod
-    return None
+    return missing_module(NEEDS[system])
 
 
 # -- the agent -----------------------------------------------------------------------------
@@ -306,27 +296,10 @@ def run_child(system: str, spec: dict[str, Any], timeout: float = 300.0) -> dict
     gone = missing(system)
     if gone is not None:
         return f"skipped: {gone} not installed"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "bench.pai", system, json.dumps(spec)],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return f"timed out after {timeout:.0f}s"
-    marker = proc.stdout.rfind("@@BENCH@@")
-    if marker < 0:
-        return f"exited {proc.returncode} without a result: {(proc.stderr or proc.stdout)[-800:]}"
-    payload = json.loads(proc.stdout[marker + len("@@BENCH@@") :])
-    if "error" in payload:
-        progress(f"pydantic_ai {system} failed:\n{payload.get('traceback', '')}")
-        return f"error: {payload['error']}"
-    return dict(payload["results"])
+    got = common.run_child(
+        "bench.pai", [system, json.dumps(spec)], f"pydantic_ai {system}", timeout
+    )
+    return got if isinstance(got, str) else dict(got)
 
 
 # -- the section (bench process) -----------------------------------------------------------
@@ -423,14 +396,7 @@ def section(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     system, spec = argv[0], json.loads(argv[1])
-    warnings.simplefilter("ignore")  # a peer's deprecation noise is not ours to fail on
-    try:
-        payload: dict[str, Any] = {"results": CHILDREN[system](spec)}
-    except Exception as exc:  # noqa: BLE001
-        payload = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-    sys.stdout.write("\n@@BENCH@@" + json.dumps(payload) + "\n")
-    sys.stdout.flush()
-    return 0
+    return common.child_main(lambda: CHILDREN[system](spec))
 
 
 if __name__ == "__main__":

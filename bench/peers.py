@@ -12,16 +12,13 @@ Task kinds:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import operator
 import sys
-import traceback
 import uuid
-import warnings
 from typing import Any
 
-from bench.common import measure, message, window
+from bench.common import child_main, measure, message, missing_module, window
 
 PEERS = {
     "langgraph": ("langgraph", "langgraph.checkpoint.postgres"),
@@ -31,13 +28,7 @@ PEERS = {
 
 def missing(system: str) -> str | None:
     """The first module of the peer that cannot be imported, or None."""
-    for mod in PEERS[system]:
-        try:
-            if importlib.util.find_spec(mod) is None:
-                return mod
-        except ModuleNotFoundError:
-            return mod
-    return None
+    return missing_module(PEERS[system])
 
 
 # -- LangGraph -----------------------------------------------------------------------------
@@ -171,15 +162,7 @@ RUNNERS = {"langgraph": langgraph_tasks, "dbos": dbos_tasks}
 
 def main(argv: list[str]) -> int:
     system, spec = argv[0], json.loads(argv[1])
-    warnings.simplefilter("ignore")  # a peer's deprecation noise is not ours to fail on
-    try:
-        results = RUNNERS[system](spec["url"], spec["tasks"])
-        payload: dict[str, Any] = {"results": results}
-    except Exception as exc:  # noqa: BLE001
-        payload = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-    sys.stdout.write("\n@@BENCH@@" + json.dumps(payload) + "\n")
-    sys.stdout.flush()
-    return 0
+    return child_main(lambda: RUNNERS[system](spec["url"], spec["tasks"]))
 
 
 if __name__ == "__main__":

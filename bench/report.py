@@ -7,6 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.common import SECTIONS
+
 
 def _f(v: Any, fmt: str = "{:,.0f}") -> str:
     if v is None:
@@ -392,16 +394,7 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
     _render_waiting(c, _rows(results, "waiting"))
     _render_million(results, c)
     _render_pai(results, c)
-    for name in (
-        "per_step",
-        "growth",
-        "recovery",
-        "fleet",
-        "per_run",
-        "waiting",
-        "million",
-        "pydantic_ai",
-    ):
+    for name in SECTIONS:
         sec = results.get(name)
         if isinstance(sec, dict) and "error" in sec:
             c.print(f"[red]{name}: {sec['error']}[/]")

@@ -16,18 +16,8 @@ import psycopg
 import redis
 
 from bench import million, pai, report, sections, waiting
-from bench.common import ROOT, Databases, base_db, bench_redis, progress, set_quiet
+from bench.common import ROOT, SECTIONS, Databases, base_db, bench_redis, progress, set_quiet
 
-SECTIONS = (
-    "per_step",
-    "growth",
-    "recovery",
-    "fleet",
-    "per_run",
-    "waiting",
-    "million",
-    "pydantic_ai",
-)
 DEFAULT_JSON = ROOT / "bench" / "results.json"
 
 

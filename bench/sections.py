@@ -9,7 +9,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,13 +21,13 @@ import redis
 from bench import cairn_sys, flows, peers
 from bench.common import (
     INSTALL_HINT,
-    ROOT,
     Databases,
     bench_amqp,
     median,
     message,
     pct,
     progress,
+    run_child,
     window,
 )
 from bench.procs import Fleet, worker_env
@@ -140,27 +139,10 @@ def run_peer(
     gone = peers.missing(system)
     if gone is not None:
         return f"{INSTALL_HINT} ({gone} not importable)"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "bench.peers", system, json.dumps({"url": url, "tasks": tasks})],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return f"timed out after {timeout:.0f}s"
-    marker = proc.stdout.rfind("@@BENCH@@")
-    if marker < 0:
-        return f"exited {proc.returncode} without a result: {(proc.stderr or proc.stdout)[-800:]}"
-    payload = json.loads(proc.stdout[marker + len("@@BENCH@@") :])
-    if "error" in payload:
-        progress(f"{system} failed:\n{payload.get('traceback', '')}")
-        return f"error: {payload['error']}"
-    return list(payload["results"])
+    got = run_child(
+        "bench.peers", [system, json.dumps({"url": url, "tasks": tasks})], system, timeout
+    )
+    return got if isinstance(got, str) else list(got)
 
 
 def _flush(redis_url: str) -> None:

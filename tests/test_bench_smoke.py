@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import bench
+from bench.common import SECTIONS
 from tests.conftest import BASE_DB, BASE_REDIS
 
 
@@ -27,17 +28,7 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
     assert bench.main(["--quick", "--quiet", "--json", str(out)]) == 0
 
     data = json.loads(out.read_text())
-    for section in (
-        "meta",
-        "per_step",
-        "growth",
-        "recovery",
-        "fleet",
-        "per_run",
-        "waiting",
-        "million",
-        "targets",
-    ):
+    for section in ("meta", *SECTIONS, "targets"):
         assert section in data, section
         assert "error" not in data[section], data[section]
 
