@@ -43,6 +43,7 @@ COUNTER_ENDS = (
 JOURNAL_REPLAY = "tests/test_journal.py::test_a_replay_after_a_crash_makes_no_call_twice"
 J = "tests/test_journal.py"
 LOST = "tests/test_lost_commit.py"
+LG = "tests/test_langgraph.py"
 PAUSED_CHARGE = (
     "tests/test_crash.py::test_a_worker_paused_inside_an_at_most_once_effect_never_makes_it_twice"
 )
@@ -304,6 +305,22 @@ MUTANTS = [
         "        conn = None\n        if conn is None:\n"
         '            return self.db.one("record_call", params) is not None',
         (f"{J}::test_ctx_db_in_a_call_commits_with_the_calls_record",),
+    ),
+    Mutant(
+        "M32",
+        "a LangGraph checkpoint put inside a run is not fenced by the run's epoch",
+        "store/sql/queries.sql",
+        "                WHERE c.run_id = %(run_id)s AND c.epoch = %(epoch)s)",
+        "                WHERE c.run_id = %(run_id)s)",
+        (f"{LG}::test_a_worker_that_lost_the_run_cannot_write_the_threads_next_checkpoint",),
+    ),
+    Mutant(
+        "M33",
+        "a LangGraph checkpoint put inside a run may fork its thread",
+        "store/sql/queries.sql",
+        "       IS NOT DISTINCT FROM %(parent_id)s::text",
+        "       IS NOT NULL OR true",
+        (f"{LG}::test_inside_a_run_a_put_must_extend_the_thread_outside_a_fork_is_fine",),
     ),
     Mutant(
         "M15",

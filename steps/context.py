@@ -108,6 +108,12 @@ class Context:
         self._calls = 0  # journaled calls made (or replayed) so far in this attempt
         self._per_name: dict[str, int] = {}
 
+    @property
+    def epoch(self) -> int:
+        """The lease epoch this worker holds the run at: what fences its writes (a
+        checkpointer's, say) against a worker that took the run over."""
+        return self._lease.epoch
+
     # -- effects ---------------------------------------------------------------------
     def idempotency_key(self, suffix: str = "") -> str:
         """The key of this step's one externally visible effect.

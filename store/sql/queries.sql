@@ -425,3 +425,169 @@ SELECT count(*) AS n FROM gone;
 
 -- name: ping
 SELECT 1 AS ok;
+
+-- name: graph_put_blob
+-- A channel's value at a version (LangGraph writes each version once).
+INSERT INTO graph_blobs (thread_id, ns, channel, version, type, blob, base_version, length)
+VALUES (%(thread_id)s, %(ns)s, %(channel)s, %(version)s, %(type)s, %(blob)s,
+        %(base_version)s, %(length)s)
+ON CONFLICT (thread_id, ns, channel, version) DO NOTHING;
+
+-- fragment: graph_row
+%(thread_id)s, %(ns)s, %(checkpoint_id)s, %(parent_id)s, %(type)s, %(checkpoint)s,
+%(versions)s, %(metadata)s, %(run_id)s, %(epoch)s
+
+-- name: graph_put
+-- A checkpoint outside a cairn run: LangGraph's upsert (a fork from an older one is fine).
+INSERT INTO graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, checkpoint,
+                               versions, metadata, run_id, epoch)
+VALUES ({{graph_row}})
+ON CONFLICT (thread_id, ns, checkpoint_id) DO UPDATE
+   SET type = EXCLUDED.type, checkpoint = EXCLUDED.checkpoint,
+       versions = EXCLUDED.versions, metadata = EXCLUDED.metadata
+RETURNING checkpoint_id;
+
+-- name: graph_put_fenced
+-- A checkpoint inside a cairn run: written only while the run's epoch is the writer's, and
+-- only as the next checkpoint of its thread (its parent the latest, its id later), so a
+-- worker that lost the run neither forks nor rewinds the thread.
+INSERT INTO graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, checkpoint,
+                               versions, metadata, run_id, epoch)
+SELECT {{graph_row}}
+ WHERE EXISTS (SELECT 1 FROM checkpoints c
+                WHERE c.run_id = %(run_id)s AND c.epoch = %(epoch)s)
+   AND (SELECT max(g.checkpoint_id) FROM graph_checkpoints g
+         WHERE g.thread_id = %(thread_id)s AND g.ns = %(ns)s)
+       IS NOT DISTINCT FROM %(parent_id)s::text
+   AND (%(parent_id)s::text IS NULL OR %(checkpoint_id)s > %(parent_id)s)
+ON CONFLICT (thread_id, ns, checkpoint_id) DO NOTHING
+RETURNING checkpoint_id;
+
+-- name: graph_own
+-- A fenced put that wrote nothing: its own earlier try, whose commit reply was lost?
+SELECT 1 FROM graph_checkpoints
+ WHERE thread_id = %(thread_id)s AND ns = %(ns)s AND checkpoint_id = %(checkpoint_id)s
+   AND run_id = %(run_id)s AND epoch = %(epoch)s;
+
+-- name: graph_fence
+-- The run is still the writer's (its lease epoch): for a task's writes inside a run.
+SELECT 1 FROM checkpoints WHERE run_id = %(run_id)s AND epoch = %(epoch)s FOR SHARE;
+
+-- name: graph_put_write
+INSERT INTO graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob,
+                          task_path)
+VALUES (%(thread_id)s, %(ns)s, %(checkpoint_id)s, %(task_id)s, %(idx)s, %(channel)s,
+        %(type)s, %(blob)s, %(task_path)s)
+ON CONFLICT (thread_id, ns, checkpoint_id, task_id, idx) DO NOTHING;
+
+-- name: graph_put_write_replace
+-- LangGraph's special channels (error, interrupt, resume...): the last write wins.
+INSERT INTO graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob,
+                          task_path)
+VALUES (%(thread_id)s, %(ns)s, %(checkpoint_id)s, %(task_id)s, %(idx)s, %(channel)s,
+        %(type)s, %(blob)s, %(task_path)s)
+ON CONFLICT (thread_id, ns, checkpoint_id, task_id, idx) DO UPDATE
+   SET channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob,
+       task_path = EXCLUDED.task_path;
+
+-- fragment: graph_columns
+thread_id, ns, checkpoint_id, parent_id, type, checkpoint, versions, metadata
+
+-- name: graph_get
+-- One checkpoint, or the thread's latest.
+SELECT {{graph_columns}} FROM graph_checkpoints
+ WHERE thread_id = %(thread_id)s AND ns = %(ns)s
+   AND (%(checkpoint_id)s::text IS NULL OR checkpoint_id = %(checkpoint_id)s)
+ ORDER BY checkpoint_id DESC
+ LIMIT 1;
+
+-- name: graph_list
+-- Checkpoints newest first, by thread, namespace, id, metadata (contains) and before.
+SELECT {{graph_columns}} FROM graph_checkpoints
+ WHERE (%(thread_id)s::text IS NULL OR thread_id = %(thread_id)s)
+   AND (%(ns)s::text IS NULL OR ns = %(ns)s)
+   AND (%(checkpoint_id)s::text IS NULL OR checkpoint_id = %(checkpoint_id)s)
+   AND (%(filter)s::jsonb IS NULL OR metadata @> %(filter)s::jsonb)
+   AND (%(before)s::text IS NULL OR checkpoint_id < %(before)s)
+ ORDER BY checkpoint_id DESC
+ LIMIT %(limit)s;
+
+-- name: graph_blobs_of
+-- The blobs of a checkpoint's channel versions, each with the chain of earlier versions
+-- its list extends, oldest first: the caller concatenates a chain into the whole list.
+WITH RECURSIVE chain AS (
+    SELECT b.channel, b.version, b.base_version, b.type, b.blob, 0 AS depth
+      FROM jsonb_each_text(%(versions)s::jsonb) v
+      JOIN graph_blobs b ON b.thread_id = %(thread_id)s AND b.ns = %(ns)s
+                        AND b.channel = v.key AND b.version = v.value
+    UNION ALL
+    SELECT b.channel, b.version, b.base_version, b.type, b.blob, c.depth + 1
+      FROM chain c
+      JOIN graph_blobs b ON b.thread_id = %(thread_id)s AND b.ns = %(ns)s
+                        AND b.channel = c.channel AND b.version = c.base_version
+)
+SELECT channel, version, type, blob FROM chain ORDER BY channel, depth DESC;
+
+-- name: graph_writes_of
+SELECT task_id, channel, type, blob, task_path, idx FROM graph_writes
+ WHERE thread_id = %(thread_id)s AND ns = %(ns)s AND checkpoint_id = %(checkpoint_id)s
+ ORDER BY task_path, task_id, idx;
+
+-- name: graph_delete_threads
+WITH cp AS (DELETE FROM graph_checkpoints WHERE thread_id = ANY(%(thread_ids)s) RETURNING 1),
+     bl AS (DELETE FROM graph_blobs WHERE thread_id = ANY(%(thread_ids)s) RETURNING 1),
+     wr AS (DELETE FROM graph_writes WHERE thread_id = ANY(%(thread_ids)s) RETURNING 1)
+SELECT (SELECT count(*) FROM cp) AS checkpoints;
+
+-- name: graph_delete_for_runs
+-- The checkpoints LangGraph's runs wrote (metadata run_id) and their writes. Blobs stay:
+-- a later checkpoint may hold a version, or a list that extends one.
+WITH gone AS (
+    DELETE FROM graph_checkpoints WHERE metadata ->> 'run_id' = ANY(%(run_ids)s)
+    RETURNING thread_id, ns, checkpoint_id
+), wr AS (
+    DELETE FROM graph_writes w USING gone g
+     WHERE w.thread_id = g.thread_id AND w.ns = g.ns AND w.checkpoint_id = g.checkpoint_id
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS checkpoints;
+
+-- name: graph_copy_thread
+WITH cp AS (
+    INSERT INTO graph_checkpoints
+    SELECT %(target)s, ns, checkpoint_id, parent_id, type, checkpoint, versions, metadata,
+           run_id, epoch
+      FROM graph_checkpoints WHERE thread_id = %(source)s
+    ON CONFLICT DO NOTHING RETURNING 1
+), bl AS (
+    INSERT INTO graph_blobs
+    SELECT %(target)s, ns, channel, version, type, blob, base_version, length
+      FROM graph_blobs WHERE thread_id = %(source)s
+    ON CONFLICT DO NOTHING RETURNING 1
+), wr AS (
+    INSERT INTO graph_writes
+    SELECT %(target)s, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path
+      FROM graph_writes WHERE thread_id = %(source)s
+    ON CONFLICT DO NOTHING RETURNING 1
+)
+SELECT (SELECT count(*) FROM cp) AS checkpoints;
+
+-- name: graph_prune_keep_latest
+-- All but each namespace's latest checkpoint, with their writes. Blobs stay: the kept
+-- checkpoint's lists may extend older versions.
+WITH keep AS (
+    SELECT DISTINCT ON (thread_id, ns) thread_id, ns, checkpoint_id
+      FROM graph_checkpoints WHERE thread_id = ANY(%(thread_ids)s)
+     ORDER BY thread_id, ns, checkpoint_id DESC
+), gone AS (
+    DELETE FROM graph_checkpoints g
+     WHERE g.thread_id = ANY(%(thread_ids)s)
+       AND NOT EXISTS (SELECT 1 FROM keep k WHERE k.thread_id = g.thread_id
+                          AND k.ns = g.ns AND k.checkpoint_id = g.checkpoint_id)
+    RETURNING g.thread_id, g.ns, g.checkpoint_id
+), wr AS (
+    DELETE FROM graph_writes w USING gone g
+     WHERE w.thread_id = g.thread_id AND w.ns = g.ns AND w.checkpoint_id = g.checkpoint_id
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS checkpoints;

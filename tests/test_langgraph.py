@@ -1,0 +1,241 @@
+"""cairn.langgraph.CairnSaver: LangGraph's own conformance suite, every capability; a
+message history stored as appended tails (bytes per step flat in the thread's length);
+and, inside a cairn run, puts fenced by the run's epoch and the thread's order."""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import uuid
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langgraph.checkpoint.conformance import checkpointer_test, validate
+from langgraph.graph import END, START, StateGraph
+
+from cairn import errors
+from cairn.langgraph import CairnSaver
+from cairn.status import RunStatus
+from cairn.steps import Context, StepResult, workflow
+from cairn.store import Database
+from cairn.store.graphs import GraphStore
+from cairn.workers import loop
+from cairn.workers.settings import Settings
+
+
+@pytest.fixture
+def saver(settings: Settings) -> Any:
+    s = CairnSaver(settings)
+    yield s
+    s.close()
+
+
+def test_the_langgraph_conformance_suite_passes_every_capability(settings: Settings) -> None:
+    @checkpointer_test(name="CairnSaver")
+    async def cairn_saver() -> Any:
+        s = CairnSaver(settings)
+        yield s
+        s.close()
+
+    report = asyncio.run(validate(cairn_saver))
+    failed = {
+        name: [str(f) for f in result.failures] if hasattr(result, "failures") else result
+        for name, result in report.results.items()
+        if result is None or result.passed is not True
+    }
+    assert report.passed_all() and report.conformance_level() == "FULL", failed
+    assert len(report.results) == 8  # put, put_writes, get_tuple, list, delete_thread, ...
+
+
+# -- a graph whose state carries a message history --------------------------------------
+class Chat(TypedDict):
+    messages: Annotated[list[str], operator.add]
+    turns: int
+    n: int
+
+
+def _turn(state: Chat) -> dict[str, Any]:
+    turn = state["turns"] + 1
+    return {"turns": turn, "messages": [f"message {turn}: " + "x" * 400]}
+
+
+def _graph(saver: CairnSaver) -> Any:
+    g = StateGraph(Chat)
+    g.add_node("turn", _turn)
+    g.add_edge(START, "turn")
+    g.add_conditional_edges("turn", lambda s: END if s["turns"] >= s["n"] else "turn")
+    return g.compile(checkpointer=saver)
+
+
+def _chat(saver: CairnSaver, thread: str, n: int) -> dict[str, Any]:
+    config = {"configurable": {"thread_id": thread}, "recursion_limit": 2 * n + 10}
+    return _graph(saver).invoke({"messages": [], "turns": 0, "n": n}, config)
+
+
+def _blob_bytes(sql: Any, thread: str) -> int:
+    [(total,)] = sql(
+        "SELECT coalesce(sum(octet_length(blob)), 0) FROM graph_blobs WHERE thread_id = %s",
+        thread,
+    )
+    return int(total)
+
+
+def test_a_message_history_costs_each_step_its_new_messages_only(
+    saver: CairnSaver, settings: Settings, sql: Any
+) -> None:
+    short, long = f"short-{uuid.uuid4().hex}", f"long-{uuid.uuid4().hex}"
+    assert len(_chat(saver, short, 10)["messages"]) == 10
+    assert len(_chat(saver, long, 60)["messages"]) == 60
+    per_step_short = _blob_bytes(sql, short) / 10
+    per_step_long = _blob_bytes(sql, long) / 60
+    # Flat: a step of the long thread stores what a step of the short one does (LangGraph's
+    # Postgres saver writes the whole list again: 3x the bytes a step at 60 as at 10).
+    assert per_step_long < 1.2 * per_step_short, (per_step_short, per_step_long)
+    # And read back whole, by another saver that never saw the thread.
+    other = CairnSaver(settings)
+    try:
+        state = other.get_tuple({"configurable": {"thread_id": long}})
+        assert state is not None
+        assert state.checkpoint["channel_values"]["messages"] == [
+            f"message {i}: " + "x" * 400 for i in range(1, 61)
+        ]
+        # It goes on from there, appending: its first put after the read is a tail too.
+        before = _blob_bytes(sql, long)
+        config = {"configurable": {"thread_id": long}, "recursion_limit": 50}
+        _graph(other).invoke({"messages": [], "turns": 0, "n": 3}, config)
+        assert _blob_bytes(sql, long) - before < 5 * per_step_short
+    finally:
+        other.close()
+
+
+def test_a_list_edited_in_place_is_stored_whole_not_as_a_tail(saver: CairnSaver, sql: Any) -> None:
+    thread = f"edit-{uuid.uuid4().hex}"
+    config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+    items = [{"text": "a"}, {"text": "b"}]
+
+    def put(parent: dict[str, Any], version: int) -> dict[str, Any]:
+        cp = {
+            "v": 4,
+            "id": str(uuid.uuid1()),
+            "ts": "2026-12-04T00:00:00+00:00",
+            "channel_values": {"messages": items},
+            "channel_versions": {"messages": version},
+            "versions_seen": {},
+            "updated_channels": ["messages"],
+        }
+        return saver.put(parent, cp, {"step": version}, {"messages": version})
+
+    first = put(config, 1)
+    items[0]["text"] = "A"  # the same list object, edited, then extended
+    items.append({"text": "c"})
+    put(first, 2)
+    got = saver.get_tuple(config)
+    assert got is not None
+    assert got.checkpoint["channel_values"]["messages"] == [
+        {"text": "A"},
+        {"text": "b"},
+        {"text": "c"},
+    ]
+
+
+# -- inside a cairn run: fenced -----------------------------------------------------------
+graphs = workflow("lg-chat")
+TAKE_OVER: dict[str, int] = {}  # run id -> the turn at which another worker claims it
+
+
+@graphs.step()
+def chat(ctx: Context) -> StepResult:
+    saver = CairnSaver(ctx.config)
+    try:
+
+        def turn(state: Chat) -> dict[str, Any]:
+            if TAKE_OVER.get(ctx.run_id) == state["turns"]:
+                # Another worker claims the run now (this one paused past its lease, say).
+                assert ctx._store.claim(ctx.run_id, ctx.epoch + 5) is not None
+            return _turn(state)
+
+        g = StateGraph(Chat)
+        g.add_node("turn", turn)
+        g.add_edge(START, "turn")
+        g.add_conditional_edges("turn", lambda s: END if s["turns"] >= s["n"] else "turn")
+        config = {"configurable": {"thread_id": ctx.run_id}}
+        # durability="sync": each checkpoint written before the next super-step starts.
+        out = g.compile(checkpointer=saver).invoke(
+            {"messages": [], "turns": 0, "n": ctx.input["n"]}, config, durability="sync"
+        )
+    finally:
+        saver.close()
+    return StepResult(cursor="done", state={"turns": out["turns"]})
+
+
+@pytest.fixture
+def deps(settings: Settings, store: Any, leases: Any) -> loop.Deps:
+    return loop.Deps(settings=settings, store=store, leases=leases, model=None)
+
+
+def test_a_graph_in_a_cairn_run_checkpoints_under_the_runs_fence(
+    deps: loop.Deps, saver: CairnSaver, sql: Any
+) -> None:
+    run_id = f"lg-{uuid.uuid4().hex[:8]}"
+    assert deps.store.create_run(run_id, "lg-chat", {"n": 4})
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    rows = sql("SELECT run_id, epoch FROM graph_checkpoints WHERE thread_id = %s", run_id)
+    assert len(rows) == 6 and {r[0] for r in rows} == {run_id}  # input, 4 turns, the end
+    assert len({r[1] for r in rows}) == 1
+
+
+def test_a_worker_that_lost_the_run_cannot_write_the_threads_next_checkpoint(
+    deps: loop.Deps, sql: Any
+) -> None:
+    run_id = f"lg-{uuid.uuid4().hex[:8]}"
+    TAKE_OVER[run_id] = 2
+    assert deps.store.create_run(run_id, "lg-chat", {"n": 5})
+    with pytest.raises(errors.StaleWrite, match="another worker owns the run"):
+        loop.run(run_id, deps)
+    # The checkpoints up to the claim, and none after: the thread ends at the second turn
+    # (the claim came inside the third), all written at the first owner's epoch.
+    reader = CairnSaver(deps.settings)
+    latest = reader.get_tuple({"configurable": {"thread_id": run_id}})
+    reader.close()
+    assert latest is not None and latest.checkpoint["channel_values"]["turns"] == 2
+    rows = sql("SELECT DISTINCT epoch FROM graph_checkpoints WHERE thread_id = %s", run_id)
+    assert len(rows) == 1
+
+
+def test_inside_a_run_a_put_must_extend_the_thread_outside_a_fork_is_fine(
+    deps: loop.Deps, saver: CairnSaver, settings: Settings
+) -> None:
+    thread = f"fork-{uuid.uuid4().hex}"
+    _chat(saver, thread, 3)
+    history = list(saver.list({"configurable": {"thread_id": thread}}))
+    old = history[2].config  # an older checkpoint: LangGraph's time travel forks from it
+    cp = dict(history[2].checkpoint, id=str(uuid.uuid1()))
+    saver.put(old, cp, {"step": 99}, {})  # outside a run: a fork, as LangGraph does
+    # Inside a run the same fork is refused: the thread only moves forward.
+    run_id = f"lg-{uuid.uuid4().hex[:8]}"
+    assert deps.store.create_run(run_id, "lg-chat", {"n": 1})
+    cp2 = dict(history[2].checkpoint, id=str(uuid.uuid1()))
+    lease = deps.leases.acquire(run_id, 30)
+    assert lease is not None and deps.store.claim(run_id, lease.epoch) is not None
+    from cairn.steps import context as step_context
+
+    ctx = Context(deps.store.load(run_id), store=deps.store, lease=lease)  # type: ignore[arg-type]
+    token = step_context._step.set(ctx)
+    try:
+        with pytest.raises(errors.StaleWrite, match="moved past"):
+            saver.put(old, cp2, {"step": 100}, {})
+    finally:
+        step_context._step.reset(token)
+        lease.release()
+
+
+def test_graph_store_on_a_database_of_its_own(settings: Settings) -> None:
+    db = Database(settings.database_url).open()
+    try:
+        s = CairnSaver(store=GraphStore(db))
+        thread = f"own-{uuid.uuid4().hex}"
+        assert len(_chat(s, thread, 2)["messages"]) == 2
+        s.delete_thread(thread)
+        assert s.get_tuple({"configurable": {"thread_id": thread}}) is None
+    finally:
+        db.close()
