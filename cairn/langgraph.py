@@ -47,13 +47,18 @@ except ImportError as exc:  # the optional extra is missing
         f"cairn.langgraph needs langgraph ({exc}); install it with pip install 'cairn[langgraph]'"
     ) from exc
 
-from cairn.errors import StaleWrite
-from cairn.steps.context import current
+from cairn.errors import CairnError, StaleWrite
+from cairn.steps.context import Context, current
+from cairn.steps.registry import DONE, Retry, StepResult, Workflow
+from cairn.steps.registry import workflow as cairn_workflow
 from cairn.store.db import Database
 from cairn.store.graphs import Blob, Fence, GraphStore
 from cairn.workers.settings import Settings
 
-__all__ = ["CairnSaver"]
+__all__ = ["RESUME", "CairnSaver", "idempotency_key", "workflow"]
+
+RESUME = "resume"
+"""The signal a run of `workflow()` waits for when its graph called interrupt()."""
 
 _INLINE = (str, int, float, bool)  # small values ride in the checkpoint row itself
 _KNOWN_LISTS = 512  # list channels remembered for appends, most recently used
@@ -331,6 +336,71 @@ class CairnSaver(BaseCheckpointSaver[int]):
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+
+
+def workflow(name: str, graph: Any, *, retry: Retry | None = None, **options: Any) -> Workflow:
+    """Register a compiled graph as the cairn workflow name: enqueue it with the graph's
+    input; the run is one invocation of the graph on thread run_id, on the fleet.
+
+    The graph must be compiled with checkpointer=CairnSaver(): its checkpoints are the
+    run's progress. A run killed mid-graph goes on from the last checkpoint (the nodes it
+    finished are not run again). When a node calls interrupt(), the run waits for the
+    signal "resume" holding no worker, with the interrupts in state["interrupts"]; the
+    signal's payload is the resume value (Command(resume=payload)). When the graph ends,
+    state["output"] is its final state as JSON.
+    """
+    saver = getattr(graph, "checkpointer", None)
+    if not isinstance(saver, CairnSaver):
+        raise CairnError(
+            f"workflow {name!r}: the graph's checkpointer is {type(saver).__name__}; compile "
+            "it with builder.compile(checkpointer=cairn.langgraph.CairnSaver()) so its "
+            "checkpoints are the run's progress"
+        )
+    from langgraph.types import Command
+    from pydantic_core import to_jsonable_python
+
+    flow = cairn_workflow(name, **options)
+
+    @flow.step("graph", retry=retry)
+    def run_graph(ctx: Context) -> StepResult:
+        config: RunnableConfig = {"configurable": {"thread_id": ctx.run_id}}
+        if ctx.state.get("interrupts"):
+            start: Any = Command(resume=ctx.signal)
+        elif saver.get_tuple(config) is not None:
+            start = None  # killed mid-graph: go on from the last checkpoint
+        else:
+            start = dict(ctx.input)
+        # durability="sync": a node's checkpoint is written before the next one runs, so
+        # a kill costs at most the node in hand.
+        output = graph.invoke(start, config, durability="sync")
+        waiting = graph.get_state(config).interrupts
+        if waiting:
+            pending = [
+                {"id": i.id, "value": to_jsonable_python(i.value, fallback=str)}
+                for i in waiting
+            ]
+            return StepResult.wait(RESUME, cursor="graph", state={"interrupts": pending})
+        done = to_jsonable_python(output, fallback=str)
+        return StepResult(cursor=DONE, state={"output": done, "interrupts": None})
+
+    return flow
+
+
+def idempotency_key(config: RunnableConfig | None = None) -> str:
+    """Inside a node of a graph a cairn run drives: the key of the node's one external
+    effect, from run and LangGraph's task (namespace, node and task id). A node run again
+    (after a kill before its checkpoint, or after the interrupt it raised was answered)
+    sends the same key, so the downstream dedupes it."""
+    from langgraph.config import get_config
+
+    ctx = current()
+    if ctx is None:
+        raise CairnError("cairn.langgraph.idempotency_key() is for a node inside a cairn run")
+    meta = (config or get_config()).get("metadata", {})
+    task = meta.get("langgraph_checkpoint_ns") or meta.get("checkpoint_ns")
+    if not task:
+        raise CairnError("cairn.langgraph.idempotency_key(): call it inside a graph node")
+    return f"cairn:{ctx.run_id}:{task}"
 
 
 def _fence() -> Fence | None:

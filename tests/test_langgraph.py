@@ -12,8 +12,10 @@ from typing import Annotated, Any, TypedDict
 import pytest
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.graph import END, START, StateGraph
+from langgraph.types import interrupt
 
 from cairn import errors
+from cairn import langgraph as lg
 from cairn.langgraph import CairnSaver
 from cairn.status import RunStatus
 from cairn.steps import Context, StepResult, workflow
@@ -239,3 +241,106 @@ def test_graph_store_on_a_database_of_its_own(settings: Settings) -> None:
         assert s.get_tuple({"configurable": {"thread_id": thread}}) is None
     finally:
         db.close()
+
+
+# -- a compiled graph as a cairn workflow -------------------------------------------------
+class Refund(TypedDict, total=False):
+    order: str
+    drafted: str
+    approved: Any
+    sent: str
+
+
+effects: dict[str, list[str]] = {}  # run id -> the keyed effects the nodes made, in order
+DIE_IN_SEND: set[str] = set()  # runs whose "send" node kills its process once
+
+
+class ProcessDied(BaseException):
+    """The worker's process killed: nothing after it runs or records."""
+
+
+def _run_of(key: str) -> str:
+    return key.split(":")[1]
+
+
+def draft(state: Refund) -> dict[str, Any]:
+    key = lg.idempotency_key()
+    effects.setdefault(_run_of(key), []).append(f"draft {key}")
+    return {"drafted": f"refund of {state['order']}"}
+
+
+def approve(state: Refund) -> dict[str, Any]:
+    key = lg.idempotency_key()
+    effects.setdefault(_run_of(key), []).append(f"ask {key}")
+    return {"approved": interrupt({"question": "refund?", "order": state["order"]})}
+
+
+def send(state: Refund) -> dict[str, Any]:
+    key = lg.idempotency_key()
+    run_id = _run_of(key)
+    if run_id in DIE_IN_SEND:
+        DIE_IN_SEND.discard(run_id)
+        raise ProcessDied
+    effects.setdefault(run_id, []).append(f"send {key}")
+    return {"sent": key}
+
+
+def _refund_graph() -> Any:
+    g = StateGraph(Refund)
+    g.add_node("draft", draft)
+    g.add_node("approve", approve)
+    g.add_node("send", send)
+    g.add_edge(START, "draft")
+    g.add_edge("draft", "approve")
+    g.add_edge("approve", "send")
+    g.add_edge("send", END)
+    return g.compile(checkpointer=CairnSaver())
+
+
+lg.workflow("lg-refund", _refund_graph())
+
+
+def _redeliver(run_id: str, deps: loop.Deps) -> RunStatus:
+    lease = deps.leases.holder(run_id)
+    if lease is not None:
+        assert deps.leases.break_dead(run_id, lease)
+    return loop.run(run_id, deps)
+
+
+def test_an_interrupt_waits_for_a_signal_and_a_kill_resumes_at_the_last_checkpoint(
+    deps: loop.Deps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CAIRN_DATABASE_URL", deps.settings.database_url)
+    run_id = f"lg-{uuid.uuid4().hex[:8]}"
+    assert deps.store.create_run(run_id, "lg-refund", {"order": "o-42"})
+    assert loop.run(run_id, deps) == RunStatus.WAITING
+    run = deps.store.get(run_id)
+    assert run is not None
+    [asked] = run.state["interrupts"]
+    assert asked["value"] == {"question": "refund?", "order": "o-42"}
+    deps.store.signal(run_id, lg.RESUME, {"ok": True}, "s1")
+    DIE_IN_SEND.add(run_id)
+    with pytest.raises(ProcessDied):  # killed in "send", after "approve" was checkpointed
+        loop.run(run_id, deps)
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+    run = deps.store.get(run_id)
+    assert run is not None and run.state["interrupts"] is None
+    out = run.state["output"]
+    assert out["approved"] == {"ok": True} and out["drafted"] == "refund of o-42"
+    made = effects[run_id]
+    # draft once; approve asked twice (LangGraph runs an interrupted node again when it is
+    # answered) under one key; send once, under its own key.
+    assert [m.split(" ")[0] for m in made] == ["draft", "ask", "ask", "send"]
+    keys = [m.split(" ")[1] for m in made]
+    assert keys[1] == keys[2] and len({keys[0], keys[1], keys[3]}) == 3
+    assert out["sent"] == keys[3] and keys[3].startswith(f"cairn:{run_id}:send:")
+
+
+def test_a_graph_without_cairn_saver_is_refused_at_once() -> None:
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    g = StateGraph(Refund)
+    g.add_node("draft", draft)
+    g.add_edge(START, "draft")
+    with pytest.raises(errors.CairnError, match=r"checkpointer=cairn.langgraph.CairnSaver\(\)"):
+        lg.workflow("lg-memory", g.compile(checkpointer=InMemorySaver()))
