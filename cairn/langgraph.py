@@ -376,8 +376,7 @@ def workflow(name: str, graph: Any, *, retry: Retry | None = None, **options: An
         waiting = graph.get_state(config).interrupts
         if waiting:
             pending = [
-                {"id": i.id, "value": to_jsonable_python(i.value, fallback=str)}
-                for i in waiting
+                {"id": i.id, "value": to_jsonable_python(i.value, fallback=str)} for i in waiting
             ]
             return StepResult.wait(RESUME, cursor="graph", state={"interrupts": pending})
         done = to_jsonable_python(output, fallback=str)

@@ -344,3 +344,17 @@ def test_a_graph_without_cairn_saver_is_refused_at_once() -> None:
     g.add_edge(START, "draft")
     with pytest.raises(errors.CairnError, match=r"checkpointer=cairn.langgraph.CairnSaver\(\)"):
         lg.workflow("lg-memory", g.compile(checkpointer=InMemorySaver()))
+
+
+def test_the_sweep_takes_the_graph_of_a_run_with_the_run(
+    deps: loop.Deps, monkeypatch: pytest.MonkeyPatch, sql: Any
+) -> None:
+    monkeypatch.setenv("CAIRN_DATABASE_URL", deps.settings.database_url)
+    run_id = f"lg-{uuid.uuid4().hex[:8]}"
+    assert deps.store.create_run(run_id, "lg-chat", {"n": 2})
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    count = "SELECT count(*) FROM graph_checkpoints WHERE thread_id = %s"
+    assert sql(count, run_id)[0][0] > 0
+    assert deps.store.sweep(older_than=-3600) >= 1
+    assert sql(count, run_id) == [(0,)]
+    assert sql("SELECT count(*) FROM graph_blobs WHERE thread_id = %s", run_id) == [(0,)]

@@ -400,7 +400,7 @@ SELECT c.run_id
 
 -- name: sweep
 -- Retention, one batch: up to `batch` terminal runs older than the horizon go, with
--- their window, ledger, history, signal and journal rows. Called until a batch comes back short,
+-- their window, ledger, history, signal, journal and graph rows. Called until a batch comes back short,
 -- so each transaction (and its cascade) stays small.
 WITH old AS (
     SELECT run_id FROM checkpoints
@@ -420,6 +420,12 @@ WITH old AS (
     DELETE FROM signals s USING gone WHERE s.run_id = gone.run_id
 ), j AS (
     DELETE FROM journal j USING gone WHERE j.run_id = gone.run_id
+), gc AS (  -- a graph the run drove (cairn.langgraph.workflow: its thread is the run id)
+    DELETE FROM graph_checkpoints g USING gone WHERE g.thread_id = gone.run_id
+), gb AS (
+    DELETE FROM graph_blobs g USING gone WHERE g.thread_id = gone.run_id
+), gw AS (
+    DELETE FROM graph_writes g USING gone WHERE g.thread_id = gone.run_id
 )
 SELECT count(*) AS n FROM gone;
 
