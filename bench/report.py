@@ -32,6 +32,67 @@ def _find(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
     return None
 
 
+def saver_compare(grow: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """CairnSaver against LangGraph's PostgresSaver on the same list-channel graph: WAL and
+    ms per step at the largest N both ran, and CairnSaver's WAL/step there over its
+    WAL/step at its smallest N (flat: ≤ 1.2×). None without CairnSaver rows."""
+    mine = sorted(
+        (r for r in grow if r.get("key") == "cairn-saver" and "skipped" not in r),
+        key=lambda r: r["n"],
+    )
+    if not mine:
+        return None
+    pg = {r["n"]: r for r in grow if r.get("key") == "langgraph-list" and "skipped" not in r}
+    lo, hi = mine[0], mine[-1]
+    both = [r for r in mine if r["n"] in pg]
+    at = both[-1] if both else hi
+    other = pg.get(at["n"])
+    return {
+        "n": hi["n"],
+        "wal": hi["wal_bytes_per_step"],
+        "lo_n": lo["n"],
+        "lo_wal": lo["wal_bytes_per_step"],
+        "flat": hi["wal_bytes_per_step"] / lo["wal_bytes_per_step"]
+        if len(mine) >= 2 and lo["wal_bytes_per_step"]
+        else None,
+        "pg_n": at["n"] if other else None,
+        "saver_wal": at["wal_bytes_per_step"],
+        "saver_ms": at["ms_per_step"],
+        "pg_wal": other["wal_bytes_per_step"] if other else None,
+        "pg_ms": other["ms_per_step"] if other else None,
+        "wal_ratio": at["wal_bytes_per_step"] / other["wal_bytes_per_step"]
+        if other and other["wal_bytes_per_step"]
+        else None,
+        "ms_ratio": at["ms_per_step"] / other["ms_per_step"]
+        if other and other["ms_per_step"]
+        else None,
+        "pg_skipped": next(
+            (r["skipped"] for r in grow if r.get("key") == "langgraph-list" and "skipped" in r),
+            None,
+        ),
+    }
+
+
+def _saver_vs_pg(c: dict[str, Any]) -> str:
+    if c["wal_ratio"] is None:
+        return f"not compared with PostgresSaver: {c['pg_skipped'] or 'no row at the same N'}"
+    return (
+        f"CairnSaver ÷ PostgresSaver at N={c['pg_n']}: WAL {c['saver_wal']:,.0f} ÷ "
+        f"{c['pg_wal']:,.0f} B/step = {c['wal_ratio']:.3f}×; time {c['saver_ms']:.2f} ÷ "
+        f"{c['pg_ms']:.2f} ms/step = {c['ms_ratio']:.2f}×"
+    )
+
+
+def _saver_flat(c: dict[str, Any]) -> str:
+    if c["flat"] is None:
+        return "CairnSaver WAL/step flat in N: one N only"
+    verdict = "yes (≤ 1.2×)" if c["flat"] <= 1.2 else "[red]no[/] (> 1.2×)"
+    return (
+        f"CairnSaver WAL/step flat in N: N={c['n']} {c['wal']:,.0f} ÷ N={c['lo_n']} "
+        f"{c['lo_wal']:,.0f} B/step = {c['flat']:.2f}×: {verdict}"
+    )
+
+
 def _procs_for_bound(r: dict[str, Any]) -> float:
     """Worker processes the fleet needs to finish within its bound: a CPython process
     runs Python on one core at a time, whatever its threads."""
@@ -128,6 +189,13 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             f"cairn WAL bytes/step flat in N (N={hi['n']} ≤ 1.2× N={lo['n']})",
             x <= 1.2,
             f"{hi['wal_bytes_per_step']:,.0f} vs {lo['wal_bytes_per_step']:,.0f} B/step = {x:.2f}×",
+        )
+    saver = saver_compare(grow)
+    if saver and saver["flat"] is not None:
+        add(
+            f"CairnSaver WAL bytes/step flat in N (N={saver['n']} ≤ 1.2× N={saver['lo_n']})",
+            saver["flat"] <= 1.2,
+            f"{saver['wal']:,.0f} vs {saver['lo_wal']:,.0f} B/step = {saver['flat']:.2f}×",
         )
     dbos_rows = {r["n"]: r for r in grow if r.get("key") == "dbos" and "skipped" not in r}
     if cairn_rows and dbos_rows:
@@ -320,21 +388,26 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
     if grow:
         sec = results["growth"]
         t = Table(title=f"2. Growth: one {sec['msg_bytes']} B message per step")
-        for col in ("system", "N", "seconds", "steps/s", "WAL total", "WAL B/step"):
+        for col in ("system", "N", "seconds", "steps/s", "ms/step", "WAL total", "WAL B/step"):
             t.add_column(col, justify="left" if col == "system" else "right")
         for r in grow:
             if "skipped" in r:
-                t.add_row(r["system"], "", "", "", "", f"[yellow]{r['skipped']}[/]")
+                t.add_row(r["system"], "", "", "", "", "", f"[yellow]{r['skipped']}[/]")
                 continue
             t.add_row(
                 r["system"],
                 str(r["n"]),
                 _f(r["seconds"], "{:.2f}"),
                 _f(r["steps_per_s"]),
+                _f(r.get("ms_per_step"), "{:.3f}"),
                 _f(r["wal_bytes"]),
                 _f(r["wal_bytes_per_step"]),
             )
         c.print(t)
+        saver = saver_compare(grow)
+        if saver:
+            c.print(f"  {_saver_vs_pg(saver)}")
+            c.print(f"  {_saver_flat(saver)}")
         c.print(f"[dim]{sec.get('note', '')}[/]")
     rec = results.get("recovery")
     if isinstance(rec, dict) and rec.get("modes"):

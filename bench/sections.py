@@ -333,10 +333,14 @@ def growth(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
             "langgraph",
             [("langgraph-list", {"channel": "list"}), ("langgraph-delta", {"channel": "delta"})],
         ),
+        # The same list-channel graph on cairn's own LangGraph checkpointer.
+        ("cairn_saver", [("cairn-saver", {"channel": "list"})]),
         ("dbos", [("dbos", {})]),
     ):
         progress(f"growth: {system} (own process, fresh database)")
         url = dbs.fresh(f"grow_{system}")
+        if system == "cairn_saver":
+            cairn_sys.cairn_setup(url)  # CairnSaver's graph_* tables: cairn's migrations
         tasks = [
             {
                 "kind": "grow",
@@ -351,8 +355,9 @@ def growth(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
             for key, spec in specs
         ]
         labels = {
-            "langgraph-list": "LangGraph list channel (operator.add), async",
-            "langgraph-delta": "LangGraph DeltaChannel (beta), async",
+            "langgraph-list": "LangGraph PostgresSaver, list channel (operator.add), async",
+            "langgraph-delta": "LangGraph PostgresSaver, DeltaChannel (beta), async",
+            "cairn-saver": "LangGraph CairnSaver (cairn), list channel (operator.add), async",
             "dbos": "DBOS (step returns the message)",
         }
         rows += _peer_rows(
@@ -365,11 +370,23 @@ def growth(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
             ),
         )
         dbs.drop(url)
+    # The two savers side by side: LangGraph's rows grouped by N (PostgresSaver list,
+    # CairnSaver list, PostgresSaver delta), where the CairnSaver rows were.
+    order = {"langgraph-list": 0, "cairn-saver": 1, "langgraph-delta": 2}
+    lg = [r for r in rows if r.get("key") in order]
+    if lg:
+        at = rows.index(lg[0])
+        lg.sort(key=lambda r: (r.get("n", float("inf")), order[r["key"]]))
+        rest = [r for r in rows if r.get("key") not in order]
+        rows = rest[:at] + lg + rest[at:]
     return {
         "ns": list(sz.growth),
         "msg_bytes": b,
         "rows": rows,
-        "note": "cairn runs with window_budget_tokens=1e9 so it keeps the whole window, as the peers do",
+        "note": "cairn runs with window_budget_tokens=1e9 so it keeps the whole window, as the "
+        "peers do; the LangGraph rows run one graph (one `tick` node a super-step) in their own "
+        "process, on PostgresSaver and on cairn's CairnSaver, each checked against its last "
+        "checkpoint read back",
     }
 
 

@@ -170,3 +170,35 @@ def test_an_approval_over_http_resumes_a_waiting_agent_on_a_worker(
 def http_calls(server: Any, run_id: str) -> list[dict[str, Any]]:
     with server.http() as http:
         return http.get(f"/runs/{run_id}/calls").json()["calls"]
+
+
+def test_agents_side_by_side_on_the_threads_pool_share_one_model_client(
+    template_db: str, redis_url: str, tmp_path: Path
+) -> None:
+    """Four runs at a time in one threads worker, the agent's one AsyncAnthropic client
+    shared by all (as a module global is): no request fails and none is made twice. (With
+    an event loop per pool thread, a connection opened on one loop and reused on another
+    failed, and the SDK asked again.)"""
+    report = chaos.run_chaos(
+        "pai_support",
+        runs=16,
+        workers=1,
+        concurrency=4,
+        pool="threads",
+        seed=SEED,
+        rate=0.0,
+        random_kills=0,
+        lease_ttl=5.0,
+        deadline=120,
+        mail_delay_ms=5,
+        model_delay_ms=20,
+        workflows="tests.pai_flows",
+        input={"prompt": PROMPT},
+        database_url=CHAOS_DB,
+        redis_url=redis_url,
+        state_dir=tmp_path,
+        quiet=True,
+    )
+    assert report["ok"], report["problems"]
+    assert report["runs_finished"] == 16
+    assert report["model"]["requests"] == report["model"]["journaled"] == 5 * 16
