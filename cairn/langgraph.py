@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import copy
+import functools
+import inspect
+import re
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 try:
     from langchain_core.runnables import RunnableConfig
@@ -55,20 +59,22 @@ from cairn.store.db import Database
 from cairn.store.graphs import Blob, Fence, GraphStore
 from cairn.workers.settings import Settings
 
-__all__ = ["RESUME", "CairnSaver", "idempotency_key", "workflow"]
+__all__ = ["RESUME", "CairnSaver", "idempotency_key", "node", "workflow"]
 
 RESUME = "resume"
 """The signal a run of `workflow()` waits for when its graph called interrupt()."""
 
 _INLINE = (str, int, float, bool)  # small values ride in the checkpoint row itself
 _KNOWN_LISTS = 512  # list channels remembered for appends, most recently used
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")  # what a journal scope's name cannot hold
 
 
 class CairnSaver(BaseCheckpointSaver[int]):
     """LangGraph checkpoints in cairn's Postgres (the graph_* tables).
 
-    settings: where Postgres is (default: the CAIRN_* environment). store: a GraphStore
-    to use instead (tests, or a pool you already have).
+    settings: where Postgres is (default: inside a cairn run, the worker's settings;
+    elsewhere the CAIRN_* environment). store: a GraphStore to use instead (a pool you
+    already have).
     """
 
     def __init__(
@@ -81,7 +87,7 @@ class CairnSaver(BaseCheckpointSaver[int]):
         super().__init__(serde=serde)
         self._settings = settings
         self._store = store
-        self._own_db: Database | None = None
+        self._pools: dict[str, GraphStore] = {}  # by database URL: pools this saver opened
         # (thread, ns, channel) -> (version, a copy of the list): what a later version of
         # the channel may extend. A copy, so a list edited in place is not taken for one
         # that was extended.
@@ -92,19 +98,25 @@ class CairnSaver(BaseCheckpointSaver[int]):
 
     @property
     def store(self) -> GraphStore:
-        if self._store is None:
-            s = self._settings or Settings.from_env()
-            self._own_db = Database(
-                s.database_url, prepare=s.database_prepare, give_up_after=s.store_give_up_after
-            )
-            self._store = GraphStore(self._own_db.open())
-        return self._store
+        if self._store is not None:
+            return self._store
+        ctx = current()
+        s = self._settings or (ctx.config if ctx is not None else None) or Settings.from_env()
+        with self._lock:
+            store = self._pools.get(s.database_url)
+            if store is None:
+                db = Database(
+                    s.database_url, prepare=s.database_prepare, give_up_after=s.store_give_up_after
+                )
+                store = self._pools[s.database_url] = GraphStore(db.open())
+        return store
 
     def close(self) -> None:
-        """Close the pool this saver opened (not one it was given)."""
-        if self._own_db is not None:
-            self._own_db.close()
-            self._own_db, self._store = None, None
+        """Close the pools this saver opened (not a store it was given)."""
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for store in pools:
+            store.db.close()
 
     # -- writing -----------------------------------------------------------------------
     def put(
@@ -383,6 +395,44 @@ def workflow(name: str, graph: Any, *, retry: Retry | None = None, **options: An
         return StepResult(cursor=DONE, state={"output": done, "interrupts": None})
 
     return flow
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def node(fn: F) -> F:
+    """Decorate a graph node that makes journaled calls (ctx.call, ctx.model and their
+    async forms, through cairn.current()): its calls get a journal scope of their own,
+    named by the node and LangGraph's super-step. A run resumed from the graph's last
+    checkpoint skips the nodes already done; without scopes the calls after them would
+    take their places in the step's journal, with scopes each node finds its own records.
+    Outside a cairn run it only calls fn."""
+
+    def scope() -> Any:
+        ctx = current()
+        if ctx is None:
+            return contextlib.nullcontext()
+        from langgraph.config import get_config
+
+        meta = get_config().get("metadata", {})
+        name = f"{meta.get('langgraph_node', fn.__name__)}.{meta.get('langgraph_step', 0)}"
+        return ctx.scope(_UNSAFE.sub("_", name)[:100])
+
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def run_async(*args: Any, **kwargs: Any) -> Any:
+            with scope():
+                return await fn(*args, **kwargs)
+
+        return run_async  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with scope():
+            return fn(*args, **kwargs)
+
+    return run  # type: ignore[return-value]
 
 
 def idempotency_key(config: RunnableConfig | None = None) -> str:

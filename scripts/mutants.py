@@ -242,8 +242,8 @@ MUTANTS = [
         "M25",
         "the journal is ignored on replay (calls are made again)",
         "steps/context.py",
-        "            self._journal = {\n                c.pos: c for c in self._store.journal(",
-        "            self._journal = {} if True else {\n                c.pos: c for c in self._store.journal(",
+        "            v.records = {\n                c.pos: c for c in self._store.journal(",
+        "            v.records = {} if True else {\n                c.pos: c for c in self._store.journal(",
         (
             f"{JOURNAL_REPLAY}[memory-journal-agent-5]",
             f"{JOURNAL_REPLAY}[pg-journal-agent-async-5]",
@@ -321,6 +321,14 @@ MUTANTS = [
         "       IS NOT DISTINCT FROM %(parent_id)s::text",
         "       IS NOT NULL OR true",
         (f"{LG}::test_inside_a_run_a_put_must_extend_the_thread_outside_a_fork_is_fine",),
+    ),
+    Mutant(
+        "M34",
+        "a LangGraph node's journaled calls share the step's journal places",
+        "cairn/langgraph.py",
+        '        return ctx.scope(_UNSAFE.sub("_", name)[:100])',
+        "        return contextlib.nullcontext()",
+        (f"{LG}::test_a_node_resumed_from_the_checkpoint_finds_its_own_journal_records",),
     ),
     Mutant(
         "M15",

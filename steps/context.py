@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import dataclasses
 import importlib
 import inspect
 import json
 import logging
+import re
 import types
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from cairn import logs
@@ -51,10 +53,23 @@ class _Frame:
     tx: StepTransaction | None = None  # ctx.db inside the call: committed with its record
 
 
+_SCOPE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")  # it goes into keys, as step names do
 _UNKNOWN = object()  # an at-most-once effect's intent without its mark
 
 _frame: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar("cairn_call", default=None)
 _step: contextvars.ContextVar[Context | None] = contextvars.ContextVar("cairn_step", default=None)
+_scope: contextvars.ContextVar[str | None] = contextvars.ContextVar("cairn_scope", default=None)
+
+
+@dataclasses.dataclass
+class _Journal:
+    """The journal of a step visit, or of one scope in it (a LangGraph task, say): its
+    records, read at its first call, and its counters of calls and of calls per name."""
+
+    cursor: str  # the step's, or "<step>/<scope>"
+    records: dict[int, Call] | None
+    calls: int = 0
+    per_name: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def current() -> Context | None:
@@ -104,9 +119,8 @@ class Context:
         self._tx: StepTransaction | None = None
         # The journal of this visit, read at the first journaled call (a step that follows
         # this worker's own save is fresh: nobody can have recorded calls for it).
-        self._journal: dict[int, Call] | None = {} if fresh else None
-        self._calls = 0  # journaled calls made (or replayed) so far in this attempt
-        self._per_name: dict[str, int] = {}
+        self._fresh = fresh
+        self._journals: dict[str, _Journal] = {}  # by cursor: the step's, and its scopes'
 
     @property
     def epoch(self) -> int:
@@ -297,9 +311,8 @@ class Context:
     def _enter(self, name: str, pos: int, n: int) -> contextvars.Token[Any]:
         if self._hooks is not None:
             self._hooks.before_call(self._cp, name, pos)
-        return _frame.set(
-            _Frame(self, f"cairn:{self.run_id}:{self.cursor}:{self.visit}:{name}:{n}")
-        )
+        cursor = self._scoped().cursor
+        return _frame.set(_Frame(self, f"cairn:{self.run_id}:{cursor}:{self.visit}:{name}:{n}"))
 
     def _inside(self) -> _Frame | None:
         frame = _frame.get()
@@ -362,18 +375,49 @@ class Context:
         if (frame := self._inside()) is not None:
             frame.cost += usd  # recorded with the call, so its replay counts it
 
+    @contextlib.contextmanager
+    def scope(self, name: str) -> Iterator[None]:
+        """Journal the calls made inside under a scope of their own: their places count
+        from 0 in the scope, their records and keys carry "<step>/<name>". For code that a
+        replay may resume part way through, so that the calls it skips do not shift the
+        places of the rest: a LangGraph node (cairn.langgraph.node) resumed from its graph's
+        checkpoint. The name must be the same on every replay of the visit."""
+        if not _SCOPE_NAME.fullmatch(name):
+            raise ValueError(f"scope {name!r}: use ASCII letters, digits, . _ -")
+        token = _scope.set(name)
+        try:
+            yield
+        finally:
+            _scope.reset(token)
+
+    def _scoped(self) -> _Journal:
+        scope = _scope.get()
+        cursor = self.cursor if scope is None else f"{self.cursor}/{scope}"
+        journal = self._journals.get(cursor)
+        if journal is None:
+            # A step that follows this worker's own save is fresh: nobody recorded its calls.
+            journal = self._journals[cursor] = _Journal(cursor, {} if self._fresh else None)
+        return journal
+
+    @property
+    def _calls(self) -> int:
+        """Journaled calls made (or replayed) so far in this attempt, outside scopes."""
+        journal = self._journals.get(self.cursor)
+        return journal.calls if journal else 0
+
     def _position(self, name: str) -> tuple[int, int]:
-        """This call's place in the visit, and its number among the calls of name."""
-        pos, n = self._calls, self._per_name.get(name, 0)
-        self._calls, self._per_name[name] = pos + 1, n + 1
+        """This call's place in the visit (or scope), and its number among the calls of
+        name."""
+        journal = self._scoped()
+        pos, n = journal.calls, journal.per_name.get(name, 0)
+        journal.calls, journal.per_name[name] = pos + 1, n + 1
         return pos, n
 
     def _recorded(self, pos: int, name: str) -> Call | None:
-        if self._journal is None:
-            self._journal = {
-                c.pos: c for c in self._store.journal(self.run_id, self.cursor, self.visit)
-            }
-        call = self._journal.get(pos)
+        v = self._scoped()
+        if v.records is None:
+            v.records = {c.pos: c for c in self._store.journal(self.run_id, v.cursor, self.visit)}
+        call = v.records.get(pos)
         if call is None:
             return None
         if call.name != name:
@@ -392,11 +436,13 @@ class Context:
         return call.result
 
     def _record(self, call: Call, tx: StepTransaction | None = None) -> None:
-        if not self._store.record_call(self._cp, self.visit, call, tx):
+        v = self._scoped()
+        at = self._cp if v.cursor == self.cursor else dataclasses.replace(self._cp, cursor=v.cursor)
+        if not self._store.record_call(at, self.visit, call, tx):
             # Another worker claimed the run: what this call did is not ours to keep.
             raise StaleWrite(self.run_id, self.seq, self._lease.epoch)
-        assert self._journal is not None
-        self._journal[call.pos] = call
+        assert v.records is not None
+        v.records[call.pos] = call
 
     def _recordable(self, exc: Exception) -> bool:
         """A permanent error of the call itself: not cairn's own (cancel, budget, lost

@@ -19,6 +19,7 @@ from cairn import langgraph as lg
 from cairn.langgraph import CairnSaver
 from cairn.status import RunStatus
 from cairn.steps import Context, StepResult, workflow
+from cairn.steps.context import current
 from cairn.store import Database
 from cairn.store.graphs import GraphStore
 from cairn.workers import loop
@@ -308,9 +309,8 @@ def _redeliver(run_id: str, deps: loop.Deps) -> RunStatus:
 
 
 def test_an_interrupt_waits_for_a_signal_and_a_kill_resumes_at_the_last_checkpoint(
-    deps: loop.Deps, monkeypatch: pytest.MonkeyPatch
+    deps: loop.Deps,
 ) -> None:
-    monkeypatch.setenv("CAIRN_DATABASE_URL", deps.settings.database_url)
     run_id = f"lg-{uuid.uuid4().hex[:8]}"
     assert deps.store.create_run(run_id, "lg-refund", {"order": "o-42"})
     assert loop.run(run_id, deps) == RunStatus.WAITING
@@ -346,10 +346,7 @@ def test_a_graph_without_cairn_saver_is_refused_at_once() -> None:
         lg.workflow("lg-memory", g.compile(checkpointer=InMemorySaver()))
 
 
-def test_the_sweep_takes_the_graph_of_a_run_with_the_run(
-    deps: loop.Deps, monkeypatch: pytest.MonkeyPatch, sql: Any
-) -> None:
-    monkeypatch.setenv("CAIRN_DATABASE_URL", deps.settings.database_url)
+def test_the_sweep_takes_the_graph_of_a_run_with_the_run(deps: loop.Deps, sql: Any) -> None:
     run_id = f"lg-{uuid.uuid4().hex[:8]}"
     assert deps.store.create_run(run_id, "lg-chat", {"n": 2})
     assert loop.run(run_id, deps) == RunStatus.DONE
@@ -358,3 +355,65 @@ def test_the_sweep_takes_the_graph_of_a_run_with_the_run(
     assert deps.store.sweep(older_than=-3600) >= 1
     assert sql(count, run_id) == [(0,)]
     assert sql("SELECT count(*) FROM graph_blobs WHERE thread_id = %s", run_id) == [(0,)]
+
+
+# -- journaled calls inside nodes: a scope per node and super-step -----------------------
+DIE_IN_B: dict[str, str] = {}  # run id -> "before" | "after" (b's call) to die once
+
+
+class Two(TypedDict, total=False):
+    a: Any
+    b: Any
+
+
+@lg.node
+def node_a(state: Two) -> dict[str, Any]:
+    ctx = current()
+    assert ctx is not None
+    return {"a": ctx.call("fetch", lambda: effects.setdefault(ctx.run_id, []).append("a") or "A")}
+
+
+@lg.node
+def node_b(state: Two) -> dict[str, Any]:
+    ctx = current()
+    assert ctx is not None
+    if DIE_IN_B.get(ctx.run_id) == "before":
+        del DIE_IN_B[ctx.run_id]
+        raise ProcessDied
+    got = ctx.call("fetch", lambda: effects.setdefault(ctx.run_id, []).append("b") or "B")
+    if DIE_IN_B.get(ctx.run_id) == "after":
+        del DIE_IN_B[ctx.run_id]
+        raise ProcessDied  # b's call recorded, its checkpoint not written
+    return {"b": got}
+
+
+def _two_graph() -> Any:
+    g = StateGraph(Two)
+    g.add_node("a", node_a)
+    g.add_node("b", node_b)
+    g.add_edge(START, "a")
+    g.add_edge("a", "b")
+    g.add_edge("b", END)
+    return g.compile(checkpointer=CairnSaver())
+
+
+lg.workflow("lg-two", _two_graph())
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_node_resumed_from_the_checkpoint_finds_its_own_journal_records(
+    deps: loop.Deps, when: str
+) -> None:
+    run_id = f"lg-{uuid.uuid4().hex[:8]}"
+    assert deps.store.create_run(run_id, "lg-two", {})
+    DIE_IN_B[run_id] = when
+    with pytest.raises(ProcessDied):
+        loop.run(run_id, deps)
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+    run = deps.store.get(run_id)
+    assert run is not None
+    # b got its own result, not a's (whose record holds place 0 of the step's journal).
+    assert run.state["output"] == {"a": "A", "b": "B"}
+    assert effects[run_id] == ["a", "b"]  # each call made once, across the kill
+    scopes = [c["cursor"] for c in deps.store.calls(run_id)]
+    assert scopes == ["graph/a.1", "graph/b.2"]
