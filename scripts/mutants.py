@@ -242,8 +242,8 @@ MUTANTS = [
         "M25",
         "the journal is ignored on replay (calls are made again)",
         "steps/context.py",
-        "            v.records = {\n                c.pos: c for c in self._store.journal(",
-        "            v.records = {} if True else {\n                c.pos: c for c in self._store.journal(",
+        "            v.records = {c.pos: c for c in self._store.journal(",
+        "            v.records = {} if True else {c.pos: c for c in self._store.journal(",
         (
             f"{JOURNAL_REPLAY}[memory-journal-agent-5]",
             f"{JOURNAL_REPLAY}[pg-journal-agent-async-5]",
