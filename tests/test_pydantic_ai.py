@@ -10,6 +10,7 @@ as in test_journal.py; real SIGKILLs are test_chaos.py's and the zombie test's.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import uuid
@@ -183,7 +184,7 @@ def test_a_killed_agent_run_resumes_without_asking_or_acting_again(
 
 
 def test_outside_a_cairn_step_the_capability_does_nothing() -> None:
-    result = helper.run_sync("outside")
+    result = asyncio.run(helper.run("outside"))  # run_sync would leave its loop open
     assert result.output == "answer after 2 tools"
     assert made["outside"] == ["model", "lookup", "model", "model"]  # notify: no ctx, no key
     bound = CairnDurability.from_agent(helper)
@@ -321,7 +322,7 @@ def test_a_compacted_window_is_still_a_conversation_the_agent_can_go_on_with() -
     assert "[Summary of the earlier conversation]" in compacted[0]["content"]
     history = messages_of(compacted)
     assert [m.kind for m in history] == ["request", "response"]  # the tail opens on a reply
-    result = helper.run_sync("and then?", message_history=history)
+    result = asyncio.run(helper.run("and then?", message_history=history))
     assert result.output.startswith("answer after")
 
 
