@@ -9,7 +9,9 @@ import operator
 import uuid
 from typing import Annotated, Any, TypedDict
 
+import psycopg
 import pytest
+from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
@@ -24,6 +26,7 @@ from cairn.store import Database
 from cairn.store.graphs import GraphStore
 from cairn.workers import loop
 from cairn.workers.settings import Settings
+from tests.conftest import BASE_DB, _with_db
 
 
 @pytest.fixture
@@ -417,3 +420,91 @@ def test_a_node_resumed_from_the_checkpoint_finds_its_own_journal_records(
     assert effects[run_id] == ["a", "b"]  # each call made once, across the kill
     scopes = [c["cursor"] for c in deps.store.calls(run_id)]
     assert scopes == ["graph/a.1", "graph/b.2"]
+
+
+# -- the zombie, on LangGraph's PostgresSaver and on CairnSaver ----------------------------
+def _next(saver: Any, tup: Any, who: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The checkpoint a writer that loaded tup writes next: one more message, by who."""
+    values = dict(tup.checkpoint["channel_values"])
+    values["messages"] = [*values["messages"], f"{who}: turn {values['turns'] + 1}"]
+    values["turns"] += 1
+    version = saver.get_next_version(tup.checkpoint["channel_versions"].get("messages"), None)
+    cp = {
+        **tup.checkpoint,
+        "id": str(uuid6(clock_seq=-1)),  # LangGraph's ids: later ones sort after
+        "channel_values": values,
+        "channel_versions": {**tup.checkpoint["channel_versions"], "messages": version},
+    }
+    return cp, {"messages": version}
+
+
+def _zombie_writes(saver: Any, thread: str, as_owner: Any) -> Any:
+    """A and B both hold the thread at the same checkpoint (A paused past its lease, B took
+    the run over); B writes two steps, then A, resumed, writes its next step. Returns the
+    thread's latest checkpoint as the saver gives it."""
+    _chat(saver, thread, 2)
+    config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+    held = saver.get_tuple(config)  # what A and B both loaded
+    with as_owner("B"):
+        tup = held
+        for _ in range(2):
+            cp, versions = _next(saver, tup, "B")
+            saver.put(tup.config, cp, {"step": 1}, versions)
+            tup = saver.get_tuple(config)
+    with as_owner("A"):
+        cp, versions = _next(saver, held, "A")
+        try:
+            saver.put(held.config, cp, {"step": 1}, versions)
+        except errors.StaleWrite:
+            pass  # refused: what CairnSaver does inside a run
+    return saver.get_tuple(config)
+
+
+def test_a_zombie_forks_the_thread_on_postgressaver_but_not_on_cairnsaver(
+    deps: loop.Deps, settings: Settings, saver: CairnSaver
+) -> None:
+    import contextlib
+    import types
+
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    from cairn.steps import context as step_context
+
+    run_id = f"lg-{uuid.uuid4().hex[:8]}"
+    assert deps.store.create_run(run_id, "lg-chat", {"n": 1})
+    lease = deps.leases.acquire(run_id, 30)
+    assert lease is not None and deps.store.claim(run_id, lease.epoch) is not None
+    epochs = {"A": lease.epoch, "B": lease.epoch + 5}
+
+    @contextlib.contextmanager
+    def as_owner(who: str) -> Any:
+        """The writer runs as the run's owner at its epoch; B's claim fences A."""
+        if who == "B" and deps.store.load(run_id).epoch < epochs["B"]:  # type: ignore[union-attr]
+            assert deps.store.claim(run_id, epochs["B"]) is not None
+        holder = types.SimpleNamespace(epoch=epochs[who])
+        ctx = Context(deps.store.load(run_id), store=deps.store, lease=holder)  # type: ignore[arg-type]
+        token = step_context._step.set(ctx)
+        try:
+            yield
+        finally:
+            step_context._step.reset(token)
+
+    # A database of its own: LangGraph's tables (its "checkpoints" above all) are not ours.
+    name = f"lg_pg_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(BASE_DB, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        with PostgresSaver.from_conn_string(_with_db(BASE_DB, name)) as postgres:
+            postgres.setup()
+            forked = _zombie_writes(postgres, f"pg-{run_id}", as_owner)
+    finally:
+        with psycopg.connect(BASE_DB, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    # PostgresSaver took A's write: the thread's latest checkpoint is A's, a fork of the
+    # one both loaded, without B's two turns. B's progress is off the thread's head.
+    assert forked.checkpoint["channel_values"]["messages"][-1] == "A: turn 3"
+    assert not any(m.startswith("B:") for m in forked.checkpoint["channel_values"]["messages"])
+    kept = _zombie_writes(saver, f"cairn-{run_id}", as_owner)
+    # CairnSaver refused it: the head is B's, four turns on.
+    assert kept.checkpoint["channel_values"]["messages"][-2:] == ["B: turn 3", "B: turn 4"]
+    lease.release()
