@@ -27,6 +27,7 @@ from cairn.errors import (
     Cancelled,
     CorruptCheckpoint,
     Deferred,
+    EventRefused,
     HandOff,
     IncompatibleCheckpoint,
     Interrupted,
@@ -58,6 +59,7 @@ _LAZY = {
     "Retry": "cairn.steps.registry",
     "DONE": "cairn.steps.registry",
     "Context": "cairn.steps.context",
+    "Event": "cairn.workers.events",
     "current": "cairn.steps.context",
     "Client": "cairn.workers.client",
     "AsyncClient": "cairn.workers.client",
@@ -73,6 +75,7 @@ if TYPE_CHECKING:
     from cairn.steps.registry import DONE, Retry, StepResult, Workflow, workflow
     from cairn.store.runs import Run
     from cairn.workers.client import AsyncClient, Client
+    from cairn.workers.events import Event
     from cairn.workers.middleware import Middleware
     from cairn.workers.settings import Settings
 
@@ -95,6 +98,8 @@ __all__ = [
     "Context",
     "CorruptCheckpoint",
     "Deferred",
+    "Event",
+    "EventRefused",
     "HandOff",
     "IncompatibleCheckpoint",
     "Interrupted",

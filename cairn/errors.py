@@ -167,3 +167,9 @@ class OutcomeUnknown(CairnError):
 
 class WaitTimedOut(CairnError, TimeoutError):
     """Client.wait gave up: the run had not stopped or parked within the timeout."""
+
+
+class EventRefused(CairnError):
+    """ctx.emit was refused: an unknown or reserved kind, data that is not JSON or is
+    over CAIRN_MAX_EVENT_BYTES, or a run past CAIRN_MAX_EVENTS. The step fails with it
+    (a retry would be refused again)."""

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from cairn.store import Checkpoint, StepTransaction
     from cairn.store.contract import CheckpointStore, HeldLease
     from cairn.store.tx import Connection
+    from cairn.workers.events import Outbox
     from cairn.workers.middleware import Chain
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class _Frame:
     tx: StepTransaction | None = None  # ctx.db inside the call: committed with its record
 
 
+_SHOWN_BYTES = 4096  # a call's result goes into its `call` event up to this size
 _SCOPE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")  # it goes into keys, as step names do
 _UNKNOWN = object()  # an at-most-once effect's intent without its mark
 
@@ -93,6 +95,7 @@ class Context:
         retry_on: tuple[type[BaseException], ...] = (Transient,),
         fresh: bool = False,
         hooks: Chain | None = None,
+        events: Outbox | None = None,
     ) -> None:
         self.run_id = cp.run_id
         self.cursor = cp.cursor
@@ -114,7 +117,7 @@ class Context:
         cap = cp.max_cost_usd if cp.max_cost_usd is not None else getattr(config, "max_cost_usd", 0)
         self._cap: float | None = cap or None
         self._cp, self._store, self._lease, self._model = cp, store, lease, model
-        self._retry_on, self._hooks = retry_on, hooks
+        self._retry_on, self._hooks, self._events = retry_on, hooks, events
         self._effect: str | None = None
         self._tx: StepTransaction | None = None
         # The journal of this visit, read at the first journaled call (a step that follows
@@ -127,6 +130,44 @@ class Context:
         """The lease epoch this worker holds the run at: what fences its writes (a
         checkpointer's, say) against a worker that took the run over."""
         return self._lease.epoch
+
+    # -- events ----------------------------------------------------------------------
+    def emit(self, kind: str, data: Any = None) -> str | None:
+        """Append an event to the run's live stream (Client.events, GET /runs/{id}/events)
+        and return its id once written; None when the workers run without events.
+
+        Live, not durable: an event reaches readers while the stream keeps it (see
+        CAIRN_EVENTS_MAXLEN, CAIRN_EVENTS_TTL), and an attempt cut by a kill or retried has
+        its events marked void by the next (attempt_abandoned, retry). What must outlive
+        Redis belongs in the step's state or a ctx.call's result. EventRefused: an unknown
+        or reserved kind, data not JSON or over CAIRN_MAX_EVENT_BYTES, or the run past
+        CAIRN_MAX_EVENTS.
+        """
+        from cairn.workers import events
+
+        limit = getattr(self.config, "max_event_bytes", 65_536)
+        events.check(kind, data, limit)
+        if self._events is None:
+            return None
+        return self._events.put(self.run_id, self._token, self._event(kind, data), wait=True)
+
+    @property
+    def _token(self) -> str:
+        return str(self._lease.token)
+
+    def _event(self, kind: str, data: Any) -> str:
+        from cairn.workers.events import encode
+
+        return encode(
+            kind, data, cursor=self.cursor, visit=self.visit, attempt=self.epoch, seq=self.seq
+        )
+
+    def _tell(self, kind: str, data: Any) -> None:
+        """One of cairn's own events, queued: the step does not wait for Redis."""
+        if self._events is not None and not (
+            kind == "token" and self._events.over_cap(self.run_id)
+        ):
+            self._events.put(self.run_id, self._token, self._event(kind, data))
 
     # -- effects ---------------------------------------------------------------------
     def idempotency_key(self, suffix: str = "") -> str:
@@ -343,7 +384,9 @@ class Context:
                 self._hooks.after_call(self._cp, name, pos, exc)
             if self._recordable(exc):
                 cost = frame.cost if frame else 0.0
-                self._record(Call(pos=pos, name=name, error=_error_of(exc), cost_usd=cost), tx)
+                error = _error_of(exc)
+                self._record(Call(pos=pos, name=name, error=error, cost_usd=cost), tx)
+                self._tell("call", {"call": pos, "name": name, "error": error["message"]})
         finally:
             if tx is not None:
                 tx.close()  # what the record did not commit is rolled back
@@ -355,9 +398,12 @@ class Context:
         try:
             if self._hooks is not None:
                 self._hooks.after_call(self._cp, name, pos)
-            value = _as_json(result, f"ctx.call({name!r})")
+            value, raw = _as_json(result, f"ctx.call({name!r})", text=True)
             cost = frame.cost if frame else 0.0
             self._record(Call(pos=pos, name=name, result=value, cost_usd=cost), tx)
+            if self._events is not None:
+                shown = value if len(raw) <= _SHOWN_BYTES else {"truncated": len(raw)}
+                self._tell("call", {"call": pos, "name": name, "result": shown})
         finally:
             if tx is not None:
                 tx.close()
@@ -491,52 +537,71 @@ class Context:
             self._tx.close()
 
     # -- model -----------------------------------------------------------------------
-    def model(self, **request: Any) -> Any:
+    def model(self, *, stream: bool = False, **request: Any) -> Any:
         """messages.create through the anthropic SDK, retried, journaled (a replay of the
-        step returns the recorded message, uncalled); its cost is counted once."""
+        step returns the recorded message, uncalled); its cost is counted once.
+
+        stream=True: through the SDK's streaming API, each text delta a `token` event on
+        the run's stream as it arrives (cost from the final usage). Either way the whole
+        answer is a `message` event once journaled, and again when a replay returns it."""
         if self._model is None:
             raise RuntimeError("no model client configured for this worker")
         if self._inside() is not None:  # part of the call's own result: not journaled apart
-            return self._ask(request)[0]
+            return self._ask(request, stream=stream)[0]
         pos, _ = self._position("model")
         recorded = self._recorded(pos, "model")
         if recorded is not None:
-            return _decode(self._model, self._replay(recorded))
+            return self._replayed_message(pos, recorded)
         try:
-            message, cost = self._ask(request, pos)
+            message, cost = self._ask(request, pos, stream)
         except Exception as exc:
             self._model_failed(pos, exc)
             raise
-        encoded = _encode(self._model, message)
-        self._record(Call(pos=pos, name="model", result=encoded, cost_usd=cost))
-        return message
+        return self._answered(pos, message, cost)
 
-    async def amodel(self, **request: Any) -> Any:
-        """ctx.model for async steps: the same journal and checks; the SDK call runs in a
-        worker thread, so the step's event loop goes on with its other tasks."""
+    async def amodel(self, *, stream: bool = False, **request: Any) -> Any:
+        """ctx.model for async steps: the same journal, checks and events; the SDK call
+        runs in a worker thread, so the step's event loop goes on with its other tasks."""
         if self._model is None:
             raise RuntimeError("no model client configured for this worker")
         if self._inside() is not None:
-            return (await self._aask(request))[0]
+            return (await self._aask(request, None, stream))[0]
         pos, _ = self._position("model")
         recorded = self._recorded(pos, "model")
         if recorded is not None:
-            return _decode(self._model, self._replay(recorded))
+            return self._replayed_message(pos, recorded)
         try:
-            message, cost = await self._aask(request, pos)
+            message, cost = await self._aask(request, pos, stream)
         except Exception as exc:
             self._model_failed(pos, exc)
             raise
-        encoded = _encode(self._model, message)
-        self._record(Call(pos=pos, name="model", result=encoded, cost_usd=cost))
+        return self._answered(pos, message, cost)
+
+    def _replayed_message(self, pos: int, recorded: Call) -> Any:
+        assert self._model is not None
+        message = _decode(self._model, self._replay(recorded))
+        if self._events is not None and isinstance(recorded.result, dict):
+            self._tell("message", {"call": pos, **_shown(recorded.result), "replayed": True})
         return message
 
-    def _ask(self, request: dict[str, Any], pos: int | None = None) -> tuple[Any, float]:
+    def _answered(self, pos: int, message: Any, cost: float) -> Any:
+        encoded = _encode(self._model, message)
+        self._record(Call(pos=pos, name="model", result=encoded, cost_usd=cost))
+        if self._events is not None and isinstance(encoded, dict):
+            self._tell("message", {"call": pos, **_shown(encoded), "cost_usd": cost})
+        return message
+
+    def _ask(
+        self, request: dict[str, Any], pos: int | None = None, stream: bool = False
+    ) -> tuple[Any, float]:
         """The model call itself (pos: its journal place; None inside a ctx.call)."""
         assert self._model is not None
         self._check_model(request, pos)
         try:
-            message, cost = self._model.create(**request)
+            if stream:
+                message, cost = self._stream(request, pos)
+            else:
+                message, cost = self._model.create(**request)
         except Exception as exc:
             self._after_model(pos, exc)
             raise
@@ -544,17 +609,37 @@ class Context:
         self._after_model(pos, None)
         return message, cost
 
-    async def _aask(self, request: dict[str, Any], pos: int | None = None) -> tuple[Any, float]:
+    async def _aask(
+        self, request: dict[str, Any], pos: int | None = None, stream: bool = False
+    ) -> tuple[Any, float]:
         assert self._model is not None
         self._check_model(request, pos)
         try:
-            message, cost = await asyncio.to_thread(self._model.create, **request)
+            if stream:
+                message, cost = await asyncio.to_thread(self._stream, request, pos)
+            else:
+                message, cost = await asyncio.to_thread(self._model.create, **request)
         except Exception as exc:
             self._after_model(pos, exc)
             raise
         self._count(cost)
         self._after_model(pos, None)
         return message, cost
+
+    def _stream(self, request: dict[str, Any], pos: int | None) -> tuple[Any, float]:
+        stream = getattr(self._model, "stream", None)
+        if stream is None:
+            raise RuntimeError(f"{type(self._model).__name__} cannot stream: it has no stream()")
+        call = pos if pos is not None else -1  # -1: inside a ctx.call, not journaled apart
+
+        def on_text(text: str) -> None:
+            self._tell("token", {"call": call, "text": text})
+
+        def on_restart() -> None:
+            self._lease.ensure()  # a retry is a new request: only while the run is ours
+            self._tell("model_restart", {"call": call})
+
+        return stream(on_text, on_restart, **request)  # type: ignore[no-any-return]
 
     def _after_model(self, pos: int | None, exc: Exception | None) -> None:
         if pos is not None and self._hooks is not None:
@@ -575,15 +660,22 @@ class Context:
             self._hooks.before_call(self._cp, "model", pos)
 
 
-def _as_json(value: Any, what: str) -> Any:
-    """value's JSON copy: what a replay will return."""
+def _as_json(value: Any, what: str, text: bool = False) -> Any:
+    """value's JSON copy: what a replay will return (text: and its JSON text)."""
     try:
-        return json.loads(json.dumps(value, allow_nan=False))
+        raw = json.dumps(value, allow_nan=False)
+        return (json.loads(raw), raw) if text else json.loads(raw)
     except (TypeError, ValueError) as exc:
         raise CairnError(
             f"{what} returned {type(value).__name__}, which cannot be journaled ({exc}); "
             "return JSON: dicts, lists, strings, numbers, bools or None"
         ) from exc
+
+
+def _shown(message: dict[str, Any]) -> dict[str, Any]:
+    from cairn.workers.events import message_data
+
+    return message_data(message)
 
 
 def _encode(model: Any, message: Any) -> Any:

@@ -205,7 +205,7 @@ def get(name: str) -> Workflow:
 
 
 # The workflows cairn ships: every worker, server and chaos run knows them.
-SHIPPED = ("cairn.steps.invoice", "cairn.steps.agent")
+SHIPPED = ("cairn.steps.invoice", "cairn.steps.agent", "cairn.steps.chat")
 
 
 def import_modules(modules: Iterable[str]) -> None:

@@ -29,3 +29,15 @@ def sent(run_id: str) -> str:
     crashes is not flooded with duplicates (each one a slot spent, and a longer wait
     for the rest). Its TTL bounds the wait for a message that was lost after all."""
     return f"{PREFIX}:sent:{run_id}"
+
+
+def events(run_id: str) -> str:
+    """The run's event stream (run events, model tokens): bounded by MAXLEN, expiring
+    CAIRN_EVENTS_TTL after its last event. Live delivery only: what must outlive Redis is
+    in Postgres (the journal, the step history), and readers rebuild from there."""
+    return f"{PREFIX}:events:{run_id}"
+
+
+def event_count(run_id: str) -> str:
+    """How many events the run's steps appended (its cap counts these); same TTL."""
+    return f"{PREFIX}:events:{run_id}:n"

@@ -75,3 +75,13 @@ class Run:
         if out["window"] is None:
             del out["window"]
         return out
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamInfo:
+    """A run's live event stream: its oldest and newest ids, and whether older entries
+    were trimmed away (MAXLEN)."""
+
+    first: str
+    last: str
+    trimmed: bool

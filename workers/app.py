@@ -20,8 +20,10 @@ from cairn.steps import registry
 from cairn.steps.model import ModelClient, preload_sdk
 from cairn.store.checkpoints import PgStore
 from cairn.store.db import Database
+from cairn.store.events import RedisEvents
 from cairn.store.lease import Leases
 from cairn.workers import broker, loop, metrics
+from cairn.workers.events import Outbox
 from cairn.workers.metrics import Metrics
 from cairn.workers.middleware import NONE, Chain, Middleware
 from cairn.workers.middleware import load as load_middleware
@@ -53,6 +55,7 @@ class Runtime:
         pid, s = os.getpid(), self.settings
         with self._lock:
             if pid not in self._deps:
+                leases = Leases.from_url(s.redis_url)
                 self._deps[pid] = loop.Deps(
                     settings=s,
                     store=PgStore(
@@ -63,10 +66,12 @@ class Runtime:
                             prepare=s.database_prepare,
                         )
                     ),
-                    leases=Leases.from_url(s.redis_url),
+                    leases=leases,
                     model=ModelClient(base_url=s.anthropic_base_url, default_model=s.model),
                     middleware=self.middleware,
                     stopping=self.stopping.is_set,
+                    # Over the leases' Redis client: its pool, one more connection in use.
+                    events=Outbox(RedisEvents(leases.client), s) if s.events_maxlen else None,
                 )
             return self._deps[pid]
 

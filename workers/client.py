@@ -11,7 +11,9 @@ import asyncio
 import dataclasses
 import datetime as dt
 import threading
+import time
 import uuid
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Self
 
 from cairn.errors import CairnError, InvalidInput, StoreUnavailable, UnknownRun
@@ -26,6 +28,9 @@ from cairn.workers.settings import Settings
 
 if TYPE_CHECKING:
     from celery import Celery
+
+    from cairn.store.events import AsyncRedisEvents, RedisEvents
+    from cairn.workers.events import Event
 
 
 class Client:
@@ -57,6 +62,7 @@ class Client:
         )
         self.store = PgStore(db)
         self._sender = _Sender(self.settings)
+        self._event_log: RedisEvents | None = None  # Redis, on the first events()
 
     def __enter__(self) -> Self:
         return self
@@ -67,6 +73,8 @@ class Client:
     def close(self) -> None:
         self.store.db.close()
         self._sender.close()
+        if self._event_log is not None:
+            self._event_log.close()
 
     def enqueue(
         self,
@@ -175,6 +183,38 @@ class Client:
         tool calls), oldest first: cursor, visit, pos, name, result or error, cost_usd."""
         return self.store.calls(run_id, limit)
 
+    def events(
+        self, run_id: str, after: str | None = None, *, timeout: float | None = None
+    ) -> Iterator[Event]:
+        """The run's events after the id `after` (None: from its first), live, until it
+        ends: run_ended is the last. Each event has kind, data, id (pass the last one seen
+        back as `after` to go on without a gap or a duplicate), and cursor, visit and
+        attempt: drop an attempt's events when a `retry` or an `attempt_abandoned` names
+        it. A `gap` event means the live stream could not serve everything (trimmed,
+        expired, lost with Redis): the run's durable record follows. Raises UnknownRun.
+        timeout: stop after that many seconds even if the run goes on."""
+        from cairn.workers.events import follow
+
+        until = None if timeout is None else time.monotonic() + timeout
+        return follow(self, self._events(), run_id, after, until=until)
+
+    def events_token(self, run_id: str) -> str:
+        """A token that reads this run's events and nothing else, for a browser to pass
+        as GET /runs/{id}/events?token= (an EventSource sends no Authorization header).
+        Needs CAIRN_API_TOKEN, the server's."""
+        from cairn.workers.events import read_token
+
+        if not self.settings.api_token:
+            raise InvalidInput("events_token needs CAIRN_API_TOKEN: the token cairn serve uses")
+        return read_token(self.settings.api_token, run_id)
+
+    def _events(self) -> RedisEvents:
+        if self._event_log is None:
+            from cairn.store.events import RedisEvents
+
+            self._event_log = RedisEvents.from_url(self.settings.redis_url)
+        return self._event_log
+
     def problems(self) -> list[str]:
         """One line per service (Postgres, the broker) that does not answer within
         CAIRN_CLIENT_GIVE_UP_AFTER; empty when both do."""
@@ -221,6 +261,7 @@ class AsyncClient:
         )
         self.store = AsyncPgStore(db)
         self._sender = _Sender(self.settings)
+        self._event_log: AsyncRedisEvents | None = None
 
     async def __aenter__(self) -> Self:
         return self
@@ -231,6 +272,8 @@ class AsyncClient:
     async def close(self) -> None:
         await self.store.db.close()
         await asyncio.to_thread(self._sender.close)
+        if self._event_log is not None:
+            await self._event_log.close()
 
     async def enqueue(
         self,
@@ -318,6 +361,18 @@ class AsyncClient:
     async def calls(self, run_id: str, limit: int = 500) -> list[dict[str, Any]]:
         """Client.calls: the run's journaled calls, oldest first."""
         return await self.store.calls(run_id, limit)
+
+    async def events(self, run_id: str, after: str | None = None) -> AsyncIterator[Event]:
+        """Client.events for asyncio: `async for event in client.events(run_id)`."""
+        from cairn.workers.events import afollow
+
+        if self._event_log is None:
+            from cairn.store.events import AsyncRedisEvents
+
+            self._event_log = AsyncRedisEvents(self.settings.redis_url)
+        async for event in afollow(self, self._event_log, run_id, after):
+            if event.kind != "keepalive":
+                yield event
 
     async def problems(self) -> list[str]:
         """Client.problems: one line per service that does not answer in time."""

@@ -46,6 +46,7 @@ from cairn.workers.settings import Settings
 if TYPE_CHECKING:
     from cairn.steps.model import ModelClient
     from cairn.store.contract import CheckpointStore, HeldLease, LeaseManager
+    from cairn.workers.events import Outbox
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,8 @@ class Deps:
     middleware: Chain = NONE
     # True once this worker is shutting down: runs are handed back at a step boundary.
     stopping: Callable[[], bool] = lambda: False
+    # Run events (steps, tokens, ctx.emit) to Redis; None: the fleet runs without them.
+    events: Outbox | None = None
 
 
 def run(run_id: str, deps: Deps) -> RunStatus:
@@ -123,6 +126,10 @@ def _run(run_id: str, deps: Deps) -> RunStatus:
             return status
         lease.start_heartbeat()
         status = _drive(cp, lease, deps)
+        if deps.events is not None:
+            # What the last step emitted before its save is fenced by this lease: send it
+            # before the lease goes (a wait, usually none: the outbox is quick).
+            deps.events.settle(run_id, timeout=2.0)
         return status
     finally:
         lease.release(ended=status in STOPPED)
@@ -189,23 +196,33 @@ def _drive(cp: Checkpoint, lease: HeldLease, deps: Deps) -> RunStatus:
             where = f"{cp.cursor!r} (seq {cp.seq})"
             logger.warning("run %s: resuming at %s", run_id, where, extra=logs.at(cp, "resume"))
             deps.middleware.resumed(cp)
+        if deps.events is not None and (resumed or waiting):
+            why = "worker lost" if resumed else "signal" if cp.signal else "timeout"
+            _resumed(cp, deps, why, lease)
         fresh = False  # the first step may be a replay; the ones after our own saves are not
         while cp.cursor != DONE and cp.status != RunStatus.WAITING:
             if deps.stopping():
                 raise HandOff(f"run {run_id}: worker shutting down at {cp.cursor!r}")
             cp, fresh = _step(cp, flow, lease, deps, fresh), True
+        if cp.status == RunStatus.DONE:
+            _tell(deps, cp, "run_ended", {"status": "done", "error": None, "cost_usd": cp.cost_usd})
         return cp.status
     except Stop as exc:
         logger.warning(
             "run %s %s: %s", run_id, exc.status, exc, extra=logs.at(exc.at or cp, exc.status)
         )
-        store.end_attempt(exc.at or cp, exc.status, str(exc), exc.attempt)
+        at = exc.at or cp
+        if store.end_attempt(at, exc.status, str(exc), exc.attempt) is not None:
+            ended = {"status": str(exc.status), "error": str(exc), "cost_usd": at.cost_usd}
+            _tell(deps, at, "run_ended", ended)
         return exc.status
     except Interrupted:
         raise  # this delivery ends, the run does not: the task handles each kind
     except CairnError as exc:
         logger.error("run %s failed: %s", run_id, exc, extra=logs.at(cp, RunStatus.FAILED))
-        store.mark_failed(cp, str(exc))
+        if store.mark_failed(cp, str(exc)):
+            ended = {"status": "failed", "error": str(exc), "cost_usd": cp.cost_usd}
+            _tell(deps, cp, "run_ended", ended)
         return RunStatus.FAILED
 
 
@@ -291,8 +308,10 @@ def _step(
         retry_on=flow.retries[cp.cursor].on,
         fresh=fresh,
         hooks=middleware,
+        events=deps.events,
     )
     try:
+        _tell(deps, cp, "step_started", {}, lease)
         middleware.before_step(cp)
         current = _current.set(ctx)
         try:
@@ -311,12 +330,12 @@ def _step(
             if not isinstance(exc, Transient):
                 raise  # another owner (Superseded), or any delivery outcome: the task's
             # The step's "not now": its Retry policy decides, as for any exception.
-            raise _retry_or_stop(cp, flow, exc, _with_key(attempt, ctx), store) from exc
+            raise _retry_or_stop(cp, flow, exc, _with_key(attempt, ctx), deps) from exc
         except Exception as exc:
             if (down := store.outage(exc)) is not None:  # the step's own ctx.db query
                 raise down from exc
             # Recorded on the run, whose checkpoint stays as it was before this step.
-            raise _retry_or_stop(cp, flow, exc, _with_key(attempt, ctx), store) from exc
+            raise _retry_or_stop(cp, flow, exc, _with_key(attempt, ctx), deps) from exc
         finally:
             _current.reset(current)
         nxt = _next(cp, flow, result, ctx, settings)
@@ -329,6 +348,10 @@ def _step(
     finally:
         ctx.close()
     middleware.after_step(cp, started, saved=nxt)
+    if deps.events is not None:
+        _tell(deps, cp, "step_saved", {"next": nxt.cursor, "status": str(nxt.status)})
+        if nxt.status == RunStatus.WAITING and nxt.wait_event is not None:
+            _tell(deps, nxt, "wait", {"event": nxt.wait_event})
     if saved.cancel_reason is not None and nxt.cursor != DONE:
         raise Stop(RunStatus.CANCELLED, saved.cancel_reason, at=nxt)
     if saved.signalled:
@@ -388,6 +411,37 @@ def _await(step: Any) -> Any:
     return done.result()
 
 
+def _tell(deps: Deps, cp: Checkpoint, kind: str, data: Any, lease: HeldLease | None = None) -> None:
+    """One of the loop's own events, queued for the run's stream (the step does not wait).
+    lease: the fence of an event written before the step commits (step_started)."""
+    if deps.events is None:
+        return
+    from cairn.workers.events import encode
+
+    visit = cp.visits.get(cp.cursor, 0)
+    event = encode(kind, data, cursor=cp.cursor, visit=visit, attempt=cp.epoch, seq=cp.seq)
+    deps.events.put(cp.run_id, str(lease.token) if lease else "", event)
+
+
+def _resumed(cp: Checkpoint, deps: Deps, reason: str, lease: HeldLease) -> None:
+    """A run going on: after a wait, or after a lost worker, whose cut attempt (the last
+    one that wrote to the stream and did not end) readers must drop."""
+    assert deps.events is not None
+    if reason == "worker lost":
+        from cairn.workers.events import ENDS_ATTEMPT, Event
+
+        try:
+            last = deps.events.log.last(cp.run_id)
+        except StoreUnavailable:
+            last = None  # live events only: the run goes on without this one
+        if last is not None:
+            cut = Event.parse(*last)
+            if cut.kind not in ENDS_ATTEMPT and cut.attempt != cp.epoch:
+                where = {"cursor": cut.cursor, "visit": cut.visit, "attempt": cut.attempt}
+                _tell(deps, cp, "attempt_abandoned", where, lease)
+    _tell(deps, cp, "resumed", {"reason": reason}, lease)
+
+
 def _with_key(attempt: Attempt, ctx: Context) -> Attempt:
     return dataclasses.replace(attempt, effect_key=ctx.effect_key) if ctx.effect_key else attempt
 
@@ -397,7 +451,7 @@ def _retry_or_stop(
     flow: registry.Workflow,
     exc: Exception,
     attempt: Attempt,
-    store: CheckpointStore,
+    deps: Deps,
 ) -> CairnError:
     """What a step's exception becomes: a recorded retry (RetryLater), or the run failing
     (its policy does not retry this exception, or its attempts are spent)."""
@@ -420,8 +474,9 @@ def _retry_or_stop(
             attempt,
         )
     delay = policy.delay(failed)
-    if store.end_attempt(cp, RunStatus.RUNNING, what, attempt, retry_in=delay) is None:
+    if deps.store.end_attempt(cp, RunStatus.RUNNING, what, attempt, retry_in=delay) is None:
         return StaleWrite(cp.run_id, cp.seq, cp.epoch)
+    _tell(deps, cp, "retry", {"error": what, "attempt": failed + 1, "delay": delay})
     logger.warning(
         "run %s step %r: %s; attempt %d of %d in %.1fs",
         cp.run_id,

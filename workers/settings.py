@@ -111,6 +111,25 @@ class Settings:
         "CAIRN_MAX_WINDOW_BYTES",
         "a window larger than this after compaction fails the run",
     )
+    events_maxlen: int = _setting(
+        10_000,
+        "CAIRN_EVENTS_MAXLEN",
+        "run events kept per run in Redis for live readers (oldest trimmed; 0: events off)",
+    )
+    events_ttl: float = _setting(
+        24 * 3600.0, "CAIRN_EVENTS_TTL", "seconds a run's event stream lives after its last event"
+    )
+    max_event_bytes: int = _setting(
+        65_536, "CAIRN_MAX_EVENT_BYTES", "largest `ctx.emit` event (its data as JSON)"
+    )
+    max_events: int = _setting(
+        100_000,
+        "CAIRN_MAX_EVENTS",
+        "events (`ctx.emit`, model tokens) one run may emit; past it `ctx.emit` raises",
+    )
+    sse_keepalive: float = _setting(
+        15.0, "CAIRN_SSE_KEEPALIVE", "`cairn serve`: seconds between keep-alives on an idle stream"
+    )
     model: str = _setting("claude-haiku-4-5", "CAIRN_MODEL", "default model for `ctx.model`")
     anthropic_base_url: str | None = _setting(
         None,

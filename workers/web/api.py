@@ -8,10 +8,12 @@ request got wrong, 503 with Retry-After when Postgres or the broker is away.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import hashlib
 import hmac
+import json
 import logging
 import re
 import time
@@ -22,6 +24,7 @@ from fastapi import Body, FastAPI, Header, Query, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse
+from fastapi.sse import EventSourceResponse, format_sse_event
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -44,7 +47,9 @@ from cairn.errors import (
 )
 from cairn.status import CANCEL_REASON, RunStatus
 from cairn.steps import registry
+from cairn.store.events import AsyncRedisEvents
 from cairn.workers.client import Client
+from cairn.workers.events import Event, Hub, afollow, read_token
 from cairn.workers.inputs import check_run_id
 from cairn.workers.settings import Settings
 
@@ -55,6 +60,7 @@ COOKIE = "cairn_session"
 PAGE_HEADER = "x-cairn-page"
 # Reachable without the token: the probe, the login form and the pages' CSS and JS.
 OPEN_PATHS = re.compile(r"^/(healthz|login|static/.*)$")
+EVENTS_PATH = re.compile(r"^/runs/([^/]+)/events$")
 _ERROR_STATUS: list[tuple[type[CairnError], int]] = [
     (UnknownRun, 404),
     (RunIdConflict, 409),
@@ -130,6 +136,18 @@ class Auth:
             return "cookie"
         return None
 
+    def reads(self, request: Request) -> bool | None:
+        """For GET /runs/{id}/events with ?token=: whether it reads that run (None: no
+        such token on the request)."""
+        given = request.query_params.get("token")
+        m = EVENTS_PATH.match(request.url.path)
+        if given is None or m is None:
+            return None
+        if self.token is None:
+            return False
+        expected = read_token(self.token.decode(), m.group(1))
+        return hmac.compare_digest(given.encode(), expected.encode())
+
     def login(self, given: str) -> str | None:
         """The session cookie's value for a correct token, else None."""
         if self.token is None or self.session is None:
@@ -197,6 +215,10 @@ class Guard:
         path = request.url.path
         if not OPEN_PATHS.match(path):
             how = self.auth.check(request)
+            if how is None and (reads := self.auth.reads(request)) is not None:
+                if not reads:
+                    return error(403, "forbidden", "this token does not read this run's events")
+                return None
             if how is None:
                 if request.method == "GET" and (path == "/" or path.startswith("/ui")):
                     return RedirectResponse(f"/login?next={path}", status_code=303)
@@ -221,6 +243,32 @@ class Guard:
                     f"(CAIRN_MAX_INPUT_BYTES={self.settings.max_input_bytes:,} plus the envelope)",
                 )
         return None
+
+
+EVENT_ID = re.compile(r"\d{1,20}-\d{1,20}")
+
+
+def _sse(event: Event) -> bytes:
+    if event.kind == "keepalive":
+        return format_sse_event(comment="keep-alive")
+    data = json.dumps(event.to_json(), separators=(",", ":"))
+    return format_sse_event(data_str=data, event=event.kind, id=event.id)
+
+
+class _Runs:
+    """The Client's reads for afollow, off the event loop."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    async def get(self, run_id: str) -> Any:
+        return await asyncio.to_thread(self.client.get, run_id)
+
+    async def history(self, run_id: str) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self.client.history, run_id)
+
+    async def calls(self, run_id: str, limit: int = 500) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self.client.calls, run_id, limit)
 
 
 def jsonable(value: Any) -> Any:
@@ -269,10 +317,13 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
     # A body larger than the largest input (plus room for the envelope) is refused unread.
     max_body = settings.max_input_bytes + 64 * 1024
 
+    hub = Hub(AsyncRedisEvents(settings.redis_url))
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         client.close()
+        await hub.close()
 
     app = FastAPI(
         title="cairn",
@@ -386,6 +437,54 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
         if not found and client.get(run_id) is None:
             raise UnknownRun(f"no run {run_id!r}")
         return {"run_id": run_id, "calls": jsonable_encoder(found)}
+
+    @app.get(
+        "/runs/{run_id}/events",
+        tags=["runs"],
+        response_class=EventSourceResponse,
+        responses={404: {"description": "No such run"}},
+    )
+    async def events(
+        request: Request,
+        run_id: str,
+        after: Annotated[
+            str | None, Query(max_length=40, description="the last event id seen")
+        ] = None,
+        last_event_id: Annotated[str | None, Header(max_length=40)] = None,
+        token: Annotated[  # checked by the guard; declared here for the schema
+            str | None, Query(max_length=100, description="a run's own read token")
+        ] = None,
+    ) -> Response:
+        """The run's events as Server-Sent Events, live, until it ends (`run_ended` is
+        the last). Resume with the `Last-Event-ID` header (browsers send it on their own)
+        or `?after=`: no gap, no duplicate while the stream keeps the events. An idle
+        stream gets a keep-alive comment every CAIRN_SSE_KEEPALIVE seconds."""
+        position = last_event_id or after
+        if position is not None and not EVENT_ID.fullmatch(position):
+            raise InvalidInput(f"event id {position!r}: ids look like 1733312345678-0")
+        stream = _follow(run_id, position)
+        try:
+            first = await anext(stream)  # an unknown run is a 404, not an empty stream
+        except StopAsyncIteration:
+            first = None
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                if first is not None:
+                    yield _sse(first)
+                async for event in stream:
+                    if await request.is_disconnected():
+                        return
+                    yield _sse(event)
+            finally:
+                await stream.aclose()
+
+        return EventSourceResponse(body(), headers={"Cache-Control": "no-store"})
+
+    def _follow(run_id: str, after: str | None) -> AsyncIterator[Event]:
+        return afollow(
+            _Runs(client), hub.log, run_id, after, idle=settings.sse_keepalive, live=hub.live
+        )
 
     @app.post("/runs/{run_id}/cancel", status_code=202, tags=["runs"])
     def cancel(run_id: str, body: Annotated[Cancel | None, Body()] = None) -> dict[str, Any]:

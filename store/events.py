@@ -1,0 +1,152 @@
+"""Run events in Redis Streams: one stream per run, written in batches by a worker's
+outbox (store/lua/emit.lua), read by the Client and the web server.
+
+An entry is one field, "e": the event's JSON (kind, data, cursor, visit, attempt, seq,
+ts); its id is the stream's ("<ms>-<n>"), monotonic per run. The stream is live delivery:
+bounded (MAXLEN, approximate), expiring, and lost with Redis's data. What must outlive
+it is in Postgres, and readers rebuild from there (cairn.workers.events).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+import redis.asyncio
+
+from cairn.store import keys
+from cairn.store.lease import _script, translated
+from cairn.store.runs import StreamInfo
+
+# (run_id, the writer's lease token, its events as flag + JSON): one emit.lua call.
+Batch = tuple[str, str, Sequence[str]]
+Entry = tuple[str, str]  # (stream id, the event's JSON)
+
+FENCED, OVER_CAP = 0, 1
+
+
+def _info(raw: Any) -> StreamInfo | None:
+    if not raw or not raw.get("first-entry"):
+        return None
+    return StreamInfo(
+        first=raw["first-entry"][0].decode(),
+        last=raw["last-entry"][0].decode(),
+        trimmed=raw["entries-added"] > raw["length"],
+    )
+
+
+def _entries(raw: Any) -> list[Entry]:
+    return [(i.decode(), fields[b"e"].decode()) for i, fields in raw or ()]
+
+
+class RedisEvents:
+    """Appends (the workers' outbox) and blocking reads (Client.events), over one client."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._emit = _script(client, "emit.lua")
+
+    @classmethod
+    def from_url(cls, url: str, max_connections: int = 16) -> RedisEvents:
+        pool = redis.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=5, socket_connect_timeout=5
+        )
+        return cls(redis.Redis(connection_pool=pool))
+
+    def append(
+        self, batches: Sequence[Batch], *, maxlen: int, ttl: float, cap: int
+    ) -> list[list[Any]]:
+        """Each batch's events appended, all in one round trip: per event its stream id
+        (str), FENCED (the writer lost the run) or OVER_CAP."""
+        with translated():
+            pipe = self.client.pipeline(transaction=False)
+            for run_id, token, events in batches:
+                self._emit(
+                    keys=[keys.events(run_id), keys.event_count(run_id), keys.lease(run_id)],
+                    args=[token, maxlen, max(1, int(ttl)), cap, *events],
+                    client=pipe,
+                )
+            answers = pipe.execute()
+        return [[a.decode() if isinstance(a, bytes) else a for a in ids] for ids in answers]
+
+    def read(
+        self, run_id: str, after: str = "0-0", count: int = 500, block: float | None = None
+    ) -> list[Entry]:
+        """Entries after `after`, oldest first; block: wait up to that many seconds for one."""
+        with translated():
+            if block is None:
+                raw = self.client.xrange(keys.events(run_id), f"({after}", "+", count=count)
+                return _entries(raw)
+            got = self.client.xread(
+                {keys.events(run_id): after}, count=count, block=max(1, int(block * 1000))
+            )
+        return _entries(got[0][1]) if got else []
+
+    def info(self, run_id: str) -> StreamInfo | None:
+        """The stream's first and last ids and the newest trimmed one; None: no stream."""
+        with translated():
+            try:
+                return _info(self.client.xinfo_stream(keys.events(run_id)))
+            except redis.ResponseError:  # no such key
+                return None
+
+    def last(self, run_id: str) -> Entry | None:
+        with translated():
+            got = self.client.xrevrange(keys.events(run_id), count=1)
+        return _entries(got)[0] if got else None
+
+    def close(self) -> None:
+        self.client.close()
+        self.client.connection_pool.disconnect()  # a pool given to the client is not its to close
+
+
+class AsyncRedisEvents:
+    """The reading side for asyncio (AsyncClient.events, the web server's SSE hub)."""
+
+    def __init__(self, url: str, max_connections: int = 64) -> None:
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=5, socket_connect_timeout=5
+        )
+        self.client = redis.asyncio.Redis(connection_pool=pool)
+
+    async def read(
+        self, run_id: str, after: str = "0-0", count: int = 500, block: float | None = None
+    ) -> list[Entry]:
+        got = await self.read_many({run_id: after}, count, block)
+        return got.get(run_id, [])
+
+    async def read_many(
+        self, after: dict[str, str], count: int = 500, block: float | None = None
+    ) -> dict[str, list[Entry]]:
+        """Entries of several runs' streams after each one's id (one XREAD); block: wait
+        up to that many seconds for any."""
+        if not after:
+            return {}
+        streams = {keys.events(r): i for r, i in after.items()}
+        with translated():
+            if block is None and len(after) == 1:
+                ((key, i),) = streams.items()
+                raw = await self.client.xrange(key, f"({i}", "+", count=count)
+                return {next(iter(after)): _entries(raw)}
+            got = await self.client.xread(
+                streams, count=count, block=None if block is None else max(1, int(block * 1000))
+            )
+        prefix = len(keys.events(""))
+        return {k.decode()[prefix:]: _entries(entries) for k, entries in got or ()}
+
+    async def info(self, run_id: str) -> StreamInfo | None:
+        with translated():
+            try:
+                return _info(await self.client.xinfo_stream(keys.events(run_id)))
+            except redis.ResponseError:
+                return None
+
+    async def last(self, run_id: str) -> Entry | None:
+        with translated():
+            got = await self.client.xrevrange(keys.events(run_id), count=1)
+        return _entries(got)[0] if got else None
+
+    async def close(self) -> None:
+        await self.client.aclose()
+        await self.client.connection_pool.disconnect()

@@ -1,0 +1,34 @@
+-- Append a batch of one run's events to its stream.
+-- KEYS[1]  cairn:events:<run_id>    the stream (XADD with an approximate MAXLEN)
+-- KEYS[2]  cairn:events:<run_id>:n  events counted toward the run's cap, over its life
+-- KEYS[3]  cairn:lease:<run_id>
+-- ARGV[1]  the writer's lease token "<owner>|<epoch>"
+-- ARGV[2]  MAXLEN, ARGV[3] TTL in seconds (both keys), ARGV[4] the cap (0: none)
+-- ARGV[5..] one event each: a flag character then its JSON. "f": fenced (written before
+--          the step's commit: only while the writer holds the lease) and counted (a step's
+--          own, and model tokens); "g": fenced, not counted (cairn's own, before a commit);
+--          "s": neither (cairn's own, written after a fenced commit succeeded).
+-- Returns one entry per event: its stream id, or 0 (fenced) or 1 (over the cap).
+local out = {}
+local held = redis.call('GET', KEYS[3])
+local n = tonumber(redis.call('GET', KEYS[2]) or '0')
+local cap = tonumber(ARGV[4])
+local added = 0
+for i = 5, #ARGV do
+  local flag = string.sub(ARGV[i], 1, 1)
+  if flag ~= 's' and held ~= ARGV[1] then
+    out[#out + 1] = 0
+  elseif flag == 'f' and cap > 0 and n >= cap then
+    out[#out + 1] = 1
+  else
+    if flag == 'f' then n = n + 1 end
+    added = added + 1
+    out[#out + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'e',
+                               string.sub(ARGV[i], 2))
+  end
+end
+if added > 0 then
+  redis.call('SET', KEYS[2], n, 'EX', ARGV[3])
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+end
+return out

@@ -1,0 +1,244 @@
+"""Run events on real Postgres and Redis: ctx.emit and cairn's own events in the run's
+stream, read back by Client.events and AsyncClient.events; the limits; the fence; an
+attempt cut short marked abandoned; the durable record after a gap."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+import cairn
+from cairn.errors import LeaseLost
+from cairn.status import RunStatus
+from cairn.steps import Context, StepResult, workflow
+from cairn.steps.model import ModelClient
+from cairn.store import keys
+from cairn.store.events import RedisEvents
+from cairn.store.lease import Leases
+from cairn.workers import loop
+from cairn.workers.client import Client
+from cairn.workers.events import Event, Outbox
+from cairn.workers.settings import Settings
+
+flow = workflow("events_flow")
+CRASH = {"armed": False}
+
+
+class Crash(BaseException):
+    """A worker gone mid-step: nothing after it runs, the lease is let go unsaved."""
+
+
+@flow.step()
+def talk(ctx: Context) -> StepResult:
+    for i in range(int(ctx.input.get("n", 3))):
+        ctx.emit("progress", {"i": i})
+    if CRASH["armed"]:
+        CRASH["armed"] = False
+        raise Crash
+    answer = ctx.model(messages=[{"role": "user", "content": "REPLY: four words come back"}])
+    return StepResult(cursor="end", state={"said": answer.content[0].text})
+
+
+@flow.step()
+def end(ctx: Context) -> StepResult:
+    data = ctx.input.get("data", {})
+    ctx.emit(ctx.input.get("kind", "finished"), {"x": float("nan")} if data == "nan" else data)
+    return StepResult(cursor=cairn.DONE)
+
+
+@pytest.fixture
+def events_deps(settings: Settings, store: Any, leases: Leases) -> Iterator[loop.Deps]:
+    model = ModelClient(base_url=settings.anthropic_base_url, give_up_after=10.0)
+    outbox = Outbox(RedisEvents(leases.client), settings)
+    yield loop.Deps(settings=settings, store=store, leases=leases, model=model, events=outbox)
+    model.close()
+
+
+def _run(client: Client, deps: loop.Deps, data: dict[str, Any] | None = None) -> str:
+    run_id = f"ev-{uuid.uuid4().hex[:10]}"
+    client.store.create_run(run_id, "events_flow", data or {})
+    return run_id
+
+
+def _kinds(events: list[Event]) -> list[str]:
+    return [e.kind for e in events]
+
+
+def _ids_increase(events: list[Event]) -> bool:
+    keys_ = [tuple(int(x) for x in e.id.split("-")) for e in events]
+    return all(a < b for a, b in itertools.pairwise(keys_))
+
+
+def test_a_run_streams_its_events_in_order_and_a_reader_goes_on_after_an_id(
+    client: Client, events_deps: loop.Deps
+) -> None:
+    run_id = _run(client, events_deps)
+    assert loop.run(run_id, events_deps) == RunStatus.DONE
+    events = list(client.events(run_id, timeout=10))
+    assert _kinds(events) == [
+        "step_started",
+        "progress",
+        "progress",
+        "progress",
+        "message",
+        "step_saved",
+        "step_started",
+        "finished",
+        "step_saved",
+        "run_ended",
+    ]
+    assert _ids_increase(events)
+    assert [e.data["i"] for e in events if e.kind == "progress"] == [0, 1, 2]
+    message = next(e for e in events if e.kind == "message")
+    assert message.data["text"] == "four words come back" and message.data["call"] == 0
+    assert events[-1].data["status"] == "done"
+    assert {e.cursor for e in events[:6]} == {"talk"} and events[0].attempt >= 1
+    # Resuming after any id gives exactly the rest: no gap, no duplicate.
+    for cut in (0, 3, 8):
+        rest = list(client.events(run_id, after=events[cut].id, timeout=10))
+        assert [e.id for e in rest] == [e.id for e in events[cut + 1 :]]
+
+
+def test_async_client_reads_the_same_events(
+    settings: Settings, client: Client, events_deps: loop.Deps
+) -> None:
+    run_id = _run(client, events_deps)
+    assert loop.run(run_id, events_deps) == RunStatus.DONE
+
+    async def read() -> list[Event]:
+        async with cairn.AsyncClient(settings=settings) as aclient:
+            return [e async for e in aclient.events(run_id)]
+
+    assert asyncio.run(read()) == list(client.events(run_id, timeout=10))
+
+
+def test_a_reader_that_starts_first_follows_the_run_live(
+    client: Client, events_deps: loop.Deps
+) -> None:
+    run_id = _run(client, events_deps)
+    seen: list[Event] = []
+    reader = threading.Thread(target=lambda: seen.extend(client.events(run_id, timeout=20)))
+    reader.start()
+    assert loop.run(run_id, events_deps) == RunStatus.DONE
+    reader.join(20)
+    assert not reader.is_alive() and seen[-1].kind == "run_ended" and _ids_increase(seen)
+    assert len(seen) == 10
+
+
+@pytest.mark.parametrize(
+    ("kind", "data", "why"),
+    [
+        ("token", {}, "cairn's own"),
+        ("Bad Kind", {}, "lower-case"),
+        ("big", {"x": "y" * 70_000}, "CAIRN_MAX_EVENT_BYTES"),
+        ("nan", "nan", "not JSON"),
+    ],
+)
+def test_an_event_refused_fails_the_step_with_the_reason(
+    client: Client, events_deps: loop.Deps, kind: str, data: Any, why: str
+) -> None:
+    run_id = _run(client, events_deps, {"kind": kind, "data": data})
+    assert loop.run(run_id, events_deps) == RunStatus.FAILED
+    run = client.get(run_id)
+    assert run is not None and "EventRefused" in (run.error or "") and why in (run.error or "")
+
+
+def test_the_run_that_passes_its_event_cap_is_told(client: Client, events_deps: loop.Deps) -> None:
+    capped = dataclasses.replace(events_deps.settings, max_events=4)
+    deps = dataclasses.replace(events_deps, events=Outbox(events_deps.events.log, capped))
+    run_id = _run(client, deps, {"n": 6})
+    assert loop.run(run_id, deps) == RunStatus.FAILED
+    run = client.get(run_id)
+    assert run is not None and "CAIRN_MAX_EVENTS=4" in (run.error or "")
+    events = list(client.events(run_id, timeout=10))
+    assert [e.data["i"] for e in events if e.kind == "progress"] == [0, 1, 2, 3]
+    assert "dropped" in _kinds(events) and events[-1].kind == "run_ended"
+
+
+def test_a_worker_that_lost_the_run_writes_no_event(
+    settings: Settings, client: Client, events_deps: loop.Deps, leases: Leases
+) -> None:
+    run_id = _run(client, events_deps)
+    lease = leases.acquire(run_id, 30)
+    assert lease is not None
+    outbox = events_deps.events
+    assert outbox is not None
+    from cairn.workers.events import encode
+
+    assert outbox.put(run_id, str(lease.token), encode("mine", {}), wait=True)
+    lease.release()
+    newer = leases.acquire(run_id, 30)
+    assert newer is not None
+    with pytest.raises(LeaseLost):
+        outbox.put(run_id, str(lease.token), encode("zombie", {}), wait=True)
+    assert outbox.put(run_id, str(newer.token), encode("owner", {}), wait=True)
+    kinds = [Event.parse(i, b).kind for i, b in outbox.log.read(run_id)]
+    assert kinds == ["mine", "owner"]
+
+
+def test_an_attempt_cut_short_is_marked_abandoned_by_the_next(
+    client: Client, events_deps: loop.Deps
+) -> None:
+    run_id = _run(client, events_deps)
+    CRASH["armed"] = True
+    with pytest.raises(Crash):
+        loop.run(run_id, events_deps)
+    assert loop.run(run_id, events_deps) == RunStatus.DONE
+    events = list(client.events(run_id, timeout=10))
+    cut = next(e for e in events if e.kind == "attempt_abandoned")
+    first = events[0]
+    assert (cut.data["cursor"], cut.data["visit"], cut.data["attempt"]) == (
+        "talk",
+        0,
+        first.attempt,
+    )
+    assert cut.attempt > first.attempt
+    # What a reader keeps once it drops the abandoned attempt: one clean run.
+    kept = [
+        e
+        for e in events
+        if (e.cursor, e.visit, e.attempt) != ("talk", 0, first.attempt)
+        and e.kind not in ("attempt_abandoned", "resumed")
+    ]
+    assert [e.data["i"] for e in kept if e.kind == "progress"] == [0, 1, 2]
+    assert _kinds(events).index("resumed") == _kinds(events).index("attempt_abandoned") + 1
+
+
+def test_after_redis_lost_the_stream_a_reader_gets_the_durable_record(
+    settings: Settings, client: Client, events_deps: loop.Deps
+) -> None:
+    run_id = _run(client, events_deps)
+    assert loop.run(run_id, events_deps) == RunStatus.DONE
+    seen = list(client.events(run_id, timeout=10))
+    redis.Redis.from_url(settings.redis_url).delete(keys.events(run_id))
+    rebuilt = list(client.events(run_id, after=seen[2].id, timeout=10))
+    assert rebuilt[0].kind == "gap" and "lost" in rebuilt[0].data["reason"]
+    assert all(e.durable for e in rebuilt[1:])
+    assert _kinds(rebuilt[1:]) == ["message", "step_saved", "step_saved", "run_ended"]
+    assert rebuilt[1].data["text"] == "four words come back"
+
+
+def test_a_reader_behind_a_trimmed_stream_gets_a_gap_then_the_record(
+    settings: Settings, client: Client, events_deps: loop.Deps
+) -> None:
+    short = dataclasses.replace(events_deps.settings, events_maxlen=1)
+    deps = dataclasses.replace(events_deps, events=Outbox(events_deps.events.log, short))
+    run_id = _run(client, deps, {"n": 400})  # MAXLEN ~ trims whole nodes of 100 entries
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    events = list(client.events(run_id, timeout=10))
+    assert events[0].kind == "gap" and "trimmed" in events[0].data["reason"]
+    assert events[-1].kind == "run_ended" and events[-1].data["status"] == "done"
+    assert "message" in _kinds(events)
+
+
+def test_an_unknown_run_has_no_events(client: Client) -> None:
+    with pytest.raises(cairn.UnknownRun):
+        next(iter(client.events("no-such-run", timeout=1)))

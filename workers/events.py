@@ -1,0 +1,680 @@
+"""Run events: what a step and cairn emit while a run goes on, and how readers follow them.
+
+Writing: a step's ctx.emit, its model tokens and the loop's own events go into the
+process's Outbox, whose one thread sends them to the run's Redis stream in batches, so a
+step never waits on Redis for a token (store/lua/emit.lua fences what is written before
+the step commits by the run's lease: a worker that lost the run writes nothing).
+
+Reading (Client.events, GET /runs/{id}/events): the stream from a position, live, until
+the run ends. Where the stream cannot give what was asked (trimmed past a slow reader,
+expired, lost with Redis), the reader gets a `gap` event and then the run's durable
+record, rebuilt from Postgres (its journaled model messages and calls, its steps, how it
+ended), and goes on live from the stream's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import hashlib
+import hmac
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from cairn import logs
+from cairn.errors import EventRefused, LeaseLost, StoreUnavailable, UnknownRun
+from cairn.status import STOPPED, RunStatus
+from cairn.store.runs import StreamInfo
+
+if TYPE_CHECKING:
+    from cairn.store.runs import Run
+    from cairn.workers.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+KIND = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
+# cairn's own kinds: a step's ctx.emit may not use them.
+RESERVED = frozenset(
+    {
+        "step_started",  # a step attempt began
+        "token",  # a text delta of a streamed model call: {call, text}
+        "model_restart",  # a streamed call was retried: drop its tokens so far ({call})
+        "message",  # a model call's whole answer, once journaled: {call, text, tool_calls}
+        "call",  # a journaled ctx.call's outcome: {call, name, result | error}
+        "step_saved",  # the attempt's checkpoint committed: its events stand
+        "retry",  # the attempt failed and will be retried: drop its events
+        "attempt_abandoned",  # an attempt was cut (a killed worker): drop its events
+        "wait",  # the run waits for a signal or a timeout, holding no worker
+        "resumed",  # the run goes on after a wait, or after a lost worker
+        "run_ended",  # the run stopped: {status, error, cost_usd}; the last event
+        "dropped",  # events of the run were lost before Redis: {reason, count}
+        "gap",  # the stream could not give everything asked for; the durable record follows
+    }
+)
+# Written after a fenced Postgres write succeeded: they need no fence of their own.
+_AFTER_COMMIT = frozenset(
+    {"message", "call", "step_saved", "retry", "wait", "resumed", "run_ended", "dropped"}
+)
+# An attempt's last event is one of these when it ended on purpose: after any other, the
+# next attempt's worker marks it abandoned.
+ENDS_ATTEMPT = frozenset(
+    {"step_saved", "retry", "run_ended", "wait", "attempt_abandoned", "resumed", "dropped"}
+)
+_ANCHOR = "0-0"
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One run event. id: monotonic in the run (the SSE id; pass it back as `after`).
+    cursor, visit, attempt: the step attempt that emitted it (attempt is the attempt's
+    lease epoch: a later attempt of the same step visit has a larger one). durable:
+    rebuilt from Postgres after a gap, not read from the live stream."""
+
+    id: str
+    kind: str
+    data: Any = None
+    cursor: str | None = None
+    visit: int | None = None
+    attempt: int | None = None
+    seq: int | None = None
+    ts: float = 0.0
+    durable: bool = False
+
+    @classmethod
+    def parse(cls, entry_id: str, blob: str) -> Event:
+        e = json.loads(blob)
+        return cls(
+            entry_id,
+            e["kind"],
+            e.get("data"),
+            e.get("cursor"),
+            e.get("visit"),
+            e.get("attempt"),
+            e.get("seq"),
+            e.get("ts", 0.0),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def encode(
+    kind: str,
+    data: Any,
+    *,
+    cursor: str | None = None,
+    visit: int | None = None,
+    attempt: int | None = None,
+    seq: int | None = None,
+) -> str:
+    """An event as the stream keeps it, with its emit flag (see emit.lua)."""
+    blob = json.dumps(
+        {
+            "kind": kind,
+            "data": data,
+            "cursor": cursor,
+            "visit": visit,
+            "attempt": attempt,
+            "seq": seq,
+            "ts": time.time(),
+        },
+        separators=(",", ":"),
+        allow_nan=False,
+    )
+    flag = "s" if kind in _AFTER_COMMIT else "g" if kind in RESERVED and kind != "token" else "f"
+    return flag + blob
+
+
+def check(kind: str, data: Any, max_bytes: int) -> str:
+    """A ctx.emit's data as JSON, or EventRefused saying why not."""
+    if not isinstance(kind, str) or not KIND.fullmatch(kind):
+        raise EventRefused(f"event kind {kind!r}: use lower-case letters, digits, _ . - (max 64)")
+    if kind in RESERVED:
+        raise EventRefused(f"event kind {kind!r} is cairn's own; pick another name")
+    try:
+        raw = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise EventRefused(f"event {kind!r}: data is not JSON ({exc})") from exc
+    if len(raw) > max_bytes:
+        raise EventRefused(
+            f"event {kind!r} is {len(raw):,} bytes, over CAIRN_MAX_EVENT_BYTES={max_bytes:,}: "
+            "emit a smaller event (a reference to the data, not the data)"
+        )
+    return raw
+
+
+class EventLog(Protocol):
+    """Where run events live: store.events.RedisEvents, or the in-memory twin."""
+
+    def append(
+        self,
+        batches: Sequence[tuple[str, str, Sequence[str]]],
+        *,
+        maxlen: int,
+        ttl: float,
+        cap: int,
+    ) -> list[list[Any]]: ...
+
+    def read(
+        self, run_id: str, after: str = ..., count: int = ..., block: float | None = None
+    ) -> list[tuple[str, str]]: ...
+
+    def info(self, run_id: str) -> StreamInfo | None: ...
+
+    def last(self, run_id: str) -> tuple[str, str] | None: ...
+
+
+def read_token(api_token: str, run_id: str) -> str:
+    """A token that reads one run's events and nothing else (GET /runs/{id}/events?token=):
+    for a browser that shows one run (an EventSource sends no headers), handed out by the
+    app that owns the run. Derived from the API token: every server agrees, none stores it."""
+    key = api_token.encode()
+    return hmac.new(key, b"cairn run events " + run_id.encode(), hashlib.sha256).hexdigest()
+
+
+def _key(entry_id: str) -> tuple[int, int]:
+    ms, _, n = entry_id.partition("-")
+    return int(ms), int(n or 0)
+
+
+# -- writing: the outbox ------------------------------------------------------------------
+
+
+class _Pending:
+    __slots__ = ("done", "event", "run_id", "token")
+
+    def __init__(
+        self, run_id: str, token: str, event: str, done: concurrent.futures.Future[str] | None
+    ) -> None:
+        self.run_id, self.token, self.event, self.done = run_id, token, event, done
+
+
+class Outbox:
+    """A process's run events on their way to Redis: steps put them, one thread sends them
+    in batches (one round trip for whatever queued up meanwhile, across runs), in order.
+
+    Bounded: past `limit` queued events (Redis slow or away) new ones are dropped, and the
+    run gets a `dropped` event saying how many once Redis takes writes again. A step never
+    waits, except ctx.emit, which waits for its own event's answer (its id, or the cap).
+    """
+
+    def __init__(self, log: EventLog, settings: Settings, limit: int = 100_000) -> None:
+        self.log, self.limit = log, limit
+        self.maxlen, self.ttl, self.cap = (
+            settings.events_maxlen,
+            settings.events_ttl,
+            settings.max_events,
+        )
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._cond = threading.Condition()
+        self._lost: dict[str, tuple[str, int]] = {}  # run: (token, events dropped)
+        self._over: set[str] = set()  # runs past their cap (their tokens are dropped)
+        self._fenced: collections.Counter[str] = collections.Counter()  # queued, per run
+        self._pid = 0
+        self.sent = 0  # events written (metrics, tests)
+
+    def put(self, run_id: str, token: str, event: str, wait: bool = False) -> str | None:
+        """Queue one encoded event; with wait, block until it is written and return its id
+        (EventRefused past the cap, LeaseLost if fenced, StoreUnavailable)."""
+        done: concurrent.futures.Future[str] | None = concurrent.futures.Future() if wait else None
+        with self._cond:
+            if len(self._queue) >= self.limit:
+                token_, n = self._lost.get(run_id, (token, 0))
+                self._lost[run_id] = (token_, n + 1)
+                if done is None:
+                    return None
+                raise StoreUnavailable("the event outbox is full: Redis is slow or away")
+            self._queue.append(_Pending(run_id, token, event, done))
+            if event[0] != "s":
+                self._fenced[run_id] += 1
+            self._start()
+            self._cond.notify()
+        return done.result(timeout=60) if done is not None else None
+
+    def over_cap(self, run_id: str) -> bool:
+        return run_id in self._over
+
+    def settle(self, run_id: str, timeout: float = 2.0) -> bool:
+        """Wait until the run's fenced events queued so far are sent (before its lease
+        goes, which would fence them); False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._fenced.get(run_id):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until everything queued so far is sent; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
+
+    _busy = False
+
+    def _start(self) -> None:
+        if self._pid != os.getpid():  # first use, or a forked child: the thread did not follow
+            self._pid = os.getpid()
+            threading.Thread(target=self._run, name="cairn-events", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._lost:
+                    self._busy = False
+                    self._cond.notify_all()
+                    self._cond.wait(30.0)
+                self._busy = True
+                batch = [self._queue.popleft() for _ in range(min(len(self._queue), 2000))]
+                lost, self._lost = self._lost, {}
+            self._send(batch, lost)
+
+    def _send(self, batch: list[_Pending], lost: dict[str, tuple[str, int]]) -> None:
+        try:
+            self._write(batch, lost)
+        finally:
+            with self._cond:
+                for p in batch:
+                    if p.event[0] != "s":
+                        self._fenced[p.run_id] -= 1
+                        if self._fenced[p.run_id] <= 0:
+                            del self._fenced[p.run_id]
+                self._cond.notify_all()
+
+    def _write(self, batch: list[_Pending], lost: dict[str, tuple[str, int]]) -> None:
+        groups: dict[tuple[str, str], list[_Pending]] = {}
+        for run_id, (token, n) in lost.items():
+            marker = encode("dropped", {"reason": "the outbox was full", "count": n})
+            groups.setdefault((run_id, token), []).append(_Pending(run_id, token, marker, None))
+        for p in batch:
+            groups.setdefault((p.run_id, p.token), []).append(p)
+        try:
+            answers = self.log.append(
+                [(r, t, [p.event for p in ps]) for (r, t), ps in groups.items()],
+                maxlen=self.maxlen,
+                ttl=self.ttl,
+                cap=self.cap,
+            )
+        except Exception as exc:  # noqa: BLE001 (the thread must live on: Redis comes back)
+            with self._cond:
+                for p in batch:
+                    if p.done is None:
+                        token, n = self._lost.get(p.run_id, (p.token, 0))
+                        self._lost[p.run_id] = (token, n + 1)
+            for p in batch:
+                if p.done is not None:
+                    p.done.set_exception(exc)
+            logger.warning(
+                "%d run event(s) not sent: %s",
+                len(batch),
+                exc,
+                extra=logs.run(None, "events_failed"),
+            )
+            time.sleep(0.5)  # bounded: the next batch tries again, later ones are dropped
+            return
+        capped: list[tuple[str, str]] = []
+        for ((run_id, token), ps), ids in zip(groups.items(), answers, strict=True):
+            for p, answer in zip(ps, ids, strict=True):
+                if isinstance(answer, str):
+                    self.sent += 1
+                    if p.done is not None:
+                        p.done.set_result(answer)
+                elif answer == 0:
+                    if p.done is not None:
+                        p.done.set_exception(LeaseLost(run_id, "its events are fenced"))
+                else:
+                    if run_id not in self._over:
+                        capped.append((run_id, token))
+                    self._over.add(run_id)
+                    if p.done is not None:
+                        p.done.set_exception(
+                            EventRefused(
+                                f"run {run_id} passed CAIRN_MAX_EVENTS={self.cap:,} events; "
+                                "emit fewer (tokens count too), or raise the cap"
+                            )
+                        )
+        for run_id, token in capped:  # once per run: readers learn why its tokens stop
+            marker = encode("dropped", {"reason": f"over CAIRN_MAX_EVENTS={self.cap}"})
+            with self._cond:
+                self._queue.appendleft(_Pending(run_id, token, marker, None))
+
+
+# -- reading ------------------------------------------------------------------------------
+
+
+def ended(run: Run) -> Event:
+    return Event(
+        _ANCHOR,
+        "run_ended",
+        {"status": str(run.status), "error": run.error, "cost_usd": run.cost_usd},
+        run.cursor,
+        durable=True,
+    )
+
+
+def durable(
+    run: Run, history: list[dict[str, Any]], calls: list[dict[str, Any]], anchor: str
+) -> list[Event]:
+    """The run's durable record as events, all with id anchor (the stream's position it
+    stands for): journaled model messages and calls, step outcomes, and how it ended."""
+    timed: list[tuple[float, int, Event]] = []
+    for c in calls:
+        at = c["created_at"].timestamp()
+        where = {"cursor": c["cursor"], "visit": c["visit"], "durable": True}
+        if c["name"] == "model" and c.get("result") is not None:
+            data = {"call": c["pos"], **message_data(c["result"]), "cost_usd": c["cost_usd"]}
+            timed.append((at, 0, Event(anchor, "message", data, ts=at, **where)))
+        else:
+            data = {"call": c["pos"], "name": c["name"], "result": c.get("result")}
+            if c.get("error") is not None:
+                data["error"] = c["error"].get("message")
+            timed.append((at, 0, Event(anchor, "call", data, ts=at, **where)))
+    for h in history:
+        at = h["ended_at"].timestamp()
+        kind = "step_saved" if h["outcome"] == "saved" else "retry"
+        if h["outcome"] not in ("saved", "retry"):
+            continue  # how the run stopped: run_ended says it
+        data = {"error": h.get("error")} if kind == "retry" else {}
+        timed.append(
+            (
+                at,
+                1,
+                Event(
+                    anchor,
+                    kind,
+                    data,
+                    h["cursor"],
+                    h["visit"],
+                    h["epoch"],
+                    h["seq"],
+                    at,
+                    durable=True,
+                ),
+            )
+        )
+    timed.sort(key=lambda t: (t[0], t[1]))
+    out = [e for _, _, e in timed]
+    if run.status in STOPPED:
+        out.append(dataclasses.replace(ended(run), id=anchor))
+    elif run.status == RunStatus.WAITING:
+        out.append(Event(anchor, "wait", {}, run.cursor, durable=True))
+    return out
+
+
+def message_data(message: dict[str, Any]) -> dict[str, Any]:
+    """A journaled model message's text and tool calls (what a chat UI shows)."""
+    content = message.get("content") or []
+    return {
+        "text": "".join(b.get("text", "") for b in content if b.get("type") == "text"),
+        "tool_calls": [
+            {"id": b.get("id"), "name": b.get("name"), "input": b.get("input")}
+            for b in content
+            if b.get("type") == "tool_use"
+        ],
+    }
+
+
+def gap(
+    info: StreamInfo | None, after: str | None, run: Run, history: list[dict[str, Any]]
+) -> str | None:
+    """Why the stream cannot give every event after `after` (None: from the run's first),
+    or None when it can."""
+    if info is None:
+        # No stream: nothing emitted yet, or it expired or was lost with Redis's data.
+        if after is None and not history and run.status not in STOPPED:
+            return None
+        return "the run's live events are gone (expired, or lost with Redis's data)"
+    behind = _key(after or _ANCHOR) < _key(info.first)
+    if behind and info.trimmed:
+        return "the oldest live events were trimmed (CAIRN_EVENTS_MAXLEN) before they were read"
+    if behind and after is not None:
+        return "the live stream was started again (Redis lost its data)"
+    if (
+        after is None
+        and history
+        and history[0]["ended_at"].timestamp() * 1000 < _key(info.first)[0]
+    ):
+        return "the live stream was started again (Redis lost its data)"
+    return None
+
+
+class RunSource(Protocol):
+    """The run's durable side, read when a stream cannot serve a reader."""
+
+    def get(self, run_id: str) -> Run | None: ...
+
+    def history(self, run_id: str) -> list[dict[str, Any]]: ...
+
+    def calls(self, run_id: str, limit: int = ...) -> list[dict[str, Any]]: ...
+
+
+def follow(
+    runs: RunSource,
+    log: EventLog,
+    run_id: str,
+    after: str | None = None,
+    *,
+    idle: float = 5.0,
+    until: float | None = None,
+) -> Iterator[Event]:
+    """The run's events after `after`, live, until it ends (run_ended is the last one).
+    idle: how long one blocking read waits before the run's status is looked at again;
+    until: a time.monotonic() deadline after which the iterator ends (None: none)."""
+    run = runs.get(run_id)
+    if run is None:
+        raise UnknownRun(f"no run {run_id!r}")
+    pos = after
+    info = log.info(run_id)
+    why = gap(info, after, run, runs.history(run_id) if after is None else [])
+    if why is not None:
+        anchor = info.last if info else (after or _ANCHOR)
+        yield Event(anchor, "gap", {"reason": why})
+        for e in durable(run, runs.history(run_id), runs.calls(run_id), anchor):
+            yield e
+            if e.kind == "run_ended":
+                return
+        pos = anchor
+    while until is None or time.monotonic() < until:
+        block = idle if until is None else max(0.001, min(idle, until - time.monotonic()))
+        entries = log.read(run_id, pos or _ANCHOR, block=block)
+        for entry_id, blob in entries:
+            e = Event.parse(entry_id, blob)
+            yield e
+            if e.kind == "run_ended":
+                return
+            pos = entry_id
+        if not entries:
+            run = runs.get(run_id)
+            if run is not None and run.status in STOPPED:
+                # Its run_ended never reached the stream (lost, or written before Redis
+                # came back): say how it ended from Postgres.
+                yield dataclasses.replace(ended(run), id=pos or _ANCHOR)
+                return
+
+
+class AsyncRunSource(Protocol):
+    def get(self, run_id: str) -> Awaitable[Run | None]: ...
+
+    def history(self, run_id: str) -> Awaitable[list[dict[str, Any]]]: ...
+
+    def calls(self, run_id: str, limit: int = ...) -> Awaitable[list[dict[str, Any]]]: ...
+
+
+class AsyncEventLog(Protocol):
+    async def read_many(
+        self, after: dict[str, str], count: int = ..., block: float | None = None
+    ) -> dict[str, list[tuple[str, str]]]: ...
+
+    async def info(self, run_id: str) -> StreamInfo | None: ...
+
+
+Live = Callable[[str, float], Awaitable[list[tuple[str, str]]]]
+
+
+async def afollow(
+    runs: AsyncRunSource,
+    log: AsyncEventLog,
+    run_id: str,
+    after: str | None = None,
+    *,
+    idle: float = 5.0,
+    live: Callable[[str], Live] | None = None,
+) -> AsyncIterator[Event]:
+    """follow() for asyncio. live(run_id) gives the function that waits for entries after
+    a position (the web server's Hub shares one XREAD among its readers); by default each
+    reader blocks on its own read. Yields Event(kind="keepalive") after idle seconds
+    without any, so a server can write its keep-alive."""
+    run = await runs.get(run_id)
+    if run is None:
+        raise UnknownRun(f"no run {run_id!r}")
+    pos = after
+    info = await log.info(run_id)
+    why = gap(info, after, run, await runs.history(run_id) if after is None else [])
+    if why is not None:
+        anchor = info.last if info else (after or _ANCHOR)
+        yield Event(anchor, "gap", {"reason": why})
+        for e in durable(run, await runs.history(run_id), await runs.calls(run_id), anchor):
+            yield e
+            if e.kind == "run_ended":
+                return
+        pos = anchor
+
+    async def own(position: str, block: float) -> list[tuple[str, str]]:
+        got = await log.read_many({run_id: position}, block=block)
+        return got.get(run_id, [])
+
+    wait = live(run_id) if live is not None else own
+    while True:
+        entries = await wait(pos or _ANCHOR, idle)
+        for entry_id, blob in entries:
+            e = Event.parse(entry_id, blob)
+            yield e
+            if e.kind == "run_ended":
+                return
+            pos = entry_id
+        if not entries:
+            run = await runs.get(run_id)
+            if run is not None and run.status in STOPPED:
+                yield dataclasses.replace(ended(run), id=pos or _ANCHOR)
+                return
+            yield Event(pos or _ANCHOR, "keepalive")
+
+
+class Hub:
+    """One process's live readers of many runs, served by one blocking XREAD at a time
+    (not a Redis connection per open stream). The hub's task reads every watched stream
+    from where it got to, keeps each run's last entries, and wakes the run's readers.
+
+    A reader further behind than what the hub keeps reads its gap itself (one XRANGE), so
+    a slow reader never holds the others back, and never the worker either: the worker
+    only ever writes to Redis."""
+
+    def __init__(self, log: Any, keep: int = 64) -> None:
+        self.log, self.keep = log, keep
+        self._runs: dict[str, _Watched] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._wake = f"hub:{os.getpid()}:{id(self):x}"  # a stream only the hub's kick writes
+
+    def live(self, run_id: str) -> Live:
+        async def wait(position: str, block: float) -> list[tuple[str, str]]:
+            return await self._wait(run_id, position, block)
+
+        return wait
+
+    async def _wait(self, run_id: str, position: str, block: float) -> list[tuple[str, str]]:
+        w = self._runs.get(run_id)
+        if w is None:
+            w = self._runs[run_id] = _Watched(position, self.keep)
+            await self._kick()
+        elif self._task is None or self._task.done():
+            await self._kick()
+        w.readers += 1
+        deadline = time.monotonic() + block
+        try:
+            async with w.cond:
+                while _key(w.pos) <= _key(position):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return []
+                    try:
+                        await asyncio.wait_for(w.cond.wait(), left)
+                    except TimeoutError:
+                        return []
+                held = w.covers(position)
+                if held is not None:
+                    return held
+            # Further behind than the hub keeps: read it from Redis itself.
+            return (await self.log.read_many({run_id: position})).get(run_id, [])
+        finally:
+            w.readers -= 1
+            if w.readers == 0 and self._runs.get(run_id) is w:
+                del self._runs[run_id]
+
+    async def _kick(self) -> None:
+        """Start the reading task, or make its blocked XREAD return to read the new run."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._read())
+        else:
+            await self.log.client.xadd(f"cairn:events:{self._wake}", {"e": "{}"}, maxlen=10)
+
+    async def _read(self) -> None:
+        while self._runs:
+            after = {r: w.pos for r, w in self._runs.items()}
+            after[self._wake] = "$"
+            try:
+                got = await self.log.read_many(after, count=self.keep, block=5.0)
+            except StoreUnavailable:
+                await asyncio.sleep(1.0)
+                continue
+            for run_id, entries in got.items():
+                w = self._runs.get(run_id)
+                if w is None or not entries:
+                    continue
+                async with w.cond:
+                    w.add(entries)
+                    w.cond.notify_all()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        await self.log.client.delete(f"cairn:events:{self._wake}")
+
+
+class _Watched:
+    """A run the hub reads: how far, its last entries, its readers."""
+
+    def __init__(self, pos: str, keep: int) -> None:
+        self.pos = pos  # read up to here
+        self.start = pos  # entries after this one are held, until the deque drops some
+        self.entries: collections.deque[tuple[str, str]] = collections.deque(maxlen=keep)
+        self.dropped = False
+        self.cond = asyncio.Condition()
+        self.readers = 0
+
+    def add(self, entries: list[tuple[str, str]]) -> None:
+        self.dropped |= len(self.entries) + len(entries) > (self.entries.maxlen or 0)
+        self.entries.extend(entries)
+        self.pos = entries[-1][0]
+
+    def covers(self, position: str) -> list[tuple[str, str]] | None:
+        """The held entries after position, or None if some of them are no longer held."""
+        at = _key(position)
+        whole = not self.dropped and at >= _key(self.start)
+        if whole or (self.entries and _key(self.entries[0][0]) <= at):
+            return [e for e in self.entries if _key(e[0]) > at]
+        return None
