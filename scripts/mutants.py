@@ -331,6 +331,22 @@ MUTANTS = [
         (f"{LG}::test_a_node_resumed_from_the_checkpoint_finds_its_own_journal_records",),
     ),
     Mutant(
+        "M35",
+        "a worker that lost the run still writes its events",
+        "store/lua/emit.lua",
+        "  if flag ~= 's' and held ~= ARGV[1] then",
+        "  if false then",
+        ("tests/test_events.py::test_a_worker_that_lost_the_run_writes_no_event",),
+    ),
+    Mutant(
+        "M36",
+        "a worker that takes a run over does not mark the cut attempt abandoned",
+        "workers/loop.py",
+        "            if cut.kind not in ENDS_ATTEMPT and cut.attempt != cp.epoch:",
+        "            if False:",
+        ("tests/test_events.py::test_an_attempt_cut_short_is_marked_abandoned_by_the_next",),
+    ),
+    Mutant(
         "M15",
         "renewal extends another owner's lease",
         "store/lua/renew.lua",

@@ -242,3 +242,56 @@ def test_a_reader_behind_a_trimmed_stream_gets_a_gap_then_the_record(
 def test_an_unknown_run_has_no_events(client: Client) -> None:
     with pytest.raises(cairn.UnknownRun):
         next(iter(client.events("no-such-run", timeout=1)))
+
+
+streamed = workflow("events_streamed")
+
+
+@streamed.step()
+def ask(ctx: Context) -> StepResult:
+    reply = ctx.model(stream=True, messages=[{"role": "user", "content": ctx.input["prompt"]}])
+    if CRASH["armed"]:  # the answer is journaled; the step dies before its save
+        CRASH["armed"] = False
+        raise Crash
+    return StepResult(cursor=cairn.DONE, state={"answer": reply.content[0].text})
+
+
+def test_a_streamed_answer_arrives_token_by_token_and_whole_after_a_crash(
+    client: Client, events_deps: loop.Deps, model: Any
+) -> None:
+    run_id = f"ev-{uuid.uuid4().hex[:10]}"
+    words = " ".join(f"w{i}" for i in range(12))
+    client.store.create_run(run_id, "events_streamed", {"prompt": f"REPLY: {words}"})
+    CRASH["armed"] = True
+    with pytest.raises(Crash):
+        loop.run(run_id, events_deps)
+    assert loop.run(run_id, events_deps) == RunStatus.DONE
+    events = list(client.events(run_id, timeout=10))
+    tokens = [e for e in events if e.kind == "token"]
+    assert len(tokens) == 12 and "".join(e.data["text"] for e in tokens) == words
+    first, again = [e for e in events if e.kind == "message"]
+    assert first.data["text"] == again.data["text"] == words
+    assert again.data["replayed"] and again.attempt > first.attempt
+    assert model.stats()["requests"] == 1  # the replay asked nothing
+    run = client.get(run_id)
+    assert run is not None and run.cost_usd == pytest.approx(first.data["cost_usd"])
+
+
+def test_a_batch_keeps_each_runs_order_across_fenced_and_unfenced_events() -> None:
+    from cairn.workers.events import _Pending, _segments
+
+    put = [
+        ("a", "tok1", "g1"),
+        ("a", "", "s2"),  # after a commit: no token, joins whatever call is open
+        ("b", "tokb", "f1"),
+        ("a", "tok1", "f3"),
+        ("a", "tok2", "g4"),  # a new attempt of the same run in this process: a new call
+        ("a", "", "s5"),
+        ("b", "", "s2"),
+    ]
+    calls = _segments([_Pending(r, t, e, None) for r, t, e in put])
+    assert [(ps[0].run_id, t, [p.event for p in ps]) for t, ps in calls] == [
+        ("a", "tok1", ["g1", "s2", "f3"]),
+        ("b", "tokb", ["f1", "s2"]),
+        ("a", "tok2", ["g4", "s5"]),
+    ]

@@ -297,21 +297,23 @@ class Outbox:
                 self._cond.notify_all()
 
     def _write(self, batch: list[_Pending], lost: dict[str, tuple[str, int]]) -> None:
-        groups: dict[tuple[str, str], list[_Pending]] = {}
-        for run_id, (token, n) in lost.items():
-            marker = encode("dropped", {"reason": "the outbox was full", "count": n})
-            groups.setdefault((run_id, token), []).append(_Pending(run_id, token, marker, None))
-        for p in batch:
-            groups.setdefault((p.run_id, p.token), []).append(p)
+        pending = [
+            _Pending(r, t, encode("dropped", {"reason": "the outbox was full", "count": n}), None)
+            for r, (t, n) in lost.items()
+        ]
+        groups = _segments(pending + batch)
         try:
             answers = self.log.append(
-                [(r, t, [p.event for p in ps]) for (r, t), ps in groups.items()],
+                [(ps[0].run_id, token, [p.event for p in ps]) for token, ps in groups],
                 maxlen=self.maxlen,
                 ttl=self.ttl,
                 cap=self.cap,
             )
         except Exception as exc:  # noqa: BLE001 (the thread must live on: Redis comes back)
             with self._cond:
+                for r, (t, n) in lost.items():  # still owed, with this batch's
+                    token, m = self._lost.get(r, (t, 0))
+                    self._lost[r] = (token, m + n)
                 for p in batch:
                     if p.done is None:
                         token, n = self._lost.get(p.run_id, (p.token, 0))
@@ -328,7 +330,8 @@ class Outbox:
             time.sleep(0.5)  # bounded: the next batch tries again, later ones are dropped
             return
         capped: list[tuple[str, str]] = []
-        for ((run_id, token), ps), ids in zip(groups.items(), answers, strict=True):
+        for (token, ps), ids in zip(groups, answers, strict=True):
+            run_id = ps[0].run_id
             for p, answer in zip(ps, ids, strict=True):
                 if isinstance(answer, str):
                     self.sent += 1
@@ -352,6 +355,25 @@ class Outbox:
             marker = encode("dropped", {"reason": f"over CAIRN_MAX_EVENTS={self.cap}"})
             with self._cond:
                 self._queue.appendleft(_Pending(run_id, token, marker, None))
+
+
+def _segments(events: list[_Pending]) -> list[tuple[str, list[_Pending]]]:
+    """Events as emit.lua calls: per run, in order, a new call wherever the fencing token
+    changes (an event written after a commit has none and joins any). The calls run in
+    this order, so each run's events land in the order they were put."""
+    out: list[tuple[str, list[_Pending]]] = []
+    last: dict[str, int] = {}  # run: its newest call's index
+    for p in events:
+        i = last.get(p.run_id)
+        if i is not None:
+            token, ps = out[i]
+            if not p.token or not token or token == p.token:
+                ps.append(p)
+                out[i] = (token or p.token, ps)
+                continue
+        last[p.run_id] = len(out)
+        out.append((p.token, [p]))
+    return out
 
 
 # -- reading ------------------------------------------------------------------------------
