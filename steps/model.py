@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_delay
@@ -106,9 +107,13 @@ def _transient(exc: BaseException) -> bool:
 
     if isinstance(exc, anthropic.APIConnectionError):  # includes timeouts
         return True
-    return isinstance(exc, anthropic.APIStatusError) and (
-        exc.status_code in (408, 409, 429) or exc.status_code >= 500  # 529 = overloaded
-    )
+    if not isinstance(exc, anthropic.APIStatusError):
+        return False
+    if exc.status_code == 200:
+        # An `error` event in a stream that had begun: the API's overload or fault after
+        # the headers went out, which a fresh request may not meet.
+        return exc.type in ("overloaded_error", "api_error")
+    return exc.status_code in (408, 409, 429) or exc.status_code >= 500  # 529 = overloaded
 
 
 def _retry_after(state: RetryCallState) -> float:
@@ -124,7 +129,7 @@ def _retry_after(state: RetryCallState) -> float:
 
 
 class ModelClient:
-    """messages.create with tenacity retries; returns (message, cost_usd)."""
+    """messages.create (or .stream) with tenacity retries; returns (message, cost_usd)."""
 
     def __init__(
         self,
@@ -161,21 +166,99 @@ class ModelClient:
         price_in, price_out, *_ = _price(model)
         return (tokens_in * price_in + request.get("max_tokens", 1024) * price_out) / 1e6
 
-    def create(self, **request: Any) -> tuple[Any, float]:
-        request.setdefault("model", self.default_model)
-        request.setdefault("max_tokens", 1024)
-        retrying = Retrying(
-            retry=retry_if_exception(_transient),
+    def _retrying(self, retry: Callable[[BaseException], bool] = _transient) -> Retrying:
+        return Retrying(
+            retry=retry_if_exception(retry),
             wait=_retry_after,
             stop=stop_after_delay(self.give_up_after),
             reraise=True,
         )
+
+    def create(self, **request: Any) -> tuple[Any, float]:
+        request.setdefault("model", self.default_model)
+        request.setdefault("max_tokens", 1024)
         try:
-            message = retrying(self.client.messages.create, **request)
+            message = self._retrying()(self.client.messages.create, **request)
         except Exception as exc:
             if _transient(exc):
                 raise ModelUnavailable(f"model API kept failing: {exc}") from exc
             raise
+        return message, cost_of(message.model, message.usage)
+
+    def stream(
+        self,
+        on_text: Callable[[str], None],
+        on_restart: Callable[[], None] | None = None,
+        **request: Any,
+    ) -> tuple[Any, float]:
+        """messages.stream through the SDK with the same retry policy as create(): on_text(delta)
+        for each text delta as it arrives; returns (final message, cost from the final usage).
+
+        Each retry streams the answer again from its start; if the failed try had passed
+        text to on_text, on_restart() is called once before the new try's first delta (or
+        before returning, if the new answer has no text), so the consumer drops what it
+        showed.  An exception from on_text or on_restart propagates at once, unretried.
+
+        Returns:
+            The final ``anthropic.types.Message`` (the type create() returns) and its cost.
+
+        Raises:
+            ModelUnavailable: the API kept failing transiently for ``give_up_after`` seconds.
+        """
+        import anthropic
+        import httpx2
+
+        request.setdefault("model", self.default_model)
+        request.setdefault("max_tokens", 1024)
+        shown = False  # the consumer holds text passed to on_text and not yet dropped
+        # What on_text or on_restart raised: never retried, whatever its type.
+        theirs: BaseException | None = None
+
+        def deliver(text: str | None, restart: bool) -> None:
+            nonlocal shown, theirs
+            try:
+                if restart:
+                    shown = False
+                    if on_restart is not None:
+                        on_restart()
+                if text is not None:
+                    shown = True
+                    on_text(text)
+            except BaseException as exc:
+                theirs = exc
+                raise
+
+        def attempt() -> Any:
+            restart = shown  # a failed try's text to drop before this one's
+            with self.client.messages.stream(**request) as s:
+                try:
+                    for text in s.text_stream:
+                        deliver(text, restart)
+                        restart = False
+                    final = s.get_final_message()
+                except httpx2.TransportError as exc:
+                    if exc is theirs:
+                        raise
+                    # The SDK names transport errors its own way only up to the headers; a
+                    # body cut off or stalled later comes through raw. Same failure, same name.
+                    if isinstance(exc, httpx2.TimeoutException):
+                        raise anthropic.APITimeoutError(request=s.response.request) from exc
+                    raise anthropic.APIConnectionError(request=s.response.request) from exc
+            if restart:  # the new answer had no text to replace the old with
+                deliver(None, restart)
+            return final
+
+        def retry(exc: BaseException) -> bool:
+            return exc is not theirs and _transient(exc)
+
+        try:
+            final = self._retrying(retry)(attempt)
+        except Exception as exc:
+            if retry(exc):
+                raise ModelUnavailable(f"model API kept failing: {exc}") from exc
+            raise
+        # A plain Message, as create() returns: the stream's ParsedMessage has its own block types.
+        message = _message_type().model_validate(final.model_dump())
         return message, cost_of(message.model, message.usage)
 
     @staticmethod

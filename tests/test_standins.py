@@ -9,10 +9,12 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from http.client import HTTPConnection
 from pathlib import Path
 
 import anthropic
 import httpx
+import httpx2
 import pytest
 
 from cairn.testing.standins import MailServer, ModelServer
@@ -280,8 +282,8 @@ def test_sdk_raises_rate_limit_then_succeeds(
         assert exc.response.headers.get("retry-after") == "0"
         assert not isinstance(exc, anthropic.InternalServerError)
     assert _ask(client, "REPLY: ok").content[0].text == "ok"
-    assert model.stats() == {"requests": 3, "failures": 2}
-    assert http.get(f"{model.url}/_stats").json() == {"requests": 3, "failures": 2}
+    assert model.stats() == {"requests": 3, "failures": 2, "streamed": 0}
+    assert http.get(f"{model.url}/_stats").json() == {"requests": 3, "failures": 2, "streamed": 0}
 
 
 def test_sdk_raises_overloaded_then_succeeds(
@@ -312,7 +314,7 @@ def test_sdk_own_retries_absorb_injected_failure(model: ModelServer) -> None:
     model.control(fail_next=1, status=429)
     with anthropic.Anthropic(api_key="local", base_url=model.url, max_retries=2) as c:
         assert _ask(c, "REPLY: ok").content[0].text == "ok"
-    assert model.stats() == {"requests": 2, "failures": 1}
+    assert model.stats() == {"requests": 2, "failures": 1, "streamed": 0}
 
 
 @pytest.mark.parametrize(
@@ -331,7 +333,7 @@ def test_fail_every_nth(status: int, exc_type: type[Exception]) -> None:
             except exc_type:
                 outcomes.append("fail")
         assert outcomes == ["ok", "ok", "fail", "ok", "ok", "fail", "ok"]
-        assert model.stats() == {"requests": 7, "failures": 2}
+        assert model.stats() == {"requests": 7, "failures": 2, "streamed": 0}
 
 
 def test_control_rejects_bad_input(model: ModelServer, http: httpx.Client) -> None:
@@ -369,6 +371,286 @@ def test_sdk_connection_error_when_down() -> None:
         _ask(c, "hi")
 
 
+# -- model: streaming -----------------------------------------------------------------------
+
+
+def _stream(
+    client: anthropic.Anthropic, text: object, **kw: object
+) -> tuple[list[str], anthropic.types.Message]:
+    """The text deltas of a streamed answer, and the message the SDK assembled from it."""
+    with client.messages.stream(
+        model="claude-local", max_tokens=64, messages=[{"role": "user", "content": text}], **kw
+    ) as stream:
+        deltas = list(stream.text_stream)
+        return deltas, stream.get_final_message()
+
+
+def _blocks(message: anthropic.types.Message) -> list[dict[str, object]]:
+    # The stream's blocks are the SDK's Parsed* subclasses, unequal to create's by type.
+    return [b.model_dump() for b in message.content]
+
+
+def _collect(client: anthropic.Anthropic, text: str, into: list[str]) -> None:
+    """Stream an answer's text deltas into a list that keeps them when the stream breaks."""
+    with client.messages.stream(
+        model="claude-local", max_tokens=64, messages=[{"role": "user", "content": text}]
+    ) as stream:
+        into.extend(stream.text_stream)
+
+
+def _timed_deltas(client: anthropic.Anthropic, text: str) -> list[float]:
+    """When each text delta arrived, in seconds after the stream opened."""
+    with client.messages.stream(
+        model="claude-local", max_tokens=64, messages=[{"role": "user", "content": text}]
+    ) as stream:
+        started = time.monotonic()
+        return [time.monotonic() - started for _ in stream.text_stream]
+
+
+def _raw_events(resp: httpx.Response) -> list[tuple[str, dict[str, object]]]:
+    """(event, data) pairs of an SSE body, read by hand rather than by the SDK."""
+    events = []
+    for block in resp.text.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines())
+        events.append((fields["event"], json.loads(fields["data"])))
+    return events
+
+
+def test_stream_equals_create(model: ModelServer, client: anthropic.Anthropic) -> None:
+    deltas, streamed = _stream(client, "REPLY: Hello big  wide world")
+    created = _ask(client, "REPLY: Hello big  wide world")
+    assert deltas == ["Hello", " big", "  wide", " world"]
+    assert "".join(deltas) == created.content[0].text
+    assert _blocks(streamed) == _blocks(created)
+    assert streamed.usage == created.usage and streamed.usage.output_tokens > 1
+    assert streamed.stop_reason == created.stop_reason == "end_turn"
+    assert streamed.model == "claude-local" and streamed.id == "msg_local_1"
+    assert model.stats() == {"requests": 2, "failures": 0, "streamed": 1}
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "REPLY:  two  leading, trailing  ",
+        "SUMMARIZE this\n\n  indented line\ttab\n",
+        "REPLY: one",
+        "REPLY: ",
+    ],
+)
+def test_stream_tokens_concatenate_to_reply(client: anthropic.Anthropic, prompt: str) -> None:
+    deltas, streamed = _stream(client, prompt)
+    text = _ask(client, prompt).content[0].text
+    assert "".join(deltas) == streamed.content[0].text == text
+    assert all(d.strip() for d in deltas)  # no whitespace-only tokens
+    assert len(deltas) == len(text.split())
+
+
+def test_stream_wire_format(model: ModelServer, http: httpx.Client) -> None:
+    body = {
+        "model": "m",
+        "max_tokens": 9,
+        "stream": True,
+        "messages": [{"role": "user", "content": "REPLY: a b"}],
+    }
+    resp = http.post(f"{model.url}/v1/messages", json=body)
+    assert resp.status_code == 200
+    assert resp.headers["content-type"] == "text/event-stream"
+    assert resp.headers["transfer-encoding"] == "chunked"
+    assert resp.headers["request-id"] == "req_local_1"
+    events = _raw_events(resp)
+    assert all(data["type"] == name for name, data in events)
+    assert [name for name, _ in events] == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    start = events[0][1]["message"]
+    assert start["content"] == [] and start["stop_reason"] is None  # type: ignore[index]
+    assert start["usage"]["input_tokens"] > 1  # type: ignore[index]
+    assert events[2][1]["content_block"] == {"type": "text", "text": ""}
+    assert [e[1]["delta"] for e in events[3:5]] == [
+        {"type": "text_delta", "text": "a"},
+        {"type": "text_delta", "text": " b"},
+    ]
+    assert events[6][1]["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
+
+
+def test_stream_rejects_non_boolean_stream(model: ModelServer, http: httpx.Client) -> None:
+    body = {
+        "model": "m",
+        "max_tokens": 9,
+        "stream": "yes",
+        "messages": [{"role": "user", "content": "x"}],
+    }
+    resp = http.post(f"{model.url}/v1/messages", json=body)
+    assert resp.status_code == 400
+    assert "stream" in resp.json()["error"]["message"]
+
+
+def test_stream_tool_use(
+    model: ModelServer, client: anthropic.Anthropic, http: httpx.Client
+) -> None:
+    tools = [
+        {
+            "name": "lookup",
+            "description": "Look a city up.",
+            "input_schema": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city", "days"],
+            },
+        }
+    ]
+    prompt = "TOOLS: lookup\nWhat is the weather?"
+    deltas, streamed = _stream(client, prompt, tools=tools)
+    created = _ask(client, prompt, tools=tools)
+    assert deltas == []
+    assert _blocks(streamed) == _blocks(created)
+    block = streamed.content[0]
+    assert block.type == "tool_use" and block.name == "lookup"
+    assert block.input == {"city": "lookup 0", "days": 0}
+    assert streamed.stop_reason == "tool_use" and streamed.usage == created.usage
+    # On the wire: the block opens with an empty input, then its JSON comes in pieces.
+    body = {
+        "model": "m",
+        "max_tokens": 9,
+        "stream": True,
+        "tools": tools,
+        "messages": [{"role": "user", "content": prompt}],
+    }
+    events = _raw_events(http.post(f"{model.url}/v1/messages", json=body))
+    assert events[2][1]["content_block"]["input"] == {}  # type: ignore[index]
+    pieces = [d["delta"]["partial_json"] for n, d in events if n == "content_block_delta"]  # type: ignore[index]
+    assert len(pieces) > 2
+    assert json.loads("".join(pieces)) == block.input
+
+
+def test_stream_token_ms_paces_text(model: ModelServer, client: anthropic.Anthropic) -> None:
+    model.control(token_ms=40)
+    arrived = _timed_deltas(client, "REPLY: one two three four five")
+    assert len(arrived) == 5
+    # The first token arrived as it was written, not with the last at the end.
+    assert arrived[-1] - arrived[0] >= 0.15
+    model.control(token_ms=0)
+    assert _timed_deltas(client, "REPLY: one two three four five")[-1] < 0.15
+
+
+def test_stream_token_ms_line_overrides(model: ModelServer, client: anthropic.Anthropic) -> None:
+    arrived = _timed_deltas(client, "TOKEN_MS: 40\nREPLY: one two three four five")
+    assert len(arrived) == 5 and arrived[-1] - arrived[0] >= 0.15
+    model.control(token_ms=1000)
+    arrived = _timed_deltas(client, "TOKEN_MS: 0\nREPLY: one two three four five")
+    assert arrived[-1] < 0.5
+
+
+def test_stream_delay_ms_before_first_event(
+    model: ModelServer, client: anthropic.Anthropic
+) -> None:
+    model.control(delay_ms=200)
+    started = time.monotonic()
+    deltas, _ = _stream(client, "REPLY: ok")
+    assert deltas == ["ok"] and time.monotonic() - started >= 0.2
+
+
+def test_stream_injected_overload(model: ModelServer, client: anthropic.Anthropic) -> None:
+    model.control(fail_next=1, status=529)
+    with pytest.raises(anthropic.OverloadedError) as info:
+        _stream(client, "REPLY: never")
+    assert info.value.status_code == 529 and info.value.type == "overloaded_error"
+    assert info.value.response.headers["content-type"] == "application/json"
+    assert _stream(client, "REPLY: ok")[0] == ["ok"]
+    assert model.stats() == {"requests": 2, "failures": 1, "streamed": 2}
+
+
+def test_stream_fail_every_counts_streams() -> None:
+    with (
+        ModelServer(fail_every=2, fail_status=429) as model,
+        anthropic.Anthropic(api_key="local", base_url=model.url, max_retries=0) as c,
+    ):
+        _stream(c, "hi")
+        with pytest.raises(anthropic.RateLimitError):
+            _stream(c, "hi")
+        _ask(c, "hi")
+        assert model.stats() == {"requests": 3, "failures": 1, "streamed": 2}
+
+
+def test_stream_keeps_connection(model: ModelServer, client: anthropic.Anthropic) -> None:
+    # Two streams in a row on one SDK client, then a plain call.
+    assert _stream(client, "REPLY: first one")[0] == ["first", " one"]
+    assert _stream(client, "REPLY: second one")[0] == ["second", " one"]
+    assert _ask(client, "REPLY: third").content[0].text == "third"
+    # And on one socket: the chunked answer ends cleanly, so the server keeps it open.
+    conn = HTTPConnection("127.0.0.1", model.port, timeout=5)
+    try:
+        socks = []
+        for word in ("one", "two"):
+            body = {
+                "model": "m",
+                "max_tokens": 9,
+                "stream": True,
+                "messages": [{"role": "user", "content": f"REPLY: {word}"}],
+            }
+            conn.request("POST", "/v1/messages", body=json.dumps(body))
+            socks.append(conn.sock)
+            resp = conn.getresponse()
+            assert resp.status == 200 and not resp.will_close
+            assert resp.read().rstrip().endswith(b'data: {"type": "message_stop"}')
+        assert socks[0] is socks[1] is not None
+    finally:
+        conn.close()
+
+
+def test_stream_cut_after_drops_connection(model: ModelServer, client: anthropic.Anthropic) -> None:
+    model.control(cut_after=2)
+    got: list[str] = []
+    with pytest.raises(httpx2.RemoteProtocolError):
+        _collect(client, "REPLY: a b c d", got)
+    assert got == ["a", " b"]
+    # One stream only: the next is whole again, on the same client.
+    assert _stream(client, "REPLY: a b c d")[0] == ["a", " b", " c", " d"]
+    assert model.stats() == {"requests": 2, "failures": 1, "streamed": 2}
+
+
+def test_stream_cut_after_all_deltas_still_fails(
+    model: ModelServer, client: anthropic.Anthropic
+) -> None:
+    model.control(cut_after=10)
+    got: list[str] = []
+    with pytest.raises(httpx2.RemoteProtocolError):
+        _collect(client, "REPLY: a b", got)
+    assert got == ["a", " b"]
+
+
+def test_stream_cut_with_error_event(model: ModelServer, client: anthropic.Anthropic) -> None:
+    model.control(cut_after=1, cut_status=529)
+    got: list[str] = []
+    with pytest.raises(anthropic.APIStatusError) as info:
+        _collect(client, "REPLY: a b", got)
+    assert got == ["a"]
+    # The headers said 200 before the overload came, so the SDK can't pick a status class.
+    assert info.value.status_code == 200 and info.value.type == "overloaded_error"
+    assert not isinstance(info.value, anthropic.InternalServerError)
+    assert _stream(client, "REPLY: a b")[0] == ["a", " b"]
+
+
+def test_control_streaming_fields(model: ModelServer, http: httpx.Client) -> None:
+    state = http.post(
+        f"{model.url}/_control", json={"token_ms": 5, "cut_after": 3, "cut_status": 500}
+    ).json()
+    assert state["token_ms"] == 5 and state["cut_after"] == 3 and state["cut_status"] == 500
+    assert model.token_ms == 5
+    for bad in ({"cut_after": "x"}, {"cut_after": True}, {"cut_after": 1, "cut_status": 418}):
+        assert http.post(f"{model.url}/_control", json=bad).status_code == 400
+    state = http.post(f"{model.url}/_control", json={"reset": True}).json()
+    assert state["cut_after"] is None and state["cut_status"] is None
+    assert ModelServer(token_ms=7).token_ms == 7
+
+
 # -- CLI ------------------------------------------------------------------------------------
 
 
@@ -397,5 +679,26 @@ def test_cli_prints_url_and_serves(args: list[str]) -> None:
                     _ask(c, "hi")
     finally:
         proc.terminate()  # SIGTERM: the CLI must exit cleanly on it
+        _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+
+
+def test_cli_token_ms_paces_streams() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cairn.testing.standins", "model", "--token-ms", "40", "--quiet"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        with anthropic.Anthropic(api_key="local", base_url=url, max_retries=0) as c:
+            arrived = _timed_deltas(c, "REPLY: one two three four five")
+        assert len(arrived) == 5 and arrived[-1] - arrived[0] >= 0.15
+    finally:
+        proc.terminate()
         _, err = proc.communicate(timeout=10)
     assert proc.returncode == 0, err

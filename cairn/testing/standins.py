@@ -8,15 +8,39 @@ stdlib HTTP servers play the outside world:
   tried) and *deliveries* (what a user would have received).
 * ``ModelServer`` -- enough of the Anthropic Messages API for the real ``anthropic`` SDK
   (``anthropic.Anthropic(api_key="local", base_url=server.url)``) to work, with
-  deterministic replies and injectable 429/529/500 failures.
+  deterministic replies, streaming, and injectable 429/529/500 failures.
 
 Both: ``__init__(host="127.0.0.1", port=0, **options)``, ``.start()`` (daemon thread,
 returns self), ``.stop()``, ``.url``, ``.stats()``, context manager.  From a shell::
 
-    python -m steps.standins mail  --port 8025 [--delay-ms D]
-    python -m steps.standins model --port 8026 [--delay-ms D] [--fail-every N --fail-status 429]
+    python -m cairn.testing.standins mail  --port 8025 [--delay-ms D]
+    python -m cairn.testing.standins model --port 8026 [--delay-ms D] [--token-ms T]
+                                           [--fail-every N --fail-status 429]
 
 The first stdout line is the URL (flushed), so a script can wait for it.
+
+Streaming (``"stream": true``, i.e. ``client.messages.stream(...)``)
+-------------------------------------------------------------------
+Answered as the API does: ``text/event-stream`` with ``message_start`` (empty content,
+the input usage), a ``ping``, then per content block ``content_block_start``, its deltas
+and ``content_block_stop``, then ``message_delta`` (stop_reason, output usage) and
+``message_stop``.  Text goes out as word-sized ``text_delta`` tokens, whitespace leading
+(``"Hello"``, ``" world"``); a tool_use block as ``input_json_delta`` pieces of its
+input's JSON.  The message the SDK assembles equals the non-streaming answer to the same
+body but for its id.  The body is chunked (the connection stays reusable) and each event
+is flushed as written.  Failure injection and ``delay_ms`` act before the first event,
+so an injected failure is the same JSON error answer as for ``create``.
+
+* ``token_ms`` (``--token-ms``, :meth:`ModelServer.control`, ``POST /_control``) sleeps
+  between text deltas, so a browser can be seen receiving tokens; a ``TOKEN_MS: n`` line
+  in the first user message overrides it for that request.
+* ``control(cut_after=k)`` breaks off the next streamed answer after its first k deltas
+  (message_start always goes out): the connection is dropped without the closing chunk,
+  which the SDK's reader raises as ``httpx2.RemoteProtocolError``.  With
+  ``cut_status=529`` (or another injectable status) the answer instead ends with an
+  ``error`` event of that status's type, as the API reports overload mid-answer; the SDK
+  raises it as a plain ``anthropic.APIStatusError`` with ``status_code == 200`` and
+  ``type == "overloaded_error"``.
 
 How the real SDK (anthropic 2.16) reacts to the injected failures
 -----------------------------------------------------------------
@@ -52,6 +76,8 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
@@ -72,11 +98,23 @@ _ANTHROPIC_ERROR_TYPES: dict[int, str] = {
 _REPLY_LINE = re.compile(r"^[ \t]*REPLY: ?(.*?)\r?$", re.MULTILINE)
 
 
+class _Cut(Exception):
+    """Raised by a streamed answer's events to drop the connection mid-answer."""
+
+
+@dataclass(frozen=True)
+class _EventStream:
+    """A streamed answer: SSE events, each written as one chunk as soon as it is made."""
+
+    events: Iterator[bytes]
+
+
 class _Handler(BaseHTTPRequestHandler):
     """Reads the whole request, hands it to the owning stand-in, writes its answer."""
 
     # HTTP/1.1 so the SDK's connection pool can keep connections alive; every answer
-    # carries Content-Length, and the body is always read so the stream stays in sync.
+    # carries Content-Length or is chunked, and the body is always read so the stream
+    # stays in sync.
     protocol_version = "HTTP/1.1"
     # Idle keep-alive connections must not pin a thread forever.
     timeout = 60
@@ -95,6 +133,9 @@ class _Handler(BaseHTTPRequestHandler):
         status, payload, headers = standin._handle(
             self.command, self.path.split("?", 1)[0], dict(self.headers.items()), raw
         )
+        if isinstance(payload, _EventStream):
+            self._write_events(status, payload.events, headers)
+            return
         body = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -103,6 +144,27 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
+
+    def _write_events(self, status: int, events: Iterator[bytes], headers: dict[str, str]) -> None:
+        # Chunked: the length is unknown until the answer ends, and unlike marking the end
+        # by closing, chunks leave the connection in the client's pool for the next call.
+        self.send_response(status)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        try:
+            for event in events:
+                # One write per event (wfile is unbuffered, TCP_NODELAY is on): the client
+                # reads each token as it is made, not when the answer ends.
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+        except _Cut:
+            # No closing chunk: the client sees the body end early, as when a proxy drops it.
+            self.close_connection = True
+            return
+        self.wfile.write(b"0\r\n\r\n")
 
     do_GET = do_POST = do_PUT = do_DELETE = _dispatch
 
@@ -350,6 +412,13 @@ def reply_for(text: str) -> str:
 
 
 _TOOLS_LINE = re.compile(r"^[ \t]*TOOLS: ?(.*?)\r?$", re.MULTILINE)
+_TOKEN_MS_LINE = re.compile(r"^[ \t]*TOKEN_MS: ?(\d+)\r?$", re.MULTILINE)
+
+
+def _first_user_text(data: dict[str, Any]) -> str:
+    """Text of the first user message: where a test's directives (TOOLS:, TOKEN_MS:) go."""
+    first = next((m for m in data["messages"] if m.get("role") == "user"), None)
+    return _text_of(first["content"]) if first else ""
 
 
 def _next_tool_use(data: dict[str, Any]) -> dict[str, Any] | None:
@@ -357,8 +426,7 @@ def _next_tool_use(data: dict[str, Any]) -> dict[str, Any] | None:
     first user message's ``TOOLS: a, b, c`` line lists the tools to call, one a turn, in
     order (turns done = assistant messages with a tool_use block); then text again. The
     input fills each required property of the tool's schema from its name and the turn."""
-    first = next((m for m in data["messages"] if m.get("role") == "user"), None)
-    m = _TOOLS_LINE.search(_text_of(first["content"])) if first else None
+    m = _TOOLS_LINE.search(_first_user_text(data))
     if m is None or not data.get("tools"):
         return None
     plan = [t.strip() for t in m.group(1).split(",") if t.strip()]
@@ -383,6 +451,91 @@ def _next_tool_use(data: dict[str, Any]) -> dict[str, Any] | None:
     return {"type": "tool_use", "id": f"toolu_local_{done}", "name": name, "input": args}
 
 
+# A word and the whitespace before it; trailing whitespace goes with the last word.
+_TOKEN = re.compile(r"\s*\S+(?:\s+\Z)?")
+
+
+def _tokens(text: str) -> list[str]:
+    """text cut into word-sized tokens, whitespace leading as in the model's own tokens
+    (``"Hello"``, ``" world"``); they concatenate to text exactly."""
+    return _TOKEN.findall(text) or ([text] if text else [])
+
+
+def _stream_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The SSE events, in the API's order, from which a client assembles ``message``."""
+    usage = message["usage"]
+    # The API reports the input usage at the start, the output usage in message_delta.
+    start = {
+        **message,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {**usage, "output_tokens": 1},
+    }
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", {"type": "message_start", "message": start}),
+        ("ping", {"type": "ping"}),
+    ]
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "tool_use":
+            opened = {**block, "input": {}}
+            # The API opens a tool's input with an empty piece too.
+            pieces = ["", *_tokens(json.dumps(block["input"]))]
+            deltas = [{"type": "input_json_delta", "partial_json": p} for p in pieces]
+        else:
+            opened = {**block, "text": ""}
+            deltas = [{"type": "text_delta", "text": t} for t in _tokens(block["text"])]
+        events.append(
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": opened},
+            )
+        )
+        events += [
+            ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d})
+            for d in deltas
+        ]
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    stop = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
+    events.append(("message_delta", {"type": "message_delta", "delta": stop, "usage": usage}))
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
+
+
+def _sse(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _paced(
+    events: list[tuple[str, dict[str, Any]]],
+    *,
+    token_ms: int,
+    cut_after: int | None,
+    cut_status: int | None,
+) -> Iterator[bytes]:
+    """``events`` on the wire, token_ms apart between text deltas.  With cut_after the
+    answer breaks off after that many deltas (before message_stop at the latest, so a cut
+    always fails the call): the connection dropped, or an ``error`` event of cut_status."""
+    deltas = texts = 0
+    for name, data in events:
+        if (
+            cut_after is not None
+            and name != "message_start"
+            and (deltas >= cut_after or name == "message_stop")
+        ):
+            if cut_status is None:
+                raise _Cut
+            yield _sse("error", _anthropic_error(cut_status, _FAIL_MESSAGES[cut_status]))
+            return
+        if name == "content_block_delta":
+            if data["delta"]["type"] == "text_delta":
+                if texts and token_ms > 0:
+                    time.sleep(token_ms / 1000)
+                texts += 1
+            deltas += 1
+        yield _sse(name, data)
+
+
 def _validate_messages_body(data: dict[str, Any] | None) -> str | None:
     """An error message if the body is not a usable Messages request, else None."""
     if data is None:
@@ -401,9 +554,8 @@ def _validate_messages_body(data: dict[str, Any] | None) -> str | None:
             return f"messages.{i}.role: must be 'user' or 'assistant'"
         if not isinstance(msg.get("content"), (str, list)):
             return f"messages.{i}.content: must be a string or a list of blocks"
-    if data.get("stream"):
-        # Streaming is a different wire format; fail loudly rather than half-emulate it.
-        return "stream: not supported by the local stand-in"
+    if not isinstance(data.get("stream", False), bool):
+        return "stream: must be a boolean"
     return None
 
 
@@ -411,8 +563,9 @@ class ModelServer(_StandIn):
     """Anthropic Messages API stand-in with deterministic replies and failure injection.
 
     ``fail_every=N`` fails requests N, 2N, 3N, ... with ``fail_status``; ``POST /_control``
-    (or :meth:`control`) queues the next k failures.  Injected failures win over
-    validation, like a real overloaded front end that never looks at the body.
+    (or :meth:`control`) queues the next k failures, or a cut of the next streamed answer.
+    Injected failures win over validation, like a real overloaded front end that never
+    looks at the body.  ``token_ms`` paces the text deltas of streamed answers.
     """
 
     name = "model"
@@ -423,12 +576,15 @@ class ModelServer(_StandIn):
         port: int = 0,
         *,
         delay_ms: int = 0,
+        token_ms: int = 0,
         fail_every: int = 0,
         fail_status: int = 429,
         verbose: bool = False,
     ) -> None:
         super().__init__(host, port, delay_ms=delay_ms, verbose=verbose)
         _check_status(fail_status)
+        # Plain attribute like delay_ms: read on every streamed request.
+        self.token_ms = token_ms
         self.fail_every = fail_every
         self.fail_status = fail_status
         self._reset_state()
@@ -436,15 +592,23 @@ class ModelServer(_StandIn):
     def _reset_state(self) -> None:
         self._requests = 0
         self._failures = 0
+        self._streamed = 0
         self._served = 0
         self._fail_next = 0
         self._fail_next_status = 429
+        self._cut_after: int | None = None
+        self._cut_status: int | None = None
         self._received: list[dict[str, Any]] = []
 
     def stats(self) -> dict[str, Any]:
-        """Same dict as ``GET /_stats``."""
+        """Same dict as ``GET /_stats``: requests (streamed ones included), injected
+        failures (cuts included), and how many requests asked for a stream."""
         with self._lock:
-            return {"requests": self._requests, "failures": self._failures}
+            return {
+                "requests": self._requests,
+                "failures": self._failures,
+                "streamed": self._streamed,
+            }
 
     def received(self) -> list[dict[str, Any]]:
         """Bodies of the requests seen so far (JSON objects only), oldest first."""
@@ -459,12 +623,30 @@ class ModelServer(_StandIn):
         fail_every: int | None = None,
         fail_status: int | None = None,
         delay_ms: int | None = None,
+        token_ms: int | None = None,
+        cut_after: int | None = None,
+        cut_status: int | None = None,
         reset: bool = False,
     ) -> None:
-        """Change failure injection at run time (same fields as ``POST /_control``)."""
-        for s in (status, fail_status):
+        """Change failure injection and pacing at run time (same fields as ``POST /_control``).
+
+        Args:
+            fail_next: fail the next k requests with ``status`` (default 429).
+            fail_every: fail every Nth request with ``fail_status`` (0: never).
+            delay_ms: sleep before every answer.
+            token_ms: sleep between the text deltas of a streamed answer.
+            cut_after: break off the next streamed answer after k deltas by dropping the
+                connection, or with ``cut_status`` (default none) by an ``error`` event of
+                that status's type.
+            reset: forget counts, received bodies and queued failures and cuts first.
+        """
+        for s in (status, fail_status, cut_status):
             if s is not None:
                 _check_status(s)
+        if cut_after is not None and (
+            isinstance(cut_after, bool) or not isinstance(cut_after, int)
+        ):
+            raise ValueError(f"cut_after must be an integer, got {cut_after!r}")
         with self._lock:
             if reset:
                 self._reset_state()
@@ -477,6 +659,11 @@ class ModelServer(_StandIn):
                 self.fail_status = fail_status
             if delay_ms is not None:
                 self.delay_ms = max(0, int(delay_ms))
+            if token_ms is not None:
+                self.token_ms = max(0, int(token_ms))
+            if cut_after is not None:
+                self._cut_after = max(0, cut_after)
+                self._cut_status = cut_status
 
     def _handle(
         self, method: str, path: str, headers: dict[str, str], raw: bytes
@@ -498,7 +685,17 @@ class ModelServer(_StandIn):
         hdrs = {"request-id": "req_local_control"}
         if data is None:
             return 400, _anthropic_error(400, "body must be a JSON object"), hdrs
-        known = {"fail_next", "status", "fail_every", "fail_status", "delay_ms", "reset"}
+        known = {
+            "fail_next",
+            "status",
+            "fail_every",
+            "fail_status",
+            "delay_ms",
+            "token_ms",
+            "cut_after",
+            "cut_status",
+            "reset",
+        }
         unknown = set(data) - known
         if unknown:
             return 400, _anthropic_error(400, f"unknown control fields: {sorted(unknown)}"), hdrs
@@ -513,6 +710,9 @@ class ModelServer(_StandIn):
                 "fail_every": self.fail_every,
                 "fail_status": self.fail_status,
                 "delay_ms": self.delay_ms,
+                "token_ms": self.token_ms,
+                "cut_after": self._cut_after,
+                "cut_status": self._cut_status,
             }
         return 200, state, hdrs
 
@@ -523,6 +723,8 @@ class ModelServer(_StandIn):
             n = self._requests
             if data is not None:
                 self._received.append(data)
+                if data.get("stream") is True:
+                    self._streamed += 1
             fail_status: int | None = None
             if self._fail_next > 0:
                 self._fail_next -= 1
@@ -542,6 +744,26 @@ class ModelServer(_StandIn):
         if problem is not None:
             return 400, _anthropic_error(400, problem), headers
         assert data is not None
+        message = self._answer(data)
+        if not data.get("stream"):
+            return 200, message, headers
+        with self._lock:
+            # A cut is for the next stream actually answered, not one failed above.
+            cut_after, self._cut_after = self._cut_after, None
+            cut_status, self._cut_status = self._cut_status, None
+            if cut_after is not None:
+                self._failures += 1
+            token_ms = self.token_ms
+        m = _TOKEN_MS_LINE.search(_first_user_text(data))
+        if m:
+            token_ms = int(m.group(1))
+        events = _paced(
+            _stream_events(message), token_ms=token_ms, cut_after=cut_after, cut_status=cut_status
+        )
+        return 200, _EventStream(events), headers
+
+    def _answer(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The Message for a valid body; a stream sends the same one as events."""
         tool_use = _next_tool_use(data)
         last_user = next((m for m in reversed(data["messages"]) if m.get("role") == "user"), None)
         reply = reply_for(_text_of(last_user["content"]) if last_user else "")
@@ -549,25 +771,21 @@ class ModelServer(_StandIn):
         with self._lock:
             self._served += 1
             msg_no = self._served
-        return (
-            200,
-            {
-                "id": f"msg_local_{msg_no}",
-                "type": "message",
-                "role": "assistant",
-                "model": data["model"],
-                "content": [tool_use] if tool_use else [{"type": "text", "text": reply}],
-                "stop_reason": "tool_use" if tool_use else "end_turn",
-                "stop_sequence": None,
-                "usage": {
-                    "input_tokens": max(1, len(prompt) // 4),
-                    "output_tokens": max(1, len(reply) // 4),
-                    "cache_creation_input_tokens": 0,
-                    "cache_read_input_tokens": 0,
-                },
+        return {
+            "id": f"msg_local_{msg_no}",
+            "type": "message",
+            "role": "assistant",
+            "model": data["model"],
+            "content": [tool_use] if tool_use else [{"type": "text", "text": reply}],
+            "stop_reason": "tool_use" if tool_use else "end_turn",
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": max(1, len(prompt) // 4),
+                "output_tokens": max(1, len(reply) // 4),
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
             },
-            headers,
-        )
+        }
 
 
 _FAIL_MESSAGES: dict[int, str] = {
@@ -595,7 +813,7 @@ def _check_status(status: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run one stand-in in the foreground until SIGINT/SIGTERM."""
     parser = argparse.ArgumentParser(
-        prog="python -m steps.standins", description="Run a cairn loopback stand-in."
+        prog="python -m cairn.testing.standins", description="Run a cairn loopback stand-in."
     )
     sub = parser.add_subparsers(dest="which", required=True)
     for which in ("mail", "model"):
@@ -605,6 +823,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--delay-ms", type=int, default=0)
         p.add_argument("--quiet", action="store_true", help="don't log requests to stderr")
         if which == "model":
+            p.add_argument(
+                "--token-ms", type=int, default=0, help="sleep between streamed text deltas"
+            )
             p.add_argument("--fail-every", type=int, default=0)
             p.add_argument("--fail-status", type=int, default=429, choices=[429, 500, 529])
     args = parser.parse_args(argv)
@@ -617,6 +838,7 @@ def main(argv: list[str] | None = None) -> int:
             args.host,
             args.port,
             delay_ms=args.delay_ms,
+            token_ms=args.token_ms,
             fail_every=args.fail_every,
             fail_status=args.fail_status,
             verbose=not args.quiet,
