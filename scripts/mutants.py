@@ -334,7 +334,7 @@ MUTANTS = [
         "M35",
         "a worker that lost the run still writes its events",
         "store/lua/emit.lua",
-        "  if flag ~= 's' and held ~= ARGV[1] then",
+        "  if (flag == 'f' and held ~= ARGV[1]) or (flag == 'g' and held and held ~= ARGV[1]) then",
         "  if false then",
         ("tests/test_events.py::test_a_worker_that_lost_the_run_writes_no_event",),
     ),

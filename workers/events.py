@@ -44,7 +44,7 @@ KIND = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
 # cairn's own kinds: a step's ctx.emit may not use them.
 RESERVED = frozenset(
     {
-        "step_started",  # a step attempt began
+        "step_started",  # a delivery's first step attempt began (then step_saved's "next")
         "token",  # a text delta of a streamed model call: {call, text}
         "model_restart",  # a streamed call was retried: drop its tokens so far ({call})
         "message",  # a model call's whole answer, once journaled: {call, text, tool_calls}
@@ -69,6 +69,8 @@ ENDS_ATTEMPT = frozenset(
     {"step_saved", "retry", "run_ended", "wait", "attempt_abandoned", "resumed", "dropped"}
 )
 _ANCHOR = "0-0"
+# One encoder, made once: json.dumps with options builds a new one every call (half the cost).
+_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +118,7 @@ def encode(
     seq: int | None = None,
 ) -> str:
     """An event as the stream keeps it, with its emit flag (see emit.lua)."""
-    blob = json.dumps(
+    blob = _JSON.encode(
         {
             "kind": kind,
             "data": data,
@@ -125,9 +127,7 @@ def encode(
             "attempt": attempt,
             "seq": seq,
             "ts": time.time(),
-        },
-        separators=(",", ":"),
-        allow_nan=False,
+        }
     )
     flag = "s" if kind in _AFTER_COMMIT else "g" if kind in RESERVED and kind != "token" else "f"
     return flag + blob
@@ -140,7 +140,7 @@ def check(kind: str, data: Any, max_bytes: int) -> str:
     if kind in RESERVED:
         raise EventRefused(f"event kind {kind!r} is cairn's own; pick another name")
     try:
-        raw = json.dumps(data, separators=(",", ":"), allow_nan=False)
+        raw = _JSON.encode(data)
     except (TypeError, ValueError) as exc:
         raise EventRefused(f"event {kind!r}: data is not JSON ({exc})") from exc
     if len(raw) > max_bytes:
@@ -206,8 +206,13 @@ class Outbox:
     waits, except ctx.emit, which waits for its own event's answer (its id, or the cap).
     """
 
-    def __init__(self, log: EventLog, settings: Settings, limit: int = 100_000) -> None:
-        self.log, self.limit = log, limit
+    def __init__(
+        self, log: EventLog, settings: Settings, limit: int = 100_000, linger: float = 0.005
+    ) -> None:
+        # linger: how long the thread waits, once woken, for more events to send with the
+        # first (not when a ctx.emit waits for its answer). A step's own events then cost
+        # it an append, and one Redis call carries those of several steps and tokens.
+        self.log, self.limit, self.linger = log, limit, linger
         self.maxlen, self.ttl, self.cap = (
             settings.events_maxlen,
             settings.events_ttl,
@@ -219,6 +224,9 @@ class Outbox:
         self._over: set[str] = set()  # runs past their cap (their tokens are dropped)
         self._fenced: collections.Counter[str] = collections.Counter()  # queued, per run
         self._pid = 0
+        self._idle = False  # the thread waits for events: the next put wakes it
+        self._urgent = 0  # queued events a ctx.emit waits on
+        self._settling = 0  # runs waiting for their events to be sent (settle)
         self.sent = 0  # events written (metrics, tests)
 
     def put(self, run_id: str, token: str, event: str, wait: bool = False) -> str | None:
@@ -233,10 +241,13 @@ class Outbox:
                     return None
                 raise StoreUnavailable("the event outbox is full: Redis is slow or away")
             self._queue.append(_Pending(run_id, token, event, done))
-            if event[0] != "s":
+            if event[0] == "f":
                 self._fenced[run_id] += 1
             self._start()
-            self._cond.notify()
+            if done is not None:
+                self._urgent += 1
+            if self._idle or done is not None:
+                self._cond.notify()
         return done.result(timeout=60) if done is not None else None
 
     def over_cap(self, run_id: str) -> bool:
@@ -247,11 +258,18 @@ class Outbox:
         goes, which would fence them); False on timeout."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._fenced.get(run_id):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, 0.05))
+            if not self._fenced.get(run_id):
+                return True
+            self._settling += 1  # the thread sends now instead of lingering
+            self._cond.notify_all()
+            try:
+                while self._fenced.get(run_id):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._cond.wait(min(left, 0.05))
+            finally:
+                self._settling -= 1
         return True
 
     def flush(self, timeout: float = 5.0) -> bool:
@@ -276,12 +294,21 @@ class Outbox:
         while True:
             with self._cond:
                 while not self._queue and not self._lost:
-                    self._busy = False
+                    self._busy, self._idle = False, True
                     self._cond.notify_all()
                     self._cond.wait(30.0)
-                self._busy = True
+                self._busy, self._idle = True, False
+                # Linger for company, unless someone waits on what is queued already.
+                deadline = time.monotonic() + self.linger
+                while not (self._urgent or self._settling):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
                 batch = [self._queue.popleft() for _ in range(min(len(self._queue), 2000))]
                 lost, self._lost = self._lost, {}
+                # Left behind (a batch holds 2,000 at most): do they include a waiter?
+                self._urgent = sum(1 for p in self._queue if p.done is not None)
             self._send(batch, lost)
 
     def _send(self, batch: list[_Pending], lost: dict[str, tuple[str, int]]) -> None:
@@ -290,7 +317,7 @@ class Outbox:
         finally:
             with self._cond:
                 for p in batch:
-                    if p.event[0] != "s":
+                    if p.event[0] == "f":
                         self._fenced[p.run_id] -= 1
                         if self._fenced[p.run_id] <= 0:
                             del self._fenced[p.run_id]

@@ -126,12 +126,12 @@ def _run(run_id: str, deps: Deps) -> RunStatus:
             return status
         lease.start_heartbeat()
         status = _drive(cp, lease, deps)
-        if deps.events is not None:
-            # What the last step emitted before its save is fenced by this lease: send it
-            # before the lease goes (a wait, usually none: the outbox is quick).
-            deps.events.settle(run_id, timeout=2.0)
         return status
     finally:
+        if deps.events is not None:
+            # What the run's steps emitted before their saves is fenced by this lease: send
+            # it before the lease goes (a wait of a few ms at most: the outbox lingers 5).
+            deps.events.settle(run_id, timeout=2.0)
         lease.release(ended=status in STOPPED)
 
 
@@ -311,7 +311,8 @@ def _step(
         events=deps.events,
     )
     try:
-        _tell(deps, cp, "step_started", {}, lease)
+        if not fresh:  # after the first, step_saved's "next" says which step starts
+            _tell(deps, cp, "step_started", {}, lease)
         middleware.before_step(cp)
         current = _current.set(ctx)
         try:

@@ -6,8 +6,10 @@
 -- ARGV[2]  MAXLEN, ARGV[3] TTL in seconds (both keys), ARGV[4] the cap (0: none)
 -- ARGV[5..] one event each: a flag character then its JSON. "f": fenced (written before
 --          the step's commit: only while the writer holds the lease) and counted (a step's
---          own, and model tokens); "g": fenced, not counted (cairn's own, before a commit);
---          "s": neither (cairn's own, written after a fenced commit succeeded).
+--          own, and model tokens); "g": refused only while another worker holds the lease,
+--          not counted (cairn's own markers before a commit: they carry no content, and
+--          may come after our own release); "s": neither (cairn's own, written after a
+--          fenced commit succeeded).
 -- Returns one entry per event: its stream id, or 0 (fenced) or 1 (over the cap).
 local out = {}
 local held = redis.call('GET', KEYS[3])
@@ -16,7 +18,7 @@ local cap = tonumber(ARGV[4])
 local added = 0
 for i = 5, #ARGV do
   local flag = string.sub(ARGV[i], 1, 1)
-  if flag ~= 's' and held ~= ARGV[1] then
+  if (flag == 'f' and held ~= ARGV[1]) or (flag == 'g' and held and held ~= ARGV[1]) then
     out[#out + 1] = 0
   elseif flag == 'f' and cap > 0 and n >= cap then
     out[#out + 1] = 1
