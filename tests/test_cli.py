@@ -20,6 +20,7 @@ COMMANDS = [
     "show",
     "cancel",
     "signal",
+    "events",
     "db",
     "db upgrade",
     "demo",
@@ -154,3 +155,30 @@ def test_resolve_settles_an_unknown_run(cli_env, store: PgStore) -> None:
     assert json.loads(out.stdout)["resolved"] == ["k-1"]
     assert json.loads(out.stdout)["run"]["status"] == "pending"
     assert store.open_intents("u-1") == [] and store.was_done("k-1") == (False, None)
+
+
+def test_events_follows_a_run_as_text_and_as_json_lines(cli_env, settings, store) -> None:
+    import cairn.steps.chat  # noqa: F401  (registers chat here, as a worker does)
+    from cairn.steps.model import ModelClient
+    from cairn.store.events import RedisEvents
+    from cairn.store.lease import Leases
+    from cairn.workers import loop
+    from cairn.workers.events import Outbox
+
+    store.create_run("ev-cli", "chat", {"prompt": "REPLY: one two three", "max_tokens": 9})
+    leases = Leases.from_url(settings.redis_url)
+    outbox = Outbox(RedisEvents(leases.client), settings)
+    model = ModelClient(base_url=settings.anthropic_base_url)
+    deps = loop.Deps(settings=settings, store=store, leases=leases, model=model, events=outbox)
+    assert loop.run("ev-cli", deps) == "done"
+    model.close()
+    outbox.flush()
+    lines = _cairn("events", "ev-cli", "--json", env=cli_env).stdout.splitlines()
+    kinds = [json.loads(line)["kind"] for line in lines]
+    assert kinds[0] == "step_started" and kinds[-1] == "run_ended" and "step_saved" in kinds
+    text = _cairn("events", "ev-cli", "--after", json.loads(lines[0])["id"], env=cli_env)
+    assert "step_started" not in text.stdout and "run_ended" in text.stdout
+    assert "one two three" in text.stdout  # the tokens, as one line of text
+    missing = _cairn("events", "no-such-run", env=cli_env)
+    assert missing.returncode == 2 and "no run 'no-such-run'" in missing.stderr
+    leases.client.close()

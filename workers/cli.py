@@ -416,6 +416,50 @@ def show(
 
 
 @app.command()
+def events(
+    run_id: Annotated[str, typer.Argument(help="The run id.")],
+    after: Annotated[
+        str | None, typer.Option("--after", help="Go on after this event id (no duplicate).")
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="Stop after this many seconds.")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object per event per line.")
+    ] = False,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Follow a run's events live until it ends: model tokens as they are written, steps,
+    retries, waits, what ctx.emit sent (see the README's "Live output")."""
+    from cairn.errors import CairnError
+
+    settings = _settings(database_url=database_url, redis_url=redis_url)
+    try:
+        with _client(settings) as client:
+            midline = False
+            for event in client.events(run_id, after, timeout=timeout):
+                if as_json:
+                    print(_dumps(event.to_json()), flush=True)
+                    continue
+                if event.kind == "token":
+                    console.print(event.data["text"], end="", markup=False, highlight=False)
+                    midline = True
+                    continue
+                if midline:
+                    console.print()
+                    midline = False
+                where = f"{event.cursor}#{event.visit}" if event.cursor else ""
+                data = "" if event.data in (None, {}) else json.dumps(event.data, default=str)
+                console.print(
+                    f"[dim]{event.id}[/] [bold]{event.kind}[/] {where} {data[:300]}",
+                    highlight=False,
+                )
+    except CairnError as exc:
+        _fail(str(exc), 2)
+
+
+@app.command()
 def signal(
     run_id: Annotated[str, typer.Argument(help="The run id.")],
     event: Annotated[str, typer.Argument(help="The event the run waits for, e.g. payment.")],

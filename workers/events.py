@@ -15,6 +15,7 @@ ended), and goes on live from the stream's end.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import concurrent.futures
 import dataclasses
@@ -289,6 +290,7 @@ class Outbox:
         if self._pid != os.getpid():  # first use, or a forked child: the thread did not follow
             self._pid = os.getpid()
             threading.Thread(target=self._run, name="cairn-events", daemon=True).start()
+            atexit.register(self.flush, 2.0)  # a process that ends sends what it queued
 
     def _run(self) -> None:
         while True:
