@@ -13,13 +13,20 @@ from cairn._lazy import loader
 _LAZY = {
     "ManualClock": "cairn.testing.memory",
     "MemoryLease": "cairn.testing.memory",
+    "MemoryEvents": "cairn.testing.memory",
     "MemoryLeases": "cairn.testing.memory",
     "MemoryStore": "cairn.testing.memory",
 }
 
 if TYPE_CHECKING:
-    from cairn.testing.memory import ManualClock, MemoryLease, MemoryLeases, MemoryStore
+    from cairn.testing.memory import (
+        ManualClock,
+        MemoryEvents,
+        MemoryLease,
+        MemoryLeases,
+        MemoryStore,
+    )
 
 __getattr__ = loader("cairn.testing", _LAZY, globals())
 
-__all__ = ["ManualClock", "MemoryLease", "MemoryLeases", "MemoryStore"]
+__all__ = ["ManualClock", "MemoryEvents", "MemoryLease", "MemoryLeases", "MemoryStore"]

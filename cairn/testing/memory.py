@@ -881,3 +881,92 @@ def _live(table: dict[str, tuple[Any, float]], key: str, now: float) -> Any:
         del table[key]
         return None
     return entry[0]
+
+
+class MemoryEvents:
+    """The run event streams (EventLog) in dicts, as store/lua/emit.lua and Redis Streams
+    do it: ids "<ms>-<n>" rising per run, MAXLEN trimming, the fence against MemoryLeases,
+    the cap. Give it to an Outbox (`loop.Deps(events=Outbox(MemoryEvents(leases), settings))`)
+    to see a step's events in process."""
+
+    def __init__(self, leases: MemoryLeases, clock: Clock = time.time) -> None:
+        self._leases, self._clock = leases, clock
+        self._cond = threading.Condition()
+        self._streams: dict[str, list[tuple[str, str]]] = {}
+        self._added: dict[str, int] = {}  # entries ever added (XINFO's entries-added)
+        self._counted: dict[str, int] = {}  # events counted toward the cap
+        self._last: dict[str, tuple[int, int]] = {}
+
+    def _id(self, run_id: str) -> str:
+        ms = int(self._clock() * 1000)
+        last_ms, n = self._last.get(run_id, (0, -1))
+        ms, n = (last_ms, n + 1) if ms <= last_ms else (ms, 0)
+        self._last[run_id] = (ms, n)
+        return f"{ms}-{n}"
+
+    def append(self, batches: Any, *, maxlen: int, ttl: float, cap: int) -> list[list[Any]]:
+        out = []
+        with self._cond:
+            for run_id, token, events in batches:
+                with self._leases._lock:
+                    held = _live(self._leases._leases, run_id, self._leases._clock())
+                held_by = str(held) if held is not None else None
+                ids: list[Any] = []
+                for raw in events:
+                    flag, blob = raw[0], raw[1:]
+                    if (flag == "f" and held_by != token) or (
+                        flag == "g" and held_by is not None and held_by != token
+                    ):
+                        ids.append(0)
+                        continue
+                    if flag == "f" and cap > 0 and self._counted.get(run_id, 0) >= cap:
+                        ids.append(1)
+                        continue
+                    if flag == "f":
+                        self._counted[run_id] = self._counted.get(run_id, 0) + 1
+                    entry = (self._id(run_id), blob)
+                    stream = self._streams.setdefault(run_id, [])
+                    stream.append(entry)
+                    self._added[run_id] = self._added.get(run_id, 0) + 1
+                    del stream[: max(0, len(stream) - maxlen)]
+                    ids.append(entry[0])
+                out.append(ids)
+            self._cond.notify_all()
+        return out
+
+    def read(
+        self, run_id: str, after: str = "0-0", count: int = 500, block: float | None = None
+    ) -> list[tuple[str, str]]:
+        def newer() -> list[tuple[str, str]]:
+            at = _event_key(after)
+            return [e for e in self._streams.get(run_id, []) if _event_key(e[0]) > at][:count]
+
+        with self._cond:
+            if block is not None:
+                self._cond.wait_for(newer, timeout=block)
+            return newer()
+
+    def info(self, run_id: str) -> Any:
+        from cairn.store.runs import StreamInfo
+
+        with self._cond:
+            stream = self._streams.get(run_id)
+            if not stream:
+                return None
+            trimmed = self._added[run_id] > len(stream)
+            return StreamInfo(first=stream[0][0], last=stream[-1][0], trimmed=trimmed)
+
+    def last(self, run_id: str) -> tuple[str, str] | None:
+        with self._cond:
+            stream = self._streams.get(run_id)
+            return stream[-1] if stream else None
+
+    def lose(self, run_id: str) -> None:
+        """Drop the run's stream, as an expiry or a Redis that lost its data would."""
+        with self._cond:
+            self._streams.pop(run_id, None)
+
+
+def _event_key(entry_id: str) -> tuple[int, int]:
+    ms, _, n = entry_id.partition("-")
+    return int(ms), int(n or 0)

@@ -1,0 +1,133 @@
+"""The event log's contract, run against Redis (store/events.py, store/lua/emit.lua) and
+its in-memory twin (cairn.testing.MemoryEvents): order and ids, the fence, the cap, the
+trim, blocking reads. A twin that drifts fails here."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cairn.store.events import FENCED, OVER_CAP, RedisEvents
+from cairn.store.lease import Leases
+from cairn.testing import MemoryEvents, MemoryLeases
+from cairn.workers.events import Event, encode
+
+
+@pytest.fixture(params=["redis", "memory"])
+def both(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
+    if request.param == "memory":
+        leases = MemoryLeases()
+        yield MemoryEvents(leases), leases
+        return
+    redis_url = request.getfixturevalue("redis_url")
+    leases = Leases.from_url(redis_url)
+    yield RedisEvents(leases.client), leases
+    leases.client.close()
+
+
+def _key(i: str) -> tuple[int, int]:
+    ms, n = i.split("-")
+    return int(ms), int(n)
+
+
+def _append(log: Any, run_id: str, token: str, *events: str, cap: int = 0, maxlen: int = 1000):
+    return log.append([(run_id, token, list(events))], maxlen=maxlen, ttl=60, cap=cap)[0]
+
+
+def test_events_get_rising_ids_and_read_back_in_order_after_any_id(both) -> None:
+    log, leases = both
+    lease = leases.acquire("r", 30)
+    token = str(lease.token)
+    ids = _append(log, "r", token, *(encode("step", {"i": i}) for i in range(5)))
+    assert all(isinstance(i, str) for i in ids) and ids == sorted(ids, key=_key)
+    assert [Event.parse(*e).data["i"] for e in log.read("r")] == [0, 1, 2, 3, 4]
+    assert [e[0] for e in log.read("r", ids[1])] == ids[2:]
+    assert log.last("r")[0] == ids[-1]
+    info = log.info("r")
+    assert (info.first, info.last, info.trimmed) == (ids[0], ids[-1], False)
+    assert log.info("none") is None and log.last("none") is None and log.read("none") == []
+
+
+def test_the_fence_by_kind_of_event(both) -> None:
+    log, leases = both
+    mine = leases.acquire("r", 30)
+    token = str(mine.token)
+    step = encode("mine", {})  # a step's own: fenced
+    marker = encode("step_started", {})  # cairn's marker: refused only under another owner
+    after = encode("step_saved", {})  # after a commit: never fenced
+    assert all(isinstance(i, str) for i in _append(log, "r", token, step, marker, after))
+    mine.release()
+    # Nobody holds the run: a step's own event is refused, cairn's markers are not.
+    assert [isinstance(i, str) for i in _append(log, "r", token, step, marker, after)] == [
+        False,
+        True,
+        True,
+    ]
+    other = leases.acquire("r", 30)
+    assert other is not None
+    got = _append(log, "r", token, step, marker, after)
+    assert got[:2] == [FENCED, FENCED] and isinstance(got[2], str)
+    assert isinstance(_append(log, "r", str(other.token), step)[0], str)
+
+
+def test_the_cap_counts_a_steps_own_events_only(both) -> None:
+    log, leases = both
+    token = str(leases.acquire("r", 30).token)
+    got = _append(log, "r", token, *(encode("mine", {}) for _ in range(3)), cap=2)
+    assert got[2] == OVER_CAP and all(isinstance(i, str) for i in got[:2])
+    over = _append(log, "r", token, encode("step_saved", {}), encode("mine", {}), cap=2)
+    assert isinstance(over[0], str) and over[1] == OVER_CAP
+
+
+def test_a_stream_past_its_maxlen_keeps_the_newest_and_says_it_was_trimmed(both) -> None:
+    log, leases = both
+    token = str(leases.acquire("r", 30).token)
+    ids = _append(log, "r", token, *(encode("mine", {"i": i}) for i in range(450)), maxlen=10)
+    info = log.info("r")
+    kept = log.read("r", count=1000)
+    # Redis trims whole nodes (MAXLEN ~): at most a node's worth over.
+    assert info.trimmed and 10 <= len(kept) <= 110 and kept[-1][0] == ids[-1]
+    assert info.first == kept[0][0] != ids[0]
+
+
+def test_a_blocking_read_returns_when_an_event_comes(both) -> None:
+    log, leases = both
+    token = str(leases.acquire("r", 30).token)
+    first = _append(log, "r", token, encode("mine", {}))[0]
+    threading.Timer(0.2, lambda: _append(log, "r", token, encode("later", {}))).start()
+    started = time.monotonic()
+    got = log.read("r", first, block=5.0)
+    assert [Event.parse(*e).kind for e in got] == ["later"]
+    assert time.monotonic() - started < 2.0
+    assert log.read("r", got[0][0], block=0.1) == []
+
+
+def test_a_run_on_the_in_memory_twins_streams_its_events() -> None:
+    """What a user's own test does: the loop on MemoryStore, MemoryLeases, MemoryEvents."""
+    import cairn
+    from cairn.testing import ManualClock, MemoryStore
+    from cairn.workers import loop
+    from cairn.workers.events import Outbox, follow
+    from cairn.workers.settings import Settings
+
+    flow = cairn.workflow("events_twin")
+
+    @flow.step()
+    def hello(ctx: cairn.Context) -> cairn.StepResult:
+        ctx.emit("said", {"text": "hello"})
+        return cairn.StepResult(cursor=cairn.DONE)
+
+    clock = ManualClock()
+    store, leases = MemoryStore(clock), MemoryLeases(clock)
+    outbox = Outbox(MemoryEvents(leases, clock), Settings())
+    deps = loop.Deps(settings=Settings(), store=store, leases=leases, model=None, events=outbox)
+    store.create_run("t1", "events_twin", {})
+    assert loop.run("t1", deps) == "done"
+    outbox.flush()
+    events = list(follow(store, outbox.log, "t1", until=time.monotonic() + 5))
+    assert [e.kind for e in events] == ["step_started", "said", "step_saved", "run_ended"]
+    assert events[1].data == {"text": "hello"}
