@@ -247,3 +247,50 @@ def test_the_pydantic_ai_example_answers_from_a_worker_behind_fastapi(
         ".call_tool:email_customer:0"
     )
     assert model.stats()["requests"] == 2  # the tool call, then the answer
+
+
+def test_the_chat_example_streams_a_runs_answer_to_its_own_client(
+    settings, model, tmp_path: Path
+) -> None:
+    """chat.py on uvicorn, as the README gives it, next to a real worker: the answer comes
+    to the app's own client token by token (several chunks, over time) and whole."""
+    import time
+
+    import httpx
+
+    block = next(b for b in PYTHON if b.startswith("# chat.py"))
+    (tmp_path / "chat.py").write_text(block)
+    env = _env(settings)
+    argv = [str(BIN / "cairn"), "worker", "--concurrency", "1"]
+    worker = fleet.wait_ready(fleet.Proc(argv, env, tmp_path / "w.log", "w", tmp_path))
+    port = fleet.free_port()
+    web = fleet.Proc(
+        [str(BIN / "uvicorn"), "chat:app", "--port", str(port)],
+        env,
+        tmp_path / "uvicorn.log",
+        "uvicorn",
+        tmp_path,
+    )
+    words = " ".join(f"word{i}" for i in range(30))
+    chunks: list[tuple[float, str]] = []
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            try:
+                return httpx.get(f"{url}/docs", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return not web.alive()
+
+        wait_for(up, 30, "uvicorn to start")
+        prompt = f"REPLY: {words}\nTOKEN_MS: 20"
+        with httpx.stream("POST", f"{url}/chat", params={"prompt": prompt}, timeout=60) as resp:
+            assert resp.status_code == 200
+            for text in resp.iter_text():
+                chunks.append((time.monotonic(), text))
+    finally:
+        web.kill()
+        worker.kill()
+    assert "".join(t for _, t in chunks) == words, web.text()[-2000:] + worker.text()[-3000:]
+    assert len(chunks) >= 5  # token by token, not one body at the end
+    assert chunks[-1][0] - chunks[0][0] > 0.2  # 30 deltas 20 ms apart arrive over time
