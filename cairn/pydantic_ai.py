@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,15 @@ try:
         ModelRequestId,
         RoleBasedOperationConfig,
     )
-    from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
+    from pydantic_ai.messages import (
+        AgentStreamEvent,
+        ModelMessage,
+        ModelMessagesTypeAdapter,
+        PartDeltaEvent,
+        PartStartEvent,
+        TextPart,
+        TextPartDelta,
+    )
     from pydantic_ai.tools import AgentDepsT, DeferredToolRequests, DeferredToolResults
     from pydantic_core import to_jsonable_python
 except ImportError as exc:  # the optional extra is missing
@@ -49,7 +57,7 @@ from cairn.steps.model import cost_of
 from cairn.steps.registry import DONE, Retry, StepResult, Workflow
 from cairn.steps.registry import workflow as cairn_workflow
 
-__all__ = ["APPROVAL", "CairnDurability", "messages_of", "workflow"]
+__all__ = ["APPROVAL", "CairnDurability", "messages_of", "stream_tokens", "workflow"]
 
 APPROVAL = "approval"
 """The signal a run of `workflow()` waits for when its agent deferred tool calls."""
@@ -176,6 +184,25 @@ class CairnDurability(BaseDurabilityCapability[AgentDepsT]):
             default_model_id=self.default_model_id,
             config=RoleBasedOperationConfig(model=None, event=None, capability=None, tool=None),
         )
+
+
+async def stream_tokens(run_ctx: Any, events: AsyncIterable[AgentStreamEvent]) -> None:
+    """An event_stream_handler that puts the agent's text, as the model writes it, on the
+    run's live stream (`token` events: Client.events, GET /runs/{id}/events):
+
+        CairnDurability(event_stream_handler=stream_tokens)
+
+    pydantic-ai then makes each model request a streamed one, inside its journaled call;
+    a replay returns the recorded response and streams nothing again."""
+    async for event in events:
+        ctx = current()
+        if ctx is None:
+            continue
+        if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
+            if event.part.content:
+                ctx.token(event.part.content)
+        elif isinstance(event, PartDeltaEvent) and isinstance(event.delta, TextPartDelta):
+            ctx.token(event.delta.content_delta)
 
 
 def messages_of(window: Sequence[Mapping[str, Any]]) -> list[ModelMessage]:

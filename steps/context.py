@@ -49,6 +49,7 @@ class _Frame:
 
     ctx: Context
     key: str
+    pos: int = -1  # its place in the journal: the `call` of the tokens streamed inside it
     effect: str | None = None
     cost: float = 0.0
     tx: StepTransaction | None = None  # ctx.db inside the call: committed with its record
@@ -150,6 +151,14 @@ class Context:
         if self._events is None:
             return None
         return self._events.put(self.run_id, self._token, self._event(kind, data), wait=True)
+
+    def token(self, text: str) -> None:
+        """A text delta of an answer being written (a `token` event), for a model the step
+        streams itself: queued, the step does not wait. Inside a ctx.call it belongs to
+        that call (its `call` is the call's place); a run past CAIRN_MAX_EVENTS drops them.
+        cairn.pydantic_ai.stream_tokens feeds a pydantic-ai agent's text deltas here."""
+        frame = self._inside()
+        self._tell("token", {"call": frame.pos if frame else -1, "text": str(text)})
 
     @property
     def _token(self) -> str:
@@ -353,7 +362,8 @@ class Context:
         if self._hooks is not None:
             self._hooks.before_call(self._cp, name, pos)
         cursor = self._scoped().cursor
-        return _frame.set(_Frame(self, f"cairn:{self.run_id}:{cursor}:{self.visit}:{name}:{n}"))
+        key = f"cairn:{self.run_id}:{cursor}:{self.visit}:{name}:{n}"
+        return _frame.set(_Frame(self, key, pos))
 
     def _inside(self) -> _Frame | None:
         frame = _frame.get()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import cairn
 from cairn import errors
-from cairn.pydantic_ai import APPROVAL, CairnDurability, workflow
+from cairn.pydantic_ai import APPROVAL, CairnDurability, stream_tokens, workflow
 from cairn.status import RunStatus
 from cairn.store.checkpoints import Checkpoint
 from cairn.testing import ManualClock, MemoryLeases, MemoryStore
@@ -343,3 +344,50 @@ def test_each_request_tool_call_and_the_output_are_on_the_run_page(
         page = browser.get(f"/ui/runs/{run_id}").text
     assert "5 journaled" in page and "call_tool:notify" in page
     assert "page about fencing" in page and "answer after 2 tools" in page  # a tool; the output
+
+
+# -- streaming: the agent's text as token events ------------------------------------------
+asked: list[str] = []
+
+
+async def _stream_script(messages: list[ModelMessage], info: AgentInfo) -> Any:
+    asked.append("stream")
+    for word in ("streamed ", "from ", "the ", "agent"):
+        yield word
+
+
+streamer = Agent(
+    FunctionModel(stream_function=_stream_script),
+    name="streamer",
+    capabilities=[CairnDurability(event_stream_handler=stream_tokens)],
+)
+workflow("pai-streamer", streamer)
+
+
+def test_an_agents_text_streams_as_token_events_and_a_replay_streams_nothing() -> None:
+    from cairn.testing import MemoryEvents
+    from cairn.workers.events import Outbox, follow
+
+    clock = ManualClock()
+    store, leases = MemoryStore(clock), MemoryLeases(clock)
+    outbox = Outbox(MemoryEvents(leases, clock), SETTINGS)
+    deps = loop.Deps(settings=SETTINGS, store=store, leases=leases, model=None, events=outbox)
+    asked.clear()
+    run_id = _start(deps, "pai-streamer", "hello")
+
+    class DieBeforeSave(Middleware):
+        def after_effect(self, cp: Checkpoint) -> None:
+            raise ProcessDied
+
+    with pytest.raises(ProcessDied):  # killed after the request's record, before the save
+        loop.run(run_id, dataclasses.replace(deps, middleware=Chain([DieBeforeSave()])))
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+    outbox.flush()
+    events = list(follow(store, outbox.log, run_id, until=time.monotonic() + 5))
+    tokens = [e for e in events if e.kind == "token"]
+    assert "".join(e.data["text"] for e in tokens) == "streamed from the agent"
+    assert {e.data["call"] for e in tokens} == {0}  # the model request's journal place
+    assert len({e.attempt for e in tokens}) == 1  # the replay streamed nothing again
+    assert asked == ["stream"]
+    run = store.get(run_id)
+    assert run is not None and run.state["output"] == "streamed from the agent"
