@@ -30,6 +30,7 @@ import functools
 import inspect
 import re
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -51,7 +52,7 @@ except ImportError as exc:  # the optional extra is missing
         f"cairn.langgraph needs langgraph ({exc}); install it with pip install 'cairn[langgraph]'"
     ) from exc
 
-from cairn.errors import CairnError, StaleWrite
+from cairn.errors import CairnError, EventRefused, StaleWrite
 from cairn.steps.context import Context, current
 from cairn.steps.registry import DONE, Retry, StepResult, Workflow
 from cairn.steps.registry import workflow as cairn_workflow
@@ -98,9 +99,11 @@ class CairnSaver(BaseCheckpointSaver[int]):
 
     @property
     def store(self) -> GraphStore:
+        return self._store_of(current())
+
+    def _store_of(self, ctx: Context | None) -> GraphStore:
         if self._store is not None:
             return self._store
-        ctx = current()
         s = self._settings or (ctx.config if ctx is not None else None) or Settings.from_env()
         with self._lock:
             store = self._pools.get(s.database_url)
@@ -140,8 +143,9 @@ class CairnSaver(BaseCheckpointSaver[int]):
             if channel in new_versions:  # older versions are in their blobs already
                 blobs.append(self._blob(thread_id, ns, channel, str(new_versions[channel]), value))
         row = {**checkpoint, "channel_values": inline}
-        fence = _fence()
-        if not self.store.put(
+        ctx = _run_of_thread(thread_id)
+        fence = Fence(ctx.run_id, ctx.epoch) if ctx is not None else None
+        if not self._store_of(ctx).put(
             thread_id,
             ns,
             checkpoint["id"],
@@ -201,8 +205,9 @@ class CairnSaver(BaseCheckpointSaver[int]):
             (WRITES_IDX_MAP.get(channel, idx), channel, *self.serde.dumps_typed(value))
             for idx, (channel, value) in enumerate(writes)
         ]
-        fence = _fence()
-        if not self.store.put_writes(
+        ctx = _run_of_thread(str(conf["thread_id"]))
+        fence = Fence(ctx.run_id, ctx.epoch) if ctx is not None else None
+        if not self._store_of(ctx).put_writes(
             str(conf["thread_id"]),
             conf.get("checkpoint_ns", ""),
             conf["checkpoint_id"],
@@ -383,8 +388,22 @@ def workflow(name: str, graph: Any, *, retry: Retry | None = None, **options: An
         else:
             start = dict(ctx.input)
         # durability="sync": a node's checkpoint is written before the next one runs, so
-        # a kill costs at most the node in hand.
-        output = graph.invoke(start, config, durability="sync")
+        # a kill costs at most the node in hand. Streamed, so the run's live events show
+        # the graph as it goes: each node that finished, what nodes write to LangGraph's
+        # stream writer, and a chat model's text as tokens.
+        _graph_runs[ctx.run_id] = ctx
+        output = None
+        try:
+            for mode, chunk in graph.stream(
+                start, config, durability="sync", stream_mode=[*_MODES]
+            ):
+                if mode == "values":
+                    output = chunk
+                else:
+                    _tell(ctx, mode, chunk)
+        finally:
+            if _graph_runs.get(ctx.run_id) is ctx:
+                del _graph_runs[ctx.run_id]
         waiting = graph.get_state(config).interrupts
         if waiting:
             pending = [
@@ -395,6 +414,28 @@ def workflow(name: str, graph: Any, *, retry: Retry | None = None, **options: An
         return StepResult(cursor=DONE, state={"output": done, "interrupts": None})
 
     return flow
+
+
+_MODES = ("values", "updates", "custom", "messages")
+
+
+def _tell(ctx: Context, mode: str, chunk: Any) -> None:
+    """One LangGraph stream item as a run event, queued (the node does not wait)."""
+    from pydantic_core import to_jsonable_python
+
+    if mode == "messages":
+        message, _ = chunk
+        text = getattr(message, "content", "")
+        if isinstance(text, str) and text and type(message).__name__.endswith("Chunk"):
+            ctx.token(text)
+    elif mode == "updates":
+        for name in chunk if isinstance(chunk, dict) else ():
+            ctx.emit("graph.node", {"node": str(name)}, wait=False)
+    elif mode == "custom":
+        try:
+            ctx.emit("graph.custom", to_jsonable_python(chunk, fallback=str), wait=False)
+        except EventRefused as exc:  # too big to show live: say so, the run goes on
+            ctx.emit("graph.custom", {"refused": str(exc)[:500]}, wait=False)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -452,10 +493,16 @@ def idempotency_key(config: RunnableConfig | None = None) -> str:
     return f"cairn:{ctx.run_id}:{task}"
 
 
-def _fence() -> Fence | None:
-    """The cairn run this put belongs to, if a cairn step is running it."""
+# The step running each thread (its run's) graph in this process. LangGraph puts a task's
+# writes from its executor thread outside the task's context when it streams custom or
+# messages, where cairn.current() is None: the thread id still says whose they are.
+_graph_runs: weakref.WeakValueDictionary[str, Context] = weakref.WeakValueDictionary()
+
+
+def _run_of_thread(thread_id: str) -> Context | None:
+    """The cairn step a put for thread_id belongs to, if one runs it here."""
     ctx = current()
-    return Fence(ctx.run_id, ctx.epoch) if ctx is not None else None
+    return ctx if ctx is not None else _graph_runs.get(thread_id)
 
 
 def _stale(fence: Fence | None, what: str) -> StaleWrite:

@@ -133,9 +133,10 @@ class Context:
         return self._lease.epoch
 
     # -- events ----------------------------------------------------------------------
-    def emit(self, kind: str, data: Any = None) -> str | None:
+    def emit(self, kind: str, data: Any = None, *, wait: bool = True) -> str | None:
         """Append an event to the run's live stream (Client.events, GET /runs/{id}/events)
-        and return its id once written; None when the workers run without events.
+        and return its id once written; None when the workers run without events, or with
+        wait=False (queued: the step goes on at once, and a run past its cap drops it).
 
         Live, not durable: an event reaches readers while the stream keeps it (see
         CAIRN_EVENTS_MAXLEN, CAIRN_EVENTS_TTL), and an attempt cut by a kill or retried has
@@ -150,7 +151,7 @@ class Context:
         events.check(kind, data, limit)
         if self._events is None:
             return None
-        return self._events.put(self.run_id, self._token, self._event(kind, data), wait=True)
+        return self._events.put(self.run_id, self._token, self._event(kind, data), wait=wait)
 
     def token(self, text: str) -> None:
         """A text delta of an answer being written (a `token` event), for a model the step

@@ -5,6 +5,7 @@ and, inside a cairn run, puts fenced by the run's epoch and the thread's order."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import operator
 import uuid
 from typing import Annotated, Any, TypedDict
@@ -508,3 +509,56 @@ def test_a_zombie_forks_the_thread_on_postgressaver_but_not_on_cairnsaver(
     # CairnSaver refused it: the head is B's, four turns on.
     assert kept.checkpoint["channel_values"]["messages"][-2:] == ["B: turn 3", "B: turn 4"]
     lease.release()
+
+
+# -- the graph's stream as the run's live events ------------------------------------------
+class Said(TypedDict, total=False):
+    question: str
+    answer: str
+
+
+def _answer(state: Said) -> dict[str, Any]:
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+    from langgraph.config import get_stream_writer
+
+    get_stream_writer()({"progress": "asking"})
+    chat = GenericFakeChatModel(messages=iter([AIMessage(content="graphs stream their text")]))
+    return {"answer": chat.invoke(state["question"]).content}
+
+
+def _said_graph() -> Any:
+    g = StateGraph(Said)
+    g.add_node("answer", _answer)
+    g.add_edge(START, "answer")
+    g.add_edge("answer", END)
+    return g.compile(checkpointer=CairnSaver())
+
+
+lg.workflow("lg-said", _said_graph())
+
+
+def test_a_graphs_nodes_writes_and_chat_tokens_are_live_events(
+    settings: Settings, deps: loop.Deps
+) -> None:
+    from cairn.store.events import RedisEvents
+    from cairn.workers.client import Client
+    from cairn.workers.events import Outbox
+
+    outbox = Outbox(RedisEvents(deps.leases.client), settings)
+    live = dataclasses.replace(deps, events=outbox)
+    run_id = f"lg-{uuid.uuid4().hex[:8]}"
+    assert deps.store.create_run(run_id, "lg-said", {"question": "do graphs stream?"})
+    assert loop.run(run_id, live) == RunStatus.DONE
+    with Client(settings=settings) as client:
+        events = list(client.events(run_id, timeout=10))
+    kinds = [e.kind for e in events]
+    text = "".join(e.data["text"] for e in events if e.kind == "token")
+    assert text == "graphs stream their text" and kinds.count("token") > 1
+    assert {"kind": "graph.custom", "data": {"progress": "asking"}} in [
+        {"kind": e.kind, "data": e.data} for e in events
+    ]
+    assert [e.data for e in events if e.kind == "graph.node"] == [{"node": "answer"}]
+    assert kinds.index("graph.custom") < kinds.index("graph.node") < kinds.index("step_saved")
+    run = deps.store.get(run_id)
+    assert run is not None and run.state["output"]["answer"] == "graphs stream their text"
