@@ -529,6 +529,7 @@ def follow(
     run = runs.get(run_id)
     if run is None:
         raise UnknownRun(f"no run {run_id!r}")
+    after = None if after == _ANCHOR else after  # "0-0": from the first, as None
     pos = after
     info = log.info(run_id)
     why = gap(info, after, run, runs.history(run_id) if after is None else [])
@@ -593,6 +594,7 @@ async def afollow(
     run = await runs.get(run_id)
     if run is None:
         raise UnknownRun(f"no run {run_id!r}")
+    after = None if after == _ANCHOR else after
     pos = after
     info = await log.info(run_id)
     why = gap(info, after, run, await runs.history(run_id) if after is None else [])

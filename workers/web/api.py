@@ -23,8 +23,8 @@ from typing import Annotated, Any, Literal
 from fastapi import Body, FastAPI, Header, Query, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, RedirectResponse
-from fastapi.sse import EventSourceResponse, format_sse_event
+from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
+from fastapi.sse import format_sse_event
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -441,8 +441,14 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
     @app.get(
         "/runs/{run_id}/events",
         tags=["runs"],
-        response_class=EventSourceResponse,
-        responses={404: {"description": "No such run"}},
+        response_class=StreamingResponse,  # not FastAPI's SSE class: it wants a generator
+        responses={
+            200: {
+                "description": "The run's events, as Server-Sent Events",
+                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            },
+            404: {"description": "No such run"},
+        },
     )
     async def events(
         run_id: str,
@@ -477,7 +483,11 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
             finally:
                 await stream.aclose()
 
-        return EventSourceResponse(body(), headers={"Cache-Control": "no-store"})
+        return StreamingResponse(
+            body(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
 
     def _follow(run_id: str, after: str | None) -> AsyncIterator[Event]:
         return afollow(
