@@ -2,7 +2,9 @@
 
 Server-rendered (Jinja2). The live part of each page is one template that the page's
 script fetches again with ?partial=1 every second while something can still change, so
-there is one renderer, no client-side templates and no build step.
+there is one renderer, no client-side templates and no build step. The run page's Live
+panel is the exception, outside that part: its script follows GET /runs/{id}/events and
+shows model text token by token, which a refresh every second could not.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 // The live part of a page (#live) is fetched again, rendered by the server, every second
-// while it can still change; the buttons call the JSON API with the page's session.
+// while it can still change; the buttons call the JSON API with the page's session. The
+// run page's Live panel (#stream) follows the run's events instead: see watch().
 "use strict";
 
 const PAGE = { "X-Cairn-Page": "1", "Content-Type": "application/json" };
@@ -80,6 +81,169 @@ document.addEventListener("DOMContentLoaded", () => {
       refresh();
     });
   }
+  const panel = document.getElementById("stream");
+  if (panel && window.EventSource) watch(panel);
   const tick = async () => { await refresh(); setTimeout(tick, 1000); };
   setTimeout(tick, 1000);
 });
+
+// -- the Live panel: GET /runs/{id}/events as Server-Sent Events -------------------------
+// Model text grows token by token in one block per step attempt (cursor, visit, attempt).
+// An attempt cut by a lost worker or a retry stays visible, struck through, and the next
+// attempt's text starts fresh below it. Event data only ever reaches the page as text.
+
+const FEED_MAX = 300; // newest entries kept: a long run must not grow the page for ever
+// EventSource hands a named event only to listeners of that name: these are cairn's own
+// kinds (a step's ctx.emit kinds are not known here, so they are not shown).
+const KINDS = ["step_started", "token", "model_restart", "message", "call", "step_saved",
+  "retry", "attempt_abandoned", "wait", "resumed", "run_ended", "dropped", "gap"];
+
+function el(tag, cls, text) {
+  const node = document.createElement(tag);
+  if (cls) node.className = cls;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function short(value, max = 160) {
+  const text = typeof value === "string" ? value : JSON.stringify(value);
+  return text === undefined ? "" : text.length > max ? text.slice(0, max - 1) + "…" : text;
+}
+
+function clock(ts) {
+  const d = new Date(ts * 1000);
+  const pad = (n, w = 2) => String(n).padStart(w, "0");
+  return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
+}
+
+// One line of the feed per event but tokens: what it says, in a few words.
+function detail(e) {
+  const d = e.data || {};
+  switch (e.kind) {
+    case "message": {
+      const tools = (d.tool_calls || []).map((t) => t.name).join(", ");
+      return `call ${d.call}: ${(d.text || "").length} chars` + (tools ? `, tools: ${tools}` : "") +
+        (d.replayed ? " (replayed from the journal)" : "");
+    }
+    case "call": return `call ${d.call} ${d.name}: ` + (d.error ? "error: " + d.error : short(d.result));
+    case "step_saved": return d.next ? "next: " + d.next : "";
+    case "retry": return short(d.error || "");
+    case "attempt_abandoned": return `${d.cursor} visit ${d.visit} attempt ${d.attempt}: worker lost`;
+    case "resumed": return d.reason || "";
+    case "run_ended": return d.status + (d.error ? ": " + short(d.error) : "");
+    case "dropped": return `${d.count || "?"} event(s): ${d.reason || ""}`;
+    case "gap": return (d.reason || "") + "; the durable record follows";
+    case "model_restart": return `call ${d.call}: the model was asked again`;
+    default: return Object.keys(d).length ? short(d) : "";
+  }
+}
+
+function watch(panel) {
+  const attempts = document.getElementById("attempts");
+  const feed = document.getElementById("feed");
+  const state = document.getElementById("stream-state");
+  const open = new Map(); // "cursor|visit|attempt": its block, until it is cut
+  const source = new EventSource("/runs/" + encodeURIComponent(panel.dataset.run) + "/events");
+  const show = (what) => { panel.dataset.state = what; state.textContent = what; };
+  const key = (cursor, visit, attempt) => `${cursor}|${visit}|${attempt}`;
+
+  function block(e) {
+    const k = key(e.cursor, e.visit, e.attempt);
+    let b = open.get(k);
+    if (!b) {
+      b = el("div", "attempt");
+      Object.assign(b.dataset, { cursor: e.cursor ?? "", visit: e.visit ?? "", attempt: e.attempt ?? "", state: "streaming" });
+      const head = el("div", "attempt-head");
+      head.append(el("span", "mono", e.cursor || "run"),
+        el("span", "muted small", ` visit ${e.visit ?? "?"} · attempt ${e.attempt ?? "?"}`),
+        el("span", "tag", "streaming"));
+      b.append(head);
+      attempts.append(b);
+      open.set(k, b);
+    }
+    return b;
+  }
+
+  function text(e) {
+    const b = block(e);
+    const call = String(e.data.call);
+    let t = [...b.querySelectorAll("pre.text")].find((p) => p.dataset.call === call);
+    if (!t) {
+      t = el("pre", "text");
+      t.dataset.call = call;
+      b.append(t);
+    }
+    return t;
+  }
+
+  // Its events no longer stand: a later attempt does the step again.
+  function cut(cursor, visit, attempt, why) {
+    const k = key(cursor, visit, attempt);
+    const b = open.get(k);
+    if (!b) return;
+    open.delete(k); // a token of the same envelope after this starts a new block
+    b.classList.add("cut");
+    b.dataset.state = "cut";
+    b.dataset.cut = why;
+    b.querySelector(".tag").textContent = "cut: " + why;
+  }
+
+  // Its events stand: the step's checkpoint committed.
+  function saved(b, label) {
+    if (!b) return;
+    b.dataset.state = "saved";
+    b.classList.add("saved");
+    b.querySelector(".tag").textContent = label;
+  }
+
+  function log(e) {
+    const item = el("li", "ev ev-" + e.kind);
+    item.dataset.kind = e.kind;
+    const where = e.cursor ? `${e.cursor} v${e.visit ?? "?"}` + (e.attempt != null ? ` a${e.attempt}` : "") : "";
+    item.append(el("span", "time", e.ts ? clock(e.ts) : ""), el("span", "kind", e.kind),
+      el("span", "where", where), el("span", "what", detail(e)));
+    const follow = feed.scrollTop + feed.clientHeight >= feed.scrollHeight - 4;
+    feed.append(item);
+    while (feed.childElementCount > FEED_MAX) feed.firstElementChild.remove();
+    if (follow) feed.scrollTop = feed.scrollHeight;
+  }
+
+  function handle(e) {
+    const d = e.data || {};
+    if (e.kind === "token") {
+      text(e).append(d.text); // a text node: never parsed as HTML
+      return;
+    }
+    log(e);
+    if (e.kind === "model_restart") text(e).textContent = "";
+    else if (e.kind === "message") {
+      text(e).textContent = d.text || ""; // the whole answer wins over the tokens
+      // After a gap the record names no attempt: what it says was saved.
+      if (e.durable) saved(open.get(key(e.cursor, e.visit, e.attempt)), "journaled");
+    } else if (e.kind === "retry") cut(e.cursor, e.visit, e.attempt, "retried");
+    else if (e.kind === "attempt_abandoned") cut(d.cursor, d.visit, d.attempt, "worker lost");
+    else if (e.kind === "step_saved") saved(open.get(key(e.cursor, e.visit, e.attempt)), "saved");
+    else if (e.kind === "run_ended") {
+      source.close(); // the last event: the browser would otherwise reconnect
+      panel.dataset.ended = d.status;
+      show("ended: " + d.status);
+      refresh();
+    }
+  }
+
+  for (const kind of KINDS) {
+    source.addEventListener(kind, (m) => {
+      try {
+        handle(JSON.parse(m.data));
+      } catch (err) {
+        console.error("cairn: event not shown", kind, err);
+      }
+    });
+  }
+  source.onopen = () => show("live");
+  source.onerror = () => {
+    if (panel.dataset.ended) return;
+    // CONNECTING: the browser tries again with Last-Event-ID; CLOSED: it gave up (an HTTP error).
+    show(source.readyState === EventSource.CLOSED ? "closed: reload the page to follow again" : "reconnecting…");
+  };
+}

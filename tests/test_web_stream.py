@@ -1,0 +1,251 @@
+"""A run's live events on the run page and over plain SSE, against `cairn serve` with real
+workers: a `chat` run's answer appears token by token in headless Chromium, the attempt
+of a SIGKILLed worker stays marked cut while the next one streams the whole answer again;
+a reader that reconnects with Last-Event-ID misses nothing and sees nothing twice; and who
+may read the stream. Screenshots are kept in .cairn/artifacts/web/."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from cairn.store import Leases
+from cairn.testing import fleet
+from cairn.workers.events import read_token
+from tests.conftest import ROOT, Server, holder_pid, wait_for
+
+ARTIFACTS = ROOT / ".cairn" / "artifacts" / "web"
+# 40 words, one token each from the model stand-in, TOKEN_MS apart: about 4 s of answer,
+# long enough to watch it grow and to kill its worker halfway. One is markup, to be shown
+# as text.
+REPLY = " ".join(f"word{i:02d}" if i != 30 else "<b>bold</b>" for i in range(40))
+
+
+def _chat(reply: str, token_ms: int) -> dict[str, Any]:
+    return {"workflow": "chat", "input": {"prompt": f"REPLY: {reply}\nTOKEN_MS: {token_ms}"}}
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and driver, "Debian's chromium and chromium-driver: run `bash scripts/test`"
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",  # as root, in a container
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        # This machine's network is closed: no background calls to Google's hosts.
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-quic",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+        "--window-size=1360,1000",
+    ):
+        options.add_argument(arg)
+    chrome = webdriver.Chrome(service=Service(driver), options=options)
+    chrome.set_page_load_timeout(30)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    yield chrome
+    chrome.quit()
+
+
+def _until(chrome: webdriver.Chrome, check: Callable[[], object], what: str, timeout: float = 60):
+    try:
+        return WebDriverWait(chrome, timeout, poll_frequency=0.1).until(lambda _: check(), what)
+    except Exception:
+        chrome.save_screenshot(str(ARTIFACTS / "stream-failed.png"))
+        raise
+
+
+def _text(chrome: webdriver.Chrome, css: str) -> str:
+    text = chrome.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.textContent : '';", css
+    )
+    return " ".join(text.split())
+
+
+def _data(chrome: webdriver.Chrome, name: str) -> str | None:
+    """A data attribute of the Live panel."""
+    return chrome.execute_script(
+        "return document.getElementById('stream').dataset[arguments[0]];", name
+    )
+
+
+def _attempts(chrome: webdriver.Chrome) -> list[dict[str, str]]:
+    """The Live panel's attempt blocks, read in one script call (tokens keep arriving)."""
+    return chrome.execute_script(
+        """return [...document.querySelectorAll('#attempts .attempt')].map((b) => ({
+             cursor: b.dataset.cursor, attempt: b.dataset.attempt, state: b.dataset.state,
+             cut: b.dataset.cut || '', cls: b.className,
+             text: [...b.querySelectorAll('pre.text')].map((p) => p.textContent).join('')}));"""
+    )
+
+
+def test_the_run_page_streams_the_answer_and_marks_the_killed_attempt_cut(
+    browser: webdriver.Chrome,
+    serve: Callable[..., Server],
+    start_worker: Callable[..., fleet.Proc],
+    start_beat: Callable[[], fleet.Proc],
+    leases: Leases,
+) -> None:
+    server = serve()
+    browser.get(f"{server.url}/login?next=/ui/runs")
+    browser.find_element(By.ID, "token").send_keys(server.token)
+    browser.find_element(By.CSS_SELECTOR, "form.login button").click()
+    _until(browser, lambda: browser.current_url.endswith("/ui/runs"), "the runs page")
+    with server.http() as api:
+        run_id = api.post("/runs", json=_chat(REPLY, 100)).json()["run_id"]
+
+    # The page follows before any worker runs the run: every token arrives live.
+    browser.get(f"{server.url}/ui/runs/{run_id}")
+    _until(browser, lambda: _data(browser, "state") == "live", "the Live panel connected")
+    start_worker(concurrency=1)
+    start_beat()  # the reaper, should the killed attempt's delivery be lost
+
+    # Token by token: the first attempt's text is seen at several lengths, all short of
+    # the whole answer, each a prefix of it.
+    seen: list[int] = []
+    deadline = time.monotonic() + 60
+    while len(seen) < 3 and time.monotonic() < deadline:
+        blocks = _attempts(browser)
+        if blocks:
+            text = blocks[0]["text"]
+            assert REPLY.startswith(text), text
+            if text and (not seen or len(text) > seen[-1]):
+                seen.append(len(text))
+        time.sleep(0.05)
+    assert len(seen) >= 3 and seen[-1] < len(REPLY), seen
+    browser.save_screenshot(str(ARTIFACTS / "stream-live.png"))
+
+    # Lose the process that runs the step, mid-answer; the next attempt answers again.
+    pid = wait_for(lambda: holder_pid(leases, run_id), 10, "a lease holder")
+    os.kill(pid, signal.SIGKILL)
+    start_worker(concurrency=1)
+    _until(browser, lambda: _data(browser, "ended") == "done", "run_ended on the page", 90)
+    browser.save_screenshot(str(ARTIFACTS / "stream-done.png"))
+
+    blocks = [b for b in _attempts(browser) if b["cursor"] == "answer"]
+    cut, last = blocks[0], blocks[-1]
+    assert cut["state"] == "cut" and cut["cut"] == "worker lost" and "cut" in cut["cls"].split()
+    assert browser.find_elements(By.CSS_SELECTOR, '.attempt.cut[data-cut="worker lost"]')
+    assert cut["text"] and len(cut["text"]) < len(REPLY) and REPLY.startswith(cut["text"])
+    assert last["state"] == "saved" and last["text"] == REPLY
+    assert not browser.find_elements(By.CSS_SELECTOR, "#stream b")  # text, never markup
+    assert int(last["attempt"]) > int(cut["attempt"])
+    assert all(b["state"] == "cut" for b in blocks[:-1])
+    kinds = browser.execute_script(
+        "return [...document.querySelectorAll('#feed li')].map((li) => li.dataset.kind);"
+    )
+    assert {"attempt_abandoned", "resumed", "message", "step_saved"} <= set(kinds)
+    assert kinds[-1] == "run_ended"
+    _until(browser, lambda: _text(browser, "#status") == "done", "the status card done", 10)
+    assert _text(browser, "#resumed") == "1×"
+    assert _text(browser, "#stream-state") == "ended: done"
+    # The long prompt and answer wrap or scroll in their boxes: the page is as wide as the window.
+    assert browser.execute_script(
+        "return document.documentElement.scrollWidth <= document.documentElement.clientWidth;"
+    )
+
+
+# -- plain SSE ----------------------------------------------------------------------------
+
+
+def _sse(response: httpx.Response) -> Iterator[dict[str, Any]]:
+    """The events of a text/event-stream response, as {id, event, data}; comments (the
+    keep-alives) skipped."""
+    fields: dict[str, str] = {}
+    for line in response.iter_lines():
+        if not line:
+            if "data" in fields:
+                data = json.loads(fields["data"])
+                yield {"id": fields.get("id"), "event": fields.get("event"), "data": data}
+            fields = {}
+        elif not line.startswith(":"):
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            fields[name] = (
+                fields[name] + "\n" + value if name == "data" and name in fields else value
+            )
+
+
+def _read(
+    api: httpx.Client, path: str, *, count: int | None = None, **kwargs: Any
+) -> list[dict[str, Any]]:
+    """Events from path until run_ended, or only the first count (then it hangs up)."""
+    got: list[dict[str, Any]] = []
+    with api.stream("GET", path, timeout=30, **kwargs) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for event in _sse(response):
+            got.append(event)
+            if event["event"] == "run_ended" or len(got) == count:
+                break
+    return got
+
+
+def _key(event_id: str) -> tuple[int, int]:
+    ms, _, n = event_id.partition("-")
+    return int(ms), int(n)
+
+
+def test_a_reader_that_reconnects_with_last_event_id_misses_nothing_and_repeats_nothing(
+    serve: Callable[..., Server], start_worker: Callable[..., fleet.Proc]
+) -> None:
+    server = serve()
+    reply = " ".join(f"tok{i}" for i in range(30))
+    with server.http() as api:
+        run_id = api.post("/runs", json=_chat(reply, 40)).json()["run_id"]
+        start_worker(concurrency=1)
+        path = f"/runs/{run_id}/events"
+        # Hang up mid-answer, then go on from the last id seen.
+        first = _read(api, path, count=8)
+        assert sum(e["event"] == "token" for e in first) >= 3, [e["event"] for e in first]
+        rest = _read(api, path, headers={"Last-Event-ID": first[-1]["id"]})
+        assert rest[-1]["event"] == "run_ended" and rest[-1]["data"]["data"]["status"] == "done"
+        ids = [e["id"] for e in first + rest]
+        assert all(_key(a) < _key(b) for a, b in itertools.pairwise(ids)), ids
+        # Once the run ended, the whole stream read from its start is the same events.
+        whole = _read(api, path)
+        assert [e["id"] for e in whole] == ids
+        assert [e["event"] for e in whole] == [e["event"] for e in first + rest]
+        assert all(e["data"]["id"] == e["id"] and e["data"]["kind"] == e["event"] for e in whole)
+        tokens = "".join(e["data"]["data"]["text"] for e in whole if e["event"] == "token")
+        assert tokens == reply
+        message = next(e["data"] for e in whole if e["event"] == "message")
+        assert message["data"]["text"] == reply and message["cursor"] == "answer"
+
+        # Who may read: an unknown run is a 404 before any stream starts.
+        with api.stream("GET", "/runs/no-such-run/events") as response:
+            assert response.status_code == 404
+            assert response.headers["content-type"].startswith("application/json")
+            assert response.read() and response.json()["error"]["type"]
+        other = api.post("/runs", json=_chat("other", 0)).json()["run_id"]
+
+    with server.http(token=None) as anonymous:
+        refused = anonymous.get(path)
+        assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+        # A run's read token reads that run, and only that one.
+        assert server.token is not None
+        token = read_token(server.token, run_id)
+        own = _read(anonymous, path, params={"token": token})
+        assert [e["id"] for e in own] == ids
+        assert anonymous.get(f"/runs/{other}/events", params={"token": token}).status_code == 403
+        assert anonymous.get(path, params={"token": "0" * 64}).status_code == 403
