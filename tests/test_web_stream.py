@@ -6,8 +6,6 @@ may read the stream. Screenshots are kept in .cairn/artifacts/web/."""
 
 from __future__ import annotations
 
-import itertools
-import json
 import os
 import shutil
 import signal
@@ -16,7 +14,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
@@ -25,7 +22,6 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from cairn.store import Leases
 from cairn.testing import fleet
-from cairn.workers.events import read_token
 from tests.conftest import ROOT, Server, holder_pid, wait_for
 
 ARTIFACTS = ROOT / ".cairn" / "artifacts" / "web"
@@ -166,86 +162,3 @@ def test_the_run_page_streams_the_answer_and_marks_the_killed_attempt_cut(
 
 
 # -- plain SSE ----------------------------------------------------------------------------
-
-
-def _sse(response: httpx.Response) -> Iterator[dict[str, Any]]:
-    """The events of a text/event-stream response, as {id, event, data}; comments (the
-    keep-alives) skipped."""
-    fields: dict[str, str] = {}
-    for line in response.iter_lines():
-        if not line:
-            if "data" in fields:
-                data = json.loads(fields["data"])
-                yield {"id": fields.get("id"), "event": fields.get("event"), "data": data}
-            fields = {}
-        elif not line.startswith(":"):
-            name, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            fields[name] = (
-                fields[name] + "\n" + value if name == "data" and name in fields else value
-            )
-
-
-def _read(
-    api: httpx.Client, path: str, *, count: int | None = None, **kwargs: Any
-) -> list[dict[str, Any]]:
-    """Events from path until run_ended, or only the first count (then it hangs up)."""
-    got: list[dict[str, Any]] = []
-    with api.stream("GET", path, timeout=30, **kwargs) as response:
-        assert response.status_code == 200, response.read()
-        assert response.headers["content-type"].startswith("text/event-stream")
-        for event in _sse(response):
-            got.append(event)
-            if event["event"] == "run_ended" or len(got) == count:
-                break
-    return got
-
-
-def _key(event_id: str) -> tuple[int, int]:
-    ms, _, n = event_id.partition("-")
-    return int(ms), int(n)
-
-
-def test_a_reader_that_reconnects_with_last_event_id_misses_nothing_and_repeats_nothing(
-    serve: Callable[..., Server], start_worker: Callable[..., fleet.Proc]
-) -> None:
-    server = serve()
-    reply = " ".join(f"tok{i}" for i in range(30))
-    with server.http() as api:
-        run_id = api.post("/runs", json=_chat(reply, 40)).json()["run_id"]
-        start_worker(concurrency=1)
-        path = f"/runs/{run_id}/events"
-        # Hang up mid-answer, then go on from the last id seen.
-        first = _read(api, path, count=8)
-        assert sum(e["event"] == "token" for e in first) >= 3, [e["event"] for e in first]
-        rest = _read(api, path, headers={"Last-Event-ID": first[-1]["id"]})
-        assert rest[-1]["event"] == "run_ended" and rest[-1]["data"]["data"]["status"] == "done"
-        ids = [e["id"] for e in first + rest]
-        assert all(_key(a) < _key(b) for a, b in itertools.pairwise(ids)), ids
-        # Once the run ended, the whole stream read from its start is the same events.
-        whole = _read(api, path)
-        assert [e["id"] for e in whole] == ids
-        assert [e["event"] for e in whole] == [e["event"] for e in first + rest]
-        assert all(e["data"]["id"] == e["id"] and e["data"]["kind"] == e["event"] for e in whole)
-        tokens = "".join(e["data"]["data"]["text"] for e in whole if e["event"] == "token")
-        assert tokens == reply
-        message = next(e["data"] for e in whole if e["event"] == "message")
-        assert message["data"]["text"] == reply and message["cursor"] == "answer"
-
-        # Who may read: an unknown run is a 404 before any stream starts.
-        with api.stream("GET", "/runs/no-such-run/events") as response:
-            assert response.status_code == 404
-            assert response.headers["content-type"].startswith("application/json")
-            assert response.read() and response.json()["error"]["type"]
-        other = api.post("/runs", json=_chat("other", 0)).json()["run_id"]
-
-    with server.http(token=None) as anonymous:
-        refused = anonymous.get(path)
-        assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
-        # A run's read token reads that run, and only that one.
-        assert server.token is not None
-        token = read_token(server.token, run_id)
-        own = _read(anonymous, path, params={"token": token})
-        assert [e["id"] for e in own] == ids
-        assert anonymous.get(f"/runs/{other}/events", params={"token": token}).status_code == 403
-        assert anonymous.get(path, params={"token": "0" * 64}).status_code == 403

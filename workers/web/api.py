@@ -49,7 +49,7 @@ from cairn.status import CANCEL_REASON, RunStatus
 from cairn.steps import registry
 from cairn.store.events import AsyncRedisEvents
 from cairn.workers.client import Client
-from cairn.workers.events import Event, Hub, afollow, read_token
+from cairn.workers.events import RESERVED, Event, Hub, afollow, read_token
 from cairn.workers.inputs import check_run_id
 from cairn.workers.settings import Settings
 
@@ -252,7 +252,10 @@ def _sse(event: Event) -> bytes:
     if event.kind == "keepalive":
         return format_sse_event(comment="keep-alive")
     data = json.dumps(event.to_json(), separators=(",", ":"))
-    return format_sse_event(data_str=data, event=event.kind, id=event.id)
+    # cairn's own kinds by name; a step's own unnamed (an EventSource's onmessage gets
+    # them, with the kind in the data): a browser cannot listen for names it does not know.
+    named = event.kind if event.kind in RESERVED else None
+    return format_sse_event(data_str=data, event=named, id=event.id)
 
 
 class _Runs:

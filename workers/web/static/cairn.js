@@ -94,7 +94,7 @@ document.addEventListener("DOMContentLoaded", () => {
 
 const FEED_MAX = 300; // newest entries kept: a long run must not grow the page for ever
 // EventSource hands a named event only to listeners of that name: these are cairn's own
-// kinds (a step's ctx.emit kinds are not known here, so they are not shown).
+// kinds. A step's own (ctx.emit) come unnamed, to onmessage, with their kind in the data.
 const KINDS = ["step_started", "token", "model_restart", "message", "call", "step_saved",
   "retry", "attempt_abandoned", "wait", "resumed", "run_ended", "dropped", "gap"];
 
@@ -240,6 +240,13 @@ function watch(panel) {
       }
     });
   }
+  source.onmessage = (m) => {
+    try {
+      handle(JSON.parse(m.data));
+    } catch (err) {
+      console.error("cairn: event not shown", err);
+    }
+  };
   source.onopen = () => show("live");
   source.onerror = () => {
     if (panel.dataset.ended) return;
