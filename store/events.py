@@ -147,6 +147,15 @@ class AsyncRedisEvents:
             got = await self.client.xrevrange(keys.events(run_id), count=1)
         return _entries(got)[0] if got else None
 
+    async def poke(self, name: str) -> None:
+        """Append a mark to stream `name`: an XREAD blocked on it returns."""
+        with translated():
+            await self.client.xadd(keys.events(name), {"e": "{}"}, maxlen=10)
+
+    async def forget(self, name: str) -> None:
+        with translated():
+            await self.client.delete(keys.events(name))
+
     async def close(self) -> None:
         await self.client.aclose()
         await self.client.connection_pool.disconnect()

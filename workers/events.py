@@ -90,6 +90,8 @@ class Event:
     seq: int | None = None
     ts: float = 0.0
     durable: bool = False
+    # The JSON the stream holds, when read from it: a server can pass it on as it is.
+    raw: str | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
     def parse(cls, entry_id: str, blob: str) -> Event:
@@ -103,10 +105,27 @@ class Event:
             e.get("attempt"),
             e.get("seq"),
             e.get("ts", 0.0),
+            raw=blob,
         )
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "data": self.data,
+            "cursor": self.cursor,
+            "visit": self.visit,
+            "attempt": self.attempt,
+            "seq": self.seq,
+            "ts": self.ts,
+            "durable": self.durable,
+        }
+
+    def json(self) -> str:
+        """to_json() as JSON text: from the stream's own when there is one (no re-encode)."""
+        if self.raw is not None and self.raw.startswith("{"):
+            return f'{{"id":"{self.id}","durable":false,{self.raw[1:]}'
+        return _JSON.encode(self.to_json())
 
 
 def encode(
@@ -575,7 +594,31 @@ class AsyncEventLog(Protocol):
     async def info(self, run_id: str) -> StreamInfo | None: ...
 
 
-Live = Callable[[str, float], Awaitable[list[tuple[str, str]]]]
+class Live(Protocol):
+    """A reader's wait for a run's entries after a position (see Hub.subscribe)."""
+
+    async def wait(self, position: str, block: float) -> list[tuple[str, str]]: ...
+
+    def close(self) -> None: ...
+
+
+class _Own:
+    """A reader's own blocking read (AsyncClient.events): one XREAD at a time."""
+
+    def __init__(self, log: AsyncEventLog, run_id: str) -> None:
+        self.log, self.run_id = log, run_id
+
+    async def wait(self, position: str, block: float) -> list[tuple[str, str]]:
+        got = await self.log.read_many({self.run_id: position}, block=block)
+        return got.get(self.run_id, [])
+
+    def close(self) -> None:
+        pass
+
+
+# A live stream rides out a Redis blip: this many waits a second apart, then it ends (an
+# SSE client then reconnects with its Last-Event-ID).
+_OUTAGE_TRIES = 10
 
 
 async def afollow(
@@ -585,12 +628,12 @@ async def afollow(
     after: str | None = None,
     *,
     idle: float = 5.0,
-    live: Callable[[str], Live] | None = None,
+    live: Callable[[str, str], Live] | None = None,
 ) -> AsyncIterator[Event]:
-    """follow() for asyncio. live(run_id) gives the function that waits for entries after
-    a position (the web server's Hub shares one XREAD among its readers); by default each
-    reader blocks on its own read. Yields Event(kind="keepalive") after idle seconds
-    without any, so a server can write its keep-alive."""
+    """follow() for asyncio. live(run_id, position) subscribes to the run's entries (the
+    web server's Hub shares one XREAD among all its readers); by default each reader
+    blocks on its own read. Yields Event(kind="keepalive") after idle seconds without
+    any, so a server can write its keep-alive."""
     run = await runs.get(run_id)
     if run is None:
         raise UnknownRun(f"no run {run_id!r}")
@@ -606,84 +649,83 @@ async def afollow(
             if e.kind == "run_ended":
                 return
         pos = anchor
-
-    async def own(position: str, block: float) -> list[tuple[str, str]]:
-        got = await log.read_many({run_id: position}, block=block)
-        return got.get(run_id, [])
-
-    wait = live(run_id) if live is not None else own
-    while True:
-        entries = await wait(pos or _ANCHOR, idle)
-        for entry_id, blob in entries:
-            e = Event.parse(entry_id, blob)
-            yield e
-            if e.kind == "run_ended":
-                return
-            pos = entry_id
-        if not entries:
-            run = await runs.get(run_id)
-            if run is not None and run.status in STOPPED:
-                yield dataclasses.replace(ended(run), id=pos or _ANCHOR)
-                return
-            yield Event(pos or _ANCHOR, "keepalive")
+    sub = live(run_id, pos or _ANCHOR) if live is not None else _Own(log, run_id)
+    failed = 0
+    try:
+        while True:
+            try:
+                entries = await sub.wait(pos or _ANCHOR, idle)
+                failed = 0
+            except StoreUnavailable:
+                failed += 1
+                if failed >= _OUTAGE_TRIES:
+                    raise
+                yield Event(pos or _ANCHOR, "keepalive")
+                await asyncio.sleep(1.0)
+                continue
+            for entry_id, blob in entries:
+                e = Event.parse(entry_id, blob)
+                yield e
+                if e.kind == "run_ended":
+                    return
+                pos = entry_id
+            if not entries:
+                run = await runs.get(run_id)
+                if run is not None and run.status in STOPPED:
+                    yield dataclasses.replace(ended(run), id=pos or _ANCHOR)
+                    return
+                yield Event(pos or _ANCHOR, "keepalive")
+    finally:
+        sub.close()
 
 
 class Hub:
     """One process's live readers of many runs, served by one blocking XREAD at a time
-    (not a Redis connection per open stream). The hub's task reads every watched stream
-    from where it got to, keeps each run's last entries, and wakes the run's readers.
+    (not a Redis connection per open stream). A reader subscribes for as long as its
+    stream is open; the hub's task reads every subscribed run from where it got to, keeps
+    each run's last entries, and wakes the run's readers.
 
     A reader further behind than what the hub keeps reads its gap itself (one XRANGE), so
     a slow reader never holds the others back, and never the worker either: the worker
-    only ever writes to Redis."""
+    only ever writes to Redis. After each read the task lingers a moment, so that under
+    load one XREAD carries the entries of many runs."""
 
-    def __init__(self, log: Any, keep: int = 64) -> None:
-        self.log, self.keep = log, keep
+    def __init__(self, log: Any, keep: int = 64, linger: float = 0.005) -> None:
+        self.log, self.keep, self.linger = log, keep, linger
         self._runs: dict[str, _Watched] = {}
         self._task: asyncio.Task[None] | None = None
+        self._kicking = False
         self._wake = f"hub:{os.getpid()}:{id(self):x}"  # a stream only the hub's kick writes
 
-    def live(self, run_id: str) -> Live:
-        async def wait(position: str, block: float) -> list[tuple[str, str]]:
-            return await self._wait(run_id, position, block)
-
-        return wait
-
-    async def _wait(self, run_id: str, position: str, block: float) -> list[tuple[str, str]]:
+    def subscribe(self, run_id: str, position: str) -> Live:
         w = self._runs.get(run_id)
         if w is None:
             w = self._runs[run_id] = _Watched(position, self.keep)
-            await self._kick()
-        elif self._task is None or self._task.done():
-            await self._kick()
+            self._kick()
         w.readers += 1
-        deadline = time.monotonic() + block
-        try:
-            async with w.cond:
-                while _key(w.pos) <= _key(position):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return []
-                    try:
-                        await asyncio.wait_for(w.cond.wait(), left)
-                    except TimeoutError:
-                        return []
-                held = w.covers(position)
-                if held is not None:
-                    return held
-            # Further behind than the hub keeps: read it from Redis itself.
-            return (await self.log.read_many({run_id: position})).get(run_id, [])
-        finally:
-            w.readers -= 1
-            if w.readers == 0 and self._runs.get(run_id) is w:
-                del self._runs[run_id]
+        return _Subscription(self, run_id, w)
 
-    async def _kick(self) -> None:
-        """Start the reading task, or make its blocked XREAD return to read the new run."""
+    def _leave(self, run_id: str, w: _Watched) -> None:
+        w.readers -= 1
+        if w.readers == 0 and self._runs.get(run_id) is w:
+            del self._runs[run_id]
+
+    def _kick(self) -> None:
+        """Start the reading task, or have its blocked XREAD return to take in the new
+        runs: one wake for any number of runs subscribed meanwhile."""
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._read())
-        else:
-            await self.log.client.xadd(f"cairn:events:{self._wake}", {"e": "{}"}, maxlen=10)
+        elif not self._kicking:
+            self._kicking = True
+            asyncio.get_running_loop().create_task(self._wake_up())
+
+    async def _wake_up(self) -> None:
+        try:
+            await self.log.poke(self._wake)
+        except StoreUnavailable as exc:  # the next read (5 s at most) takes the run in
+            logger.warning("event hub: wake failed: %s", exc, extra=logs.run(None, "hub_wake"))
+        finally:
+            self._kicking = False
 
     async def _read(self) -> None:
         while self._runs:
@@ -691,7 +733,8 @@ class Hub:
             after[self._wake] = "$"
             try:
                 got = await self.log.read_many(after, count=self.keep, block=5.0)
-            except StoreUnavailable:
+            except StoreUnavailable as exc:
+                logger.warning("event hub: %s", exc, extra=logs.run(None, "hub_read"))
                 await asyncio.sleep(1.0)
                 continue
             for run_id, entries in got.items():
@@ -701,11 +744,49 @@ class Hub:
                 async with w.cond:
                     w.add(entries)
                     w.cond.notify_all()
+            await asyncio.sleep(self.linger)
+
+    def watched(self) -> int:
+        return len(self._runs)
 
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-        await self.log.client.delete(f"cairn:events:{self._wake}")
+        try:
+            await self.log.forget(self._wake)
+        except StoreUnavailable:
+            pass
+
+
+class _Subscription:
+    def __init__(self, hub: Hub, run_id: str, w: _Watched) -> None:
+        self.hub, self.run_id, self.w = hub, run_id, w
+        self.closed = False
+
+    async def wait(self, position: str, block: float) -> list[tuple[str, str]]:
+        w = self.w
+        if self.hub._task is None or self.hub._task.done():
+            self.hub._kick()  # the task ended (no runs for a moment, or an error)
+        deadline = time.monotonic() + block
+        async with w.cond:
+            while _key(w.pos) <= _key(position):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return []
+                try:
+                    await asyncio.wait_for(w.cond.wait(), left)
+                except TimeoutError:
+                    return []
+            held = w.covers(position)
+            if held is not None:
+                return held
+        # Further behind than the hub keeps: read it from Redis itself.
+        return (await self.hub.log.read_many({self.run_id: position})).get(self.run_id, [])
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.hub._leave(self.run_id, self.w)
 
 
 class _Watched:

@@ -13,7 +13,6 @@ import contextlib
 import datetime as dt
 import hashlib
 import hmac
-import json
 import logging
 import re
 import time
@@ -251,7 +250,7 @@ EVENT_ID = re.compile(r"\d{1,20}-\d{1,20}")
 def _sse(event: Event) -> bytes:
     if event.kind == "keepalive":
         return format_sse_event(comment="keep-alive")
-    data = json.dumps(event.to_json(), separators=(",", ":"))
+    data = event.json()
     # cairn's own kinds by name; a step's own unnamed (an EventSource's onmessage gets
     # them, with the kind in the data): a browser cannot listen for names it does not know.
     named = event.kind if event.kind in RESERVED else None
@@ -494,7 +493,7 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
 
     def _follow(run_id: str, after: str | None) -> AsyncIterator[Event]:
         return afollow(
-            _Runs(client), hub.log, run_id, after, idle=settings.sse_keepalive, live=hub.live
+            _Runs(client), hub.log, run_id, after, idle=settings.sse_keepalive, live=hub.subscribe
         )
 
     @app.post("/runs/{run_id}/cancel", status_code=202, tags=["runs"])
