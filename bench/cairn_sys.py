@@ -15,7 +15,9 @@ from psycopg.types.json import Jsonb
 from bench import flows
 from bench.common import measure
 from cairn.store import Database, Leases, PgStore, upgrade
+from cairn.store.events import RedisEvents
 from cairn.workers import broker, loop
+from cairn.workers.events import Outbox
 from cairn.workers.metrics import Metrics
 from cairn.workers.middleware import Chain
 from cairn.workers.settings import Settings
@@ -168,13 +170,17 @@ class InProcess:
         self.db = Database(url, give_up_after=self.settings.store_give_up_after)
         self.store = PgStore(self.db)
         self.leases = Leases.from_url(redis_url)
-        # The metrics middleware a worker runs too: the loop measured is the production one.
+        # The metrics middleware and the run events a worker has too: the loop measured
+        # is the production one.
         self.deps = loop.Deps(
             settings=self.settings,
             store=self.store,
             leases=self.leases,
             model=None,
             middleware=Chain([Metrics()]),
+            events=Outbox(RedisEvents(self.leases.client), self.settings)
+            if self.settings.events_maxlen
+            else None,
         )
         self.url = url
 
@@ -236,6 +242,8 @@ class InProcess:
         return spent
 
     def close(self) -> None:
+        if self.deps.events is not None:
+            self.deps.events.flush()
         self.db.close()
         self.leases.client.close()
 

@@ -31,6 +31,7 @@ SECTIONS = (
     "waiting",
     "million",
     "pydantic_ai",
+    "stream",
 )
 BENCH_REDIS_DB = 15
 INSTALL_HINT = "not installed: pip install -e '.[bench]'"

@@ -7,6 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench import stream
 from bench.common import SECTIONS
 
 
@@ -273,6 +274,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         )
     _million_targets(results, add)
     _pai_target(results, add)
+    stream.targets(results, add)
     return out
 
 
@@ -467,6 +469,7 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
     _render_waiting(c, _rows(results, "waiting"))
     _render_million(results, c)
     _render_pai(results, c)
+    stream.render(results, c)
     for name in SECTIONS:
         sec = results.get(name)
         if isinstance(sec, dict) and "error" in sec:

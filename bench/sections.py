@@ -63,6 +63,15 @@ class Sizes:
     million_runs: int = 1_000_000
     million_active: int = 5_000
     million_reps: int = 7
+    # bench/stream.py: streaming runs at each N, their token rate and seconds; idle open
+    # streams (server memory); the CPU section's batches of runs, words a reply, reps
+    stream_runs: tuple[int, ...] = (100, 1000)
+    stream_rate: float = 20.0
+    stream_seconds: float = 10.0
+    stream_idle: int = 1000
+    stream_chat_runs: int = 40
+    stream_words: int = 200
+    stream_cpu_reps: int = 5
 
 
 QUICK = Sizes(
@@ -87,6 +96,12 @@ QUICK = Sizes(
     million_runs=10_000,
     million_active=200,
     million_reps=3,
+    stream_runs=(20,),
+    stream_seconds=2.0,
+    stream_idle=20,
+    stream_chat_runs=4,
+    stream_words=50,
+    stream_cpu_reps=1,
 )
 
 # A budget no bench window reaches, so cairn carries the whole window like every peer
@@ -159,6 +174,8 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
     cairn_url = dbs.fresh("cairn")
     cairn_sys.cairn_setup(cairn_url)
     inproc = cairn_sys.InProcess(cairn_url, redis_url, **NO_COMPACTION)
+    # The same loop without run events (CAIRN_EVENTS_MAXLEN=0): what they cost a step.
+    quiet = cairn_sys.InProcess(cairn_url, redis_url, events_maxlen=0, **NO_COMPACTION)
     samples: dict[tuple[str, int | None], tuple[list[float], list[int]]] = {}
     neighbour: dict[int, list[float]] = {}  # W -> the tiny floor measured beside it, per rep
     try:
@@ -179,6 +196,7 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
                     ("tiny", lambda: cairn_sys.tiny_run(floor_url, n)),
                     ("floor", lambda win=win: cairn_sys.floor_run(floor_url, n, win)),
                     ("cairn", lambda win=win: inproc.run(n, win)),
+                    ("cairn-events", lambda win=win: quiet.run(n, win)),
                     ("cairn+msg", lambda win=win: inproc.run(n, win, append_bytes=sz.msg_bytes)),
                     ("cairn+call", lambda win=win: inproc.run(n, win, calls=1)),
                 ):
@@ -190,10 +208,12 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
                         neighbour.setdefault(w, []).append(e)
     finally:
         inproc.close()
+        quiet.close()
     names = {
         "tiny": "floor: tiny seq+epoch-guarded upsert (small row)",
         "floor": "reference: bare seq-guarded upsert (whole window)",
         "cairn": "cairn in-process (window unchanged)",
+        "cairn-events": "cairn in-process, run events off (window unchanged)",
         "cairn+msg": f"cairn in-process (+1 msg of {sz.msg_bytes} B/step)",
         "cairn+call": "cairn in-process (+1 journaled ctx.call/step)",
     }

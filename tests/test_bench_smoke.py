@@ -95,6 +95,13 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
     assert sum(v for p, v in phases.items() if p != "run") <= phases["run"]
     assert run["fenced_floor_ms"] > 0, run  # measured (compared in the report, not here)
 
+    stream = data["stream"]
+    for r in stream["rows"]:  # every token event reaches its reader, cairn's and the floor's
+        assert r["all_received"] and not r["out_of_order"] and not r.get("streams_ended"), r
+    assert stream["memory"]["streams"] == 20 and stream["memory"]["rss_open_mb"] > 0
+    on = stream["cpu"]["rows"][0]
+    assert on["token_events"] == on["token_events_expected"] > 0, on
+
     names = [t["target"] for t in data["targets"]]
     for prefix in (
         "cairn in-process per-step cost ≤ 1.2× tiny floor",
