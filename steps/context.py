@@ -159,7 +159,13 @@ class Context:
         that call (its `call` is the call's place); a run past CAIRN_MAX_EVENTS drops them.
         cairn.pydantic_ai.stream_tokens feeds a pydantic-ai agent's text deltas here."""
         frame = self._inside()
-        self._tell("token", {"call": frame.pos if frame else -1, "text": str(text)})
+        self._delta(frame.pos if frame else -1, str(text))
+
+    def _delta(self, call: int, text: str) -> None:
+        events = self._events
+        if events is not None and not events.over_cap(self.run_id):
+            where = (call, self.cursor, self.visit, self.epoch, self.seq)
+            events.put_token(self.run_id, self._token, text, where)
 
     @property
     def _token(self) -> str:
@@ -174,9 +180,7 @@ class Context:
 
     def _tell(self, kind: str, data: Any) -> None:
         """One of cairn's own events, queued: the step does not wait for Redis."""
-        if self._events is not None and not (
-            kind == "token" and self._events.over_cap(self.run_id)
-        ):
+        if self._events is not None:
             self._events.put(self.run_id, self._token, self._event(kind, data))
 
     # -- effects ---------------------------------------------------------------------
@@ -644,7 +648,7 @@ class Context:
         call = pos if pos is not None else -1  # -1: inside a ctx.call, not journaled apart
 
         def on_text(text: str) -> None:
-            self._tell("token", {"call": call, "text": text})
+            self._delta(call, text)
 
         def on_restart() -> None:
             self._lease.ensure()  # a retry is a new request: only while the run is ours

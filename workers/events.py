@@ -136,6 +136,7 @@ def encode(
     visit: int | None = None,
     attempt: int | None = None,
     seq: int | None = None,
+    ts: float | None = None,
 ) -> str:
     """An event as the stream keeps it, with its emit flag (see emit.lua)."""
     blob = _JSON.encode(
@@ -146,7 +147,7 @@ def encode(
             "visit": visit,
             "attempt": attempt,
             "seq": seq,
-            "ts": time.time(),
+            "ts": time.time() if ts is None else ts,
         }
     )
     flag = "s" if kind in _AFTER_COMMIT else "g" if kind in RESERVED and kind != "token" else "f"
@@ -209,12 +210,24 @@ def _key(entry_id: str) -> tuple[int, int]:
 
 
 class _Pending:
-    __slots__ = ("done", "event", "run_id", "token")
+    __slots__ = ("done", "event", "run_id", "text", "token", "where")
 
     def __init__(
         self, run_id: str, token: str, event: str, done: concurrent.futures.Future[str] | None
     ) -> None:
         self.run_id, self.token, self.event, self.done = run_id, token, event, done
+        self.text: list[str] | None = None  # a token event's deltas, joined when it is sent
+        self.where: tuple[Any, ...] = ()  # ... and its call, cursor, visit, attempt, seq, ts
+
+    def encoded(self) -> str:
+        if self.text is not None:
+            call, cursor, visit, attempt, seq, ts = self.where
+            data = {"call": call, "text": "".join(self.text)}
+            self.event = encode(
+                "token", data, cursor=cursor, visit=visit, attempt=attempt, seq=seq, ts=ts
+            )
+            self.text = None
+        return self.event
 
 
 class Outbox:
@@ -243,6 +256,7 @@ class Outbox:
         self._lost: dict[str, tuple[str, int]] = {}  # run: (token, events dropped)
         self._over: set[str] = set()  # runs past their cap (their tokens are dropped)
         self._fenced: collections.Counter[str] = collections.Counter()  # queued, per run
+        self._open: dict[str, _Pending] = {}  # each run's queued token event, still growing
         self._pid = 0
         self._idle = False  # the thread waits for events: the next put wakes it
         self._urgent = 0  # queued events a ctx.emit waits on
@@ -261,6 +275,7 @@ class Outbox:
                     return None
                 raise StoreUnavailable("the event outbox is full: Redis is slow or away")
             self._queue.append(_Pending(run_id, token, event, done))
+            self._open.pop(run_id, None)  # a later delta must not jump over this event
             if event[0] == "f":
                 self._fenced[run_id] += 1
             self._start()
@@ -269,6 +284,28 @@ class Outbox:
             if self._idle or done is not None:
                 self._cond.notify()
         return done.result(timeout=60) if done is not None else None
+
+    def put_token(self, run_id: str, token: str, text: str, where: tuple[Any, ...]) -> None:
+        """Queue a text delta: where = (call, cursor, visit, attempt, seq). A delta that
+        comes while the run's last one is still queued (a burst, or Redis slow) joins it:
+        one event, one entry, one write to each reader, for what readers join anyway."""
+        with self._cond:
+            p = self._open.get(run_id)
+            if p is not None and p.token == token and p.where[:5] == where and p.text:
+                p.text.append(text)
+                return
+            if len(self._queue) >= self.limit:
+                token_, n = self._lost.get(run_id, (token, 0))
+                self._lost[run_id] = (token_, n + 1)
+                return
+            p = _Pending(run_id, token, "f", None)
+            p.text, p.where = [text], (*where, time.time())
+            self._queue.append(p)
+            self._open[run_id] = p
+            self._fenced[run_id] += 1
+            self._start()
+            if self._idle:
+                self._cond.notify()
 
     def over_cap(self, run_id: str) -> bool:
         return run_id in self._over
@@ -327,6 +364,9 @@ class Outbox:
                         break
                     self._cond.wait(left)
                 batch = [self._queue.popleft() for _ in range(min(len(self._queue), 2000))]
+                for p in batch:
+                    if p.text is not None and self._open.get(p.run_id) is p:
+                        del self._open[p.run_id]  # on its way: the next delta starts anew
                 lost, self._lost = self._lost, {}
                 # Left behind (a batch holds 2,000 at most): do they include a waiter?
                 self._urgent = sum(1 for p in self._queue if p.done is not None)
@@ -352,7 +392,7 @@ class Outbox:
         groups = _segments(pending + batch)
         try:
             answers = self.log.append(
-                [(ps[0].run_id, token, [p.event for p in ps]) for token, ps in groups],
+                [(ps[0].run_id, token, [p.encoded() for p in ps]) for token, ps in groups],
                 maxlen=self.maxlen,
                 ttl=self.ttl,
                 cap=self.cap,
