@@ -614,16 +614,18 @@ def _batch(client: Any, flow: str, runs: int, words: str, worker: Any) -> tuple[
 
 
 def _tokens(redis_url: str, ids: list[str]) -> int:
-    """Token events in these runs' streams."""
+    """The model's text deltas (one a word here) that reached these runs' streams, counted
+    in the text of their token events: deltas that came while the run's last one was still
+    queued share its event."""
     from cairn.store import keys
 
     r = _redis(redis_url)
     try:
         return sum(
-            1
+            len(e["data"]["text"].split())
             for run_id in ids
             for _, fields in r.xrange(keys.events(run_id))
-            if json.loads(fields[b"e"])["kind"] == "token"
+            if (e := json.loads(fields[b"e"]))["kind"] == "token"
         )
     finally:
         r.close()
@@ -937,7 +939,7 @@ def _render_cpu(cpu: dict[str, Any], c: Any) -> None:
         f"{cpu['runs']} one-step runs answered with {cpu['words']} words by the model stand-in "
         "(own process), streamed or not; worker process CPU, median of paired reps"
     )
-    for col in ("worker", "plain ms/run", "streamed ms/run", "ms per token", "token events"):
+    for col in ("worker", "plain ms/run", "streamed ms/run", "ms per token", "deltas delivered"):
         t.add_column(col, justify="left" if col == "worker" else "right")
     for r in cpu["rows"]:
         t.add_row(

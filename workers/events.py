@@ -70,6 +70,7 @@ ENDS_ATTEMPT = frozenset(
     {"step_saved", "retry", "run_ended", "wait", "attempt_abandoned", "resumed", "dropped"}
 )
 _ANCHOR = "0-0"
+_KIND_AT = '{"kind":"'
 # One encoder, made once: json.dumps with options builds a new one every call (half the cost).
 _JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
@@ -107,6 +108,14 @@ class Event:
             e.get("ts", 0.0),
             raw=blob,
         )
+
+    @classmethod
+    def unparsed(cls, entry_id: str, blob: str) -> Event:
+        """Its id, kind and raw JSON only: what a server needs to pass it on."""
+        if blob.startswith(_KIND_AT):  # encode() writes the kind first
+            end = blob.find('"', len(_KIND_AT))
+            return cls(entry_id, blob[len(_KIND_AT) : end], raw=blob)
+        return cls.parse(entry_id, blob)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -674,6 +683,24 @@ async def afollow(
     web server's Hub shares one XREAD among all its readers); by default each reader
     blocks on its own read. Yields Event(kind="keepalive") after idle seconds without
     any, so a server can write its keep-alive."""
+    async for batch in afollow_batches(runs, log, run_id, after, idle=idle, live=live):
+        for event in batch:
+            yield event
+
+
+async def afollow_batches(
+    runs: AsyncRunSource,
+    log: AsyncEventLog,
+    run_id: str,
+    after: str | None = None,
+    *,
+    idle: float = 5.0,
+    live: Callable[[str, str], Live] | None = None,
+    parse: bool = True,
+) -> AsyncIterator[list[Event]]:
+    """afollow() a read at a time: a server writes each list in one go. parse=False:
+    events read from the stream carry their kind and raw JSON only (data None), for a
+    server that passes them on as they are."""
     run = await runs.get(run_id)
     if run is None:
         raise UnknownRun(f"no run {run_id!r}")
@@ -683,13 +710,13 @@ async def afollow(
     why = gap(info, after, run, await runs.history(run_id) if after is None else [])
     if why is not None:
         anchor = info.last if info else (after or _ANCHOR)
-        yield Event(anchor, "gap", {"reason": why})
-        for e in durable(run, await runs.history(run_id), await runs.calls(run_id), anchor):
-            yield e
-            if e.kind == "run_ended":
-                return
+        record = durable(run, await runs.history(run_id), await runs.calls(run_id), anchor)
+        yield [Event(anchor, "gap", {"reason": why}), *record]
+        if record and record[-1].kind == "run_ended":
+            return
         pos = anchor
     sub = live(run_id, pos or _ANCHOR) if live is not None else _Own(log, run_id)
+    read = Event.parse if parse else Event.unparsed
     failed = 0
     try:
         while True:
@@ -700,21 +727,24 @@ async def afollow(
                 failed += 1
                 if failed >= _OUTAGE_TRIES:
                     raise
-                yield Event(pos or _ANCHOR, "keepalive")
+                yield [Event(pos or _ANCHOR, "keepalive")]
                 await asyncio.sleep(1.0)
                 continue
-            for entry_id, blob in entries:
-                e = Event.parse(entry_id, blob)
-                yield e
-                if e.kind == "run_ended":
-                    return
-                pos = entry_id
-            if not entries:
-                run = await runs.get(run_id)
-                if run is not None and run.status in STOPPED:
-                    yield dataclasses.replace(ended(run), id=pos or _ANCHOR)
-                    return
-                yield Event(pos or _ANCHOR, "keepalive")
+            if entries:
+                batch = []
+                for entry_id, blob in entries:
+                    batch.append(e := read(entry_id, blob))
+                    if e.kind == "run_ended":
+                        yield batch
+                        return
+                pos = entries[-1][0]
+                yield batch
+                continue
+            run = await runs.get(run_id)
+            if run is not None and run.status in STOPPED:
+                yield [dataclasses.replace(ended(run), id=pos or _ANCHOR)]
+                return
+            yield [Event(pos or _ANCHOR, "keepalive")]
     finally:
         sub.close()
 
@@ -850,5 +880,11 @@ class _Watched:
         at = _key(position)
         whole = not self.dropped and at >= _key(self.start)
         if whole or (self.entries and _key(self.entries[0][0]) <= at):
-            return [e for e in self.entries if _key(e[0]) > at]
+            newer = []  # from the newest back: a reader that keeps up wants the last one or two
+            for e in reversed(self.entries):
+                if _key(e[0]) <= at:
+                    break
+                newer.append(e)
+            newer.reverse()
+            return newer
         return None
