@@ -26,6 +26,10 @@ Entry = tuple[str, str]  # (stream id, the event's JSON)
 FENCED, OVER_CAP = 0, 1
 
 
+def _noscript(answer: Any) -> bool:
+    return isinstance(answer, redis.exceptions.NoScriptError)
+
+
 def _info(raw: Any) -> StreamInfo | None:
     if not raw or not raw.get("first-entry"):
         return None
@@ -58,17 +62,42 @@ class RedisEvents:
         self, batches: Sequence[Batch], *, maxlen: int, ttl: float, cap: int
     ) -> list[list[Any]]:
         """Each batch's events appended, all in one round trip: per event its stream id
-        (str), FENCED (the writer lost the run) or OVER_CAP."""
+        (str), FENCED (the writer lost the run) or OVER_CAP.
+
+        EVALSHA by hand, not redis-py's Script in a pipeline, which asks SCRIPT EXISTS
+        before every execute: a second round trip a batch. A Redis that lost its scripts
+        (a restart) answers NOSCRIPT, and those calls go again after a SCRIPT LOAD (one
+        that NOSCRIPT refused did nothing)."""
+        calls = [
+            (
+                keys.events(run_id),
+                keys.event_count(run_id),
+                keys.lease(run_id),
+                token,
+                maxlen,
+                max(1, int(ttl)),
+                cap,
+                *events,
+            )
+            for run_id, token, events in batches
+        ]
         with translated():
-            pipe = self.client.pipeline(transaction=False)
-            for run_id, token, events in batches:
-                self._emit(
-                    keys=[keys.events(run_id), keys.event_count(run_id), keys.lease(run_id)],
-                    args=[token, maxlen, max(1, int(ttl)), cap, *events],
-                    client=pipe,
-                )
-            answers = pipe.execute()
+            answers = self._evalsha(calls)
+            missing = [i for i, a in enumerate(answers) if _noscript(a)]
+            if missing:
+                self.client.script_load(self._emit.script)
+                for i, a in zip(missing, self._evalsha([calls[i] for i in missing]), strict=True):
+                    answers[i] = a
+        for a in answers:
+            if isinstance(a, Exception):
+                raise a
         return [[a.decode() if isinstance(a, bytes) else a for a in ids] for ids in answers]
+
+    def _evalsha(self, calls: list[tuple[Any, ...]]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for call in calls:
+            pipe.evalsha(self._emit.sha, 3, *call)
+        return pipe.execute(raise_on_error=False)
 
     def read(
         self, run_id: str, after: str = "0-0", count: int = 500, block: float | None = None

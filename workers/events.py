@@ -249,12 +249,19 @@ class Outbox:
     """
 
     def __init__(
-        self, log: EventLog, settings: Settings, limit: int = 100_000, linger: float = 0.005
+        self,
+        log: EventLog,
+        settings: Settings,
+        limit: int = 100_000,
+        linger: float = 0.005,
+        slow: float = 0.02,
     ) -> None:
-        # linger: how long the thread waits, once woken, for more events to send with the
-        # first (not when a ctx.emit waits for its answer). A step's own events then cost
-        # it an append, and one Redis call carries those of several steps and tokens.
-        self.log, self.limit, self.linger = log, limit, linger
+        # How long an event may wait for company before it is sent: linger for a token
+        # (a reader watches it being written), slow for the rest (a step's end, a call's
+        # outcome: a reader does not see 20 ms). One Redis call then carries the events
+        # of many steps, not one step's; a ctx.emit, or a run's end, is sent at once.
+        self.log, self.limit, self.linger, self.slow = log, limit, linger, slow
+        self._due = float("inf")  # when the oldest queued event must go
         self.maxlen, self.ttl, self.cap = (
             settings.events_maxlen,
             settings.events_ttl,
@@ -290,8 +297,7 @@ class Outbox:
             self._start()
             if done is not None:
                 self._urgent += 1
-            if self._idle or done is not None:
-                self._cond.notify()
+            self._soon(self.slow, done is not None)
         return done.result(timeout=60) if done is not None else None
 
     def put_token(self, run_id: str, token: str, text: str, where: tuple[Any, ...]) -> None:
@@ -313,7 +319,15 @@ class Outbox:
             self._open[run_id] = p
             self._fenced[run_id] += 1
             self._start()
-            if self._idle:
+            self._soon(self.linger)
+
+    def _soon(self, within: float, now: bool = False) -> None:
+        """What was just queued goes within that many seconds (under the lock): wake the
+        thread if it sleeps, or lingers towards a later time."""
+        due = time.monotonic() + within
+        if due < self._due or now:
+            self._due = min(self._due, due)
+            if self._idle or now or within < self.slow:
                 self._cond.notify()
 
     def over_cap(self, run_id: str) -> bool:
@@ -365,14 +379,16 @@ class Outbox:
                     self._cond.notify_all()
                     self._cond.wait(30.0)
                 self._busy, self._idle = True, False
-                # Linger for company, unless someone waits on what is queued already.
-                deadline = time.monotonic() + self.linger
-                while not (self._urgent or self._settling):
-                    left = deadline - time.monotonic()
+                # Linger for company until the oldest event is due, unless someone waits
+                # on what is queued already.
+                while not (self._urgent or self._settling or self._lost):
+                    now = time.monotonic()
+                    left = min(self._due, now + self.slow) - now  # a marker queued unsaid
                     if left <= 0:
                         break
                     self._cond.wait(left)
                 batch = [self._queue.popleft() for _ in range(min(len(self._queue), 2000))]
+                self._due = time.monotonic() if self._queue else float("inf")
                 for p in batch:
                     if p.text is not None and self._open.get(p.run_id) is p:
                         del self._open[p.run_id]  # on its way: the next delta starts anew
