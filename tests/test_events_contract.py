@@ -131,3 +131,21 @@ def test_a_run_on_the_in_memory_twins_streams_its_events() -> None:
     events = list(follow(store, outbox.log, "t1", until=time.monotonic() + 5))
     assert [e.kind for e in events] == ["step_started", "said", "step_saved", "run_ended"]
     assert events[1].data == {"text": "hello"}
+
+
+def test_redis_that_lost_its_scripts_still_takes_events(redis_url: str) -> None:
+    """A restarted Redis forgets the loaded scripts: the append loads emit.lua again."""
+    leases = Leases.from_url(redis_url)
+    log = RedisEvents(leases.client)
+    token = str(leases.acquire("r", 30).token)
+    assert isinstance(_append(log, "r", token, encode("mine", {}))[0], str)
+    leases.client.script_flush()
+    got = log.append(
+        [("r", token, [encode("mine", {})]), ("s", "", [encode("step_saved", {})])],
+        maxlen=100,
+        ttl=60,
+        cap=0,
+    )
+    assert all(isinstance(ids[0], str) for ids in got)
+    assert len(log.read("r")) == 2
+    leases.client.close()
