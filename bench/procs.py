@@ -189,3 +189,24 @@ class CpuMeter:
             "other_s": max(busy - self._machine[0] - sum(spent.values()), 0.0),
             "idle_s": idle - self._machine[1],
         }
+
+
+def model_standin(log: Path, *args: str) -> tuple[fleet.Proc, str]:
+    """The Messages-API stand-in in its own process (its CPU counted apart), and its URL."""
+    import sys
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "cairn.testing.standins", "model", "--quiet", *args]
+    proc = fleet.Proc(cmd, fleet.child_env(), log, "model")
+    url = fleet.wait_for(
+        lambda: (
+            next((ln for ln in proc.text().splitlines() if ln.startswith("http")), None)
+            or (not proc.alive() and "dead")
+        ),
+        30,
+        "the model stand-in",
+    )
+    if url == "dead":
+        raise RuntimeError(f"model stand-in exited:\n{proc.text()[-2000:]}")
+    return proc, url

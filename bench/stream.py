@@ -31,6 +31,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from bench.common import ROOT, child_main, median, pct, progress, run_child
+from bench.procs import model_standin
 from cairn.steps import Context, StepResult, workflow
 from cairn.steps.model import text_of
 from cairn.steps.registry import DONE
@@ -568,26 +569,6 @@ def latency(
     return rows
 
 
-def _model_server() -> tuple[Any, str]:
-    from cairn.testing import fleet
-
-    log = LOGS / "model.log"
-    log.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "cairn.testing.standins", "model", "--quiet"]
-    proc = fleet.Proc(cmd, fleet.child_env(), log, "model")
-    url = fleet.wait_for(
-        lambda: (
-            next((ln for ln in proc.text().splitlines() if ln.startswith("http")), None)
-            or (not proc.alive() and "dead")
-        ),
-        30,
-        "the model stand-in",
-    )
-    if url == "dead":
-        raise RuntimeError(f"model stand-in exited:\n{proc.text()[-2000:]}")
-    return proc, url
-
-
 def _batch(client: Any, flow: str, runs: int, words: str, worker: Any) -> tuple[float, list[str]]:
     """The worker's CPU seconds while it does `runs` runs of flow; their ids."""
     from bench.procs import cpu_seconds
@@ -641,7 +622,7 @@ def worker_cpu(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
 
     db_url = dbs.fresh("stream_cpu")
     upgrade(db_url)
-    model, model_url = _model_server()
+    model, model_url = model_standin(LOGS / "model.log")
     words = " ".join(f"w{i}" for i in range(sz.stream_words))
     settings = Settings.from_env().with_options(
         database_url=db_url, redis_url=redis_url, broker_url=None

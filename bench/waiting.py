@@ -26,6 +26,7 @@ import psycopg
 from bench.common import ROOT, Databases, bench_redis, median, pct, progress
 from bench.procs import (
     CpuMeter,
+    model_standin,
     postgres_pids,
     pss_mb,
     redis_pids,
@@ -93,26 +94,6 @@ def largest_prefork(base: str, workers: int, runs: int) -> tuple[int, str]:
     return n, why
 
 
-def _model_server(delay_ms: int) -> tuple[fleet.Proc, str]:
-    """The Messages-API stand-in in its own process, so its CPU is counted apart."""
-    LOGS.mkdir(parents=True, exist_ok=True)
-    log = LOGS / "model.log"
-    log.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "cairn.testing.standins", "model", "--quiet"]
-    proc = fleet.Proc([*cmd, "--delay-ms", str(delay_ms)], fleet.child_env(), log, "model")
-    url = fleet.wait_for(
-        lambda: (
-            next((ln for ln in proc.text().splitlines() if ln.startswith("http")), None)
-            or (not proc.alive() and "dead")
-        ),
-        30,
-        "the model stand-in",
-    )
-    if url == "dead":
-        raise RuntimeError(f"model stand-in exited:\n{proc.text()[-2000:]}")
-    return proc, url
-
-
 def _finish(client: Client, total: int, timeout: float) -> tuple[int, int]:
     """(done, failed) once `total` runs have ended, or at the timeout."""
     deadline = time.monotonic() + timeout
@@ -141,7 +122,7 @@ def one(
     upgrade(db_url)
     redis_url = bench_redis()
     admin.RedisDatabase(redis_url).flush()
-    model, model_url = _model_server(int(wait * 1000))
+    model, model_url = model_standin(LOGS / "model.log", "--delay-ms", str(int(wait * 1000)))
     env = fleet.child_env(
         CAIRN_DATABASE_URL=db_url,
         CAIRN_REDIS_URL=redis_url,

@@ -47,6 +47,34 @@ def _env(settings, **extra: str) -> dict[str, str]:
     return env
 
 
+def _uvicorn(app: str, env: dict[str, str], tmp_path: Path) -> tuple[fleet.Proc, str]:
+    """`uvicorn app` from tmp_path, as the README serves its examples, once it answers."""
+    import httpx
+
+    port = fleet.free_port()
+    web = fleet.Proc(
+        [str(BIN / "uvicorn"), app, "--port", str(port)],
+        env,
+        tmp_path / "uvicorn.log",
+        "uvicorn",
+        tmp_path,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{url}/docs", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return not web.alive()
+
+    try:
+        wait_for(up, 30, "uvicorn to start")
+    except BaseException:
+        web.kill()
+        raise
+    return web, url
+
+
 @pytest.mark.parametrize("index", range(1, len(PYTHON)))
 def test_every_python_block_runs_as_written_outside_the_repo(
     index: int, settings, tmp_path: Path
@@ -212,24 +240,12 @@ def test_the_pydantic_ai_example_answers_from_a_worker_behind_fastapi(
     worker = fleet.wait_ready(
         fleet.Proc(argv, {**env, "CAIRN_WORKFLOWS": "support"}, tmp_path / "w.log", "w", tmp_path)
     )
-    port = fleet.free_port()
-    web = fleet.Proc(
-        [str(BIN / "uvicorn"), "app:app", "--port", str(port)],
-        env,
-        tmp_path / "uvicorn.log",
-        "uvicorn",
-        tmp_path,
-    )
     try:
-        url = f"http://127.0.0.1:{port}"
-
-        def up() -> bool:
-            try:
-                return httpx.get(f"{url}/docs", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return not web.alive()
-
-        wait_for(up, 30, "uvicorn to start")
+        web, url = _uvicorn("app:app", env, tmp_path)
+    except BaseException:
+        worker.kill()
+        raise
+    try:
         question = "TOOLS: email_customer\nWhere is my order?"
         resp = httpx.post(
             f"{url}/support", params={"question": question, "email": "ada@example.com"}, timeout=90
@@ -263,26 +279,14 @@ def test_the_chat_example_streams_a_runs_answer_to_its_own_client(
     env = _env(settings)
     argv = [str(BIN / "cairn"), "worker", "--concurrency", "1"]
     worker = fleet.wait_ready(fleet.Proc(argv, env, tmp_path / "w.log", "w", tmp_path))
-    port = fleet.free_port()
-    web = fleet.Proc(
-        [str(BIN / "uvicorn"), "chat:app", "--port", str(port)],
-        env,
-        tmp_path / "uvicorn.log",
-        "uvicorn",
-        tmp_path,
-    )
+    try:
+        web, url = _uvicorn("chat:app", env, tmp_path)
+    except BaseException:
+        worker.kill()
+        raise
     words = " ".join(f"word{i}" for i in range(30))
     chunks: list[tuple[float, str]] = []
     try:
-        url = f"http://127.0.0.1:{port}"
-
-        def up() -> bool:
-            try:
-                return httpx.get(f"{url}/docs", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return not web.alive()
-
-        wait_for(up, 30, "uvicorn to start")
         prompt = f"REPLY: {words}\nTOKEN_MS: 20"
         with httpx.stream("POST", f"{url}/chat", params={"prompt": prompt}, timeout=60) as resp:
             assert resp.status_code == 200

@@ -4,49 +4,23 @@ each page are kept in .cairn/artifacts/web/."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
 from cairn.testing import fleet
-from tests.conftest import ROOT, Server, wait_for
-
-ARTIFACTS = ROOT / ".cairn" / "artifacts" / "web"
+from tests.browser import ARTIFACTS, chromium
+from tests.conftest import Server, wait_for
 
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    assert chromium and driver, "Debian's chromium and chromium-driver: run `bash scripts/test`"
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",  # as root, in a container
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        # This machine's network is closed: no background calls to Google's hosts.
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-quic",
-        "--no-first-run",
-        f"--user-data-dir={tmp_path / 'chromium'}",
-        "--window-size=1360,1000",
-    ):
-        options.add_argument(arg)
-    chrome = webdriver.Chrome(service=Service(driver), options=options)
-    chrome.set_page_load_timeout(30)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    yield chrome
-    chrome.quit()
+    yield from chromium(tmp_path)
 
 
 def _text(chrome: webdriver.Chrome, css: str) -> str:

@@ -7,7 +7,6 @@ may read the stream. Screenshots are kept in .cairn/artifacts/web/."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -16,15 +15,14 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from cairn.store import Leases
 from cairn.testing import fleet
-from tests.conftest import ROOT, Server, holder_pid, wait_for
+from tests.browser import ARTIFACTS, chromium
+from tests.conftest import Server, holder_pid, wait_for
 
-ARTIFACTS = ROOT / ".cairn" / "artifacts" / "web"
 # 40 words, one token each from the model stand-in, TOKEN_MS apart: about 4 s of answer,
 # long enough to watch it grow and to kill its worker halfway. One is markup, to be shown
 # as text.
@@ -37,30 +35,7 @@ def _chat(reply: str, token_ms: int) -> dict[str, Any]:
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    assert chromium and driver, "Debian's chromium and chromium-driver: run `bash scripts/test`"
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",  # as root, in a container
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        # This machine's network is closed: no background calls to Google's hosts.
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-quic",
-        "--no-first-run",
-        f"--user-data-dir={tmp_path / 'chromium'}",
-        "--window-size=1360,1000",
-    ):
-        options.add_argument(arg)
-    chrome = webdriver.Chrome(service=Service(driver), options=options)
-    chrome.set_page_load_timeout(30)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    yield chrome
-    chrome.quit()
+    yield from chromium(tmp_path)
 
 
 def _until(chrome: webdriver.Chrome, check: Callable[[], object], what: str, timeout: float = 60):
