@@ -4,6 +4,7 @@ an idle stream; who may read what."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -18,6 +19,7 @@ import cairn.steps.chat  # noqa: F401  (registers chat, as the worker and server
 from cairn.steps.model import ModelClient
 from cairn.store.events import RedisEvents
 from cairn.workers import loop
+from cairn.workers.client import Client
 from cairn.workers.events import Outbox, read_token
 from cairn.workers.settings import Settings
 from tests.conftest import Server
@@ -119,6 +121,8 @@ def test_an_idle_stream_gets_keep_alives_and_who_may_read_it(
     with server.http(token=None) as anonymous:
         assert anonymous.get("/runs/idle-1/events").status_code == 401
         own = read_token(server.token, "idle-1")
+        with Client(settings=dataclasses.replace(settings, api_token=server.token)) as c:
+            assert c.events_token("idle-1") == own  # what an app hands its user's browser
         assert anonymous.get(f"/runs/other/events?token={own}").status_code == 403
         assert anonymous.get(f"/runs/idle-1?token={own}").status_code == 401  # events only
         with anonymous.stream("GET", f"/runs/idle-1/events?token={own}") as resp:

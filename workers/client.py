@@ -362,6 +362,14 @@ class AsyncClient:
         """Client.calls: the run's journaled calls, oldest first."""
         return await self.store.calls(run_id, limit)
 
+    async def events_token(self, run_id: str) -> str:
+        """Client.events_token: a token that reads this run's events and nothing else."""
+        from cairn.workers.events import read_token
+
+        if not self.settings.api_token:
+            raise InvalidInput("events_token needs CAIRN_API_TOKEN: the token cairn serve uses")
+        return read_token(self.settings.api_token, run_id)
+
     async def events(self, run_id: str, after: str | None = None) -> AsyncIterator[Event]:
         """Client.events for asyncio: `async for event in client.events(run_id)`."""
         from cairn.workers.events import afollow
