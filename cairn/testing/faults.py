@@ -30,11 +30,11 @@ kill itself: the chaos driver).
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import os
 import signal
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -73,17 +73,21 @@ class Plan:
         self._fd = -1
         self._fd_pid = 0
         self._patched = False
-        # "run seq cursor attempt" of the running step, per thread: a threads worker
-        # runs many steps at once.
-        self._local = threading.local()
+        # "run seq cursor attempt" of the running step, per context, not per thread: a
+        # threads worker runs many steps at once, and a step's own threads that copy its
+        # context (asyncio.to_thread, LangGraph's executor for a streamed graph) send
+        # its requests too.
+        self._current: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+            "cairn_fault_step", default=None
+        )
 
     @property
     def current(self) -> str | None:
-        return getattr(self._local, "current", None)
+        return self._current.get()
 
     @current.setter
     def current(self, value: str | None) -> None:
-        self._local.current = value
+        self._current.set(value)
 
     @classmethod
     def load(cls, path: str) -> Plan:
@@ -175,7 +179,7 @@ class Plan:
             return original(client, request, *args, **kwargs)
 
         async def asend(client: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-            tag(request)  # an async step runs on its worker thread: plan.current is its own
+            tag(request)  # an async step runs in its step's context: plan.current is its own
             return await aoriginal(client, request, *args, **kwargs)
 
         httpx.Client.send = send  # type: ignore[method-assign]
