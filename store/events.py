@@ -139,12 +139,6 @@ class AsyncRedisEvents:
         )
         self.client = redis.asyncio.Redis(connection_pool=pool)
 
-    async def read(
-        self, run_id: str, after: str = "0-0", count: int = 500, block: float | None = None
-    ) -> list[Entry]:
-        got = await self.read_many({run_id: after}, count, block)
-        return got.get(run_id, [])
-
     async def read_many(
         self, after: dict[str, str], count: int = 500, block: float | None = None
     ) -> dict[str, list[Entry]]:
@@ -170,11 +164,6 @@ class AsyncRedisEvents:
                 return _info(await self.client.xinfo_stream(keys.events(run_id)))
             except redis.ResponseError:
                 return None
-
-    async def last(self, run_id: str) -> Entry | None:
-        with translated():
-            got = await self.client.xrevrange(keys.events(run_id), count=1)
-        return _entries(got)[0] if got else None
 
     async def poke(self, name: str) -> None:
         """Append a mark to stream `name`: an XREAD blocked on it returns."""

@@ -832,9 +832,6 @@ class Hub:
                     w.cond.notify_all()
             await asyncio.sleep(self.linger)
 
-    def watched(self) -> int:
-        return len(self._runs)
-
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
