@@ -321,3 +321,31 @@ def test_a_burst_of_deltas_joins_while_queued_and_keeps_its_place(
         ("token", {"call": 0, "text": "d"}),
         ("token", {"call": 1, "text": "e"}),
     ]
+
+
+def test_the_outbox_thread_outlives_a_bug_in_a_batchs_answer(
+    settings: Settings, leases: Leases
+) -> None:
+    """One batch whose handling raises (here the log answers for fewer events than it got)
+    fails its waiters with the error; the thread goes on and the next event is written."""
+    from cairn.workers.events import encode
+
+    class Short(RedisEvents):
+        broken = True
+
+        def append(self, calls, **kw):  # type: ignore[no-untyped-def]
+            answers = super().append(calls, **kw)
+            if self.broken:
+                self.broken = False
+                return [ids[:-1] for ids in answers]
+            return answers
+
+    outbox = Outbox(Short(leases.client), settings)
+    lease = leases.acquire("bug", 30)
+    assert lease is not None
+    token = str(lease.token)
+    with pytest.raises(ValueError):
+        outbox.put("bug", token, encode("progress", {"n": 1}), wait=True)
+    event_id = outbox.put("bug", token, encode("progress", {"n": 2}), wait=True)
+    assert event_id is not None
+    assert [Event.parse(*x).data for x in outbox.log.read("bug")][-1] == {"n": 2}

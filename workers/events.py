@@ -395,7 +395,15 @@ class Outbox:
                 lost, self._lost = self._lost, {}
                 # Left behind (a batch holds 2,000 at most): do they include a waiter?
                 self._urgent = sum(1 for p in self._queue if p.done is not None)
-            self._send(batch, lost)
+            try:
+                self._send(batch, lost)
+            except Exception as exc:  # noqa: BLE001 (a dead thread would stop every run's events)
+                logger.exception(
+                    "%d run event(s) lost to a bug", len(batch), extra=logs.run(None, "events_bug")
+                )
+                for p in batch:
+                    if p.done is not None and not p.done.done():
+                        p.done.set_exception(exc)
 
     def _send(self, batch: list[_Pending], lost: dict[str, tuple[str, int]]) -> None:
         try:
