@@ -27,7 +27,7 @@ from cairn.errors import (
     StaleWrite,
     Transient,
 )
-from cairn.store.runs import Call
+from cairn.store.runs import Call, Run
 
 if TYPE_CHECKING:
     from cairn.steps.model import ModelClient
@@ -131,6 +131,15 @@ class Context:
         """The lease epoch this worker holds the run at: what fences its writes (a
         checkpointer's, say) against a worker that took the run over."""
         return self._lease.epoch
+
+    # -- child runs ------------------------------------------------------------------
+    def children(self) -> list[Run]:
+        """The child runs of the spawn this step waited for (StepResult.spawn), in the
+        order that step listed them: each one's status, state (its result once done) and
+        error. In a step that did not wait for a spawn: every child the run has spawned."""
+        event = self._cp.wait_event or ""
+        seq = int(event.rpartition(":")[2]) if event.startswith("cairn.children:") else None
+        return self._store.children(self.run_id, seq)
 
     # -- events ----------------------------------------------------------------------
     def emit(self, kind: str, data: Any = None, *, wait: bool = True) -> str | None:

@@ -18,6 +18,28 @@ if TYPE_CHECKING:
 
 DONE = "done"
 _STEP_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+_CHILD_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
+MAX_CHILDREN = 10_000  # per spawn: one statement writes them with the parent's save
+
+
+@dataclasses.dataclass(frozen=True)
+class Child:
+    """A run to start from a step (StepResult.spawn). key names it among its spawn's
+    children (default: its place in the list); its run id is the parent's, the step's
+    cursor and visit, and the key, so a replay of the step spawns the same runs."""
+
+    workflow: str
+    input: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    key: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Spawn:
+    """The children a step starts, and how many of them must stop before the parent
+    goes on."""
+
+    children: tuple[Child, ...]
+    need: int
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -35,6 +57,7 @@ class StepResult:
     window: list[dict[str, Any]] | None = None
     cost_usd: float = 0.0
     waits_for: Wait | None = None
+    spawns: Spawn | None = None
 
     @classmethod
     def wait(
@@ -56,6 +79,46 @@ class StepResult:
             state=state or {},
             window=window,
             waits_for=Wait(event=event, timeout=timeout, on_timeout=on_timeout or cursor),
+        )
+
+    @classmethod
+    def spawn(
+        cls,
+        children: Iterable[Child],
+        *,
+        cursor: str,
+        wait: str | int = "all",
+        timeout: float | None = None,
+        on_timeout: str | None = None,
+        state: Mapping[str, Any] | None = None,
+        window: list[dict[str, Any]] | None = None,
+    ) -> StepResult:
+        """Start child runs, created with this step's save (exactly once: a replay of the
+        step spawns nothing more), and park the run, holding no worker, until `wait` of
+        them have stopped: "all", "any", or a number. Then the step `cursor` runs and reads
+        them with ctx.children(). With timeout (seconds) it goes on at on_timeout (default:
+        cursor) if they take longer. Cancelling the run cancels its children."""
+        kids = tuple(children)
+        if not kids or len(kids) > MAX_CHILDREN:
+            raise ValueError(f"spawn wants 1 to {MAX_CHILDREN:,} children, got {len(kids):,}")
+        keys = [c.key if c.key is not None else str(i) for i, c in enumerate(kids)]
+        for c, key in zip(kids, keys, strict=True):
+            if not isinstance(c, Child):
+                raise TypeError(f"spawn wants cairn.Child items, got {type(c).__name__}")
+            if not _CHILD_KEY.fullmatch(key):
+                raise ValueError(f"child key {key!r}: 1-64 letters, digits, '_' or '-'")
+        if len(set(keys)) != len(keys):
+            raise ValueError("two children of one spawn have the same key")
+        need = {"all": len(kids), "any": 1}.get(wait, wait) if isinstance(wait, str) else wait
+        if isinstance(need, str) or isinstance(need, bool) or not 1 <= need <= len(kids):
+            raise ValueError(f'spawn wait={wait!r}: "all", "any" or 1..{len(kids)} children')
+        return cls(
+            cursor=cursor,
+            state=state or {},
+            window=window,
+            # The event names the spawn (its save's seq), set by the loop when it saves.
+            waits_for=Wait(event="cairn.children", timeout=timeout, on_timeout=on_timeout or cursor),
+            spawns=Spawn(kids, need),
         )
 
 

@@ -157,6 +157,16 @@ class AsyncPgStore:
         row = await self.db.one("get_run", {"run_id": run_id})
         return Run.from_row(row) if row else None
 
+    async def children(
+        self, run_id: str, seq: int | None = None, limit: int = 10_000
+    ) -> list[Run]:
+        rows = await self.db.all("children", {"run_id": run_id, "seq": seq, "limit": limit})
+        return [Run.from_row(r) for r in rows]
+
+    async def gathered(self, run_id: str) -> bool:
+        row = await self.db.one("gathered", {"run_id": run_id})
+        return bool(row and row["ready"])
+
     async def load_row(self, run_id: str) -> dict[str, Any] | None:
         return await self.db.one("load", {"run_id": run_id})
 

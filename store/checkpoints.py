@@ -21,7 +21,7 @@ from cairn.errors import (
 )
 from cairn.status import SETTLED, RunStatus
 from cairn.store.db import Database, channel, outage, translated
-from cairn.store.runs import Call, Run, Wait
+from cairn.store.runs import Call, Run, Spawned, Wait
 from cairn.store.sql import QUERIES
 from cairn.store.tx import StepTransaction
 
@@ -72,6 +72,8 @@ class Checkpoint:
     wait_event: str | None = None
     wait_timeout_cursor: str | None = None
     flow_version: int | None = None  # the workflow version that wrote the state
+    parent_id: str | None = None  # a child run's parent (StepResult.spawn), never changed
+    depth: int = 0  # children between it and its first ancestor
     # Read with the row, never written: the wait's timeout has passed; the oldest signal
     # of the awaited event not yet consumed ({"id", "payload"}).
     wait_over: bool = dataclasses.field(default=False, compare=False)
@@ -238,6 +240,18 @@ class PgStore:
         row = self.db.one("get_run", {"run_id": run_id})
         return Run.from_row(row) if row else None
 
+    def children(self, run_id: str, seq: int | None = None, limit: int = 10_000) -> list[Run]:
+        """The run's child runs (those of the spawn saved at seq, or all), in the order
+        each spawn listed them."""
+        rows = self.db.all("children", {"run_id": run_id, "seq": seq, "limit": limit})
+        return [Run.from_row(r) for r in rows]
+
+    def gathered(self, run_id: str) -> bool:
+        """Whether the run waits for a spawn whose children have stopped (enough of
+        them): its wake-up signal is written and not consumed."""
+        row = self.db.one("gathered", {"run_id": run_id})
+        return bool(row and row["ready"])
+
     def load_row(self, run_id: str) -> dict[str, Any] | None:
         return self.db.one("load", {"run_id": run_id})
 
@@ -267,9 +281,11 @@ class PgStore:
         tx: StepTransaction | None = None,
         attempt: Attempt | None = None,
         wait: Wait | None = None,
+        spawn: Spawned | None = None,
     ) -> Saved:
-        """Write cp (and the window's new messages, the step's history row, the wait and
-        the signal it consumed) if it is newer; else raise StaleWrite.
+        """Write cp (and the window's new messages, the step's history row, the wait, the
+        signal it consumed and the children it spawned) if it is newer; else raise
+        StaleWrite.
 
         With a transaction the step used, the save runs inside it and commits it, so the
         step's own Postgres writes land with the checkpoint or not at all.
@@ -303,9 +319,18 @@ class PgStore:
             "flow_version": cp.flow_version,
         }
         query = QUERIES["save_plain"]
-        if messages or attempt.signal_id is not None:
+        if messages or attempt.signal_id is not None or spawn is not None:
             query = QUERIES["save"]
             params["first_idx"], params["messages"] = first_idx, Jsonb(messages)
+        if spawn is not None:
+            query = QUERIES["save_spawn"]
+            params["children"] = Jsonb(
+                [
+                    {"run_id": r, "workflow": w, "input": i, "ord": n}
+                    for n, (r, w, i) in enumerate(spawn.children)
+                ]
+            )
+            params["need"], params["depth"] = spawn.need, spawn.depth
         conn = tx.open if tx is not None else None
         if conn is not None:
             with translated():

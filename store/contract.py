@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from cairn.status import RunStatus
     from cairn.store.checkpoints import Attempt, Checkpoint, Saved
     from cairn.store.lease import LeaseToken
-    from cairn.store.runs import Call, Run, Wait
+    from cairn.store.runs import Call, Run, Spawned, Wait
     from cairn.store.tx import Connection
 
 
@@ -53,8 +53,10 @@ class CheckpointStore(Protocol):
         tx: StepTx | None = None,
         attempt: Attempt | None = None,
         wait: Wait | None = None,
+        spawn: Spawned | None = None,
     ) -> Saved:
-        """Write cp if its seq and epoch are newer, else raise StaleWrite."""
+        """Write cp if its seq and epoch are newer, else raise StaleWrite; the children of
+        spawn are created with it, exactly when it is written."""
 
     def end_attempt(
         self,
@@ -111,6 +113,12 @@ class CheckpointStore(Protocol):
 
     def get(self, run_id: str) -> Run | None:
         """The run without its window."""
+
+    def children(self, run_id: str, seq: int | None = None, limit: int = 10_000) -> list[Run]:
+        """The run's children (of the spawn saved at seq, or all), in their spawn's order."""
+
+    def gathered(self, run_id: str) -> bool:
+        """Whether the run waits for a spawn that has gathered: its signal is unconsumed."""
 
     def signal(
         self, run_id: str, event: str, payload: Any, signal_id: str

@@ -20,6 +20,17 @@ class Wait:
     on_timeout: str | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Spawned:
+    """The children a save creates (StepResult.spawn, resolved by the loop): each one's
+    (run id, workflow, input), how many must stop before the parent goes on, and their
+    depth under their first ancestor."""
+
+    children: tuple[tuple[str, str, dict[str, Any]], ...]
+    need: int
+    depth: int
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Call:
     """One journaled call inside a step (ctx.call, ctx.model): its place in the step's
@@ -56,6 +67,7 @@ class Run:
     input: Mapping[str, Any] | None = None
     state: Mapping[str, Any] | None = None
     window: tuple[dict[str, Any], ...] | None = None
+    parent_id: str | None = None  # a child run's parent (StepResult.spawn)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Run:

@@ -225,3 +225,47 @@ def charge(ctx: Context) -> StepResult:
 
     result = ctx.once(pay, at_most_once=True)
     return StepResult(cursor="done", state={"charge": result})
+
+
+# Child runs: `fanout` spawns one `square` per number and sums what its children made; a
+# negative number fails its child (the parent sees the error, not a lost result).
+fanout = workflow("fanout")
+square = workflow("square")
+recursive = workflow("recursive")
+
+
+@fanout.step()
+def split(ctx: Context) -> StepResult:
+    kids = [cairn.Child("square", {"n": n, **ctx.input.get("child", {})}) for n in ctx.input["ns"]]
+    wait = ctx.input.get("wait", "all")
+    return StepResult.spawn(kids, cursor="total", wait=wait, state={"spawned": len(kids)})
+
+
+@fanout.step()
+def total(ctx: Context) -> StepResult:
+    kids = ctx.children()
+    done = [k.state["sq"] for k in kids if k.status == "done" and k.state]
+    failed = sorted(k.error for k in kids if k.status == "failed" and k.error)
+    statuses = sorted(str(k.status) for k in kids)
+    return StepResult(
+        cursor="done", state={"total": sum(done), "failed": failed, "statuses": statuses}
+    )
+
+
+@square.step()
+def sq(ctx: Context) -> StepResult:
+    n = ctx.input["n"]
+    if n < 0:
+        raise ValueError(f"cannot square {n}: negative")
+    time.sleep(ctx.input.get("sleep", 0))
+    return StepResult(cursor="done", state={"sq": n * n})
+
+
+@recursive.step()
+def again(ctx: Context) -> StepResult:
+    return StepResult.spawn([cairn.Child("recursive", {})], cursor="back")
+
+
+@recursive.step()
+def back(ctx: Context) -> StepResult:
+    return StepResult(cursor="done")

@@ -414,3 +414,54 @@ def test_recovery_stays_within_the_lease_ttl_under_heavy_kills(
     child = report["recovery"]["pool_child"]
     assert child["n"] >= 50
     assert child["p95"] <= 2 * ttl + 2, (child, report["recovery"]["slowest"])
+
+
+def test_child_runs_survive_kills_at_every_boundary(
+    template_db: str, redis_url: str, tmp_path: Path
+) -> None:
+    """Parents that spawn children, both killed at step boundaries (one in five) and
+    from outside: every child is spawned once and runs its step once, every parent goes
+    on after its spawn once, with every child's result."""
+    from cairn.store.admin import drop_database, execute, with_path
+
+    runs, ns = 8, [1, 2, 3, 4]
+    report = chaos.run_chaos(
+        "fanout",
+        runs=runs,
+        workers=2,
+        concurrency=2,
+        seed=SEED,
+        rate=0.2,
+        random_kills=2,
+        lease_ttl=2.0,
+        deadline=150,
+        pending_after=20,
+        workflows="tests.flows",
+        input={"ns": ns},
+        keep=True,
+        database_url=CHAOS_DB,
+        redis_url=redis_url,
+        state_dir=tmp_path,
+        quiet=True,
+    )
+    name = report["database"].split(" ")[0]
+    db = with_path(CHAOS_DB, name)
+    try:
+        kids = execute(db, "SELECT parent_id, count(*) AS n FROM runs"
+                           " WHERE parent_id IS NOT NULL GROUP BY parent_id")  # fmt: skip
+        saved = execute(db, "SELECT h.run_id, h.cursor, count(*) AS n FROM step_history h"
+                            " WHERE h.outcome = 'saved' GROUP BY h.run_id, h.cursor")  # fmt: skip
+        states = execute(db, "SELECT c.run_id, c.status, c.state FROM checkpoints c"
+                             " JOIN runs r USING (run_id) WHERE r.parent_id IS NULL")  # fmt: skip
+    finally:
+        drop_database(CHAOS_DB, name)
+    assert report["ok"], report["problems"]
+    assert report["kills_total"] >= 5, report["kills"]
+    assert len(kids) == runs and all(k["n"] == len(ns) for k in kids)
+    assert all(s["n"] == 1 for s in saved), [s for s in saved if s["n"] != 1]
+    parents = {s["run_id"] for s in saved if s["cursor"] == "total"}
+    assert len(parents) == runs  # each parent's step after the spawn: saved once
+    assert sum(1 for s in saved if s["cursor"] == "sq") == runs * len(ns)
+    assert all(
+        r["status"] == "done" and r["state"]["total"] == sum(n * n for n in ns) for r in states
+    )

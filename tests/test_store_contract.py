@@ -960,3 +960,96 @@ def test_memory_twins_have_every_method_of_the_contract(protocol: type, twin: ty
         assert found[: len(wanted)] == wanted, f"{twin.__name__}.{name}{found} vs {wanted}"
     lease = MemoryLeases().acquire("r1", ttl=10)
     assert lease is not None and all(hasattr(lease, a) for a in ("run_id", "epoch", "token"))
+
+
+# -- child runs ------------------------------------------------------------------------
+def _spawn(store: CheckpointStore, kids: int = 3, need: int = 3) -> tuple[Checkpoint, list[str]]:
+    """r1 saves a step that spawns kids children and waits for need of them."""
+    from cairn.store.runs import Spawned
+
+    cp = _running(store)
+    ids = [f"r1.two.0.{i}" for i in range(kids)]
+    spawned = Spawned(tuple((k, "probe", {"i": i}) for i, k in enumerate(ids)), need, 1)
+    nxt = _advance(cp, status=RunStatus.WAITING, cursor="collect")
+    event = f"cairn.children:{nxt.seq}"
+    saved = store.save(nxt, cp, wait=Wait(event=event), spawn=spawned)
+    assert saved.signalled is False
+    return nxt, ids
+
+
+def _finish(store: CheckpointStore, run_id: str, status: RunStatus, epoch: int = 1) -> None:
+    claimed = store.claim(run_id, epoch)
+    assert claimed is not None
+    if status == RunStatus.DONE:
+        store.save(_advance(claimed, status=status, cursor="done", state={"got": run_id}), claimed)
+    else:
+        store.end_attempt(claimed, status, f"{run_id} {status}", Attempt(started=0.0))
+
+
+def test_a_spawn_creates_its_children_with_the_save_and_once(any_store: CheckpointStore) -> None:
+    from cairn.store.runs import Spawned
+
+    nxt, ids = _spawn(any_store)
+    kids = any_store.children("r1")
+    assert [k.run_id for k in kids] == ids  # in the spawn's order
+    assert all(k.status == "pending" and k.parent_id == "r1" for k in kids)
+    assert _get(any_store, ids[0]).parent_id == "r1"
+    assert _load(any_store, ids[2]).input == {"i": 2} and _load(any_store, ids[2]).depth == 1
+    # A fenced save (a zombie replaying the step) creates nothing, not even new ids.
+    stale = Spawned((("r1.two.0.9", "probe", {}),), 1, 1)
+    with pytest.raises(StaleWrite):
+        any_store.save(nxt, nxt, wait=Wait(event="x"), spawn=stale)
+    assert any_store.get("r1.two.0.9") is None
+    assert any_store.children("r1", seq=nxt.seq) == kids
+    assert any_store.children("r1", seq=nxt.seq + 1) == []
+
+
+def test_a_spawn_gathers_when_enough_children_stop_and_signals_once(
+    any_store: CheckpointStore,
+) -> None:
+    nxt, ids = _spawn(any_store, kids=3, need=3)
+    event = f"cairn.children:{nxt.seq}"
+    _finish(any_store, ids[0], RunStatus.DONE)
+    _finish(any_store, ids[1], RunStatus.FAILED)
+    assert any_store.gathered("r1") is False and _load(any_store, "r1").signal is None
+    _finish(any_store, ids[2], RunStatus.DONE)
+    assert any_store.gathered("r1") is True
+    assert _load(any_store, "r1").signal == {"id": event, "payload": {"seq": nxt.seq}}
+    kids = {k.run_id: k for k in any_store.children("r1")}
+    assert kids[ids[0]].state == {"got": ids[0]} and kids[ids[1]].error == f"{ids[1]} failed"
+    # A failed child re-armed and failed again does not signal twice.
+    assert any_store.create_run(ids[1], "probe", {"i": 1}) is False
+    _finish(any_store, ids[1], RunStatus.FAILED, epoch=2)
+    woken = any_store.claim("r1", 2)
+    assert woken is not None
+    after = _advance(dataclasses.replace(woken, epoch=2), cursor="done", status=RunStatus.DONE)
+    any_store.save(after, woken, attempt=Attempt(started=0.0, signal_id=event))
+    assert any_store.gathered("r1") is False
+
+
+def test_a_spawn_waiting_for_any_child_gathers_at_the_first(any_store: CheckpointStore) -> None:
+    _, ids = _spawn(any_store, kids=3, need=1)
+    _finish(any_store, ids[1], RunStatus.CANCELLED)
+    assert any_store.gathered("r1") is True
+    _finish(any_store, ids[0], RunStatus.DONE)  # later ones change nothing
+    assert any_store.gathered("r1") is True
+
+
+def test_cancelling_a_parent_cancels_its_children_and_theirs(any_store: CheckpointStore) -> None:
+    from cairn.store.runs import Spawned
+
+    _, ids = _spawn(any_store, kids=2, need=2)
+    busy = any_store.claim(ids[0], 1)  # a worker has the first child: it stops at its next step
+    assert busy is not None
+    grand = _advance(busy, cursor="wait", status=RunStatus.WAITING)
+    any_store.save(
+        grand,
+        busy,
+        wait=Wait(event=f"cairn.children:{grand.seq}"),
+        spawn=Spawned(((f"{ids[0]}.a.0.0", "probe", {}),), 1, 2),
+    )
+    assert any_store.cancel("r1", "user asked") == "cancelled"  # r1 waited: cancelled at once
+    assert _get(any_store, ids[1]).status == "cancelled"  # pending
+    assert _get(any_store, ids[0]).status == "cancelled"  # waiting
+    assert _get(any_store, f"{ids[0]}.a.0.0").status == "cancelled"  # a grandchild
+    assert _load(any_store, ids[1]).cancel_reason == "its parent was cancelled"

@@ -34,6 +34,8 @@ def check_event(event: Any) -> str:
     """A signal's event name: what a step waits for, and a URL path segment."""
     if not isinstance(event, str) or not 1 <= len(event) <= RUN_ID_MAX or "\x00" in event:
         raise InvalidInput(f"event must be 1-{RUN_ID_MAX} characters without NUL")
+    if event.startswith("cairn."):
+        raise InvalidInput(f"event {event!r}: names starting with 'cairn.' are cairn's own")
     return event
 
 

@@ -40,6 +40,8 @@ from cairn.steps.context import _step as _current
 from cairn.steps.registry import DONE, StepResult
 from cairn.steps.window import compact, grown_size, json_size
 from cairn.store.checkpoints import START, Attempt, Checkpoint
+from cairn.store.runs import Spawned
+from cairn.workers.inputs import check_input, check_run_id
 from cairn.workers.middleware import NONE, Chain
 from cairn.workers.settings import Settings
 
@@ -77,6 +79,9 @@ class Deps:
     stopping: Callable[[], bool] = lambda: False
     # Run events (steps, tokens, ctx.emit) to Redis; None: the fleet runs without them.
     events: Outbox | None = None
+    # Puts a run's message on the broker (resume: on the resume queue); None: nothing is
+    # sent, and the reaper finds children and parents waiting for a message.
+    send: Callable[[str, bool], None] | None = None
 
 
 def run(run_id: str, deps: Deps) -> RunStatus:
@@ -126,6 +131,8 @@ def _run(run_id: str, deps: Deps) -> RunStatus:
             return status
         lease.start_heartbeat()
         status = _drive(cp, lease, deps)
+        if status in STOPPED:
+            _wake_parent(cp, deps)
         return status
     finally:
         if deps.events is not None:
@@ -143,6 +150,8 @@ def _drive(cp: Checkpoint, lease: HeldLease, deps: Deps) -> RunStatus:
             raise Stop(RunStatus.CANCELLED, cp.cancel_reason)
         waiting = cp.status == RunStatus.WAITING
         if waiting and cp.signal is None and not cp.wait_over:
+            if (cp.wait_event or "").startswith("cairn.children:"):
+                _resend_children(cp, deps)
             return RunStatus.WAITING  # woken for nothing: a duplicate message, another event
         if not waiting and cp.deliveries - cp.attempts > settings.max_deliveries:
             # Delivered again and again without a save or a recorded failure: the step
@@ -340,15 +349,21 @@ def _step(
         finally:
             _current.reset(current)
         nxt = _next(cp, flow, result, ctx, settings)
+        wait, spawned = result.waits_for, None
+        if result.spawns is not None:
+            spawned = _spawned(cp, result.spawns, ctx.visit, settings)
+            wait = dataclasses.replace(wait, event=nxt.wait_event)
         middleware.after_effect(cp)
         lease.ensure()  # last chance to stop before a write that would be fenced anyway
-        saved = store.save(nxt, cp, ctx.transaction, _with_key(attempt, ctx), result.waits_for)
+        saved = store.save(nxt, cp, ctx.transaction, _with_key(attempt, ctx), wait, spawned)
     except BaseException as exc:
         middleware.after_step(cp, started, exception=exc)
         raise
     finally:
         ctx.close()
     middleware.after_step(cp, started, saved=nxt)
+    if spawned is not None:
+        _send_children(spawned, deps)
     if deps.events is not None:
         _tell(deps, cp, "step_saved", {"next": nxt.cursor, "status": str(nxt.status)})
         if nxt.status == RunStatus.WAITING and nxt.wait_event is not None:
@@ -491,6 +506,74 @@ def _retry_or_stop(
     return RetryLater(cp.run_id, delay)
 
 
+def _spawned(cp: Checkpoint, spawn: registry.Spawn, visit: int, settings: Settings) -> Spawned:
+    """A step's spawn as the save writes it: each child's run id (the parent's, the step's
+    cursor and visit, the child's key: a replay makes the same ones) and checked input."""
+    depth = cp.depth + 1
+    if depth > settings.max_spawn_depth:
+        raise CairnError(
+            f"run {cp.run_id}: a spawn at depth {depth}, over CAIRN_MAX_SPAWN_DEPTH="
+            f"{settings.max_spawn_depth} (does a workflow spawn itself without end?)"
+        )
+    children = []
+    for i, child in enumerate(spawn.children):
+        registry.get(child.workflow)  # UnknownWorkflow: the run fails, nothing is spawned
+        key = child.key if child.key is not None else str(i)
+        run_id = check_run_id(f"{cp.run_id}.{cp.cursor}.{visit}.{key}")
+        data = check_input(dict(child.input), settings.max_input_bytes)
+        children.append((run_id, child.workflow, data))
+    return Spawned(tuple(children), spawn.need, depth)
+
+
+def _send_children(spawned: Spawned, deps: Deps) -> None:
+    """One message per child, after the save that made them. A crash before the last is
+    sent loses nothing: the reaper sends a run that waits for a message it never got."""
+    if deps.send is None:
+        return
+    for run_id, _, _ in spawned.children:
+        deps.send(run_id, False)
+
+
+def _resend_children(cp: Checkpoint, deps: Deps) -> None:
+    """A parent waiting for its spawn, delivered again (its worker may have died between
+    the spawn's save and the children's messages): send the children no worker has
+    taken, each at most once per resend window."""
+    if deps.send is None:
+        return
+    seq = int((cp.wait_event or "").rpartition(":")[2])
+    window = deps.settings.resend_window
+    sent = 0
+    for kid in deps.store.children(cp.run_id, seq):
+        if kid.status == RunStatus.PENDING and deps.leases.mark_sent(kid.run_id, window):
+            deps.send(kid.run_id, False)
+            sent += 1
+    if sent:
+        logger.info(
+            "run %s: sent %d child run(s) no worker has taken",
+            cp.run_id,
+            sent,
+            extra=logs.at(cp, "children_resent", n=sent),
+        )
+
+
+def _wake_parent(cp: Checkpoint, deps: Deps) -> None:
+    """A child stopped: if that gathered its parent's spawn, send the parent a message.
+    The reaper sends it too if this is lost (a waiting run with a signal unconsumed)."""
+    if cp.parent_id is None or deps.send is None:
+        return
+    try:
+        if deps.store.gathered(cp.parent_id):
+            deps.send(cp.parent_id, True)
+    except Exception:  # noqa: BLE001 (the child's end is saved; the reaper wakes the parent)
+        logger.warning(
+            "run %s: its parent %s was not woken; the reaper will",
+            cp.run_id,
+            cp.parent_id,
+            exc_info=True,
+            extra=logs.at(cp, "wake_failed"),
+        )
+
+
 def _next(
     cp: Checkpoint, flow: registry.Workflow, result: Any, ctx: Context, settings: Settings
 ) -> Checkpoint:
@@ -533,7 +616,10 @@ def _next(
         if result.cursor == DONE
         else RunStatus.RUNNING,
         error=None,
-        wait_event=wait.event if wait else None,
+        # A spawn's wait names it by the seq this save writes: its children's signal.
+        wait_event=(f"cairn.children:{cp.seq + 1}" if result.spawns else wait.event)
+        if wait
+        else None,
         wait_timeout_cursor=wait.on_timeout if wait else None,
         signal=None,
         wait_over=False,

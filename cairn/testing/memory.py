@@ -39,7 +39,7 @@ from cairn.store.checkpoints import (
 )
 from cairn.store.keys import EPOCH_TTL
 from cairn.store.lease import LeaseToken
-from cairn.store.runs import Call, Run, Wait
+from cairn.store.runs import Call, Run, Spawned, Wait
 
 if TYPE_CHECKING:
     from cairn.store.contract import StepTx
@@ -114,6 +114,9 @@ class _Row:
     wait_until: dt.datetime | None = None
     wait_timeout_cursor: str | None = None
     flow_version: int | None = None
+    parent_id: str | None = None  # a child run: its parent, the parent's spawn, its depth
+    parent_seq: int | None = None
+    depth: int = 0
     window: dict[int, str] = dataclasses.field(default_factory=dict)  # window_messages
     signals: dict[str, _Signal] = dataclasses.field(default_factory=dict)
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # step_history
@@ -149,6 +152,8 @@ class MemoryStore:
         self._rows: dict[str, _Row] = {}
         # key: (run_id, result as JSON text, epoch, done: False while only an intent)
         self._effects: dict[str, tuple[str, str, int, bool]] = {}
+        # gathers: (parent, spawn seq) -> [need, fired]
+        self._gathers: dict[tuple[str, int], list[Any]] = {}
         self._last = dt.datetime.min.replace(tzinfo=dt.UTC)
 
     def _now(self) -> dt.datetime:
@@ -254,10 +259,11 @@ class MemoryStore:
         tx: StepTx | None = None,
         attempt: Attempt | None = None,
         wait: Wait | None = None,
+        spawn: Spawned | None = None,
     ) -> Saved:
-        """Write cp (its window's new messages, the step's history row, the wait and the
-        signal it consumed) if its seq is newer and its epoch not older; else StaleWrite.
-        tx is ignored: a MemoryStore transaction never opens."""
+        """Write cp (its window's new messages, the step's history row, the wait, the
+        signal it consumed, the children it spawned) if its seq is newer and its epoch not
+        older; else StaleWrite. tx is ignored: a MemoryStore transaction never opens."""
         first_idx, messages = appended(previous, cp)
         attempt = attempt or Attempt(started=self._clock())
         status, state, visits = _status(cp.status), _dump(cp.state), _dump(cp.visits)
@@ -269,6 +275,7 @@ class MemoryStore:
                 raise StoreError(f"refused: no run {cp.run_id!r} to save a checkpoint for")
             if not (row.seq < cp.seq and row.epoch <= cp.epoch):  # the guard
                 raise StaleWrite(cp.run_id, cp.seq, cp.epoch)
+            old = row.status
             row.seq, row.cursor, row.state, row.visits = cp.seq, cp.cursor, state, visits
             row.win_start, row.win_end, row.cost_usd = cp.win_start, cp.win_end, cp.cost_usd
             row.version, row.status, row.error, row.epoch = cp.version, status, cp.error, cp.epoch
@@ -296,8 +303,64 @@ class MemoryStore:
             consumed = row.signals.get(attempt.signal_id or "")
             if attempt.signal_id is not None and consumed is not None:
                 row.signals[attempt.signal_id] = dataclasses.replace(consumed, consumed_seq=cp.seq)
+            if spawn is not None:
+                self._spawn(row, spawn, stamp)
+            if old in ACTIVE and row.status in STOPPED:
+                self._stopped(row)
             signalled = row.wait_event is not None and self._pending(row) is not None
             return Saved(row.cancel_reason, signalled)
+
+    def _spawn(self, parent: _Row, spawn: Spawned, stamp: dt.datetime) -> None:
+        """save_spawn's children and gather row (an existing run id is left as it is)."""
+        for n, (run_id, workflow, data) in enumerate(spawn.children):
+            if run_id not in self._rows:
+                made = stamp + dt.timedelta(microseconds=n)
+                self._rows[run_id] = _Row(
+                    run_id=run_id,
+                    workflow=workflow,
+                    input=_dump(data),
+                    max_cost_usd=None,
+                    created_at=made,
+                    cursor=START,
+                    state="{}",
+                    version=CHECKPOINT_VERSION,
+                    updated_at=made,
+                    parent_id=parent.run_id,
+                    parent_seq=parent.seq,
+                    depth=spawn.depth,
+                )
+        self._gathers.setdefault((parent.run_id, parent.seq), [spawn.need, False])
+
+    def _stopped(self, row: _Row) -> None:
+        """The cairn_run_stopped trigger: a run that stopped counts toward its parent's
+        spawn (whose signal is written once enough stopped); a cancelled one cancels its
+        children."""
+        key = (row.parent_id or "", row.parent_seq or 0)
+        gather = self._gathers.get(key) if row.parent_id is not None else None
+        if gather is not None and not gather[1]:
+            stopped = sum(
+                1
+                for r in self._rows.values()
+                if (r.parent_id, r.parent_seq) == key and r.status in STOPPED
+            )
+            parent = self._rows.get(key[0])
+            if stopped >= gather[0] and parent is not None:
+                gather[1] = True
+                event = f"cairn.children:{key[1]}"
+                if event not in parent.signals:
+                    parent.signals[event] = _Signal(
+                        event=event, payload=_dump({"seq": key[1]}), created_at=self._stamp()
+                    )
+        if row.status == RunStatus.CANCELLED:
+            for child in [r for r in self._rows.values() if r.parent_id == row.run_id]:
+                if child.status not in ACTIVE:
+                    continue
+                if child.cancel_reason is None:
+                    child.cancel_reason = "its parent was cancelled"
+                if child.status != RunStatus.RUNNING:
+                    child.status, child.error = RunStatus.CANCELLED, child.cancel_reason
+                    child.updated_at = self._stamp()
+                    self._stopped(child)
 
     def end_attempt(
         self,
@@ -328,7 +391,10 @@ class MemoryStore:
         row = self._rows.get(cp.run_id)
         if row is None or row.epoch > cp.epoch or row.seq != cp.seq or row.status == RunStatus.DONE:
             return None
+        old = row.status
         row.status, row.error = status, error[:4000]
+        if old in ACTIVE and status in STOPPED:
+            self._stopped(row)
         row.attempts += int(counted and attempt is not None)
         row.retry_at = now + dt.timedelta(seconds=retry_in) if retry_in is not None else None
         row.updated_at = stamp
@@ -402,8 +468,34 @@ class MemoryStore:
                 row.cancel_reason = reason
             if row.status != RunStatus.RUNNING:
                 row.status, row.error = RunStatus.CANCELLED, reason
+                row.updated_at = stamp
+                self._stopped(row)
             row.updated_at = stamp
             return row.status
+
+    def children(self, run_id: str, seq: int | None = None, limit: int = 10_000) -> list[Run]:
+        """The run's children (of the spawn saved at seq, or all), in their spawn's order."""
+        with self._lock:
+            kids = [
+                r
+                for r in self._rows.values()
+                if r.parent_id == run_id and (seq is None or r.parent_seq == seq)
+            ]
+            kids.sort(key=lambda r: (r.parent_seq or 0, r.created_at, r.run_id))
+            return [
+                Run(**self._listed(r), state=json.loads(r.state)) for r in kids[:limit]
+            ]
+
+    def gathered(self, run_id: str) -> bool:
+        """Whether the run waits for a spawn that has gathered: its signal is unconsumed."""
+        with self._lock:
+            row = self._rows.get(run_id)
+            return (
+                row is not None
+                and row.status == RunStatus.WAITING
+                and row.wait_event is not None
+                and self._pending(row) is not None
+            )
 
     def history(self, run_id: str) -> list[dict[str, Any]]:
         """The run's step attempts, oldest first."""
@@ -680,6 +772,8 @@ class MemoryStore:
             "wait_timeout_cursor": row.wait_timeout_cursor,
             "wait_over": row.wait_until is not None and row.wait_until <= now,
             "flow_version": row.flow_version,
+            "parent_id": row.parent_id,
+            "depth": row.depth,
             "signal": {"id": pending[0], "payload": json.loads(pending[1].payload)}
             if pending
             else None,
@@ -704,6 +798,7 @@ class MemoryStore:
             "error": row.error,
             "created_at": row.created_at,
             "updated_at": row.updated_at,
+            "parent_id": row.parent_id,
         }
 
     @staticmethod

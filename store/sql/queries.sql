@@ -58,7 +58,7 @@ c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_start,
        c.win_end, c.cost_usd, c.version, c.status, c.error, c.epoch, c.resumes, c.updated_at,
        c.attempts, c.deliveries, c.cancel_reason, r.max_cost_usd, c.wait_event,
        c.wait_timeout_cursor, coalesce(c.wait_until <= now(), false) AS wait_over,
-       c.flow_version,
+       c.flow_version, r.parent_id, r.depth,
        (SELECT jsonb_build_object('id', s.signal_id, 'payload', s.payload)
           FROM signals s
          WHERE s.run_id = c.run_id AND s.event = c.wait_event AND s.consumed_seq IS NULL
@@ -125,6 +125,43 @@ WITH saved AS (
     UPDATE signals s SET consumed_seq = %(seq)s
       FROM saved
      WHERE s.run_id = saved.run_id AND s.signal_id = %(consumed)s
+)
+{{save_answer}};
+
+-- name: save_spawn
+-- `save` for a step that spawns children (StepResult.spawn): the children's runs and
+-- checkpoints and the spawn's gather row join on the row the guarded upsert returned, so
+-- they exist exactly when the save does (a replay's save is fenced or finds them made).
+WITH saved AS (
+{{save_upsert}}
+), appended AS (
+    INSERT INTO window_messages (run_id, idx, message)
+    SELECT saved.run_id, %(first_idx)s + m.ord - 1, m.msg
+      FROM saved, jsonb_array_elements(%(messages)s) WITH ORDINALITY AS m (msg, ord)
+    ON CONFLICT (run_id, idx) DO UPDATE SET message = EXCLUDED.message
+), history AS (
+{{save_history}}
+), consumed AS (
+    UPDATE signals s SET consumed_seq = %(seq)s
+      FROM saved
+     WHERE s.run_id = saved.run_id AND s.signal_id = %(consumed)s
+), kids AS (
+    SELECT k.* FROM saved, jsonb_to_recordset(%(children)s)
+        AS k (run_id text, workflow text, input jsonb, ord integer)
+), new_runs AS (
+    INSERT INTO runs (run_id, workflow, input, created_at, parent_id, parent_seq, depth)
+    SELECT run_id, workflow, input, now() + make_interval(secs => ord * 1e-6),
+           %(run_id)s, %(seq)s, %(depth)s
+      FROM kids
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING run_id, created_at
+), new_checkpoints AS (
+    INSERT INTO checkpoints (run_id, seq, cursor, state, version, status, created_at)
+    SELECT run_id, 0, '', '{}', %(version)s, 'pending', created_at FROM new_runs
+), gather AS (
+    INSERT INTO gathers (parent_id, seq, need, total)
+    SELECT saved.run_id, %(seq)s, %(need)s, jsonb_array_length(%(children)s) FROM saved
+    ON CONFLICT (parent_id, seq) DO NOTHING
 )
 {{save_answer}};
 
@@ -289,15 +326,35 @@ SELECT pos FROM recorded;
 -- name: get_run
 -- What Client.get shows: position, result and error, not the window.
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
-       r.created_at, c.updated_at, r.input, c.state
+       r.created_at, c.updated_at, r.input, c.state, r.parent_id
   FROM checkpoints c JOIN runs r USING (run_id)
  WHERE c.run_id = %(run_id)s;
+
+-- name: children
+-- A run's children, each spawn's in the order the step listed them (their ids end in
+-- their key; `ord` is the place the spawn gave them).
+SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
+       r.created_at, c.updated_at, c.state, r.parent_id, r.parent_seq
+  FROM runs r JOIN checkpoints c USING (run_id)
+ WHERE r.parent_id = %(run_id)s
+   AND (%(seq)s::bigint IS NULL OR r.parent_seq = %(seq)s)
+ ORDER BY r.parent_seq, r.created_at, r.run_id
+ LIMIT %(limit)s;
+
+-- name: gathered
+-- After a child stopped: is its parent waiting for a spawn that has now gathered (its
+-- signal written, not yet consumed)? Then someone must wake the parent.
+SELECT EXISTS (
+    SELECT 1 FROM checkpoints c JOIN signals s
+        ON s.run_id = c.run_id AND s.event = c.wait_event AND s.consumed_seq IS NULL
+     WHERE c.run_id = %(run_id)s AND c.status = 'waiting'
+) AS ready;
 
 -- name: list_runs
 -- Newest first, a page at a time: `after` is the last run of the previous page (keyset
 -- paging on runs_newest, so page 1,000 costs what page 1 does).
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
-       r.created_at, c.updated_at
+       r.created_at, c.updated_at, r.parent_id
   FROM runs r JOIN checkpoints c USING (run_id)
  WHERE (%(status)s::text IS NULL OR c.status = %(status)s)
    AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s)
@@ -314,7 +371,7 @@ SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c
 -- (checkpoints.created_at is a copy of the run's), so a rare status costs what the first
 -- page does.
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
-       c.created_at, c.updated_at
+       c.created_at, c.updated_at, r.parent_id
   FROM checkpoints c JOIN runs r USING (run_id)
  WHERE c.status = %(status)s
    AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s)
@@ -418,6 +475,8 @@ WITH old AS (
     DELETE FROM step_history s USING gone WHERE s.run_id = gone.run_id
 ), sig AS (
     DELETE FROM signals s USING gone WHERE s.run_id = gone.run_id
+), ga AS (
+    DELETE FROM gathers g USING gone WHERE g.parent_id = gone.run_id
 ), j AS (
     DELETE FROM journal j USING gone WHERE j.run_id = gone.run_id
 ), gc AS (  -- a graph the run drove (cairn.langgraph.workflow: its thread is the run id)

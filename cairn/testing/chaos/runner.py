@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cairn.status import RunStatus
+from cairn.status import ACTIVE, RunStatus
 from cairn.testing import fleet
 from cairn.testing.chaos.config import (
     SENTINEL,
@@ -235,7 +235,9 @@ class _Experiment:
                         f"[yellow]warning[/]: the Redis database {c.redis_url} was flushed by "
                         "another process during the run (queued messages and leases lost)"
                     )
-                if finished >= c.runs:
+                # Child runs count too: done when no run is left to work on.
+                active = sum(counts.get(s, 0) for s in ACTIVE)
+                if finished >= c.runs and not active:
                     break
                 killer.tick(store, self._leases, self._crew.procs)
                 if c.pool != "prefork":
