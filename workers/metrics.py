@@ -33,6 +33,22 @@ RUNS = Counter(
 )
 RESUMES = Counter("cairn_resumes_total", "Runs resumed after their worker was lost.", ["workflow"])
 COST = Counter("cairn_model_cost_usd_total", "Model cost counted from usage.", ["workflow"])
+RATE_WAITS = Counter(
+    "cairn_model_rate_waits_total", "Model calls that waited for the fleet's rate limit.", ["model"]
+)
+RATE_WAIT_SECONDS = Counter(
+    "cairn_model_rate_wait_seconds_total",
+    "Seconds model calls waited for the rate limit.",
+    ["model"],
+)
+RATE_DEFERRED = Counter(
+    "cairn_model_rate_deferred_total",
+    "Model calls over the rate limit past CAIRN_RATE_WAIT_MAX: their steps retried later.",
+    ["model"],
+)
+RATE_429 = Counter(
+    "cairn_model_429_total", "429 (rate limited) answers from the model API.", ["model"]
+)
 
 
 # Label children by label values: `labels()` validates and hashes its arguments under a
@@ -56,6 +72,18 @@ def step_saved(workflow: str, step: str, seconds: float, cost_usd: float) -> Non
     _child(STEP_SECONDS, workflow).observe(seconds)
     if cost_usd > 0:
         _child(COST, workflow).inc(cost_usd)
+
+
+def model_rate(event: str, model: str, amount: float) -> None:
+    """ModelClient's observe: a wait for the rate limit (amount: seconds), a call
+    deferred past CAIRN_RATE_WAIT_MAX, or a 429 from the API."""
+    if event == "wait":
+        _child(RATE_WAITS, model).inc()
+        _child(RATE_WAIT_SECONDS, model).inc(amount)
+    elif event == "deferred":
+        _child(RATE_DEFERRED, model).inc()
+    elif event == "429":
+        _child(RATE_429, model).inc()
 
 
 def run_ended(outcome: str) -> None:

@@ -31,6 +31,15 @@ body but for its id.  The body is chunked (the connection stays reusable) and ea
 is flushed as written.  Failure injection and ``delay_ms`` act before the first event,
 so an injected failure is the same JSON error answer as for ``create``.
 
+Rate limit
+----------
+``rpm=R`` (``--rpm R``) limits requests as the API does, with a bucket of ``burst``
+requests (default R: a minute's) refilled at R a minute. Every answer then carries
+``anthropic-ratelimit-requests-limit``, ``-remaining`` and ``-reset`` (RFC 3339, when the
+bucket is full again); a request that finds it empty is answered 429 with the API's
+``rate_limit_error`` body and ``retry-after`` (whole seconds until one request is back),
+and counted in ``stats()["rate_limited"]``, so a test can assert a fleet sent it none.
+
 * ``token_ms`` (``--token-ms``, :meth:`ModelServer.control`, ``POST /_control``) sleeps
   between text deltas, so a browser can be seen receiving tokens; a ``TOKEN_MS: n`` line
   in the first user message overrides it for that request.
@@ -69,7 +78,9 @@ backoff).  cairn does its own retrying, so build clients with ``max_retries=0`` 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import math
 import re
 import signal
 import socket
@@ -579,19 +590,26 @@ class ModelServer(_StandIn):
         token_ms: int = 0,
         fail_every: int = 0,
         fail_status: int = 429,
+        rpm: int = 0,
+        burst: int | None = None,
         verbose: bool = False,
     ) -> None:
         super().__init__(host, port, delay_ms=delay_ms, verbose=verbose)
         _check_status(fail_status)
+        if rpm < 0 or (burst is not None and burst < 1):
+            raise ValueError(f"rpm must be >= 0 and burst >= 1, got rpm={rpm}, burst={burst}")
         # Plain attribute like delay_ms: read on every streamed request.
         self.token_ms = token_ms
         self.fail_every = fail_every
         self.fail_status = fail_status
+        self.rpm, self.burst = rpm, burst or rpm
         self._reset_state()
 
     def _reset_state(self) -> None:
         self._requests = 0
         self._failures = 0
+        self._rate_limited = 0
+        self._bucket, self._bucket_at = float(self.burst), time.time()
         self._streamed = 0
         self._served = 0
         self._fail_next = 0
@@ -602,13 +620,17 @@ class ModelServer(_StandIn):
 
     def stats(self) -> dict[str, Any]:
         """Same dict as ``GET /_stats``: requests (streamed ones included), injected
-        failures (cuts included), and how many requests asked for a stream."""
+        failures (cuts included), how many requests asked for a stream, and with ``rpm``
+        set, how many were answered 429 by the rate limit (``rate_limited``)."""
         with self._lock:
-            return {
+            stats = {
                 "requests": self._requests,
                 "failures": self._failures,
                 "streamed": self._streamed,
             }
+            if self.rpm:
+                stats["rate_limited"] = self._rate_limited
+            return stats
 
     def received(self) -> list[dict[str, Any]]:
         """Bodies of the requests seen so far (JSON objects only), oldest first."""
@@ -725,15 +747,22 @@ class ModelServer(_StandIn):
                 self._received.append(data)
                 if data.get("stream") is True:
                     self._streamed += 1
+            # The limit comes first, as the API's front end answers before anything else.
+            limited, headers = self._take_request() if self.rpm else (False, {})
             fail_status: int | None = None
-            if self._fail_next > 0:
+            if limited:
+                pass
+            elif self._fail_next > 0:
                 self._fail_next -= 1
                 fail_status = self._fail_next_status
             elif self.fail_every > 0 and n % self.fail_every == 0:
                 fail_status = self.fail_status
             if fail_status is not None:
                 self._failures += 1
-        headers = {"request-id": f"req_local_{n}"}
+        headers["request-id"] = f"req_local_{n}"
+        if limited:
+            message = f"This request would exceed the rate limit of {self.rpm} requests per minute."
+            return 429, _anthropic_error(429, message), headers
         self._sleep()
         if fail_status is not None:
             if fail_status == 429:
@@ -761,6 +790,28 @@ class ModelServer(_StandIn):
             _stream_events(message), token_ms=token_ms, cut_after=cut_after, cut_status=cut_status
         )
         return 200, _EventStream(events), headers
+
+    def _take_request(self) -> tuple[bool, dict[str, str]]:
+        """Take a request from the bucket (under the lock): (refused, the rate headers)."""
+        now, per_s = time.time(), self.rpm / 60
+        self._bucket = min(self.burst, self._bucket + (now - self._bucket_at) * per_s)
+        self._bucket_at = now
+        refused = self._bucket < 1
+        if refused:
+            self._rate_limited += 1
+        else:
+            self._bucket -= 1
+        full = datetime.datetime.fromtimestamp(
+            now + (self.burst - self._bucket) / per_s, datetime.UTC
+        )
+        headers = {
+            "anthropic-ratelimit-requests-limit": str(self.rpm),
+            "anthropic-ratelimit-requests-remaining": str(int(self._bucket)),
+            "anthropic-ratelimit-requests-reset": full.isoformat().replace("+00:00", "Z"),
+        }
+        if refused:
+            headers["retry-after"] = str(math.ceil((1 - self._bucket) / per_s))
+        return refused, headers
 
     def _answer(self, data: dict[str, Any]) -> dict[str, Any]:
         """The Message for a valid body; a stream sends the same one as events."""
@@ -828,6 +879,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             p.add_argument("--fail-every", type=int, default=0)
             p.add_argument("--fail-status", type=int, default=429, choices=[429, 500, 529])
+            p.add_argument("--rpm", type=int, default=0, help="requests a minute (0: no limit)")
+            p.add_argument("--burst", type=int, default=None, help="rpm bucket (default: rpm)")
     args = parser.parse_args(argv)
 
     server: _StandIn
@@ -841,6 +894,8 @@ def main(argv: list[str] | None = None) -> int:
             token_ms=args.token_ms,
             fail_every=args.fail_every,
             fail_status=args.fail_status,
+            rpm=args.rpm,
+            burst=args.burst,
             verbose=not args.quiet,
         )
 
