@@ -57,6 +57,7 @@ _LAZY = {
     "Workflow": "cairn.steps.registry",
     "StepResult": "cairn.steps.registry",
     "Retry": "cairn.steps.registry",
+    "Child": "cairn.steps.registry",
     "DONE": "cairn.steps.registry",
     "Context": "cairn.steps.context",
     "Event": "cairn.workers.events",
@@ -67,16 +68,21 @@ _LAZY = {
     "RunStatus": "cairn.status",
     "Settings": "cairn.workers.settings",
     "Middleware": "cairn.workers.middleware",
+    "Schedule": "cairn.store.schedules",
+    "ScheduleConflict": "cairn.workers.schedules",
+    "UnknownSchedule": "cairn.workers.schedules",
 }
 
 if TYPE_CHECKING:
     from cairn.status import RunStatus
     from cairn.steps.context import Context, current
-    from cairn.steps.registry import DONE, Retry, StepResult, Workflow, workflow
+    from cairn.steps.registry import DONE, Child, Retry, StepResult, Workflow, workflow
     from cairn.store.runs import Run
+    from cairn.store.schedules import Schedule
     from cairn.workers.client import AsyncClient, Client
     from cairn.workers.events import Event
     from cairn.workers.middleware import Middleware
+    from cairn.workers.schedules import ScheduleConflict, UnknownSchedule
     from cairn.workers.settings import Settings
 
 
@@ -94,6 +100,7 @@ __all__ = [
     "CairnError",
     "CallFailed",
     "Cancelled",
+    "Child",
     "Client",
     "Context",
     "CorruptCheckpoint",
@@ -115,6 +122,8 @@ __all__ = [
     "Run",
     "RunIdConflict",
     "RunStatus",
+    "Schedule",
+    "ScheduleConflict",
     "Settings",
     "StaleWrite",
     "StepResult",
@@ -122,6 +131,7 @@ __all__ = [
     "Superseded",
     "Transient",
     "UnknownRun",
+    "UnknownSchedule",
     "UnknownWorkflow",
     "WaitTimedOut",
     "WindowTooLarge",

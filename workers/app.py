@@ -6,7 +6,7 @@ import logging
 import multiprocessing
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
@@ -22,7 +22,8 @@ from cairn.store.checkpoints import PgStore
 from cairn.store.db import Database
 from cairn.store.events import RedisEvents
 from cairn.store.lease import Leases
-from cairn.workers import broker, loop, metrics
+from cairn.store.schedules import ScheduleStore
+from cairn.workers import broker, loop, metrics, schedules
 from cairn.workers.events import Outbox
 from cairn.workers.metrics import Metrics
 from cairn.workers.middleware import NONE, Chain, Middleware
@@ -48,6 +49,9 @@ class Runtime:
         # Made before the pool forks, so every pool process sees the main process set it
         # when a warm shutdown (SIGTERM) begins.
         self.stopping = multiprocessing.Event()
+        # Puts a run's message on the broker (a spawn's children, a gathered parent); set
+        # by create_app, which has the Celery app.
+        self.send: Callable[[str, bool], None] | None = None
 
     def deps(self) -> loop.Deps:
         # One Deps per process, shared by its threads (the threads pool): the connection
@@ -67,11 +71,12 @@ class Runtime:
                         )
                     ),
                     leases=leases,
-                    model=ModelClient(base_url=s.anthropic_base_url, default_model=s.model),
+                    model=ModelClient.from_settings(s, leases.client, observe=metrics.model_rate),
                     middleware=self.middleware,
                     stopping=self.stopping.is_set,
                     # Over the leases' Redis client: its pool, one more connection in use.
                     events=Outbox(RedisEvents(leases.client), s) if s.events_maxlen else None,
+                    send=self.send,
                 )
             return self._deps[pid]
 
@@ -225,6 +230,17 @@ def sweep(task: Task) -> int:
     )
 
 
+def fire_schedules(task: Task) -> int:
+    """Fire the due schedules, each tick once (see cairn.workers.schedules)."""
+    run = task.app.tasks[broker.RUN_TASK]
+    firer = schedules.Firer(
+        store=ScheduleStore(task.app.cairn.deps().store.db),
+        send=lambda run_id: run.apply_async((run_id,), queue=broker.RUNS),
+        grace=max(schedules.GRACE, 3 * task.app.cairn.settings.schedule_tick),
+    )
+    return len(firer.fire())
+
+
 def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Celery:
     """The worker's Celery app. Imports the shipped workflows and settings.workflows, so
     their steps are registered in every pool process. The loop's middleware: the metrics,
@@ -246,10 +262,22 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
         beat_schedule={
             "cairn-reaper": {"task": broker.REAP_TASK, "schedule": settings.reaper_interval},
             "cairn-sweep": {"task": broker.SWEEP_TASK, "schedule": 3600.0},
+            # A pass that waited past a few ticks is stale: a later one does its work.
+            "cairn-schedules": {
+                "task": schedules.FIRE_TASK,
+                "schedule": settings.schedule_tick,
+                "options": {
+                    "queue": broker.CONTROL,
+                    "expires": max(5.0, 5 * settings.schedule_tick),
+                },
+            },
         },
     )
     chain = Chain([Metrics(), *load_middleware(settings.middleware), *middleware])
     runtime = Runtime(settings, chain)
+    runtime.send = lambda run_id, resume: app.tasks[broker.RUN_TASK].apply_async(
+        (run_id,), queue=broker.RESUME if resume else broker.RUNS
+    )
     app.cairn = runtime  # type: ignore[attr-defined]
     # A warm shutdown (SIGTERM) hands each run in hand back at its next step boundary,
     # so a deploy waits one step, not a run. Runs in the worker's main process.
@@ -257,6 +285,7 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
     app.task(name=broker.RUN_TASK, bind=True, max_retries=None, Request=RunRequest)(run_task)
     app.task(name=broker.REAP_TASK, bind=True)(reap)
     app.task(name=broker.SWEEP_TASK, bind=True)(sweep)
+    app.task(name=schedules.FIRE_TASK, bind=True)(fire_schedules)
     return app
 
 

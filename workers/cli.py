@@ -353,7 +353,8 @@ def show(
             run = client.get(run_id)
             if run is None:
                 _fail(f"no run {run_id!r}")
-            print(_dumps({"run": run.to_json(), "steps": client.history(run_id)}))
+            kids = [k.to_json() for k in client.children(run_id)]
+            print(_dumps({"run": run.to_json(), "steps": client.history(run_id), "children": kids}))
         return
     row = client.store.load_row(run_id)
     if row is None:
@@ -383,14 +384,26 @@ def show(
     console.print(f"[bold]{'state':>10}[/] {json.dumps(row['state'], default=str)}")
     if row["cancel_reason"]:
         console.print(f"[bold]{'cancel':>10}[/] {row['cancel_reason']}")
+    if row["parent_id"]:
+        console.print(f"[bold]{'parent':>10}[/] {row['parent_id']}")
     try:
         client.store.load(run_id)
     except CairnError as exc:
         console.print(f"[bold red]{'unreadable':>10}[/] {exc}")
     try:
         steps = client.history(run_id)
+        kids = client.children(run_id)
     finally:
         client.close()
+    if kids:
+        stopped = sum(1 for k in kids if k.status.stopped)
+        console.print(f"[bold]{'children':>10}[/] {len(kids)} ({stopped} stopped)")
+        for k in kids[:50]:
+            colour = COLOURS.get(k.status, "")
+            status = f"[{colour}]{k.status}[/]" if colour else k.status
+            console.print(f"{'':>11}{k.run_id}  {k.workflow}  {status}  {k.error or ''}")
+        if len(kids) > 50:
+            console.print(f"{'':>11}… and {len(kids) - 50} more (cairn show {run_id} --json)")
     timeline = Table("seq", "step", "visit", "outcome", "started", "seconds", "worker", "cost $")
     timeline.add_column("effect key / error", overflow="fold")
     colours = {"saved": "green", "retry": "yellow"}
@@ -730,6 +743,137 @@ def standin(
     from cairn.testing import standins
 
     raise typer.Exit(standins.main([kind, "--port", str(port), "--delay-ms", str(delay_ms)]))
+
+
+schedules_app = typer.Typer(
+    help="Schedules: a workflow started on a clock (cron or every N seconds), one run per tick.",
+    no_args_is_help=True,
+)
+app.add_typer(schedules_app, name="schedules")
+
+
+def _schedule_call(settings: Any, call: Any) -> Any:
+    """call(client), with a domain error as one line and exit status 2."""
+    from cairn.errors import CairnError
+
+    try:
+        with _client(settings) as client:
+            return call(client)
+    except CairnError as exc:
+        _fail(str(exc), 2)
+
+
+def _print_schedule(schedule: Any, as_json: bool, said: str) -> None:
+    if as_json:
+        print(_dumps({"schedule": schedule.to_json()}))
+        return
+    state = "paused" if schedule.paused else f"next run at {schedule.next_at:%Y-%m-%d %H:%M:%S}Z"
+    console.print(f"{schedule.name}: {said}; {state}")
+
+
+@schedules_app.command("add")
+def schedules_add(
+    name: Annotated[str, typer.Argument(help="The schedule's name (letters, digits, . _ -).")],
+    workflow: Annotated[str, typer.Argument(help="Registered workflow name, e.g. invoice.")],
+    cron: Annotated[
+        str | None,
+        typer.Option(
+            "--cron", help="A cron expression in UTC, e.g. '0 3 * * *'.", show_default=False
+        ),
+    ] = None,
+    every: Annotated[
+        int | None, typer.Option("--every", help="Seconds between ticks.", show_default=False)
+    ] = None,
+    input: Annotated[
+        str, typer.Option("--input", help="Each run's input as a JSON object.")
+    ] = "{}",
+    catch_up: Annotated[
+        str,
+        typer.Option(
+            "--catch-up",
+            help="Ticks missed while no beat ran: latest (fire the most recent), all (each), "
+            "skip (none).",
+        ),
+    ] = "latest",
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Overwrite a schedule of that name.")
+    ] = False,
+    as_json: AsJson = False,
+    database_url: DatabaseUrl = None,
+    workflows: Workflows = None,
+) -> None:
+    """Add a schedule: each tick starts one run, sched:NAME:<UTC tick>, once (`cairn beat`)."""
+    try:
+        data = json.loads(input)
+    except json.JSONDecodeError as exc:
+        _fail(f'--input is not JSON ({exc}); pass an object like \'{{"customer": "acme"}}\'', 2)
+    settings = _settings(database_url=database_url, workflows=workflows)
+    from cairn.errors import CairnError
+    from cairn.steps import registry
+
+    try:  # a typo fails here, not at every tick (as `cairn enqueue`)
+        registry.import_modules((*registry.SHIPPED, *settings.workflows))
+        registry.get(workflow)
+    except CairnError as exc:
+        _fail(str(exc), 2)
+    schedule = _schedule_call(
+        settings,
+        lambda c: c.add_schedule(
+            name, workflow, data, cron=cron, every=every, catch_up=catch_up, replace=replace
+        ),
+    )
+    _print_schedule(schedule, as_json, "added")
+
+
+@schedules_app.command("list")
+def schedules_list(as_json: AsJson = False, database_url: DatabaseUrl = None) -> None:
+    """List the schedules: timing, catch-up policy, next tick and the last one fired."""
+    found = _schedule_call(_settings(database_url=database_url), lambda c: c.schedules())
+    if as_json:
+        print(_dumps({"schedules": [s.to_json() for s in found]}))
+        return
+    table = Table("name", "workflow", "timing", "catch-up", "next (UTC)", "last fired (UTC)")
+    for s in found:
+        table.add_row(
+            s.name,
+            s.workflow,
+            f"cron {s.cron}" if s.cron else f"every {s.every}s",
+            s.catch_up,
+            "[yellow]paused[/]" if s.paused else f"{s.next_at:%Y-%m-%d %H:%M:%S}",
+            f"{s.last_fired_at:%Y-%m-%d %H:%M:%S}" if s.last_fired_at else "",
+        )
+    console.print(table if found else "no schedules yet")
+
+
+ScheduleName = Annotated[str, typer.Argument(help="The schedule's name.")]
+
+
+@schedules_app.command("pause")
+def schedules_pause(
+    name: ScheduleName, as_json: AsJson = False, database_url: DatabaseUrl = None
+) -> None:
+    """Stop firing a schedule until it is resumed."""
+    found = _schedule_call(_settings(database_url=database_url), lambda c: c.pause_schedule(name))
+    _print_schedule(found, as_json, "paused")
+
+
+@schedules_app.command("resume")
+def schedules_resume(
+    name: ScheduleName, as_json: AsJson = False, database_url: DatabaseUrl = None
+) -> None:
+    """Fire a paused schedule again, from its next tick (ticks while paused are not fired)."""
+    found = _schedule_call(_settings(database_url=database_url), lambda c: c.resume_schedule(name))
+    _print_schedule(found, as_json, "resumed")
+
+
+@schedules_app.command("remove")
+def schedules_remove(
+    name: ScheduleName, as_json: AsJson = False, database_url: DatabaseUrl = None
+) -> None:
+    """Delete a schedule (the runs it started stay)."""
+    if not _schedule_call(_settings(database_url=database_url), lambda c: c.remove_schedule(name)):
+        _fail(f"no schedule {name!r}", 2)
+    print(_dumps({"removed": name}) if as_json else f"{name}: removed")
 
 
 def _register_plugins() -> None:

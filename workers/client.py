@@ -22,7 +22,9 @@ from cairn.steps import registry
 from cairn.store.checkpoints import PgStore
 from cairn.store.db import Database
 from cairn.store.runs import Run
+from cairn.store.schedules import AsyncScheduleStore, Schedule, ScheduleStore
 from cairn.workers import broker, health
+from cairn.workers import schedules as sched
 from cairn.workers.inputs import check_event, check_input, check_run_id
 from cairn.workers.settings import Settings
 
@@ -135,7 +137,15 @@ class Client:
         """Stop a run: a pending one at once, a running one at its next step boundary
         (before any further effect or model call). None if there is no such run."""
         self.store.cancel(run_id, reason)
-        return self.get(run_id)
+        run = self.get(run_id)
+        if run is not None and run.parent_id is not None and self.store.gathered(run.parent_id):
+            self.send(run.parent_id)  # its stop gathered the parent's spawn: wake it
+        return run
+
+    def children(self, run_id: str) -> list[Run]:
+        """The run's child runs (StepResult.spawn), each spawn's in the order its step
+        listed them: status, state (the result once done), error. [] for none."""
+        return self.store.children(run_id)
 
     def signal(
         self, run_id: str, event: str, payload: Any = None, *, signal_id: str | None = None
@@ -228,6 +238,62 @@ class Client:
     @property
     def producer(self) -> Celery:
         return self._sender.producer
+
+    def add_schedule(
+        self,
+        name: str,
+        workflow: str,
+        input: dict[str, Any] | None = None,
+        *,
+        cron: str | None = None,
+        every: int | None = None,
+        catch_up: str = "latest",
+        replace: bool = False,
+    ) -> Schedule:
+        """Start `workflow` with `input` on a clock, one run per tick, whose id is
+        `sched:<name>:<UTC tick>` (e.g. sched:nightly:20261204T030000Z).
+
+        Args:
+            name: 1-100 letters, digits and . _ -.
+            cron: a cron expression in UTC ("0 3 * * *"); or every: seconds between ticks
+                (at whole multiples of it since the Unix epoch). One of the two.
+            catch_up: the ticks missed while no firer ran: "latest" fires the most recent,
+                "all" each of them (100 per pass), "skip" none.
+            replace: overwrite a schedule of that name (it keeps its paused state, and its
+                next tick if the timing is unchanged).
+
+        Returns:
+            The schedule stored. Adding the same definition again returns it as it is.
+
+        Raises:
+            InvalidInput: a bad name, cron, interval, catch_up or input; nothing written.
+            ScheduleConflict: the name holds another definition and replace is False.
+        """
+        wanted = _checked_schedule(self.settings, name, workflow, input, cron, every, catch_up)
+        store = ScheduleStore(self.store.db)
+        stored = store.add(wanted, replace=replace)
+        return sched.added(wanted, stored, None if stored else store.get(name))
+
+    def schedules(self) -> list[Schedule]:
+        """Every schedule, by name."""
+        return ScheduleStore(self.store.db).list_schedules()
+
+    def pause_schedule(self, name: str) -> Schedule:
+        """Stop firing the schedule until resumed. Raises UnknownSchedule."""
+        return _known(name, ScheduleStore(self.store.db).pause(name))
+
+    def resume_schedule(self, name: str) -> Schedule:
+        """Fire the schedule again from its next tick after now (ticks while it was
+        paused are not fired). Resuming an active schedule changes nothing. Raises
+        UnknownSchedule."""
+        store = ScheduleStore(self.store.db)
+        current = _known(name, store.get(name))
+        resumed = store.resume(current, sched.timing(current).after(_now()))
+        return resumed or _known(name, store.get(name))
+
+    def remove_schedule(self, name: str) -> bool:
+        """Delete the schedule (its runs stay); False if there was none."""
+        return ScheduleStore(self.store.db).remove(name)
 
 
 class AsyncClient:
@@ -324,7 +390,15 @@ class AsyncClient:
     async def cancel(self, run_id: str, reason: str = CANCEL_REASON) -> Run | None:
         """Client.cancel: stop a run (a running one at its next step boundary)."""
         await self.store.cancel(run_id, reason)
-        return await self.get(run_id)
+        run = await self.get(run_id)
+        if run is not None and run.parent_id is not None:
+            if await self.store.gathered(run.parent_id):
+                await self.send(run.parent_id)
+        return run
+
+    async def children(self, run_id: str) -> list[Run]:
+        """Client.children: the run's child runs, in their spawns' order."""
+        return await self.store.children(run_id)
 
     async def signal(
         self, run_id: str, event: str, payload: Any = None, *, signal_id: str | None = None
@@ -395,6 +469,42 @@ class AsyncClient:
     def producer(self) -> Celery:
         return self._sender.producer
 
+    async def add_schedule(
+        self,
+        name: str,
+        workflow: str,
+        input: dict[str, Any] | None = None,
+        *,
+        cron: str | None = None,
+        every: int | None = None,
+        catch_up: str = "latest",
+        replace: bool = False,
+    ) -> Schedule:
+        """Client.add_schedule: start `workflow` on a clock, one run per tick."""
+        wanted = _checked_schedule(self.settings, name, workflow, input, cron, every, catch_up)
+        store = AsyncScheduleStore(self.store.db)
+        stored = await store.add(wanted, replace=replace)
+        return sched.added(wanted, stored, None if stored else await store.get(name))
+
+    async def schedules(self) -> list[Schedule]:
+        """Client.schedules: every schedule, by name."""
+        return await AsyncScheduleStore(self.store.db).list_schedules()
+
+    async def pause_schedule(self, name: str) -> Schedule:
+        """Client.pause_schedule: stop firing it until resumed."""
+        return _known(name, await AsyncScheduleStore(self.store.db).pause(name))
+
+    async def resume_schedule(self, name: str) -> Schedule:
+        """Client.resume_schedule: fire it again from its next tick after now."""
+        store = AsyncScheduleStore(self.store.db)
+        current = _known(name, await store.get(name))
+        resumed = await store.resume(current, sched.timing(current).after(_now()))
+        return resumed or _known(name, await store.get(name))
+
+    async def remove_schedule(self, name: str) -> bool:
+        """Client.remove_schedule: delete it (its runs stay); False if there was none."""
+        return await AsyncScheduleStore(self.store.db).remove(name)
+
 
 class _Sender:
     """The broker's producer, made on the first send (Celery imports then)."""
@@ -456,3 +566,34 @@ def _checked_signal(settings: Settings, event: str, payload: Any, signal_id: str
     if signal_id is not None:
         check_run_id(signal_id)  # same rules: it travels as a key and a header too
     return signal_id or uuid.uuid4().hex
+
+
+def _checked_schedule(
+    settings: Settings,
+    name: str,
+    workflow: str,
+    input: dict[str, Any] | None,
+    cron: str | None,
+    every: int | None,
+    catch_up: str,
+) -> Schedule:
+    return sched.checked(
+        name,
+        workflow,
+        input,
+        cron=cron,
+        every=every,
+        catch_up=catch_up,
+        max_input_bytes=settings.max_input_bytes,
+        now=_now(),
+    )
+
+
+def _known(name: str, schedule: Schedule | None) -> Schedule:
+    if schedule is None:
+        raise sched.UnknownSchedule(f"no schedule {name!r}")
+    return schedule
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)

@@ -91,6 +91,11 @@ class Settings:
     max_input_bytes: int = _setting(
         1_000_000, "CAIRN_MAX_INPUT_BYTES", "largest run input (as JSON) the Client accepts"
     )
+    max_spawn_depth: int = _setting(
+        10,
+        "CAIRN_MAX_SPAWN_DEPTH",
+        "child runs below a first run before a spawn fails (a workflow that spawns itself)",
+    )
     # A web request should fail fast; workers ride out restarts (store_give_up_after).
     client_give_up_after: float = _setting(
         4.0,
@@ -171,6 +176,36 @@ class Settings:
     )
     web_host: str = _setting("127.0.0.1", "CAIRN_WEB_HOST", "`cairn serve`: address to listen on")
     web_port: int = _setting(8000, "CAIRN_WEB_PORT", "`cairn serve`: port to listen on")
+    model_rpm: int = _setting(
+        0,
+        "CAIRN_MODEL_RPM",
+        "model requests a minute, per model and API key, the whole fleet together (0: no limit)",
+    )
+    model_tpm: int = _setting(
+        0,
+        "CAIRN_MODEL_TPM",
+        "model tokens (prompt and answer) a minute, per model and API key, fleet-wide (0: no limit)",
+    )
+    rate_limits: dict[str, Any] = _setting(  # noqa: RUF009 (a field())
+        dict,
+        "CAIRN_RATE_LIMITS",
+        "limits per model (a name covers the versions it prefixes) as JSON, e.g. "
+        '`{"claude-sonnet-4-5": {"rpm": 50, "tpm": 40000}}`',
+    )
+    rate_wait_max: float = _setting(
+        10.0,
+        "CAIRN_RATE_WAIT_MAX",
+        "seconds a model call over the rate limit waits in its worker; past it the step is "
+        "retried later",
+    )
+
+    # A tick fires up to this late; each pass is one indexed query when nothing is due.
+    schedule_tick: float = _setting(
+        1.0, "CAIRN_SCHEDULE_TICK", "`cairn beat`: seconds between passes that fire due schedules"
+    )
+
+    def __post_init__(self) -> None:
+        _check_rate_limits(self)
 
     @property
     def broker(self) -> str:
@@ -195,7 +230,10 @@ class Settings:
             raw = env.get(f.metadata["env"])
             if raw not in (None, ""):
                 values[f.name] = _parse(f.metadata["env"], raw, hints[f.name])
-        return cls(**values)
+        try:
+            return cls(**values)
+        except ValueError as exc:  # a value that parses and means nothing (a limit of -1)
+            raise SystemExit(str(exc)) from None
 
 
 def _parse(name: str, raw: str, kind: Any) -> Any:
@@ -226,6 +264,27 @@ def _parse(name: str, raw: str, kind: Any) -> Any:
             raise SystemExit(f"{name}={raw!r} is not a whole number")
         return int(number)
     return number
+
+
+def _check_rate_limits(s: Settings) -> None:
+    """ValueError, naming the variable, for a rate limit that means nothing."""
+
+    def count(name: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}={value!r}: a whole number per minute, >= 0 (0: no limit)")
+
+    count("CAIRN_MODEL_RPM", s.model_rpm)
+    count("CAIRN_MODEL_TPM", s.model_tpm)
+    for model, limit in s.rate_limits.items():
+        where = f"CAIRN_RATE_LIMITS[{model!r}]"
+        if not model:
+            raise ValueError("CAIRN_RATE_LIMITS: a model name is empty")
+        if not isinstance(limit, dict) or not limit or set(limit) - {"rpm", "tpm"}:
+            raise ValueError(f'{where}={limit!r}: want {{"rpm": N, "tpm": N}} (either or both)')
+        for field, value in limit.items():
+            count(f"{where}.{field}", value)
+    if s.rate_wait_max < 0:
+        raise ValueError(f"CAIRN_RATE_WAIT_MAX={s.rate_wait_max!r}: seconds, >= 0")
 
 
 def markdown_table() -> str:

@@ -1,4 +1,4 @@
--- cairn's schema as it stands: what migrations/0001..0008 build, in one file to read.
+-- cairn's schema as it stands: what migrations/0001..0010 build, in one file to read.
 -- Databases are made and upgraded by the migrations (`cairn db upgrade`);
 -- tests/test_schema.py builds one database from them and one from this file and asserts
 -- their schema-only dumps are equal, so this file cannot drift. A new migration edits
@@ -12,7 +12,12 @@ CREATE TABLE runs (
     input         jsonb NOT NULL,
     created_at    timestamptz NOT NULL DEFAULT now(),
     -- the per-run cost cap (NULL: the workers' CAIRN_MAX_COST_USD, 0 there means none)
-    max_cost_usd  double precision
+    max_cost_usd  double precision,
+    -- a child run (StepResult.spawn): its parent, the parent's spawn (the seq the spawning
+    -- step saved), and how deep it is (bounded: a workflow that spawns itself forever)
+    parent_id     text,
+    parent_seq    bigint,
+    depth         integer NOT NULL DEFAULT 0
 );
 
 -- Listing runs newest first, a page at a time (keyset on created_at, run_id).
@@ -265,3 +270,85 @@ CREATE TABLE graph_writes (
     task_path       text NOT NULL DEFAULT '',
     PRIMARY KEY (thread_id, ns, checkpoint_id, task_id, idx)
 );
+
+-- Child runs: the parent's spawns, and what tells them a child stopped.
+CREATE INDEX runs_children ON runs (parent_id, parent_seq) WHERE parent_id IS NOT NULL;
+
+-- One row per spawn: how many of its children must end before the parent goes on, and
+-- whether that happened (the parent's signal is written once).
+CREATE TABLE gathers (
+    parent_id  text NOT NULL,
+    seq        bigint NOT NULL,
+    need       integer NOT NULL,
+    total      integer NOT NULL,
+    fired      boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (parent_id, seq)
+);
+
+-- A run that stops tells its parent's spawn (in the transaction that stops it, whatever
+-- stops it: a save, a failure, a cancel): once enough of the spawn's children stopped,
+-- the parent gets the signal 'cairn.children:<seq>' it waits for, which wakes it like any
+-- signal. The spawn's
+-- row is locked first, so two children stopping at once both count each other (each
+-- statement of a plpgsql function reads a fresh snapshot after the lock).
+-- A cancelled run cancels its children (which cancel theirs: the trigger fires again).
+CREATE FUNCTION cairn_run_stopped() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    p text;
+    s bigint;
+    g record;
+    n bigint;
+BEGIN
+    SELECT parent_id, parent_seq INTO p, s FROM runs WHERE run_id = NEW.run_id;
+    IF p IS NOT NULL THEN
+        SELECT need, fired INTO g FROM gathers WHERE parent_id = p AND seq = s FOR UPDATE;
+        IF FOUND AND NOT g.fired THEN
+            SELECT count(*) INTO n FROM runs r JOIN checkpoints c USING (run_id)
+             WHERE r.parent_id = p AND r.parent_seq = s
+               AND c.status NOT IN ('pending', 'running', 'waiting');
+            IF n >= g.need THEN
+                UPDATE gathers SET fired = true WHERE parent_id = p AND seq = s;
+                INSERT INTO signals (run_id, signal_id, event, payload)
+                VALUES (p, 'cairn.children:' || s, 'cairn.children:' || s,
+                        jsonb_build_object('seq', s))
+                ON CONFLICT (run_id, signal_id) DO NOTHING;
+            END IF;
+        END IF;
+    END IF;
+    IF NEW.status = 'cancelled' THEN
+        UPDATE checkpoints
+           SET cancel_reason = coalesce(cancel_reason, 'its parent was cancelled'),
+               status = CASE WHEN status IN ('pending', 'waiting') THEN 'cancelled' ELSE status END,
+               error = CASE WHEN status IN ('pending', 'waiting')
+                            THEN coalesce(cancel_reason, 'its parent was cancelled') ELSE error END,
+               updated_at = now()
+         WHERE run_id IN (SELECT run_id FROM runs WHERE parent_id = NEW.run_id)
+           AND status IN ('pending', 'running', 'waiting');
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER checkpoints_run_stopped AFTER UPDATE OF status ON checkpoints
+    FOR EACH ROW WHEN (OLD.status IN ('pending', 'running', 'waiting')
+                       AND NEW.status NOT IN ('pending', 'running', 'waiting'))
+    EXECUTE FUNCTION cairn_run_stopped();
+
+-- Schedules (Client.add_schedule, `cairn schedules`): each tick starts one run whose id
+-- is the schedule's name and the tick's time, so a tick fired twice is still one run.
+CREATE TABLE schedules (
+    name           text PRIMARY KEY,
+    workflow       text NOT NULL,
+    input          jsonb NOT NULL DEFAULT '{}',
+    cron           text,                      -- a cron expression, in UTC; or
+    every_seconds  integer CONSTRAINT schedules_every_check CHECK (every_seconds > 0),
+    catch_up       text NOT NULL DEFAULT 'latest'
+                   CONSTRAINT schedules_catch_up_check CHECK (catch_up IN ('latest', 'all', 'skip')),
+    paused         boolean NOT NULL DEFAULT false,
+    -- the next tick to fire: moved only by a compare-and-set from the tick a firer read
+    next_at        timestamptz NOT NULL,
+    last_fired_at  timestamptz,               -- the tick of the last run it started
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT schedules_one_timing CHECK ((cron IS NULL) <> (every_seconds IS NULL))
+);
+-- The firer's question every CAIRN_SCHEDULE_TICK: which active schedules are due?
+CREATE INDEX schedules_due ON schedules (next_at) WHERE NOT paused;

@@ -423,6 +423,15 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
         """One run: status, cursor, input, state (its result once done), error, cost."""
         return _run(run_id)
 
+    @app.get("/runs/{run_id}/children", tags=["runs"])
+    def children(run_id: str) -> dict[str, Any]:
+        """The run's child runs (StepResult.spawn), each spawn's in the order its step
+        listed them: status, state (the result once done), error."""
+        found = client.children(run_id)
+        if not found and client.get(run_id) is None:
+            raise UnknownRun(f"no run {run_id!r}")
+        return {"run_id": run_id, "children": [r.to_json() for r in found]}
+
     @app.get("/runs/{run_id}/steps", tags=["runs"])
     def steps(run_id: str) -> dict[str, Any]:
         """The run's step timeline, oldest first: one row per step attempt that ended."""
@@ -540,7 +549,8 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
     def prometheus() -> Response:
         return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
 
-    from cairn.workers.web import pages
+    from cairn.workers.web import pages, schedules
 
     pages.mount(app)
+    schedules.mount(app)
     return app
