@@ -1,6 +1,7 @@
 """A run's status, defined once: the store, the loop, the Client, the CLI and the API all
 read these names, and the database's CHECK constraint lists the same values (tested).
 
+    queued ──a slot of its concurrency key frees──▶ pending
     pending ──claim──▶ running ──save──▶ running … ──▶ done
        ▲                  │  └──wait──▶ waiting ──signal/timeout──▶ running
        ├── re-armed ◀── failed, incompatible        cancelled, budget_exceeded
@@ -24,6 +25,7 @@ class RunStatus(StrEnum):
     BUDGET_EXCEEDED = "budget_exceeded"
     INCOMPATIBLE = "incompatible"  # its checkpoint is one this code cannot read
     UNKNOWN = "unknown"  # an at-most-once effect's outcome is unknown: resolve it to go on
+    QUEUED = "queued"  # its concurrency key's slots are taken: it starts when one frees
 
     @property
     def stopped(self) -> bool:
@@ -38,8 +40,11 @@ TERMINAL: frozenset[RunStatus] = frozenset(
 # Not worked on: the terminal states, and a checkpoint this code cannot read (until code
 # that reads it is deployed and the run is enqueued again).
 STOPPED: frozenset[RunStatus] = TERMINAL | {RunStatus.INCOMPATIBLE, RunStatus.UNKNOWN}
-# Worked on, or waiting to be: what a cancel reaches and what the reaper watches.
+# Worked on, or waiting to be: what a cancel reaches.
 ACTIVE: frozenset[RunStatus] = frozenset(RunStatus) - STOPPED
+# A delivery finds nothing to do: the run stopped, or waits its turn (its key's slot
+# frees: then it is sent).
+IDLE: frozenset[RunStatus] = STOPPED | {RunStatus.QUEUED}
 # Enqueueing the run again resumes it at its cursor.
 REARMABLE: frozenset[RunStatus] = frozenset({RunStatus.FAILED, RunStatus.INCOMPATIBLE})
 # What Client.wait returns at: the run stopped, or parked until a signal.

@@ -354,6 +354,28 @@ MUTANTS = [
         "if held then",
         ("tests/test_lease.py::test_heartbeat_keeps_it_and_loss_is_detected",),
     ),
+    Mutant(
+        "M37",
+        "a stopped run with a concurrency key does not send the key's next run",
+        "workers/loop.py",
+        "            _send_admitted(cp, deps)\n",
+        "\n",
+        (
+            "tests/test_concurrency.py::"
+            "test_a_keys_runs_are_sent_one_at_a_time_each_once_as_slots_free",
+        ),
+    ),
+    Mutant(
+        "M38",
+        "a worker claims a run queued for its concurrency key (over the key's limit)",
+        "store/sql/queries.sql",
+        "                          'unknown', 'queued')",
+        "                          'unknown')",
+        (
+            "tests/test_store_contract.py::"
+            "test_a_concurrency_key_admits_up_to_its_limit_and_queues_the_rest",
+        ),
+    ),
 ]
 
 

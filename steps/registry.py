@@ -117,7 +117,9 @@ class StepResult:
             state=state or {},
             window=window,
             # The event names the spawn (its save's seq), set by the loop when it saves.
-            waits_for=Wait(event="cairn.children", timeout=timeout, on_timeout=on_timeout or cursor),
+            waits_for=Wait(
+                event="cairn.children", timeout=timeout, on_timeout=on_timeout or cursor
+            ),
             spawns=Spawn(kids, need),
         )
 
@@ -165,8 +167,18 @@ class Workflow:
         validate: Validator | None = None,
         max_steps: int = 1000,
         version: int = 1,
+        priority: int = 0,
+        concurrency_limit: int = 1,
     ) -> None:
+        from cairn.workers.inputs import check_flow
+
         self.name = name
+        # Defaults for an enqueue that does not say (by a Client that has this workflow
+        # registered): its priority, and its runs per concurrency key at a time.
+        try:
+            _, self.concurrency_limit, self.priority = check_flow(None, concurrency_limit, priority)
+        except InvalidInput as exc:
+            raise ValueError(f"workflow {name!r}: {exc}") from None
         # The shape of this workflow's state. Bump it when a change would not read the
         # state older runs saved, and register a migration from the previous version.
         self.version = version

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -23,7 +23,13 @@ from tenacity import (
 
 from cairn.errors import StoreUnavailable
 from cairn.status import RunStatus
-from cairn.store.checkpoints import CHECKPOINT_VERSION, START, conflict, list_query, settled
+from cairn.store.checkpoints import (
+    START,
+    conflict,
+    create_params,
+    list_query,
+    settled,
+)
 from cairn.store.db import channel, translated
 from cairn.store.runs import Run
 from cairn.store.sql import QUERIES
@@ -97,6 +103,22 @@ class AsyncDatabase:
     async def all(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         return await self._run(name, params, many=True)  # type: ignore[no-any-return]
 
+    async def each(
+        self, names: Sequence[str], params: dict[str, Any]
+    ) -> list[dict[str, Any] | None]:
+        """Database.each: the named queries in one transaction, each one's first row."""
+        await self.open()
+
+        async def attempt() -> list[dict[str, Any] | None]:
+            with translated(self.url):
+                async with self.pool.connection() as conn, conn.transaction():
+                    return [
+                        await (await conn.execute(QUERIES[name], params)).fetchone()
+                        for name in names
+                    ]
+
+        return await self.retry(attempt)
+
     @contextlib.asynccontextmanager
     async def listening(self, name: str) -> AsyncIterator[Callable[[float], Awaitable[bool]]]:
         """Database.listening for asyncio: LISTEN on its own connection; heard(seconds)."""
@@ -133,33 +155,43 @@ class AsyncPgStore:
         input: dict[str, Any],
         cursor: str = START,
         max_cost_usd: float | None = None,
+        *,
+        priority: int = 0,
+        concurrency_key: str | None = None,
+        concurrency_limit: int = 1,
     ) -> bool:
-        """PgStore.create_run: insert at seq 0; False if it existed (a failed one re-armed)."""
-        params = {
-            "run_id": run_id,
-            "workflow": workflow,
-            "input": Jsonb(input),
-            "cursor": cursor,
-            "state": Jsonb({}),
-            "version": CHECKPOINT_VERSION,
-            "max_cost_usd": max_cost_usd,
-        }
-        if await self.db.one("create_run", params):
+        """PgStore.create_run: insert at seq 0 (admitted or queued with a concurrency
+        key); False if it existed (a failed one re-armed)."""
+        params = create_params(
+            run_id, workflow, input, cursor, max_cost_usd, priority, concurrency_key,
+            concurrency_limit,
+        )  # fmt: skip
+        if concurrency_key is None:
+            created = await self.db.one("create_run", params) is not None
+        else:
+            created = (await self.db.each(("create_keyed_run", "admit"), params))[0] is not None
+        if created:
             return True
         row = await self.db.one("existing_run", params)
         if row is None:  # swept between the two statements: create it afresh
-            return await self.create_run(run_id, workflow, input, cursor, max_cost_usd)
+            return await self.create_run(
+                run_id, workflow, input, cursor, max_cost_usd, priority=priority,
+                concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
+            )  # fmt: skip
         conflict(run_id, row)
         await self.db.one("rearm_failed", {"run_id": run_id})
         return False
+
+    async def admitted(self, workflow: str, key: str) -> list[tuple[str, int]]:
+        """PgStore.admitted: the key's admitted runs not sent yet, marked sent."""
+        rows = await self.db.all("admitted", {"workflow": workflow, "key": key})
+        return [(r["run_id"], r["priority"]) for r in rows]
 
     async def get(self, run_id: str) -> Run | None:
         row = await self.db.one("get_run", {"run_id": run_id})
         return Run.from_row(row) if row else None
 
-    async def children(
-        self, run_id: str, seq: int | None = None, limit: int = 10_000
-    ) -> list[Run]:
+    async def children(self, run_id: str, seq: int | None = None, limit: int = 10_000) -> list[Run]:
         rows = await self.db.all("children", {"run_id": run_id, "seq": seq, "limit": limit})
         return [Run.from_row(r) for r in rows]
 

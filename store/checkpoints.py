@@ -74,6 +74,8 @@ class Checkpoint:
     flow_version: int | None = None  # the workflow version that wrote the state
     parent_id: str | None = None  # a child run's parent (StepResult.spawn), never changed
     depth: int = 0  # children between it and its first ancestor
+    concurrency_key: str | None = None  # holds one of its key's slots while it runs
+    priority: int = 0
     # Read with the row, never written: the wait's timeout has passed; the oldest signal
     # of the awaited event not yet consumed ({"id", "payload"}).
     wait_over: bool = dataclasses.field(default=False, compare=False)
@@ -177,6 +179,31 @@ def conflict(run_id: str, row: dict[str, Any]) -> None:
         )
 
 
+def create_params(
+    run_id: str,
+    workflow: str,
+    input: dict[str, Any],
+    cursor: str,
+    max_cost_usd: float | None,
+    priority: int,
+    concurrency_key: str | None,
+    concurrency_limit: int,
+) -> dict[str, Any]:
+    """create_run's and create_keyed_run's parameters."""
+    return {
+        "run_id": run_id,
+        "workflow": workflow,
+        "input": Jsonb(input),
+        "cursor": cursor,
+        "state": Jsonb({}),
+        "version": CHECKPOINT_VERSION,
+        "max_cost_usd": max_cost_usd,
+        "priority": priority,
+        "key": concurrency_key,
+        "limit": concurrency_limit,
+    }
+
+
 def _checkpoint(row: dict[str, Any]) -> Checkpoint:
     if row["version"] != CHECKPOINT_VERSION:
         raise IncompatibleCheckpoint(row["run_id"], row["version"], CHECKPOINT_VERSION)
@@ -213,28 +240,42 @@ class PgStore:
         input: dict[str, Any],
         cursor: str = START,
         max_cost_usd: float | None = None,
+        *,
+        priority: int = 0,
+        concurrency_key: str | None = None,
+        concurrency_limit: int = 1,
     ) -> bool:
-        """Insert a run at seq 0; False if it existed (a failed one is re-armed).
+        """Insert a run at seq 0; False if it existed (a failed one is re-armed). With a
+        concurrency key it is admitted if a slot is free, else queued (`admitted` then
+        says which runs to send).
 
         Raises RunIdConflict if run_id exists with another workflow or input.
         """
-        params = {
-            "run_id": run_id,
-            "workflow": workflow,
-            "input": Jsonb(input),
-            "cursor": cursor,
-            "state": Jsonb({}),
-            "version": CHECKPOINT_VERSION,
-            "max_cost_usd": max_cost_usd,
-        }
-        if self.db.one("create_run", params):
+        params = create_params(
+            run_id, workflow, input, cursor, max_cost_usd, priority, concurrency_key,
+            concurrency_limit,
+        )  # fmt: skip
+        if concurrency_key is None:
+            created = self.db.one("create_run", params) is not None
+        else:
+            created = self.db.each(("create_keyed_run", "admit"), params)[0] is not None
+        if created:
             return True
         row = self.db.one("existing_run", params)
         if row is None:  # swept between the two statements: create it afresh
-            return self.create_run(run_id, workflow, input, cursor, max_cost_usd)
+            return self.create_run(
+                run_id, workflow, input, cursor, max_cost_usd, priority=priority,
+                concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
+            )  # fmt: skip
         conflict(run_id, row)
         self.db.one("rearm_failed", {"run_id": run_id})
         return False
+
+    def admitted(self, workflow: str, key: str) -> list[tuple[str, int]]:
+        """The key's runs admitted and not sent yet, each (run id, priority), marked sent:
+        the caller sends them (each run is returned to one caller)."""
+        rows = self.db.all("admitted", {"workflow": workflow, "key": key})
+        return [(r["run_id"], r["priority"]) for r in rows]
 
     def get(self, run_id: str) -> Run | None:
         row = self.db.one("get_run", {"run_id": run_id})

@@ -108,8 +108,17 @@ class CheckpointStore(Protocol):
         input: dict[str, Any],
         cursor: str = "",
         max_cost_usd: float | None = None,
+        *,
+        priority: int = 0,
+        concurrency_key: str | None = None,
+        concurrency_limit: int = 1,
     ) -> bool:
-        """Insert a run at seq 0; False if it existed (a failed one is re-armed)."""
+        """Insert a run at seq 0; False if it existed (a failed one is re-armed). With a
+        concurrency key: admitted if one of the key's slots is free, else queued."""
+
+    def admitted(self, workflow: str, key: str) -> list[tuple[str, int]]:
+        """The key's runs admitted and not sent yet, each (run id, priority), marked sent:
+        the caller sends them (each run is returned to one caller)."""
 
     def get(self, run_id: str) -> Run | None:
         """The run without its window."""

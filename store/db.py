@@ -6,7 +6,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -186,6 +186,15 @@ class Database:
         def attempt() -> list[dict[str, Any]]:
             with self.connection() as conn:
                 return conn.execute(QUERIES[name], params or {}).fetchall()
+
+        return self.retry(attempt)
+
+    def each(self, names: Sequence[str], params: dict[str, Any]) -> list[dict[str, Any] | None]:
+        """The named queries in one transaction, in order: each one's first row."""
+
+        def attempt() -> list[dict[str, Any] | None]:
+            with self.connection() as conn, conn.transaction():
+                return [conn.execute(QUERIES[name], params).fetchone() for name in names]
 
         return self.retry(attempt)
 

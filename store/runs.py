@@ -68,6 +68,8 @@ class Run:
     state: Mapping[str, Any] | None = None
     window: tuple[dict[str, Any], ...] | None = None
     parent_id: str | None = None  # a child run's parent (StepResult.spawn)
+    concurrency_key: str | None = None  # at most its key's limit of such runs at a time
+    priority: int = 0  # higher starts first (its key's queue, and the broker's)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Run:

@@ -154,6 +154,7 @@ class ScheduleStore:
                             "state": Jsonb({}),
                             "version": CHECKPOINT_VERSION,
                             "max_cost_usd": None,
+                            "priority": 0,
                         },
                     ).fetchone()
                     if new is not None:  # else the id exists: the schedule was re-added

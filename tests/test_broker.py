@@ -78,6 +78,7 @@ def test_redis_keeps_its_visibility_timeout_and_rabbitmq_gets_confirms(settings)
     assert amqp_conf["broker_transport_options"] == {"confirm_publish": True}
     assert {q.name: q.queue_arguments["x-queue-type"] for q in amqp_conf["task_queues"]} == {
         broker.RUNS: "quorum",
+        broker.HIGH: "quorum",
         broker.RESUME: "quorum",
         broker.CONTROL: "quorum",
     }

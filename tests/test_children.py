@@ -36,7 +36,7 @@ class Broker:
     def __init__(self) -> None:
         self.queue: collections.deque[tuple[str, bool]] = collections.deque()
 
-    def send(self, run_id: str, resume: bool) -> None:
+    def send(self, run_id: str, resume: bool, priority: int = 0) -> None:
         self.queue.append((run_id, resume))
 
     def drain(self, deps: loop.Deps) -> list[tuple[str, bool]]:
@@ -114,7 +114,7 @@ def test_a_spawn_replayed_after_a_crash_spawns_each_child_once(
     (made by the save), nothing spawns them again, and the reaper sends them."""
     parent = _start(mem, "fanout", {"ns": [1, 2, 3]})
 
-    def die(run_id: str, resume: bool) -> None:
+    def die(run_id: str, resume: bool, priority: int) -> None:
         raise SystemExit("killed between the save and the sends")
 
     with pytest.raises(SystemExit):

@@ -1053,3 +1053,94 @@ def test_cancelling_a_parent_cancels_its_children_and_theirs(any_store: Checkpoi
     assert _get(any_store, ids[0]).status == "cancelled"  # waiting
     assert _get(any_store, f"{ids[0]}.a.0.0").status == "cancelled"  # a grandchild
     assert _load(any_store, ids[1]).cancel_reason == "its parent was cancelled"
+
+
+# -- concurrency keys --------------------------------------------------------------------
+def _keyed(
+    store: CheckpointStore, run_id: str, key: str = "user:1", limit: int = 1, priority: int = 0,
+    workflow: str = "probe",
+) -> RunStatus:  # fmt: skip
+    assert store.create_run(
+        run_id, workflow, {"id": run_id}, "one", priority=priority, concurrency_key=key,
+        concurrency_limit=limit,
+    )  # fmt: skip
+    return _get(store, run_id).status
+
+
+def _statuses(store: CheckpointStore, *run_ids: str) -> list[str]:
+    return [str(_get(store, r).status) for r in run_ids]
+
+
+def test_a_concurrency_key_admits_up_to_its_limit_and_queues_the_rest(
+    any_store: CheckpointStore,
+) -> None:
+    assert [_keyed(any_store, r, limit=2) for r in ("a", "b", "c")] == [
+        "pending", "pending", "queued",
+    ]  # fmt: skip
+    assert sorted(any_store.admitted("probe", "user:1")) == [("a", 0), ("b", 0)]
+    assert any_store.admitted("probe", "user:1") == []  # each admitted run is sent once
+    assert any_store.claim("c", 1) is None  # a queued run's delivery does nothing
+    assert _get(any_store, "c").concurrency_key == "user:1"
+    _finish(any_store, "a", RunStatus.DONE)  # its slot goes to c in the same write
+    assert _statuses(any_store, "a", "b", "c") == ["done", "pending", "pending"]
+    assert any_store.admitted("probe", "user:1") == [("c", 0)]
+    # Keys are a workflow's: the same key of another workflow has slots of its own.
+    assert _keyed(any_store, "other", workflow="other-flow") == "pending"
+
+
+def test_a_keys_queue_is_best_priority_first_then_oldest(any_store: CheckpointStore) -> None:
+    _keyed(any_store, "first")
+    for run_id, priority in (("low", -5), ("b", 0), ("c", 7), ("d", 7), ("e", 0)):
+        assert _keyed(any_store, run_id, priority=priority) == "queued"
+    order = []
+    running = "first"
+    for _ in range(5):
+        _finish(any_store, running, RunStatus.DONE)
+        ((running, _),) = any_store.admitted("probe", "user:1")
+        order.append(running)
+    assert order == ["c", "d", "b", "e", "low"]
+    assert _get(any_store, "c").priority == 7
+
+
+def test_every_way_a_run_stops_gives_back_its_slot_and_a_waiting_run_keeps_it(
+    any_store: CheckpointStore,
+) -> None:
+    for r in ("a", "b", "c", "d", "e"):
+        _keyed(any_store, r)
+    claimed = any_store.claim("a", 1)  # a waits for a signal: it keeps its slot
+    assert claimed is not None
+    parked = _advance(claimed, cursor="two", status=RunStatus.WAITING)
+    any_store.save(parked, claimed, wait=Wait(event="go"))
+    assert _statuses(any_store, "a", "b") == ["waiting", "queued"]
+    assert any_store.cancel("c", "no longer wanted") == "cancelled"  # queued: out of line
+    assert any_store.cancel("a", "enough") == "cancelled"  # its slot goes to b
+    assert _statuses(any_store, "b", "c", "d") == ["pending", "cancelled", "queued"]
+    _finish(any_store, "b", RunStatus.FAILED)
+    assert _statuses(any_store, "d", "e") == ["pending", "queued"]
+    # A failed run enqueued again while the key's slot is taken waits its turn again.
+    assert any_store.create_run("b", "probe", {"id": "b"}, concurrency_key="user:1") is False
+    assert _statuses(any_store, "b") == ["queued"]
+    claimed = any_store.claim("d", 1)  # a running run cancelled stops at its next save
+    assert claimed is not None
+    busy = _advance(claimed, cursor="two")
+    any_store.save(busy, claimed)
+    assert any_store.cancel("d", "stop") == "running"
+    any_store.save(_advance(busy, status=RunStatus.CANCELLED, cursor="three"), busy)
+    assert _statuses(any_store, "d", "e", "b") == ["cancelled", "pending", "queued"]
+    _finish(any_store, "e", RunStatus.DONE)
+    assert _statuses(any_store, "b") == ["pending"]
+
+
+def test_a_higher_limit_admits_at_once_and_an_idle_key_is_forgotten(
+    any_store: CheckpointStore,
+) -> None:
+    for r in ("a", "b", "c"):
+        _keyed(any_store, r)
+    assert _keyed(any_store, "d", limit=3) == "queued"  # b and c go first: they came first
+    assert _statuses(any_store, "a", "b", "c") == ["pending", "pending", "pending"]
+    assert sorted(r for r, _ in any_store.admitted("probe", "user:1")) == ["a", "b", "c"]
+    for r in ("a", "b", "c", "d"):
+        _finish(any_store, r, RunStatus.DONE)
+    # No slot held, none queued: the key is gone, and comes back with the next enqueue's
+    # limit.
+    assert _keyed(any_store, "e", limit=1) == "pending" and _keyed(any_store, "f") == "queued"

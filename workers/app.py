@@ -49,9 +49,10 @@ class Runtime:
         # Made before the pool forks, so every pool process sees the main process set it
         # when a warm shutdown (SIGTERM) begins.
         self.stopping = multiprocessing.Event()
-        # Puts a run's message on the broker (a spawn's children, a gathered parent); set
-        # by create_app, which has the Celery app.
-        self.send: Callable[[str, bool], None] | None = None
+        # Puts a run's message on the broker (a spawn's children, a gathered parent, a
+        # concurrency key's next run: resume?, priority); set by create_app, which has the
+        # Celery app.
+        self.send: Callable[[str, bool, int], None] | None = None
 
     def deps(self) -> loop.Deps:
         # One Deps per process, shared by its threads (the threads pool): the connection
@@ -275,8 +276,8 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
     )
     chain = Chain([Metrics(), *load_middleware(settings.middleware), *middleware])
     runtime = Runtime(settings, chain)
-    runtime.send = lambda run_id, resume: app.tasks[broker.RUN_TASK].apply_async(
-        (run_id,), queue=broker.RESUME if resume else broker.RUNS
+    runtime.send = lambda run_id, resume, priority: app.tasks[broker.RUN_TASK].apply_async(
+        (run_id,), queue=broker.RESUME if resume else broker.queue_for(priority)
     )
     app.cairn = runtime  # type: ignore[attr-defined]
     # A warm shutdown (SIGTERM) hands each run in hand back at its next step boundary,

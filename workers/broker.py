@@ -22,15 +22,23 @@ if TYPE_CHECKING:
 RUN_TASK = "cairn.run"
 REAP_TASK = "cairn.reap"
 SWEEP_TASK = "cairn.sweep"
-# Workers consume three queues: the reaper's ticks, resumed runs, new runs, in that order
-# of priority (on Redis: kombu's "sorted" queue order, which these names sort into; on
-# RabbitMQ each queue has its own prefetch). A run already started, whose worker died,
-# goes on before any new run starts: its recovery does not wait behind the backlog.
+# Workers consume four queues: the reaper's ticks, resumed runs, new runs of high
+# priority, then the others, in that order (on Redis: kombu's "sorted" queue order, which
+# these names sort into, so a free worker takes from the first that holds a message; on
+# RabbitMQ each queue has its own prefetch, so a message of one never waits behind
+# another's backlog, only behind what a worker already took). A run already started,
+# whose worker died, goes on before any new run starts: its recovery does not wait
+# behind the backlog.
 RUNS = "celery"
+HIGH = "cairn.runs.high"  # priority > 0
 RESUME = "cairn.resume"
 CONTROL = "cairn.control"
-QUEUES = (RUNS, RESUME, CONTROL)
-assert sorted(QUEUES) == [CONTROL, RESUME, RUNS], "the Redis priority order is by name"
+QUEUES = (RUNS, HIGH, RESUME, CONTROL)
+RUN_QUEUES = (RUNS, HIGH, RESUME)
+assert sorted(QUEUES) == [CONTROL, RESUME, HIGH, RUNS], "the Redis priority order is by name"
+# Enqueue's priority= (and a workflow's): higher starts first. A positive one goes to the
+# high queue, ahead of the backlog; the whole number orders a concurrency key's queue.
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
 
 # RabbitMQ only. A message delivered this many times more is dropped: the backstop for a
 # run that kills its worker before cairn counts the delivery. Above CAIRN_MAX_DELIVERIES
@@ -41,6 +49,11 @@ DELIVERY_LIMIT = 20
 # Where Celery parks countdown messages on RabbitMQ ("native delayed delivery": queues
 # celery_delayed_0..27, one per bit of the delay); Celery declares them at worker start.
 DELAYED_QUEUES = tuple(f"celery_delayed_{level}" for level in range(28))
+
+
+def queue_for(priority: int) -> str:
+    """The queue a new run of this priority is sent to."""
+    return HIGH if priority > 0 else RUNS
 
 
 def is_amqp(url: str) -> bool:
@@ -70,7 +83,7 @@ def in_flight(app: Any, taken_within: float | None = None) -> int:
     held = 0
     with app.connection_for_read() as conn:
         amqp = conn.transport.driver_type == "amqp"
-        for queue in (RUNS, RESUME, *(DELAYED_QUEUES if amqp else ())):
+        for queue in (*RUN_QUEUES, *(DELAYED_QUEUES if amqp else ())):
             try:
                 with conn.channel() as channel:
                     held += channel.queue_declare(queue, passive=True).message_count
@@ -89,13 +102,13 @@ def in_flight(app: Any, taken_within: float | None = None) -> int:
                 tags = client.zrangebyscore(channel.unacked_index_key, since, "+inf")
                 raws = [r for r in client.hmget(unacked_key, tags) if r] if tags else []
             for raw in raws:
-                if json.loads(raw)[2] in (RUNS, RESUME):
+                if json.loads(raw)[2] in RUN_QUEUES:
                     held += 1
     return held
 
 
 def queues(settings: Settings) -> list[Any]:
-    """cairn's three queues, as the broker in settings declares them."""
+    """cairn's queues, as the broker in settings declares them."""
     from kombu import Exchange, Queue
 
     if not is_amqp(settings.broker):

@@ -240,6 +240,21 @@ def enqueue(
             "--run-id", help="Explicit run id (letters, digits, ._:@+=/-); an existing one resumes."
         ),
     ] = None,
+    concurrency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--concurrency-key",
+            help="At most --concurrency-limit runs of the workflow with this key at a time.",
+        ),
+    ] = None,
+    concurrency_limit: Annotated[
+        int | None,
+        typer.Option("--concurrency-limit", help="Runs per key at a time [the workflow's, or 1]."),
+    ] = None,
+    priority: Annotated[
+        int | None,
+        typer.Option("--priority", help="-100..100, higher starts first [the workflow's, or 0]."),
+    ] = None,
     as_json: AsJson = False,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
@@ -267,7 +282,10 @@ def enqueue(
         registry.import_modules((*registry.SHIPPED, *settings.workflows))
         registry.get(workflow)
         with _client(settings) as client:
-            created = client.enqueue(workflow, data, run_id=run_id)
+            created = client.enqueue(
+                workflow, data, run_id=run_id, concurrency_key=concurrency_key,
+                concurrency_limit=concurrency_limit, priority=priority,
+            )  # fmt: skip
         print(_dumps({"run_id": created}) if as_json else created)
     except CairnError as exc:
         _fail(str(exc), 2)
@@ -386,6 +404,10 @@ def show(
         console.print(f"[bold]{'cancel':>10}[/] {row['cancel_reason']}")
     if row["parent_id"]:
         console.print(f"[bold]{'parent':>10}[/] {row['parent_id']}")
+    if row["concurrency_key"]:
+        console.print(f"[bold]{'key':>10}[/] {row['concurrency_key']}")
+    if row["priority"]:
+        console.print(f"[bold]{'priority':>10}[/] {row['priority']}")
     try:
         client.store.load(run_id)
     except CairnError as exc:

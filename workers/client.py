@@ -25,7 +25,7 @@ from cairn.store.runs import Run
 from cairn.store.schedules import AsyncScheduleStore, Schedule, ScheduleStore
 from cairn.workers import broker, health
 from cairn.workers import schedules as sched
-from cairn.workers.inputs import check_event, check_input, check_run_id
+from cairn.workers.inputs import check_event, check_flow, check_input, check_run_id
 from cairn.workers.settings import Settings
 
 if TYPE_CHECKING:
@@ -85,6 +85,9 @@ class Client:
         *,
         run_id: str | None = None,
         max_cost_usd: float | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        priority: int | None = None,
     ) -> str:
         """Record the run and send it to the workers; returns its run id.
 
@@ -94,15 +97,40 @@ class Client:
         workflow is registered in this process its input is validated here (InvalidInput
         before anything is written); otherwise the worker validates it. max_cost_usd caps
         the run's model cost (default: the workers' CAIRN_MAX_COST_USD).
+
+        concurrency_key: at most concurrency_limit runs of this workflow with this key
+        run at a time (from start to stop; a waiting run keeps its slot); the others wait
+        as queued, holding no worker, and start as slots free, best priority first.
+        priority: higher starts first (-100..100). Both limit and priority default to
+        the workflow's (cairn.workflow(..., concurrency_limit=, priority=)) when it is
+        registered here, else to 1 and 0.
         """
         run_id, data = _checked(self.settings, workflow, input, run_id)
-        self.store.create_run(run_id, workflow, data, max_cost_usd=max_cost_usd)
-        self.send(run_id)
+        key, limit, prio = _flow(workflow, concurrency_key, concurrency_limit, priority)
+        created = self.store.create_run(
+            run_id, workflow, data, max_cost_usd=max_cost_usd, priority=prio,
+            concurrency_key=key, concurrency_limit=limit,
+        )  # fmt: skip
+        if key is None:
+            self.send(run_id, priority=prio)
+        elif not self._send_admitted(workflow, key, run_id) and not created:
+            run = self.get(run_id)  # enqueued again: its message may be what was lost
+            if run is not None and run.status == RunStatus.PENDING:
+                self.send(run_id, priority=run.priority)
         return run_id
 
-    def send(self, run_id: str) -> None:
-        """Put one message for run_id on the broker (the run must exist)."""
-        self._sender.send(run_id)
+    def _send_admitted(self, workflow: str, key: str, run_id: str | None = None) -> bool:
+        """Send the key's runs admitted and not sent yet; whether run_id was one."""
+        sent = False
+        for admitted, prio in self.store.admitted(workflow, key):
+            self.send(admitted, priority=prio)
+            sent = sent or admitted == run_id
+        return sent
+
+    def send(self, run_id: str, *, priority: int = 0) -> None:
+        """Put one message for run_id on the broker (the run must exist), on the queue
+        of its priority."""
+        self._sender.send(run_id, priority)
 
     def get(self, run_id: str, *, window: bool = False) -> Run | None:
         """The run's status, cursor, state (its result once done), error and cost; the
@@ -140,6 +168,8 @@ class Client:
         run = self.get(run_id)
         if run is not None and run.parent_id is not None and self.store.gathered(run.parent_id):
             self.send(run.parent_id)  # its stop gathered the parent's spawn: wake it
+        if run is not None and run.concurrency_key is not None:
+            self._send_admitted(run.workflow, run.concurrency_key)  # its slot's next run
         return run
 
     def children(self, run_id: str) -> list[Run]:
@@ -348,16 +378,36 @@ class AsyncClient:
         *,
         run_id: str | None = None,
         max_cost_usd: float | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        priority: int | None = None,
     ) -> str:
-        """Client.enqueue: record the run and send it to the workers; its run id."""
+        """Client.enqueue: record the run and send it to the workers (with a concurrency
+        key, once a slot is free); its run id."""
         run_id, data = _checked(self.settings, workflow, input, run_id)
-        await self.store.create_run(run_id, workflow, data, max_cost_usd=max_cost_usd)
-        await self.send(run_id)
+        key, limit, prio = _flow(workflow, concurrency_key, concurrency_limit, priority)
+        created = await self.store.create_run(
+            run_id, workflow, data, max_cost_usd=max_cost_usd, priority=prio,
+            concurrency_key=key, concurrency_limit=limit,
+        )  # fmt: skip
+        if key is None:
+            await self.send(run_id, priority=prio)
+        elif not await self._send_admitted(workflow, key, run_id) and not created:
+            run = await self.get(run_id)
+            if run is not None and run.status == RunStatus.PENDING:
+                await self.send(run_id, priority=run.priority)
         return run_id
 
-    async def send(self, run_id: str) -> None:
+    async def _send_admitted(self, workflow: str, key: str, run_id: str | None = None) -> bool:
+        sent = False
+        for admitted, prio in await self.store.admitted(workflow, key):
+            await self.send(admitted, priority=prio)
+            sent = sent or admitted == run_id
+        return sent
+
+    async def send(self, run_id: str, *, priority: int = 0) -> None:
         """Put one message for run_id on the broker, from a worker thread."""
-        await asyncio.to_thread(self._sender.send, run_id)
+        await asyncio.to_thread(self._sender.send, run_id, priority)
 
     async def get(self, run_id: str, *, window: bool = False) -> Run | None:
         """Client.get: the run (its model window too with window=True), or None."""
@@ -394,6 +444,8 @@ class AsyncClient:
         if run is not None and run.parent_id is not None:
             if await self.store.gathered(run.parent_id):
                 await self.send(run.parent_id)
+        if run is not None and run.concurrency_key is not None:
+            await self._send_admitted(run.workflow, run.concurrency_key)
         return run
 
     async def children(self, run_id: str) -> list[Run]:
@@ -527,9 +579,11 @@ class _Sender:
                 self._producer = app
             return self._producer
 
-    def send(self, run_id: str) -> None:
+    def send(self, run_id: str, priority: int = 0) -> None:
         try:
-            self.producer.send_task(broker.RUN_TASK, args=[run_id], queue=broker.RUNS)
+            self.producer.send_task(
+                broker.RUN_TASK, args=[run_id], queue=broker.queue_for(priority)
+            )
         except Exception as exc:
             from kombu.exceptions import OperationalError
 
@@ -558,6 +612,16 @@ def _checked(
     if flow is not None:
         data = flow.validate(data)
     return run_id, data
+
+
+def _flow(workflow: str, key: Any, limit: Any, priority: Any) -> tuple[str | None, int, int]:
+    """Enqueue's flow options checked, the workflow's defaults filling what is None."""
+    flow = registry.find(workflow)
+    return check_flow(
+        key,
+        limit if limit is not None else flow.concurrency_limit if flow else 1,
+        priority if priority is not None else flow.priority if flow else 0,
+    )
 
 
 def _checked_signal(settings: Settings, event: str, payload: Any, signal_id: str | None) -> str:

@@ -73,3 +73,40 @@ def _has_nul(value: Any) -> bool:
     if isinstance(value, list | tuple):
         return any(_has_nul(v) for v in value)
     return False
+
+
+LIMIT_MAX = 10_000
+
+
+def check_flow(
+    concurrency_key: Any, concurrency_limit: Any, priority: Any
+) -> tuple[str | None, int, int]:
+    """Enqueue's flow options: a concurrency key (a run id's characters: it travels in
+    URLs and logs too), its limit (runs of the workflow with the key at a time), and a
+    priority (higher starts first)."""
+    from cairn.workers.broker import MAX_PRIORITY, MIN_PRIORITY
+
+    if concurrency_key is not None and not (
+        isinstance(concurrency_key, str)
+        and 1 <= len(concurrency_key) <= RUN_ID_MAX
+        and RUN_ID.fullmatch(concurrency_key)
+    ):
+        raise InvalidInput(
+                f"concurrency key {concurrency_key!r} is not valid: use {RUN_ID_RULE} "
+                "(e.g. 'user:42')"
+            )
+    if not _whole(concurrency_limit) or not 1 <= concurrency_limit <= LIMIT_MAX:
+        raise InvalidInput(
+            f"concurrency limit must be a whole number from 1 to {LIMIT_MAX:,} (runs with "
+            f"one key at a time), not {concurrency_limit!r}"
+        )
+    if not _whole(priority) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidInput(
+            f"priority must be a whole number from {MIN_PRIORITY} to {MAX_PRIORITY} "
+            f"(higher starts first, 0 by default), not {priority!r}"
+        )
+    return concurrency_key, concurrency_limit, priority
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

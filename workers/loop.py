@@ -33,7 +33,7 @@ from cairn.errors import (
     UnknownRun,
     WindowTooLarge,
 )
-from cairn.status import STOPPED, RunStatus
+from cairn.status import IDLE, STOPPED, RunStatus
 from cairn.steps import registry
 from cairn.steps.context import Context
 from cairn.steps.context import _step as _current
@@ -81,7 +81,7 @@ class Deps:
     events: Outbox | None = None
     # Puts a run's message on the broker (resume: on the resume queue); None: nothing is
     # sent, and the reaper finds children and parents waiting for a message.
-    send: Callable[[str, bool], None] | None = None
+    send: Callable[[str, bool, int], None] | None = None
 
 
 def run(run_id: str, deps: Deps) -> RunStatus:
@@ -123,16 +123,16 @@ def _run(run_id: str, deps: Deps) -> RunStatus:
         return status
     status = cp.status
     try:
-        if status in STOPPED:
-            # A warm shutdown or a reaper race can deliver a finished run again.
-            logger.info(
-                "run %s is already %s; nothing to do", run_id, status, extra=logs.at(cp, "stopped")
-            )
+        if status in IDLE:
+            # A warm shutdown or a reaper race can deliver a finished run again; a queued
+            # run is sent when its key's slot frees.
+            logger.info("run %s is %s; nothing to do", run_id, status, extra=logs.at(cp, "stopped"))
             return status
         lease.start_heartbeat()
         status = _drive(cp, lease, deps)
         if status in STOPPED:
             _wake_parent(cp, deps)
+            _send_admitted(cp, deps)
         return status
     finally:
         if deps.events is not None:
@@ -256,7 +256,7 @@ def _take(run_id: str, deps: Deps) -> tuple[HeldLease, Checkpoint]:
             cp = store.load(run_id)
             if cp is None:
                 raise UnknownRun(f"no run {run_id!r}: enqueue it with cairn.Client().enqueue()")
-            if cp.status in STOPPED:
+            if cp.status in IDLE:
                 return lease, cp
             if cp.epoch >= lease.epoch:
                 lease.release()
@@ -531,7 +531,7 @@ def _send_children(spawned: Spawned, deps: Deps) -> None:
     if deps.send is None:
         return
     for run_id, _, _ in spawned.children:
-        deps.send(run_id, False)
+        deps.send(run_id, False, 0)
 
 
 def _resend_children(cp: Checkpoint, deps: Deps) -> None:
@@ -545,7 +545,7 @@ def _resend_children(cp: Checkpoint, deps: Deps) -> None:
     sent = 0
     for kid in deps.store.children(cp.run_id, seq):
         if kid.status == RunStatus.PENDING and deps.leases.mark_sent(kid.run_id, window):
-            deps.send(kid.run_id, False)
+            deps.send(kid.run_id, False, 0)
             sent += 1
     if sent:
         logger.info(
@@ -563,7 +563,7 @@ def _wake_parent(cp: Checkpoint, deps: Deps) -> None:
         return
     try:
         if deps.store.gathered(cp.parent_id):
-            deps.send(cp.parent_id, True)
+            deps.send(cp.parent_id, True, 0)
     except Exception:  # noqa: BLE001 (the child's end is saved; the reaper wakes the parent)
         logger.warning(
             "run %s: its parent %s was not woken; the reaper will",
@@ -571,6 +571,24 @@ def _wake_parent(cp: Checkpoint, deps: Deps) -> None:
             cp.parent_id,
             exc_info=True,
             extra=logs.at(cp, "wake_failed"),
+        )
+
+
+def _send_admitted(cp: Checkpoint, deps: Deps) -> None:
+    """A run with a concurrency key stopped: its slot went, in the same transaction, to
+    the key's next queued run; send that one. The reaper sends it if this is lost (a
+    pending run whose message never came)."""
+    if cp.concurrency_key is None or deps.send is None:
+        return
+    try:
+        for run_id, priority in deps.store.admitted(cp.workflow, cp.concurrency_key):
+            deps.send(run_id, False, priority)
+    except Exception:  # the stop is saved; the reaper sends the next run
+        logger.warning(
+            "run %s: the next run of its concurrency key was not sent; the reaper will",
+            cp.run_id,
+            exc_info=True,
+            extra=logs.at(cp, "admit_failed"),
         )
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from cairn.errors import CairnError, LeaseLost, RunIdConflict, StaleWrite, StoreError
-from cairn.status import ACTIVE, REARMABLE, STOPPED, TERMINAL, RunStatus
+from cairn.status import ACTIVE, IDLE, REARMABLE, STOPPED, TERMINAL, RunStatus
 from cairn.store.checkpoints import (
     CHECKPOINT_VERSION,
     FOLD_BATCH,
@@ -117,6 +117,9 @@ class _Row:
     parent_id: str | None = None  # a child run: its parent, the parent's spawn, its depth
     parent_seq: int | None = None
     depth: int = 0
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    priority: int = 0
     window: dict[int, str] = dataclasses.field(default_factory=dict)  # window_messages
     signals: dict[str, _Signal] = dataclasses.field(default_factory=dict)
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # step_history
@@ -154,6 +157,12 @@ class MemoryStore:
         self._effects: dict[str, tuple[str, str, int, bool]] = {}
         # gathers: (parent, spawn seq) -> [need, fired]
         self._gathers: dict[tuple[str, int], list[Any]] = {}
+        # concurrency keys: (workflow, key) -> limit; run -> [workflow, key, sent] for the
+        # runs holding a slot; run -> (workflow, key, -priority, n) for the queued
+        self._keys: dict[tuple[str, str], int] = {}
+        self._slots: dict[str, list[Any]] = {}
+        self._queued: dict[str, tuple[str, str, int, int]] = {}
+        self._queue_n = 0
         self._last = dt.datetime.min.replace(tzinfo=dt.UTC)
 
     def _now(self) -> dt.datetime:
@@ -178,8 +187,13 @@ class MemoryStore:
         input: dict[str, Any],
         cursor: str = START,
         max_cost_usd: float | None = None,
+        *,
+        priority: int = 0,
+        concurrency_key: str | None = None,
+        concurrency_limit: int = 1,
     ) -> bool:
-        """Insert a run at seq 0; False if it existed (a failed one is re-armed).
+        """Insert a run at seq 0; False if it existed (a failed one is re-armed). With a
+        concurrency key it is admitted if a slot is free, else queued.
 
         Raises RunIdConflict if run_id exists with another workflow or input.
         """
@@ -187,8 +201,11 @@ class MemoryStore:
         with self._lock:
             stamp = self._stamp()
             row = self._rows.get(run_id)
+            created = row is None
+            if concurrency_key is not None:  # create_keyed_run's upsert of the key
+                self._keys[(workflow, concurrency_key)] = concurrency_limit
             if row is None:  # create_run
-                self._rows[run_id] = _Row(
+                row = self._rows[run_id] = _Row(
                     run_id=run_id,
                     workflow=workflow,
                     input=text,
@@ -198,7 +215,16 @@ class MemoryStore:
                     state="{}",
                     version=CHECKPOINT_VERSION,
                     updated_at=stamp,
+                    priority=priority,
+                    concurrency_key=concurrency_key,
+                    concurrency_limit=concurrency_limit if concurrency_key is not None else None,
                 )
+                if concurrency_key is not None:
+                    row.status = RunStatus.QUEUED
+                    self._enqueue(row)
+            if concurrency_key is not None:
+                self._admit(workflow, concurrency_key)  # admit
+            if created:
                 return True
             # existing_run: jsonb equality, so key order does not matter
             same_workflow = row.workflow == workflow
@@ -212,7 +238,55 @@ class MemoryStore:
             if row.status in REARMABLE:  # rearm_failed
                 row.status, row.error, row.attempts, row.deliveries = RunStatus.PENDING, None, 0, 0
                 row.retry_at, row.updated_at = None, stamp
+                self._rearmed(row)
             return False
+
+    def admitted(self, workflow: str, key: str) -> list[tuple[str, int]]:
+        """The key's runs admitted and not sent yet, each (run id, priority), marked sent."""
+        with self._lock:
+            out = []
+            for run_id, slot in self._slots.items():
+                if slot[:2] == [workflow, key] and not slot[2]:
+                    slot[2] = True
+                    out.append((run_id, self._rows[run_id].priority))
+            return out
+
+    def _enqueue(self, row: _Row) -> None:
+        assert row.concurrency_key is not None
+        self._queue_n += 1
+        self._queued[row.run_id] = (row.workflow, row.concurrency_key, -row.priority, self._queue_n)
+
+    def _admit(self, workflow: str, key: str) -> None:
+        """cairn_admit: fill the key's free slots from its queue, best first."""
+        limit = self._keys.get((workflow, key))
+        if limit is None:
+            return
+        held = sum(1 for slot in self._slots.values() if slot[:2] == [workflow, key])
+        waiting = sorted(
+            (q[2:], run_id) for run_id, q in self._queued.items() if q[:2] == (workflow, key)
+        )
+        for _, run_id in waiting[: max(limit - held, 0)]:
+            del self._queued[run_id]
+            self._slots[run_id] = [workflow, key, False]
+            row = self._rows[run_id]
+            row.status, row.updated_at = RunStatus.PENDING, self._stamp()
+        if not any(s[:2] == [workflow, key] for s in self._slots.values()) and not any(
+            q[:2] == (workflow, key) for q in self._queued.values()
+        ):
+            del self._keys[(workflow, key)]  # idle: forgotten
+
+    def _rearmed(self, row: _Row) -> None:
+        """cairn_run_rearmed: a re-armed run with a key takes a free slot, or queues."""
+        key = row.concurrency_key
+        if key is None:
+            return
+        limit = self._keys.setdefault((row.workflow, key), row.concurrency_limit or 1)
+        held = sum(1 for slot in self._slots.values() if slot[:2] == [row.workflow, key])
+        if held < limit:
+            self._slots[row.run_id] = [row.workflow, key, True]
+        else:
+            row.status = RunStatus.QUEUED
+            self._enqueue(row)
 
     def get(self, run_id: str) -> Run | None:
         """The run without its window."""
@@ -236,7 +310,7 @@ class MemoryStore:
         code cannot parse is fenced, then refused)."""
         with self._lock:
             row = self._rows.get(run_id)
-            if row is None or row.epoch >= epoch or row.status in STOPPED:
+            if row is None or row.epoch >= epoch or row.status in IDLE:
                 return None
             row.epoch, row.retry_at, row.updated_at = epoch, None, self._stamp()
             row.deliveries += 0 if row.status == RunStatus.WAITING else 1
@@ -332,9 +406,13 @@ class MemoryStore:
         self._gathers.setdefault((parent.run_id, parent.seq), [spawn.need, False])
 
     def _stopped(self, row: _Row) -> None:
-        """The cairn_run_stopped trigger: a run that stopped counts toward its parent's
-        spawn (whose signal is written once enough stopped); a cancelled one cancels its
-        children."""
+        """The cairn_run_stopped trigger: a run that stopped gives back its key's slot (or
+        its place in the queue) and counts toward its parent's spawn (whose signal is
+        written once enough stopped); a cancelled one cancels its children."""
+        if row.concurrency_key is not None:
+            self._queued.pop(row.run_id, None)
+            if self._slots.pop(row.run_id, None) is not None:
+                self._admit(row.workflow, row.concurrency_key)
         key = (row.parent_id or "", row.parent_seq or 0)
         gather = self._gathers.get(key) if row.parent_id is not None else None
         if gather is not None and not gather[1]:
@@ -482,9 +560,7 @@ class MemoryStore:
                 if r.parent_id == run_id and (seq is None or r.parent_seq == seq)
             ]
             kids.sort(key=lambda r: (r.parent_seq or 0, r.created_at, r.run_id))
-            return [
-                Run(**self._listed(r), state=json.loads(r.state)) for r in kids[:limit]
-            ]
+            return [Run(**self._listed(r), state=json.loads(r.state)) for r in kids[:limit]]
 
     def gathered(self, run_id: str) -> bool:
         """Whether the run waits for a spawn that has gathered: its signal is unconsumed."""
@@ -571,6 +647,7 @@ class MemoryStore:
             if row is not None and rearmed:
                 row.status, row.error, row.attempts, row.deliveries = RunStatus.PENDING, None, 0, 0
                 row.retry_at, row.updated_at = None, self._stamp()
+                self._rearmed(row)
             return rearmed, keys
 
     # -- journal ---------------------------------------------------------------------
@@ -774,6 +851,8 @@ class MemoryStore:
             "flow_version": row.flow_version,
             "parent_id": row.parent_id,
             "depth": row.depth,
+            "concurrency_key": row.concurrency_key,
+            "priority": row.priority,
             "signal": {"id": pending[0], "payload": json.loads(pending[1].payload)}
             if pending
             else None,
@@ -799,6 +878,8 @@ class MemoryStore:
             "created_at": row.created_at,
             "updated_at": row.updated_at,
             "parent_id": row.parent_id,
+            "concurrency_key": row.concurrency_key,
+            "priority": row.priority,
         }
 
     @staticmethod

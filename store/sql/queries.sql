@@ -2,14 +2,53 @@
 -- Enqueue: the run and its initial checkpoint (seq 0). An existing run is left as is,
 -- so enqueueing a known run id resumes it and never starts it over.
 WITH new_run AS (
-    INSERT INTO runs (run_id, workflow, input, max_cost_usd)
-    VALUES (%(run_id)s, %(workflow)s, %(input)s, %(max_cost_usd)s)
+    INSERT INTO runs (run_id, workflow, input, max_cost_usd, priority)
+    VALUES (%(run_id)s, %(workflow)s, %(input)s, %(max_cost_usd)s, %(priority)s)
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id
 )
 INSERT INTO checkpoints (run_id, seq, cursor, state, version, status)
 SELECT run_id, 0, %(cursor)s, %(state)s, %(version)s, 'pending' FROM new_run
 RETURNING run_id;
+
+-- name: create_keyed_run
+-- Enqueue with a concurrency key: the run goes in queued, its key's row upserted (locked
+-- until commit, so this key's slots are counted by one transaction at a time, and its
+-- limit is this enqueue's); `admit`, in the same transaction, lets it start if a slot is
+-- free.
+WITH k AS (
+    INSERT INTO concurrency_keys (workflow, key, lim)
+    VALUES (%(workflow)s, %(key)s, %(limit)s)
+    ON CONFLICT (workflow, key) DO UPDATE SET lim = EXCLUDED.lim
+), new_run AS (
+    INSERT INTO runs (run_id, workflow, input, max_cost_usd, concurrency_key,
+                      concurrency_limit, priority)
+    VALUES (%(run_id)s, %(workflow)s, %(input)s, %(max_cost_usd)s, %(key)s, %(limit)s,
+            %(priority)s)
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING run_id
+), q AS (
+    INSERT INTO queued (run_id, workflow, key, priority)
+    SELECT run_id, %(workflow)s, %(key)s, %(priority)s FROM new_run
+)
+INSERT INTO checkpoints (run_id, seq, cursor, state, version, status)
+SELECT run_id, 0, %(cursor)s, %(state)s, %(version)s, 'queued' FROM new_run
+RETURNING run_id;
+
+-- name: admit
+-- Fill the key's free slots from its queue (cairn_admit, migration 0011).
+SELECT cairn_admit(%(workflow)s, %(key)s) AS run_id;
+
+-- name: admitted
+-- The key's admitted runs whose message is not sent yet, marked sent: the caller sends
+-- them. SKIP LOCKED: two callers never send one run twice.
+UPDATE slots s SET sent = true
+  FROM runs r
+ WHERE s.run_id IN (SELECT run_id FROM slots
+                     WHERE workflow = %(workflow)s AND key = %(key)s AND NOT sent
+                       FOR UPDATE SKIP LOCKED)
+   AND r.run_id = s.run_id
+RETURNING s.run_id, r.priority;
 
 -- name: existing_run
 -- A retried enqueue of a known run id: the same workflow and input (jsonb equality, so
@@ -38,14 +77,15 @@ SELECT {{checkpoint_columns}}
 -- can no longer save even before the new owner's first step ends. Returns the fenced
 -- checkpoint as `load` does: a delivery's first and only read. A claim is a sign of life
 -- like a save (updated_at): the reaper does not list a run a worker has just taken. A run
--- that has stopped is left as it is (no row: the worker loads it to see why).
+-- that has stopped, or is queued for its concurrency key, is left as it is (no row: the
+-- worker loads it to see why).
 WITH c AS (
     UPDATE checkpoints
        SET epoch = %(epoch)s, retry_at = NULL, updated_at = now(),
            deliveries = deliveries + CASE WHEN status = 'waiting' THEN 0 ELSE 1 END
      WHERE run_id = %(run_id)s AND epoch < %(epoch)s
        AND status NOT IN ('done', 'failed', 'cancelled', 'budget_exceeded', 'incompatible',
-                          'unknown')
+                          'unknown', 'queued')
     RETURNING *
 )
 SELECT {{checkpoint_columns}}
@@ -58,7 +98,7 @@ c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_start,
        c.win_end, c.cost_usd, c.version, c.status, c.error, c.epoch, c.resumes, c.updated_at,
        c.attempts, c.deliveries, c.cancel_reason, r.max_cost_usd, c.wait_event,
        c.wait_timeout_cursor, coalesce(c.wait_until <= now(), false) AS wait_over,
-       c.flow_version, r.parent_id, r.depth,
+       c.flow_version, r.parent_id, r.depth, r.concurrency_key, r.priority,
        (SELECT jsonb_build_object('id', s.signal_id, 'payload', s.payload)
           FROM signals s
          WHERE s.run_id = c.run_id AND s.event = c.wait_event AND s.consumed_seq IS NULL
@@ -200,14 +240,16 @@ WITH c AS (
 SELECT run_id, attempts FROM c;
 
 -- name: cancel
--- Ask a run to stop. One that no worker holds (pending) stops at once; a running one
--- stops at its next step boundary, before any further effect.
+-- Ask a run to stop. One that no worker holds (pending, waiting, queued) stops at once; a
+-- running one stops at its next step boundary, before any further effect.
 UPDATE checkpoints
    SET cancel_reason = coalesce(cancel_reason, %(reason)s),
-       status = CASE WHEN status IN ('pending', 'waiting') THEN 'cancelled' ELSE status END,
-       error = CASE WHEN status IN ('pending', 'waiting') THEN %(reason)s ELSE error END,
+       status = CASE WHEN status IN ('pending', 'waiting', 'queued')
+                     THEN 'cancelled' ELSE status END,
+       error = CASE WHEN status IN ('pending', 'waiting', 'queued')
+                    THEN %(reason)s ELSE error END,
        updated_at = now()
- WHERE run_id = %(run_id)s AND status IN ('pending', 'running', 'waiting')
+ WHERE run_id = %(run_id)s AND status IN ('pending', 'running', 'waiting', 'queued')
 RETURNING run_id, status;
 
 -- name: signal
@@ -326,7 +368,8 @@ SELECT pos FROM recorded;
 -- name: get_run
 -- What Client.get shows: position, result and error, not the window.
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
-       r.created_at, c.updated_at, r.input, c.state, r.parent_id
+       r.created_at, c.updated_at, r.input, c.state, r.parent_id, r.concurrency_key,
+       r.priority
   FROM checkpoints c JOIN runs r USING (run_id)
  WHERE c.run_id = %(run_id)s;
 
@@ -334,7 +377,8 @@ SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c
 -- A run's children, each spawn's in the order the step listed them (their ids end in
 -- their key; `ord` is the place the spawn gave them).
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
-       r.created_at, c.updated_at, c.state, r.parent_id, r.parent_seq
+       r.created_at, c.updated_at, c.state, r.parent_id, r.parent_seq, r.concurrency_key,
+       r.priority
   FROM runs r JOIN checkpoints c USING (run_id)
  WHERE r.parent_id = %(run_id)s
    AND (%(seq)s::bigint IS NULL OR r.parent_seq = %(seq)s)
@@ -354,7 +398,7 @@ SELECT EXISTS (
 -- Newest first, a page at a time: `after` is the last run of the previous page (keyset
 -- paging on runs_newest, so page 1,000 costs what page 1 does).
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
-       r.created_at, c.updated_at, r.parent_id
+       r.created_at, c.updated_at, r.parent_id, r.concurrency_key, r.priority
   FROM runs r JOIN checkpoints c USING (run_id)
  WHERE (%(status)s::text IS NULL OR c.status = %(status)s)
    AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s)
@@ -371,7 +415,7 @@ SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c
 -- (checkpoints.created_at is a copy of the run's), so a rare status costs what the first
 -- page does.
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
-       c.created_at, c.updated_at, r.parent_id
+       c.created_at, c.updated_at, r.parent_id, r.concurrency_key, r.priority
   FROM checkpoints c JOIN runs r USING (run_id)
  WHERE c.status = %(status)s
    AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s)

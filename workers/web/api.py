@@ -81,6 +81,19 @@ class NewRun(BaseModel):
         default=None, description="Your id for the run; the same id again is the same run."
     )
     max_cost_usd: float | None = Field(default=None, ge=0, description="Model cost cap.")
+    concurrency_key: str | None = Field(
+        default=None,
+        max_length=200,
+        description="At most concurrency_limit runs of the workflow with this key at a time; "
+        "the others wait as queued.",
+        examples=["user:42"],
+    )
+    concurrency_limit: int | None = Field(
+        default=None, description="Runs per key at a time (default: the workflow's, or 1)."
+    )
+    priority: int | None = Field(
+        default=None, description="-100..100, higher starts first (default: the workflow's, or 0)."
+    )
 
 
 class Cancel(BaseModel):
@@ -391,8 +404,10 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
             run_id = key
         registry.get(new.workflow)  # UnknownWorkflow (422) names the ones it knows
         run_id = client.enqueue(
-            new.workflow, new.input, run_id=run_id, max_cost_usd=new.max_cost_usd
-        )
+            new.workflow, new.input, run_id=run_id, max_cost_usd=new.max_cost_usd,
+            concurrency_key=new.concurrency_key, concurrency_limit=new.concurrency_limit,
+            priority=new.priority,
+        )  # fmt: skip
         return _run(run_id)
 
     @app.get("/runs", tags=["runs"])

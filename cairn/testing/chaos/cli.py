@@ -107,6 +107,18 @@ def register(app: typer.Typer) -> None:
                 "the verdict.",
             ),
         ] = 0.0,
+        keys: Annotated[
+            int,
+            typer.Option(
+                "--keys",
+                min=0,
+                help="Spread the runs over this many concurrency keys (0: none); a key with "
+                "more runs at once than --key-limit, or a slot left held, fails the verdict.",
+            ),
+        ] = 0,
+        key_limit: Annotated[
+            int, typer.Option("--key-limit", min=1, help="Each key's runs at a time.")
+        ] = 1,
         keep: Annotated[
             bool, typer.Option("--keep", help="Keep the chaos_* database for inspection.")
         ] = False,
@@ -172,6 +184,8 @@ def register(app: typer.Typer) -> None:
                 keep=keep,
                 signals=signals,
                 cancel_rate=cancel_rate,
+                keys=keys,
+                key_limit=key_limit,
                 database_url=database_url,
                 redis_url=redis_url,
                 broker_url=broker_url,

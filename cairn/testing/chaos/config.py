@@ -68,6 +68,8 @@ class ChaosConfig:
     db_name: str
     state: Path
     quiet: bool
+    keys: int = 0  # runs spread over this many concurrency keys (0: none)
+    key_limit: int = 1  # each key's runs at a time
 
     def template(self) -> dict[str, Any]:
         """Each run's input before "{i}" is filled in."""
@@ -99,6 +101,8 @@ class ChaosConfig:
             args += ["--signals"]
         if self.cancel_rate:
             args += ["--cancel-rate", f"{self.cancel_rate:g}"]
+        if self.keys:
+            args += ["--keys", str(self.keys), "--key-limit", str(self.key_limit)]
         for run_id, seq, boundary in self.kills or []:
             args += ["--kill", f"{run_id}:{seq}:{boundary}"]
         return "".join(" " + shlex.quote(a) for a in args)

@@ -26,6 +26,7 @@ from cairn.testing.chaos.history import (
     read_history,
     read_journal_counts,
 )
+from cairn.testing.chaos import keys as chaos_keys
 from cairn.testing.chaos.kills import OutsideKiller
 from cairn.testing.chaos.lifecycle import Lifecycle
 from cairn.testing.chaos.report import build_report
@@ -64,6 +65,8 @@ def run_chaos(
     keep: bool = False,
     signals: bool = False,
     cancel_rate: float = 0.0,
+    keys: int = 0,
+    key_limit: int = 1,
     state_dir: Path | None = None,
     quiet: bool = False,
     log: Callable[[str], None] | None = None,
@@ -103,6 +106,8 @@ def run_chaos(
         keep=keep,
         signals=signals,
         cancel_rate=cancel_rate,
+        keys=keys,
+        key_limit=key_limit,
         db_name=db_name,
         state=state_dir or STATE / db_name,
         quiet=quiet,
@@ -192,8 +197,11 @@ class _Experiment:
         started_at = time.monotonic()
         ids = [f"chaos-{c.seed}-{i:04d}" for i in range(len(inputs))]
         life = Lifecycle(c.seed, ids, c.signals, c.cancel_rate)
-        for run_id, data in zip(ids, inputs, strict=True):
-            self._client.enqueue(c.workflow, data, run_id=run_id)
+        for i, (run_id, data) in enumerate(zip(ids, inputs, strict=True)):
+            self._client.enqueue(
+                c.workflow, data, run_id=run_id, concurrency_key=chaos_keys.key_of(i, c.keys),
+                concurrency_limit=c.key_limit,
+            )  # fmt: skip
         life.start(self._client)
         # Threads: every kill takes a whole worker, and _watch keeps the crew's number up.
         replace = crew.replace if c.pool == "prefork" else lambda: None
@@ -280,7 +288,7 @@ class _Experiment:
             if r["e"] == "attempt":
                 attempts[r["cursor"]] += 1
         flush_warning = f"the Redis database {c.redis_url} was flushed by another process"
-        return build_report(
+        report = build_report(
             c,
             flow_steps=list(flow.steps),
             elapsed=elapsed,
@@ -295,6 +303,11 @@ class _Experiment:
             model_requests=int(self._model.stats()["requests"]),
             journaled=read_journal_counts(self._db_url),
         )
+        if c.keys:
+            report["keys"], problems = chaos_keys.verdict(self._db_url, c.key_limit)
+            report["problems"] += problems
+            report["ok"] = not report["problems"]
+        return report
 
     def close(self) -> None:
         """Kill the processes, stop the stand-ins, close clients, drop the database."""
