@@ -162,3 +162,29 @@ def test_bad_limits_are_a_clear_error_at_start(env: dict[str, str], says: str) -
         Settings.from_env(env)
     assert says in str(exc.value)
     assert Settings.from_env({"CAIRN_RATE_LIMITS": '{"claude-x": {"rpm": 5}}'}).rate_limits
+
+
+def test_a_real_fleet_keeps_to_the_limit_and_every_run_finishes(
+    client: cairn.Client, start_worker: Any
+) -> None:
+    """Two `cairn worker`s of three processes each run 12 streamed chat runs against a
+    stand-in that allows 120 requests a minute with a bucket of 2. Alone, six processes
+    would send them within a second; CAIRN_MODEL_RPM=120 spaces them fleet-wide (0.5 s
+    apart), so the stand-in answers no 429 and every run ends."""
+    with ModelServer(rpm=120, burst=2) as limited:
+        env = {
+            "ANTHROPIC_BASE_URL": limited.url,
+            "CAIRN_MODEL_RPM": "120",
+            "CAIRN_RATE_WAIT_MAX": "30",
+        }
+        start_worker(concurrency=3, **env)
+        start_worker(concurrency=3, **env)
+        ids = [client.enqueue("chat", {"prompt": f"hi {i}", "max_tokens": 16}) for i in range(12)]
+        started = time.monotonic()
+        for run_id in ids:
+            assert client.wait(run_id, timeout=90).status == cairn.RunStatus.DONE
+        elapsed = time.monotonic() - started
+        stats = limited.stats()
+    assert stats["rate_limited"] == 0, stats
+    assert stats["requests"] == 12, stats
+    assert elapsed >= 11 * 0.5 * 0.9  # the spacing: what a limit that let them all go lacks
