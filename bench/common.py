@@ -32,6 +32,7 @@ SECTIONS = (
     "million",
     "pydantic_ai",
     "stream",
+    "flow",
 )
 BENCH_REDIS_DB = 15
 INSTALL_HINT = "not installed: pip install -e '.[bench]'"

@@ -11,6 +11,7 @@ from celery import shared_task
 
 from bench.common import message
 from cairn.steps import Context, StepResult, workflow
+from cairn.steps.registry import Child
 
 NOOP = "bench_noop"
 SLOW = "bench_slow"
@@ -82,3 +83,35 @@ def noop_task() -> None:
 
         _redis = redis.Redis.from_url(os.environ["CAIRN_REDIS_URL"])
     _redis.incr(NOOP_COUNTER)
+
+
+# -- bench/flow.py: concurrency keys and child runs ------------------------------------------
+KEYED = "bench_keyed"
+FANOUT = "bench_fanout"
+keyed = workflow(KEYED)
+
+
+@keyed.step()
+def once(ctx: Context) -> StepResult:
+    """One step (sleeping input["sleep"] seconds, 0 by default): enqueued with a
+    concurrency key or without, and the child of bench_fanout."""
+    sleep = float(ctx.input.get("sleep", 0))
+    if sleep:
+        time.sleep(sleep)
+    return StepResult(cursor="done")
+
+
+fanout = workflow(FANOUT)
+
+
+@fanout.step()
+def spread(ctx: Context) -> StepResult:
+    """input["n"] one-step bench_keyed children; `total` runs once all have stopped."""
+    kids = [Child(KEYED, {}) for _ in range(int(ctx.input["n"]))]
+    return StepResult.spawn(kids, cursor="total")
+
+
+@fanout.step()
+def total(ctx: Context) -> StepResult:
+    kids = ctx.children()
+    return StepResult(cursor="done", state={"done": sum(1 for k in kids if k.status == "done")})

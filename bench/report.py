@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench import stream
+from bench import flow, stream
 from bench.common import SECTIONS
 
 
@@ -275,6 +275,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     _million_targets(results, add)
     _pai_target(results, add)
     stream.targets(results, add)
+    flow.targets(results, add)
     return out
 
 
@@ -470,6 +471,7 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
     _render_million(results, c)
     _render_pai(results, c)
     stream.render(results, c)
+    flow.render(results, c)
     for name in SECTIONS:
         sec = results.get(name)
         if isinstance(sec, dict) and "error" in sec:

@@ -11,6 +11,7 @@ import pytest
 
 import bench
 from bench.common import SECTIONS
+from bench.flow import QUICK
 from tests.conftest import BASE_DB, BASE_REDIS
 
 
@@ -114,3 +115,30 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
     rooms = [t["detail"] for t in data["targets"] if t["target"].startswith("fleet steps/s")]
     assert len(rooms) == sum(1 for r in fleet if r["pgbench_tps"]), rooms
     assert all("a Celery no-op took" in d for d in rooms), rooms
+
+    flow = data["flow"]  # concurrency keys, the rate limiter, fan-out (bench/flow.py)
+    plain, keyed = flow["rows"]
+    assert (plain["keyed"], keyed["keyed"]) == (False, True)
+    for r in (plain, keyed):
+        assert r["done"] == QUICK.runs + QUICK.lone and r["failed"] == 0, r
+        assert r["runs_per_s"] > 0 and r["lone_wait_max_s"] >= r["lone_wait_p50_s"] >= 0, r
+        assert r["cpu_ms_per_run"]["workers"] > 0, r
+    assert keyed["most_running_per_key"] == 1 and keyed["overlaps"] == 0, keyed
+    assert keyed["keys_seen"] == QUICK.keys
+    # every run of a key but its first was queued behind the one before
+    assert keyed["handoffs"] == QUICK.runs - QUICK.keys, keyed
+    assert flow["ratios"]["runs_per_s"] > 0
+
+    h = flow["handoff"]
+    assert h["handoffs"] == QUICK.chain - 1 and h["overlaps"] == 0, h
+    assert h["floor_runs"] == QUICK.floor and h["p50_vs_floor"] > 0, h
+
+    fo = flow["fanout"]
+    assert fo["all_done"] and len(fo["reps"]) == QUICK.fanout_reps, fo
+    assert all(r["handoff_ms"] > 0 for r in fo["reps"]), fo
+
+    rl = flow["ratelimit"]
+    assert rl["requests"] > 0 and "standin_429" in rl, rl  # the count is a timing: no assert
+
+    targets = [t for t in data["targets"] if t["target"].startswith("flow")]
+    assert len(targets) == 3 and targets[0]["pass"] is True, targets
