@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import psycopg
@@ -14,6 +16,7 @@ from psycopg.types.json import Jsonb
 
 from bench import flows
 from bench.common import measure
+from cairn import otel
 from cairn.store import Database, Leases, PgStore, upgrade
 from cairn.store.events import RedisEvents
 from cairn.workers import broker, loop
@@ -163,9 +166,13 @@ def settings_for(url: str, redis_url: str, **over: Any) -> Settings:
 
 
 class InProcess:
-    """workers.loop.run with the real PgStore and Leases, no broker."""
+    """workers.loop.run with the real PgStore and Leases, no broker. With a tracer, the
+    worker's tracing middleware first in the chain (as workers/app.py puts it) and cairn
+    tracing with it during each run() only, so other runners stay untraced."""
 
-    def __init__(self, url: str, redis_url: str, **settings: Any) -> None:
+    def __init__(self, url: str, redis_url: str, tracer: Any = None, **settings: Any) -> None:
+        self.tracer = tracer
+        traced = [otel.Tracing()] if tracer is not None else []
         self.settings = settings_for(url, redis_url, **settings)
         self.db = Database(url, give_up_after=self.settings.store_give_up_after)
         self.store = PgStore(self.db)
@@ -177,7 +184,7 @@ class InProcess:
             store=self.store,
             leases=self.leases,
             model=None,
-            middleware=Chain([Metrics()]),
+            middleware=Chain([*traced, Metrics()]),
             events=Outbox(RedisEvents(self.leases.client), self.settings)
             if self.settings.events_maxlen
             else None,
@@ -193,7 +200,13 @@ class InProcess:
             run_id = create_run(self.store, steps, win, append_bytes)
         # warm the pool's connection so the timing is the loop, not the first connect
         self.db.one("position", {"run_id": run_id})
-        elapsed, wal, status = measure(self.url, lambda: loop.run(run_id, self.deps))
+        if self.tracer is not None:
+            otel.use(self.tracer)
+        try:
+            elapsed, wal, status = measure(self.url, lambda: loop.run(run_id, self.deps))
+        finally:
+            if self.tracer is not None:
+                otel.use(None)
         if status != "done":
             raise RuntimeError(f"cairn run {run_id} ended {status}")
         return elapsed, wal
@@ -246,6 +259,103 @@ class InProcess:
             self.deps.events.flush()
         self.db.close()
         self.leases.client.close()
+
+
+# -- tracing (the otel extra) ---------------------------------------------------------------
+OTEL_HINT = "not installed: pip install -e '.[otel]'"
+OTEL_MODULES = (
+    "opentelemetry.sdk.trace",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+)
+
+
+class TraceSink:
+    """A local stand-in for an OTLP/HTTP collector: 200 to POST /v1/traces, the body read
+    and dropped (counted: requests, bytes). Threaded, on a free port of 127.0.0.1."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.bytes = 0
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as a collector does
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                ok = self.path == "/v1/traces"
+                if ok:
+                    sink.requests += 1
+                    sink.bytes += len(body)
+                self.send_response(200 if ok else 404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, name="bench-trace-sink", daemon=True
+        )
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+class Tracers:
+    """The per-step section's two tracer providers, made once for the section: spans ended
+    through a SimpleSpanProcessor into an exporter that drops them (tracing's own cost),
+    and through the SDK's BatchSpanProcessor into the OTLP/HTTP exporter, posting to a
+    TraceSink (the production setup, defaults: 5 s or 512 spans a batch). Every span is
+    sampled. close() shuts both down (the batch one flushes) and stops the sink."""
+
+    def __init__(self) -> None:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import (
+            BatchSpanProcessor,
+            SimpleSpanProcessor,
+            SpanExporter,
+            SpanExportResult,
+        )
+        from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+        from cairn import __version__
+
+        class Drop(SpanExporter):
+            def export(self, spans: Any) -> SpanExportResult:
+                return SpanExportResult.SUCCESS
+
+        resource = Resource.create({"service.name": "cairn-bench"})
+        self.sink = TraceSink()
+        self.noop = TracerProvider(resource=resource, sampler=ALWAYS_ON)
+        self.noop.add_span_processor(SimpleSpanProcessor(Drop()))
+        self.batch = TracerProvider(resource=resource, sampler=ALWAYS_ON)
+        self.batch.add_span_processor(
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=self.sink.endpoint))
+        )
+        self.noop_tracer = self.noop.get_tracer("cairn", __version__)
+        self.batch_tracer = self.batch.get_tracer("cairn", __version__)
+
+    def flush_batch(self) -> float:
+        """Seconds to export what the batch processor still holds (to the sink)."""
+        t0 = time.perf_counter()
+        if not self.batch.force_flush():
+            raise RuntimeError("the batch span processor did not flush within 30 s")
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        try:
+            self.noop.shutdown()
+            self.batch.shutdown()
+        finally:
+            self.sink.close()
 
 
 class Client:

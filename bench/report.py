@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from bench import flow, stream
@@ -130,8 +131,10 @@ def _waiting_done(r: dict[str, Any]) -> str:
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
 
-    def add(name: str, ok: bool | None, detail: str) -> None:
+    def add(name: str, ok: bool | None, detail: str, stated: bool = False) -> None:
         out.append({"target": name, "pass": ok, "detail": detail})
+        if stated:  # a number to state, no bound: passes always, shown as STATED
+            out[-1]["stated"] = True
 
     per = _rows(results, "per_step")
     if per:
@@ -166,6 +169,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 f"the cancel check before it, its fenced insert after); the step itself is "
                 f"{cairn['time_vs_floor']:.2f}×",
             )
+
+        _tracing_targets(per, add)
 
     run = results.get("per_run") or {}
     if isinstance(run, dict) and run.get("ratio"):
@@ -279,6 +284,59 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+TRACING_BOUND = 1.10  # traced ÷ untraced ms per no-op step, no-op exporter
+
+
+def _tracing_targets(per: list[dict[str, Any]], add: Any) -> None:
+    """Tracing's overhead on a no-op step (W=4 KB, where a step is cheapest): with an
+    exporter that drops every span, ≤ 10% (best of reps over best of reps, as the floor
+    targets; the paired ratio beside it); with the batch OTLP exporter, stated."""
+    cairn = _find(per, key="cairn", window_bytes=4096)
+    name = "tracing overhead per no-op step ≤ 10% (no-op exporter, W=4 KB)"
+    batch_name = "tracing overhead per no-op step, batch OTLP exporter (stated, W=4 KB)"
+    traced = _find(per, key="cairn-traced", window_bytes=4096)
+    batch = _find(per, key="cairn-traced-batch", window_bytes=4096)
+    if cairn is None:
+        return
+    if traced is None or batch is None:
+        skipped = next((r for r in per if r.get("key") == "cairn-traced" and "skipped" in r), {})
+        why = f"not measured: {skipped.get('skipped', 'no traced row')}"
+        add(name, None, why)
+        add(batch_name, None, why)
+        return
+    untraced = f"untraced {cairn['best_ms_per_step']:.3f} ms"
+    x = traced["vs_untraced"]
+    add(
+        name,
+        x <= TRACING_BOUND,
+        f"best of reps {traced['best_ms_per_step']:.3f} ms traced vs {untraced} = {x:.3f}× "
+        f"({traced['best_ms_per_step'] - cairn['best_ms_per_step']:+.3f} ms a step; paired "
+        f"{traced['paired_vs_untraced']:.3f}×; medians {traced['ms_per_step']:.3f} / "
+        f"{cairn['ms_per_step']:.3f}){_other_windows(per, 'cairn-traced', 'vs_untraced')}",
+    )
+    add(
+        batch_name,
+        True,
+        f"best of reps {batch['best_ms_per_step']:.3f} ms traced vs {untraced} = "
+        f"{batch['vs_untraced']:.3f}× (paired {batch['paired_vs_untraced']:.3f}×); exporting "
+        f"the run's spans to a local OTLP sink after it (the batch thread's work) "
+        f"{batch['export_ms_per_step']:.3f} ms a step more: with it "
+        f"{batch['with_export_vs_untraced']:.3f}× (paired "
+        f"{batch['paired_with_export_vs_untraced']:.3f}×)"
+        f"{_other_windows(per, 'cairn-traced-batch', 'vs_untraced')}",
+        stated=True,
+    )
+
+
+def _other_windows(per: list[dict[str, Any]], key: str, field: str) -> str:
+    others = [
+        r
+        for r in per
+        if r.get("key") == key and "skipped" not in r and r.get("window_bytes") != 4096
+    ]
+    return "".join(f"; W={_kb(r['window_bytes'])}: {r[field]:.3f}×" for r in others)
+
+
 def _pai_target(results: dict[str, Any], add: Any) -> None:
     """One line: cairn's overhead on a pydantic-ai agent run against DBOS's, both
     recording the run's 9 durable units (DBOS's tool made a @DBOS.step)."""
@@ -372,7 +430,18 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
             t.add_column(col, justify="left" if col == "system" else "right")
         for r in per:
             if "skipped" in r:
-                t.add_row(r["system"], "", "", "", "", "", "", "", "", f"[yellow]{r['skipped']}[/]")
+                t.add_row(
+                    r["system"],
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    f"[yellow]{escape(r['skipped'])}[/]",
+                )
                 continue
             t.add_row(
                 r["system"],
@@ -387,6 +456,7 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
                 _f(r.get("wal_vs_floor"), "{:.2f}×"),
             )
         c.print(t)
+        _render_tracing(c, per, sec.get("trace_sink"))
     grow = _rows(results, "growth")
     if grow:
         sec = results["growth"]
@@ -395,7 +465,7 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
             t.add_column(col, justify="left" if col == "system" else "right")
         for r in grow:
             if "skipped" in r:
-                t.add_row(r["system"], "", "", "", "", "", f"[yellow]{r['skipped']}[/]")
+                t.add_row(r["system"], "", "", "", "", "", f"[yellow]{escape(r['skipped'])}[/]")
                 continue
             t.add_row(
                 r["system"],
@@ -485,7 +555,34 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
             mark = {True: "[green]PASS[/]", False: "[red]MISS[/]", None: "[yellow]SKIP[/]"}[
                 t_["pass"]
             ]
-            c.print(f"  {mark}  {t_['target']}: {t_['detail']}")
+            if t_.get("stated"):
+                mark = "[cyan]STATED[/]"
+            c.print(f"  {mark}  {escape(t_['target'])}: {escape(t_['detail'])}")
+
+
+def _render_tracing(c: Console, per: list[dict[str, Any]], sink: dict[str, int] | None) -> None:
+    """One line per traced row: its time over the untraced row's at the same W."""
+    for r in per:
+        if "vs_untraced" not in r:
+            continue
+        line = (
+            f"  {r['system']}, W={_kb(r['window_bytes'])}: {r['vs_untraced']:.3f}× untraced "
+            f"(best of reps), paired {r['paired_vs_untraced']:.3f}×"
+        )
+        if "export_ms_per_step" in r:
+            line += (
+                f"; + flushing its spans after the run {r['export_ms_per_step']:.3f} ms a "
+                f"step: {r['with_export_vs_untraced']:.3f}× (paired "
+                f"{r['paired_with_export_vs_untraced']:.3f}×)"
+            )
+        c.print(line)
+    if sink:
+        c.print(
+            f"[dim]  traced: cairn.run + cairn.step spans through the SDK, every span sampled; "
+            f"no-op exporter = SimpleSpanProcessor into an exporter that drops them; batch = "
+            f"BatchSpanProcessor + OTLP/HTTP exporter to a local sink in the bench process "
+            f"({sink['requests']:,} posts, {sink['bytes']:,} B), flushed after each run[/]"
+        )
 
 
 def _cpu_table(title: str, rows: list[tuple[str, dict[str, float]]]) -> Table:
@@ -653,7 +750,7 @@ def _render_pai(results: dict[str, Any], c: Console) -> None:
         t.add_column(col, justify="left" if col == "system" else "right")
     for r in rows:
         if "skipped" in r:
-            t.add_row(r["system"], *[""] * 10, f"[yellow]{r['skipped']}[/]")
+            t.add_row(r["system"], *[""] * 10, f"[yellow]{escape(r['skipped'])}[/]")
             continue
         t.add_row(
             r["system"],

@@ -25,6 +25,7 @@ from bench.common import (
     bench_amqp,
     median,
     message,
+    missing_module,
     pct,
     progress,
     run_child,
@@ -176,13 +177,44 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
     inproc = cairn_sys.InProcess(cairn_url, redis_url, **NO_COMPACTION)
     # The same loop without run events (CAIRN_EVENTS_MAXLEN=0): what they cost a step.
     quiet = cairn_sys.InProcess(cairn_url, redis_url, events_maxlen=0, **NO_COMPACTION)
+    runners = [inproc, quiet]
+    # The same loop traced (the otel extra): spans into an exporter that drops them, and
+    # through the batch processor and OTLP/HTTP exporter to a local sink. One provider
+    # each for the section; the batch one is flushed after each of its runs (timed apart,
+    # export_s) so its export never lands in another row's timing.
+    gone = missing_module(cairn_sys.OTEL_MODULES)
+    tracers: cairn_sys.Tracers | None = None
+    exported: dict[int, list[float]] = {}  # W -> seconds to flush each traced-batch run
     samples: dict[tuple[str, int | None], tuple[list[float], list[int]]] = {}
     neighbour: dict[int, list[float]] = {}  # W -> the tiny floor measured beside it, per rep
+    traced: cairn_sys.InProcess | None = None
+    traced_batch: cairn_sys.InProcess | None = None
     try:
+        if gone is None:
+            tracers = cairn_sys.Tracers()
+            traced = cairn_sys.InProcess(
+                cairn_url, redis_url, tracer=tracers.noop_tracer, **NO_COMPACTION
+            )
+            runners.append(traced)
+            traced_batch = cairn_sys.InProcess(
+                cairn_url, redis_url, tracer=tracers.batch_tracer, **NO_COMPACTION
+            )
+            runners.append(traced_batch)
         # warm-up (imports, prepared statements, first pages), not measured
         cairn_sys.tiny_run(floor_url, 10)
         cairn_sys.floor_run(floor_url, 10, window(4096))
         inproc.run(10, window(4096))
+        if tracers is not None and traced is not None and traced_batch is not None:
+            traced.run(10, window(4096))  # the SDK's first spans
+            traced_batch.run(10, window(4096))
+            tracers.flush_batch()  # the exporter's first connection and encoding
+
+        def batch_run(win: list[dict[str, Any]], w: int) -> tuple[float, int]:
+            assert tracers is not None and traced_batch is not None
+            got = traced_batch.run(n, win)
+            exported.setdefault(w, []).append(tracers.flush_batch())
+            return got
+
         for rep in range(sz.reps):
             for w in sz.windows:
                 win = window(w)
@@ -191,15 +223,30 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
                     "window floor, cairn in-process"
                 )
                 # The tiny floor is measured next to every cairn sample (it does not
-                # depend on W), so drift in the machine's load hits both alike.
-                for key, fn in (
+                # depend on W), so drift in the machine's load hits both alike. The traced
+                # runs go beside the untraced one, for their paired ratio to it, in an
+                # order that turns with each rep so none of the three always goes first.
+                same: list[tuple[str, Callable[[], tuple[float, int]]]] = [
+                    ("cairn", lambda win=win: inproc.run(n, win))
+                ]
+                if traced is not None:
+                    same += [
+                        ("cairn-traced", lambda win=win: traced.run(n, win)),
+                        ("cairn-traced-batch", lambda win=win, w=w: batch_run(win, w)),
+                    ]
+                turn = rep % len(same)
+                fns: list[tuple[str, Callable[[], tuple[float, int]]]] = [
                     ("tiny", lambda: cairn_sys.tiny_run(floor_url, n)),
                     ("floor", lambda win=win: cairn_sys.floor_run(floor_url, n, win)),
-                    ("cairn", lambda win=win: inproc.run(n, win)),
+                    *same[turn:],
+                    *same[:turn],
+                ]
+                fns += [
                     ("cairn-events", lambda win=win: quiet.run(n, win)),
                     ("cairn+msg", lambda win=win: inproc.run(n, win, append_bytes=sz.msg_bytes)),
                     ("cairn+call", lambda win=win: inproc.run(n, win, calls=1)),
-                ):
+                ]
+                for key, fn in fns:
                     e, b = fn()
                     el, wl = samples.setdefault((key, None if key == "tiny" else w), ([], []))
                     el.append(e)
@@ -207,12 +254,18 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
                     if key == "tiny":
                         neighbour.setdefault(w, []).append(e)
     finally:
-        inproc.close()
-        quiet.close()
+        for runner in runners:
+            runner.close()
+        sink = None
+        if tracers is not None:
+            tracers.close()
+            sink = {"requests": tracers.sink.requests, "bytes": tracers.sink.bytes}
     names = {
         "tiny": "floor: tiny seq+epoch-guarded upsert (small row)",
         "floor": "reference: bare seq-guarded upsert (whole window)",
         "cairn": "cairn in-process (window unchanged)",
+        "cairn-traced": "cairn in-process, traced (no-op exporter)",
+        "cairn-traced-batch": "cairn in-process, traced (batch OTLP exporter)",
         "cairn-events": "cairn in-process, run events off (window unchanged)",
         "cairn+msg": f"cairn in-process (+1 msg of {sz.msg_bytes} B/step)",
         "cairn+call": "cairn in-process (+1 journaled ctx.call/step)",
@@ -227,8 +280,14 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
                 key=key,
                 window_bytes=w,
                 paired_floor_s=neighbour[w] if w is not None else [],
+                **({"export_s": exported[w]} if key == "cairn-traced-batch" else {}),
             )
         )
+    if gone is not None:
+        rows += [
+            _skip(names[key], f"{cairn_sys.OTEL_HINT} ({gone} not importable)", key=key)
+            for key in TRACED
+        ]
 
     # (c) through a real Celery worker
     progress("per-step: starting a celery worker (concurrency 1)")
@@ -322,7 +381,41 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
         w = whole.get(r.get("window_bytes"))
         if w:
             r["time_vs_window_floor"] = r["best_ms_per_step"] / w["best_ms_per_step"]
-    return {"steps": n, "windows": list(sz.windows), "reps": sz.reps, "rows": rows}
+    _tracing_ratios(rows, n)
+    return {
+        "steps": n,
+        "windows": list(sz.windows),
+        "reps": sz.reps,
+        "rows": rows,
+        "trace_sink": sink,
+    }
+
+
+TRACED = ("cairn-traced", "cairn-traced-batch")
+
+
+def _tracing_ratios(rows: list[dict[str, Any]], n: int) -> None:
+    """Each traced row over the untraced cairn row at the same W: best over best
+    (vs_untraced) and the median over reps of each traced sample over the untraced one
+    measured beside it (paired_vs_untraced). The batch row also with the flush of its
+    run's spans added (with_export_*: the export's whole cost, paid on the processor's
+    thread in production)."""
+    base = {r["window_bytes"]: r for r in rows if r.get("key") == "cairn" and "skipped" not in r}
+    for r in rows:
+        c = base.get(r.get("window_bytes"))
+        if r.get("key") not in TRACED or "skipped" in r or c is None:
+            continue
+        r["vs_untraced"] = r["best_ms_per_step"] / c["best_ms_per_step"]
+        r["paired_vs_untraced"] = median(
+            [t / u for t, u in zip(r["samples_s"], c["samples_s"], strict=True)]
+        )
+        if "export_s" in r:
+            both = [e + x for e, x in zip(r["samples_s"], r["export_s"], strict=True)]
+            r["export_ms_per_step"] = 1000 * median(r["export_s"]) / n
+            r["with_export_vs_untraced"] = min(both) / min(c["samples_s"])
+            r["paired_with_export_vs_untraced"] = median(
+                [b / u for b, u in zip(both, c["samples_s"], strict=True)]
+            )
 
 
 # -- 2. growth -----------------------------------------------------------------------------

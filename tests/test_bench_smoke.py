@@ -46,6 +46,16 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
         assert r["time_vs_floor"] == r["best_ms_per_step"] / tiny["best_ms_per_step"], r
         if r["key"] in ("cairn", "celery"):
             assert r["time_vs_window_floor"] > 0 and r["paired_ratio"] > 0, r
+    # the same loop traced (the otel extra, a test dependency): both exporters, each W
+    traced = [r for r in per if r["key"] in ("cairn-traced", "cairn-traced-batch")]
+    assert [(r["key"], r["window_bytes"]) for r in traced] == [
+        (k, w) for w in data["per_step"]["windows"] for k in ("cairn-traced", "cairn-traced-batch")
+    ], traced
+    for r in traced:
+        assert r["steps_per_s"] > 0 and r["vs_untraced"] > 0 and r["paired_vs_untraced"] > 0, r
+    batch = [r for r in traced if r["key"] == "cairn-traced-batch"]
+    assert all(r["export_ms_per_step"] > 0 and r["with_export_vs_untraced"] > 0 for r in batch)
+    assert data["per_step"]["trace_sink"]["requests"] > 0  # the spans reached the OTLP sink
     # a peer may be absent (no [bench] extra), but one that is installed must run
     for r in per + data["growth"]["rows"]:
         if "skipped" in r:
@@ -108,8 +118,13 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
         "cairn in-process per-step cost ≤ 1.2× tiny floor",
         "cairn through Celery ≤ 1.4× tiny floor",
         "per-run fixed cost ≤ 2× a Celery no-op task's",
+        "tracing overhead per no-op step ≤ 10% (no-op exporter",
+        "tracing overhead per no-op step, batch OTLP exporter (stated",
     ):
         assert any(n.startswith(prefix) for n in names), (prefix, names)
+    tracing = [t for t in data["targets"] if t["target"].startswith("tracing overhead")]
+    assert all(t["pass"] is not None for t in tracing), tracing  # measured, not skipped
+    assert [t.get("stated") for t in tracing] == [None, True], tracing  # the batch one: stated
     assert data["targets"] and all("pass" in t for t in data["targets"])
     # Each fleet line says what 40% would leave a step once Celery's own dispatch is paid.
     rooms = [t["detail"] for t in data["targets"] if t["target"].startswith("fleet steps/s")]
