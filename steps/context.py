@@ -15,7 +15,7 @@ import types
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from cairn import logs
+from cairn import logs, otel
 from cairn.errors import (
     BudgetExceeded,
     CairnError,
@@ -216,6 +216,7 @@ class Context:
             frame.effect = key
         else:
             self._effect = key
+        otel.note(effect_key=key)  # on the step's span, or the call's
         return key
 
     @property
@@ -630,6 +631,7 @@ class Context:
             self._after_model(pos, exc)
             raise
         self._count(cost)
+        otel.model_answered(request, message, cost, stream)
         self._after_model(pos, None)
         return message, cost
 
@@ -647,6 +649,7 @@ class Context:
             self._after_model(pos, exc)
             raise
         self._count(cost)
+        otel.model_answered(request, message, cost, stream)
         self._after_model(pos, None)
         return message, cost
 

@@ -159,12 +159,13 @@ class AsyncPgStore:
         priority: int = 0,
         concurrency_key: str | None = None,
         concurrency_limit: int = 1,
+        traceparent: str | None = None,
     ) -> bool:
         """PgStore.create_run: insert at seq 0 (admitted or queued with a concurrency
         key); False if it existed (a failed one re-armed)."""
         params = create_params(
             run_id, workflow, input, cursor, max_cost_usd, priority, concurrency_key,
-            concurrency_limit,
+            concurrency_limit, traceparent,
         )  # fmt: skip
         if concurrency_key is None:
             created = await self.db.one("create_run", params) is not None
@@ -177,6 +178,7 @@ class AsyncPgStore:
             return await self.create_run(
                 run_id, workflow, input, cursor, max_cost_usd, priority=priority,
                 concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
+                traceparent=traceparent,
             )  # fmt: skip
         conflict(run_id, row)
         await self.db.one("rearm_failed", {"run_id": run_id})
@@ -223,11 +225,17 @@ class AsyncPgStore:
         return RunStatus(row["status"]) if row else None
 
     async def signal(
-        self, run_id: str, event: str, payload: Any, signal_id: str
+        self, run_id: str, event: str, payload: Any, signal_id: str, traceparent: str | None = None
     ) -> tuple[RunStatus, bool] | None:
         row = await self.db.one(
             "signal",
-            {"run_id": run_id, "event": event, "payload": Jsonb(payload), "signal_id": signal_id},
+            {
+                "run_id": run_id,
+                "event": event,
+                "payload": Jsonb(payload),
+                "signal_id": signal_id,
+                "traceparent": traceparent,
+            },
         )
         return (RunStatus(row["status"]), row["stored"]) if row else None
 

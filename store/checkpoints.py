@@ -76,6 +76,7 @@ class Checkpoint:
     depth: int = 0  # children between it and its first ancestor
     concurrency_key: str | None = None  # holds one of its key's slots while it runs
     priority: int = 0
+    traceparent: str | None = None  # the enqueuer's span (cairn.otel): deliveries go on its trace
     # Read with the row, never written: the wait's timeout has passed; the oldest signal
     # of the awaited event not yet consumed ({"id", "payload"}).
     wait_over: bool = dataclasses.field(default=False, compare=False)
@@ -188,6 +189,7 @@ def create_params(
     priority: int,
     concurrency_key: str | None,
     concurrency_limit: int,
+    traceparent: str | None = None,
 ) -> dict[str, Any]:
     """create_run's and create_keyed_run's parameters."""
     return {
@@ -201,6 +203,7 @@ def create_params(
         "priority": priority,
         "key": concurrency_key,
         "limit": concurrency_limit,
+        "traceparent": traceparent,
     }
 
 
@@ -244,6 +247,7 @@ class PgStore:
         priority: int = 0,
         concurrency_key: str | None = None,
         concurrency_limit: int = 1,
+        traceparent: str | None = None,
     ) -> bool:
         """Insert a run at seq 0; False if it existed (a failed one is re-armed). With a
         concurrency key it is admitted if a slot is free, else queued (`admitted` then
@@ -253,7 +257,7 @@ class PgStore:
         """
         params = create_params(
             run_id, workflow, input, cursor, max_cost_usd, priority, concurrency_key,
-            concurrency_limit,
+            concurrency_limit, traceparent,
         )  # fmt: skip
         if concurrency_key is None:
             created = self.db.one("create_run", params) is not None
@@ -266,6 +270,7 @@ class PgStore:
             return self.create_run(
                 run_id, workflow, input, cursor, max_cost_usd, priority=priority,
                 concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
+                traceparent=traceparent,
             )  # fmt: skip
         conflict(run_id, row)
         self.db.one("rearm_failed", {"run_id": run_id})
@@ -372,6 +377,7 @@ class PgStore:
                 ]
             )
             params["need"], params["depth"] = spawn.need, spawn.depth
+            params["traceparent"] = spawn.traceparent
         conn = tx.open if tx is not None else None
         if conn is not None:
             with translated():
@@ -436,12 +442,18 @@ class PgStore:
         return int(row["attempts"]) if row else None
 
     def signal(
-        self, run_id: str, event: str, payload: Any, signal_id: str
+        self, run_id: str, event: str, payload: Any, signal_id: str, traceparent: str | None = None
     ) -> tuple[RunStatus, bool] | None:
         """Store a signal; (the run's status, whether it was new), or None: no such run."""
         row = self.db.one(
             "signal",
-            {"run_id": run_id, "event": event, "payload": Jsonb(payload), "signal_id": signal_id},
+            {
+                "run_id": run_id,
+                "event": event,
+                "payload": Jsonb(payload),
+                "signal_id": signal_id,
+                "traceparent": traceparent,
+            },
         )
         return (RunStatus(row["status"]), row["stored"]) if row else None
 

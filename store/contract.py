@@ -112,6 +112,7 @@ class CheckpointStore(Protocol):
         priority: int = 0,
         concurrency_key: str | None = None,
         concurrency_limit: int = 1,
+        traceparent: str | None = None,
     ) -> bool:
         """Insert a run at seq 0; False if it existed (a failed one is re-armed). With a
         concurrency key: admitted if one of the key's slots is free, else queued."""
@@ -130,7 +131,7 @@ class CheckpointStore(Protocol):
         """Whether the run waits for a spawn that has gathered: its signal is unconsumed."""
 
     def signal(
-        self, run_id: str, event: str, payload: Any, signal_id: str
+        self, run_id: str, event: str, payload: Any, signal_id: str, traceparent: str | None = None
     ) -> tuple[RunStatus, bool] | None:
         """Store a signal: (the run's status, whether it was new), or None: no such run."""
 

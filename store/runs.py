@@ -29,6 +29,7 @@ class Spawned:
     children: tuple[tuple[str, str, dict[str, Any]], ...]
     need: int
     depth: int
+    traceparent: str | None = None  # the spawning step's span: the children's traces go on
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -70,6 +71,7 @@ class Run:
     parent_id: str | None = None  # a child run's parent (StepResult.spawn)
     concurrency_key: str | None = None  # at most its key's limit of such runs at a time
     priority: int = 0  # higher starts first (its key's queue, and the broker's)
+    traceparent: str | None = None  # W3C trace context of the span that enqueued it
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Run:

@@ -155,6 +155,7 @@ class ScheduleStore:
                             "version": CHECKPOINT_VERSION,
                             "max_cost_usd": None,
                             "priority": 0,
+                            "traceparent": None,
                         },
                     ).fetchone()
                     if new is not None:  # else the id exists: the schedule was re-added

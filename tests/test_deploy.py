@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from typer.testing import CliRunner
 
 from cairn.testing import fleet
 from cairn.workers import broker, cli
+from cairn.workers.settings import Settings
 from tests.conftest import ROOT, both_brokers, wait_for
 
 DEPLOY = ROOT / "deploy"
@@ -264,6 +266,71 @@ def test_compose_starts_each_piece_once_what_it_needs_is_ready() -> None:
     env = {**services["web"]["environment"], **services["postgres"]["environment"]}
     for key in ("CAIRN_API_TOKEN", "ANTHROPIC_API_KEY", "POSTGRES_PASSWORD"):
         assert env[key].startswith("${"), key
+
+
+# -- tracing (compose's `tracing` profile) -------------------------------------------------
+COLLECTOR = yaml.safe_load((DEPLOY / "otel-collector.yaml").read_text())
+TRACING = {n for n, s in COMPOSE["services"].items() if "tracing" in s.get("profiles", [])}
+
+
+def _default(value: str) -> str:
+    """What a compose value is when its variable is unset: `${VAR:-x}` is x."""
+    found = re.fullmatch(r"\$\{\w+:-(.*)\}", value)
+    return found.group(1) if found else value
+
+
+def test_the_tracing_profile_sends_otlp_through_the_collector_to_jaeger() -> None:
+    services = COMPOSE["services"]
+    assert TRACING == {"otel-collector", "jaeger"}
+    collector, jaeger = services["otel-collector"], services["jaeger"]
+    assert collector["image"].startswith("otel/opentelemetry-collector-contrib:")
+    assert jaeger["image"].startswith("jaegertracing/all-in-one:")
+    # The collector runs the file checked here.
+    (config,) = [a.split("=", 1)[1] for a in collector["command"] if a.startswith("--config=")]
+    mounts = dict(v.split(":")[:2] for v in collector["volumes"])
+    assert mounts["./otel-collector.yaml"] == config
+    # OTLP in over HTTP (4318: cairn's exporter) and gRPC (4317)...
+    protocols = COLLECTOR["receivers"]["otlp"]["protocols"]
+    assert protocols["http"]["endpoint"] == "0.0.0.0:4318"
+    assert protocols["grpc"]["endpoint"] == "0.0.0.0:4317"
+    # ...and out to Jaeger's OTLP receiver, every component named in a pipeline defined.
+    traces = COLLECTOR["service"]["pipelines"]["traces"]
+    assert "otlp" in traces["receivers"]
+    for kind in ("receivers", "processors", "exporters"):
+        assert set(traces.get(kind, [])) <= set(COLLECTOR.get(kind, {})), kind
+    (exporter,) = traces["exporters"]
+    assert exporter.split("/")[0] == "otlp"
+    host, port = COLLECTOR["exporters"][exporter]["endpoint"].rsplit(":", 1)
+    assert host in services and host == "jaeger" and port == "4317"
+    assert jaeger["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
+    assert "127.0.0.1:16686:16686" in jaeger["ports"]  # the UI the run page links to
+
+
+def test_the_cairn_services_export_to_the_collector_when_tracing_is_on() -> None:
+    services = COMPOSE["services"]
+    http_port = COLLECTOR["receivers"]["otlp"]["protocols"]["http"]["endpoint"].split(":")[1]
+    for name in ("web", "worker", "beat"):
+        env = services[name]["environment"]
+        assert env["OTEL_SERVICE_NAME"] == f"cairn-{name}"
+        assert _default(env["OTEL_EXPORTER_OTLP_ENDPOINT"]) == f"http://otel-collector:{http_port}"
+        # Off by default (the default profile has no collector), on with CAIRN_TRACING=1.
+        assert env["CAIRN_TRACING"] == "${CAIRN_TRACING:-0}"
+        template = env["CAIRN_TRACE_URL_TEMPLATE"]
+        assert template == "http://localhost:16686/trace/{trace_id}"
+        Settings(trace_url_template=template)  # raises if cairn would refuse it
+    # The image has what CAIRN_TRACING=1 imports: the otel extra, as pyproject defines it.
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "otel" in extras["optional-dependencies"]
+    build, runtime = DOCKERFILE.split("\nFROM ")[1:]
+    assert 'pip wheel --no-cache-dir --wheel-dir /wheels ".[otel]"' in build
+    assert '"$(echo /wheels/cairn-*.whl)[otel]"' in runtime
+
+
+def test_without_the_profile_nothing_waits_for_the_tracing_services() -> None:
+    default = {n: s for n, s in COMPOSE["services"].items() if not s.get("profiles")}
+    assert {"web", "worker", "beat"} <= default.keys() and not TRACING & default.keys()
+    for name, service in default.items():
+        assert not TRACING & set(service.get("depends_on", {})), name
 
 
 # -- image ---------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from celery import Celery, Task, signals
 from celery.worker import state as worker_state
 from celery.worker.request import Request
 
-from cairn import logs
+from cairn import logs, otel
 from cairn.errors import Deferred, HandOff, Interrupted, RetryLater, Superseded
 from cairn.steps import registry
 from cairn.steps.model import ModelClient, preload_sdk
@@ -274,7 +274,9 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
             },
         },
     )
-    chain = Chain([Metrics(), *load_middleware(settings.middleware), *middleware])
+    # Tracing first: the other middleware's work falls inside the run's and step's spans.
+    traced = [otel.Tracing()] if otel.setup(settings, "cairn-worker") else []
+    chain = Chain([*traced, Metrics(), *load_middleware(settings.middleware), *middleware])
     runtime = Runtime(settings, chain)
     runtime.send = lambda run_id, resume, priority: app.tasks[broker.RUN_TASK].apply_async(
         (run_id,), queue=broker.RESUME if resume else broker.queue_for(priority)
@@ -283,6 +285,10 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
     # A warm shutdown (SIGTERM) hands each run in hand back at its next step boundary,
     # so a deploy waits one step, not a run. Runs in the worker's main process.
     signals.worker_shutting_down.connect(runtime.stop, weak=False)
+    if settings.log_format == "json":
+        # Celery installs its own handlers (worker and beat): swap their formatters.
+        for setup in (signals.after_setup_logger, signals.after_setup_task_logger):
+            setup.connect(logs.use_json, weak=False, dispatch_uid="cairn.logs.use_json")
     app.task(name=broker.RUN_TASK, bind=True, max_retries=None, Request=RunRequest)(run_task)
     app.task(name=broker.REAP_TASK, bind=True)(reap)
     app.task(name=broker.SWEEP_TASK, bind=True)(sweep)

@@ -688,6 +688,7 @@ def serve(
 ) -> None:
     """The HTTP API and the web pages of runs (token from CAIRN_API_TOKEN)."""
     import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
 
     from cairn.workers.web.api import create_app
 
@@ -699,6 +700,16 @@ def serve(
         redis_url=redis_url,
         loglevel=loglevel,
     )
+    log_config: Any = LOGGING_CONFIG
+    if settings.log_format == "json":
+        import logging
+
+        from cairn import logs
+
+        # One JSON handler on the root; uvicorn's loggers, left unconfigured, propagate to it.
+        logging.basicConfig(level=settings.loglevel.upper(), force=True)
+        logs.use_json(logging.getLogger())
+        log_config = None
     web = create_app(settings, insecure_no_auth=insecure_no_auth)
     where = f"http://{settings.web_host}:{settings.web_port}"
     if not settings.api_token:
@@ -709,6 +720,7 @@ def serve(
         host=settings.web_host,
         port=settings.web_port,
         log_level=settings.loglevel.lower(),
+        log_config=log_config,
         access_log=False,  # the request counter is on /metrics; a line per request is noise
     )
 

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Self
 
+from cairn import otel
 from cairn.errors import CairnError, InvalidInput, StoreUnavailable, UnknownRun
 from cairn.status import CANCEL_REASON, STOPPED, RunStatus
 from cairn.steps import registry
@@ -64,6 +65,7 @@ class Client:
         )
         self.store = PgStore(db)
         self._sender = _Sender(self.settings)
+        otel.setup(self.settings, "cairn-client")  # CAIRN_TRACING: spans for enqueues
         self._event_log: RedisEvents | None = None  # Redis, on the first events()
 
     def __enter__(self) -> Self:
@@ -107,16 +109,17 @@ class Client:
         """
         run_id, data = _checked(self.settings, workflow, input, run_id)
         key, limit, prio = _flow(workflow, concurrency_key, concurrency_limit, priority)
-        created = self.store.create_run(
-            run_id, workflow, data, max_cost_usd=max_cost_usd, priority=prio,
-            concurrency_key=key, concurrency_limit=limit,
-        )  # fmt: skip
-        if key is None:
-            self.send(run_id, priority=prio)
-        elif not self._send_admitted(workflow, key, run_id) and not created:
-            run = self.get(run_id)  # enqueued again: its message may be what was lost
-            if run is not None and run.status == RunStatus.PENDING:
-                self.send(run_id, priority=run.priority)
+        with otel.enqueuing(workflow, run_id, concurrency_key=key, priority=prio) as trace:
+            created = self.store.create_run(
+                run_id, workflow, data, max_cost_usd=max_cost_usd, priority=prio,
+                concurrency_key=key, concurrency_limit=limit, traceparent=trace,
+            )  # fmt: skip
+            if key is None:
+                self.send(run_id, priority=prio)
+            elif not self._send_admitted(workflow, key, run_id) and not created:
+                run = self.get(run_id)  # enqueued again: its message may be what was lost
+                if run is not None and run.status == RunStatus.PENDING:
+                    self.send(run_id, priority=run.priority)
         return run_id
 
     def _send_admitted(self, workflow: str, key: str, run_id: str | None = None) -> bool:
@@ -184,7 +187,8 @@ class Client:
         run waiting for it wakes, a run that waits for it later finds it. The same
         signal_id twice is one signal (returns False the second time). Raises UnknownRun."""
         signal_id = _checked_signal(self.settings, event, payload, signal_id)
-        found = self.store.signal(run_id, event, payload, signal_id)
+        with otel.spanning("cairn.signal", run_id=run_id, event=event) as trace:
+            found = self.store.signal(run_id, event, payload, signal_id, trace)
         if found is None:
             raise UnknownRun(f"no run {run_id!r}")
         status, stored = found
@@ -357,6 +361,7 @@ class AsyncClient:
         )
         self.store = AsyncPgStore(db)
         self._sender = _Sender(self.settings)
+        otel.setup(self.settings, "cairn-client")  # CAIRN_TRACING: spans for enqueues
         self._event_log: AsyncRedisEvents | None = None
 
     async def __aenter__(self) -> Self:
@@ -386,16 +391,17 @@ class AsyncClient:
         key, once a slot is free); its run id."""
         run_id, data = _checked(self.settings, workflow, input, run_id)
         key, limit, prio = _flow(workflow, concurrency_key, concurrency_limit, priority)
-        created = await self.store.create_run(
-            run_id, workflow, data, max_cost_usd=max_cost_usd, priority=prio,
-            concurrency_key=key, concurrency_limit=limit,
-        )  # fmt: skip
-        if key is None:
-            await self.send(run_id, priority=prio)
-        elif not await self._send_admitted(workflow, key, run_id) and not created:
-            run = await self.get(run_id)
-            if run is not None and run.status == RunStatus.PENDING:
-                await self.send(run_id, priority=run.priority)
+        with otel.enqueuing(workflow, run_id, concurrency_key=key, priority=prio) as trace:
+            created = await self.store.create_run(
+                run_id, workflow, data, max_cost_usd=max_cost_usd, priority=prio,
+                concurrency_key=key, concurrency_limit=limit, traceparent=trace,
+            )  # fmt: skip
+            if key is None:
+                await self.send(run_id, priority=prio)
+            elif not await self._send_admitted(workflow, key, run_id) and not created:
+                run = await self.get(run_id)
+                if run is not None and run.status == RunStatus.PENDING:
+                    await self.send(run_id, priority=run.priority)
         return run_id
 
     async def _send_admitted(self, workflow: str, key: str, run_id: str | None = None) -> bool:
@@ -457,7 +463,8 @@ class AsyncClient:
     ) -> bool:
         """Client.signal: a durable signal of `event`; False if signal_id was sent before."""
         signal_id = _checked_signal(self.settings, event, payload, signal_id)
-        found = await self.store.signal(run_id, event, payload, signal_id)
+        with otel.spanning("cairn.signal", run_id=run_id, event=event) as trace:
+            found = await self.store.signal(run_id, event, payload, signal_id, trace)
         if found is None:
             raise UnknownRun(f"no run {run_id!r}")
         status, stored = found

@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from cairn import logs
+from cairn import logs, otel
 from cairn.errors import (
     BudgetExceeded,
     CairnError,
@@ -522,7 +522,8 @@ def _spawned(cp: Checkpoint, spawn: registry.Spawn, visit: int, settings: Settin
         run_id = check_run_id(f"{cp.run_id}.{cp.cursor}.{visit}.{key}")
         data = check_input(dict(child.input), settings.max_input_bytes)
         children.append((run_id, child.workflow, data))
-    return Spawned(tuple(children), spawn.need, depth)
+    # Under the spawning step's span: each child's trace goes on from it.
+    return Spawned(tuple(children), spawn.need, depth, otel.traceparent())
 
 
 def _send_children(spawned: Spawned, deps: Deps) -> None:

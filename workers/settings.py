@@ -204,8 +204,34 @@ class Settings:
         1.0, "CAIRN_SCHEDULE_TICK", "`cairn beat`: seconds between passes that fire due schedules"
     )
 
+    # Observability (cairn.otel): spans through OpenTelemetry's own OTEL_* variables.
+    tracing: bool = _setting(
+        False,
+        "CAIRN_TRACING",
+        "OpenTelemetry spans for enqueues, runs, steps, model and journaled calls (the "
+        "`otel` extra; exporter and endpoint from the standard `OTEL_*` variables)",
+    )
+    log_format: str = _setting(
+        "text",
+        "CAIRN_LOG_FORMAT",
+        "`text` for a terminal, or `json`: one object a line with run id, workflow, cursor, "
+        "seq, attempt, worker, trace and span ids",
+    )
+    trace_url_template: str | None = _setting(
+        None,
+        "CAIRN_TRACE_URL_TEMPLATE",
+        "the run page links a run's trace here, e.g. `http://jaeger:16686/trace/{trace_id}`",
+    )
+
     def __post_init__(self) -> None:
         _check_rate_limits(self)
+        if self.log_format not in ("text", "json"):
+            raise ValueError(f"CAIRN_LOG_FORMAT={self.log_format!r}: use text or json")
+        template = self.trace_url_template
+        if template is not None and "{trace_id}" not in template:
+            raise ValueError(
+                f"CAIRN_TRACE_URL_TEMPLATE={template!r} has no {{trace_id}} to fill in"
+            )
 
     @property
     def broker(self) -> str:

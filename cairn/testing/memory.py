@@ -81,6 +81,7 @@ class _Signal:
     payload: str  # JSON
     created_at: dt.datetime
     consumed_seq: int | None = None
+    traceparent: str | None = None
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -120,6 +121,7 @@ class _Row:
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
     priority: int = 0
+    traceparent: str | None = None
     window: dict[int, str] = dataclasses.field(default_factory=dict)  # window_messages
     signals: dict[str, _Signal] = dataclasses.field(default_factory=dict)
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # step_history
@@ -191,6 +193,7 @@ class MemoryStore:
         priority: int = 0,
         concurrency_key: str | None = None,
         concurrency_limit: int = 1,
+        traceparent: str | None = None,
     ) -> bool:
         """Insert a run at seq 0; False if it existed (a failed one is re-armed). With a
         concurrency key it is admitted if a slot is free, else queued.
@@ -216,6 +219,7 @@ class MemoryStore:
                     version=CHECKPOINT_VERSION,
                     updated_at=stamp,
                     priority=priority,
+                    traceparent=traceparent,
                     concurrency_key=concurrency_key,
                     concurrency_limit=concurrency_limit if concurrency_key is not None else None,
                 )
@@ -295,7 +299,10 @@ class MemoryStore:
             if row is None:
                 return None
             return Run(
-                **self._listed(row), input=json.loads(row.input), state=json.loads(row.state)
+                **self._listed(row),
+                input=json.loads(row.input),
+                state=json.loads(row.state),
+                traceparent=row.traceparent,
             )
 
     def load(self, run_id: str) -> Checkpoint | None:
@@ -402,6 +409,7 @@ class MemoryStore:
                     parent_id=parent.run_id,
                     parent_seq=parent.seq,
                     depth=spawn.depth,
+                    traceparent=spawn.traceparent,
                 )
         self._gathers.setdefault((parent.run_id, parent.seq), [spawn.need, False])
 
@@ -513,7 +521,7 @@ class MemoryStore:
             return self._end_attempt(cp, _status(status), error, None, None, counted) is not None
 
     def signal(
-        self, run_id: str, event: str, payload: Any, signal_id: str
+        self, run_id: str, event: str, payload: Any, signal_id: str, traceparent: str | None = None
     ) -> tuple[RunStatus, bool] | None:
         """Store a signal (the same id twice is one signal): (the run's status, whether it
         was new), or None: no such run."""
@@ -525,7 +533,9 @@ class MemoryStore:
                 return None
             stored = signal_id not in row.signals
             if stored:
-                row.signals[signal_id] = _Signal(event=event, payload=text, created_at=stamp)
+                row.signals[signal_id] = _Signal(
+                    event=event, payload=text, created_at=stamp, traceparent=traceparent
+                )
             return row.status, stored
 
     def cancel_reason(self, run_id: str) -> str | None:
@@ -853,9 +863,8 @@ class MemoryStore:
             "depth": row.depth,
             "concurrency_key": row.concurrency_key,
             "priority": row.priority,
-            "signal": {"id": pending[0], "payload": json.loads(pending[1].payload)}
-            if pending
-            else None,
+            "traceparent": row.traceparent,
+            "signal": _signal_of(*pending) if pending else None,
             "window": [
                 json.loads(row.window[i])
                 for i in range(row.win_start, row.win_end)
@@ -1029,6 +1038,14 @@ class MemoryLeases:
             if ended:
                 self._epochs.pop(run_id, None)
             return True
+
+
+def _signal_of(signal_id: str, signal: _Signal) -> dict[str, Any]:
+    """The checkpoint's signal as the SQL builds it (traceparent only when stored)."""
+    out = {"id": signal_id, "payload": json.loads(signal.payload)}
+    if signal.traceparent is not None:
+        out["traceparent"] = signal.traceparent
+    return out
 
 
 def _loaded(call: Call) -> Call:

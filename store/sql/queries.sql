@@ -2,8 +2,9 @@
 -- Enqueue: the run and its initial checkpoint (seq 0). An existing run is left as is,
 -- so enqueueing a known run id resumes it and never starts it over.
 WITH new_run AS (
-    INSERT INTO runs (run_id, workflow, input, max_cost_usd, priority)
-    VALUES (%(run_id)s, %(workflow)s, %(input)s, %(max_cost_usd)s, %(priority)s)
+    INSERT INTO runs (run_id, workflow, input, max_cost_usd, priority, traceparent)
+    VALUES (%(run_id)s, %(workflow)s, %(input)s, %(max_cost_usd)s, %(priority)s,
+            %(traceparent)s)
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id
 )
@@ -22,9 +23,9 @@ WITH k AS (
     ON CONFLICT (workflow, key) DO UPDATE SET lim = EXCLUDED.lim
 ), new_run AS (
     INSERT INTO runs (run_id, workflow, input, max_cost_usd, concurrency_key,
-                      concurrency_limit, priority)
+                      concurrency_limit, priority, traceparent)
     VALUES (%(run_id)s, %(workflow)s, %(input)s, %(max_cost_usd)s, %(key)s, %(limit)s,
-            %(priority)s)
+            %(priority)s, %(traceparent)s)
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id
 ), q AS (
@@ -98,8 +99,10 @@ c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_start,
        c.win_end, c.cost_usd, c.version, c.status, c.error, c.epoch, c.resumes, c.updated_at,
        c.attempts, c.deliveries, c.cancel_reason, r.max_cost_usd, c.wait_event,
        c.wait_timeout_cursor, coalesce(c.wait_until <= now(), false) AS wait_over,
-       c.flow_version, r.parent_id, r.depth, r.concurrency_key, r.priority,
+       c.flow_version, r.parent_id, r.depth, r.concurrency_key, r.priority, r.traceparent,
        (SELECT jsonb_build_object('id', s.signal_id, 'payload', s.payload)
+               || CASE WHEN s.traceparent IS NULL THEN '{}'::jsonb
+                       ELSE jsonb_build_object('traceparent', s.traceparent) END
           FROM signals s
          WHERE s.run_id = c.run_id AND s.event = c.wait_event AND s.consumed_seq IS NULL
          ORDER BY s.created_at, s.signal_id LIMIT 1) AS signal,
@@ -189,9 +192,10 @@ WITH saved AS (
     SELECT k.* FROM saved, jsonb_to_recordset(%(children)s)
         AS k (run_id text, workflow text, input jsonb, ord integer)
 ), new_runs AS (
-    INSERT INTO runs (run_id, workflow, input, created_at, parent_id, parent_seq, depth)
+    INSERT INTO runs (run_id, workflow, input, created_at, parent_id, parent_seq, depth,
+                      traceparent)
     SELECT run_id, workflow, input, now() + make_interval(secs => ord * 1e-6),
-           %(run_id)s, %(seq)s, %(depth)s
+           %(run_id)s, %(seq)s, %(depth)s, %(traceparent)s
       FROM kids
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, created_at
@@ -258,8 +262,8 @@ RETURNING run_id, status;
 WITH run AS (
     SELECT run_id, status FROM checkpoints WHERE run_id = %(run_id)s
 ), stored AS (
-    INSERT INTO signals (run_id, signal_id, event, payload)
-    SELECT run_id, %(signal_id)s, %(event)s, %(payload)s FROM run
+    INSERT INTO signals (run_id, signal_id, event, payload, traceparent)
+    SELECT run_id, %(signal_id)s, %(event)s, %(payload)s, %(traceparent)s FROM run
     ON CONFLICT (run_id, signal_id) DO NOTHING
     RETURNING run_id
 )
@@ -369,7 +373,7 @@ SELECT pos FROM recorded;
 -- What Client.get shows: position, result and error, not the window.
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
        r.created_at, c.updated_at, r.input, c.state, r.parent_id, r.concurrency_key,
-       r.priority
+       r.priority, r.traceparent
   FROM checkpoints c JOIN runs r USING (run_id)
  WHERE c.run_id = %(run_id)s;
 

@@ -1,4 +1,4 @@
--- cairn's schema as it stands: what migrations/0001..0011 build, in one file to read.
+-- cairn's schema as it stands: what migrations/0001..0012 build, in one file to read.
 -- Databases are made and upgraded by the migrations (`cairn db upgrade`);
 -- tests/test_schema.py builds one database from them and one from this file and asserts
 -- their schema-only dumps are equal, so this file cannot drift. A new migration edits
@@ -22,7 +22,9 @@ CREATE TABLE runs (
     -- time (the slots and queued tables); priority orders the key's queue and the broker's
     concurrency_key    text,
     concurrency_limit  integer,
-    priority      integer NOT NULL DEFAULT 0
+    priority      integer NOT NULL DEFAULT 0,
+    -- the W3C traceparent of the span that enqueued it: every delivery continues its trace
+    traceparent   text
 );
 
 -- Listing runs newest first, a page at a time (keyset on created_at, run_id).
@@ -114,6 +116,8 @@ CREATE TABLE signals (
     payload       jsonb,
     created_at    timestamptz NOT NULL DEFAULT clock_timestamp(),
     consumed_seq  bigint,
+    -- the span that sent it (cairn.otel): the step it wakes links to that trace
+    traceparent   text,
     PRIMARY KEY (run_id, signal_id)
 );
 CREATE INDEX signals_pending ON signals (run_id, event, created_at) WHERE consumed_seq IS NULL;

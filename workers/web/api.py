@@ -35,7 +35,7 @@ from prometheus_client.core import GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cairn import __version__, logs
+from cairn import __version__, logs, otel
 from cairn.errors import (
     CairnError,
     InvalidInput,
@@ -311,6 +311,7 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
             "-hex 32)`) or pass --insecure-no-auth on a machine only you can reach"
         )
     registry.import_modules((*registry.SHIPPED, *settings.workflows))
+    otel.setup(settings, "cairn-web")  # CAIRN_TRACING: before the Client's, to name it
     # Postgres connections of this process: enough for the thread pool's busy requests.
     client = Client(settings=settings, pool_size=16)
     auth = Auth(settings.api_token)
@@ -388,6 +389,7 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
 
     @app.post("/runs", status_code=202, tags=["runs"])
     def start_run(
+        request: Request,
         new: Annotated[NewRun, Body()],
         idempotency_key: Annotated[
             str | None,
@@ -403,11 +405,12 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
                 raise InvalidInput("run_id and Idempotency-Key differ: send one, or the same")
             run_id = key
         registry.get(new.workflow)  # UnknownWorkflow (422) names the ones it knows
-        run_id = client.enqueue(
-            new.workflow, new.input, run_id=run_id, max_cost_usd=new.max_cost_usd,
-            concurrency_key=new.concurrency_key, concurrency_limit=new.concurrency_limit,
-            priority=new.priority,
-        )  # fmt: skip
+        with otel.continuing(request.headers):  # a caller's traceparent: the run joins it
+            run_id = client.enqueue(
+                new.workflow, new.input, run_id=run_id, max_cost_usd=new.max_cost_usd,
+                concurrency_key=new.concurrency_key, concurrency_limit=new.concurrency_limit,
+                priority=new.priority,
+            )  # fmt: skip
         return _run(run_id)
 
     @app.get("/runs", tags=["runs"])

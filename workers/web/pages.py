@@ -21,6 +21,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from cairn import logs
 from cairn.status import STOPPED, RunStatus
 from cairn.store.runs import Run
 from cairn.workers.web.api import COOKIE
@@ -227,6 +228,8 @@ def mount(app: FastAPI) -> None:
             )
         steps = client.history(run_id)
         now = dt.datetime.now(dt.UTC)
+        # A run enqueued untraced has the trace its traced deliveries derive from its id.
+        trace_id = logs.trace_id_of(run.traceparent) or f"{logs.run_trace(run.run_id)[0]:032x}"
         context = {
             "run": run,
             "steps": steps,
@@ -237,9 +240,20 @@ def mount(app: FastAPI) -> None:
             "took": ((run.updated_at if run.status in STOPPED else now) - run.created_at),
             "state_json": json.dumps(run.state, indent=2, default=str),
             "input_json": json.dumps(run.input, indent=2, default=str),
+            "trace_id": trace_id,
+            "trace_url": trace_url(request.app.state.settings.trace_url_template, trace_id),
         }
         name = "_run_live.html" if partial else "run.html"
         return templates.TemplateResponse(request, name, context)
+
+
+def trace_url(template: str | None, trace_id: str | None) -> str | None:
+    """A trace in the tracing UI (CAIRN_TRACE_URL_TEMPLATE), or None: no template, or a
+    run enqueued without tracing (no trace id)."""
+    if template is None or trace_id is None:
+        return None
+    # replace, not format: a URL may hold other braces (a query in JSON)
+    return template.replace("{trace_id}", trace_id)
 
 
 def _call_row(call: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,384 @@
+"""OpenTelemetry traces of runs (CAIRN_TRACING=1, the `otel` extra).
+
+One trace per run, whatever happens to it: `cairn.enqueue` (a child of the caller's span,
+a web request's) writes its W3C traceparent into the run's row, and every delivery's
+`cairn.run` span, on whatever worker, after whatever kill, is a child of it. Under it:
+`cairn.step <cursor>` per step attempt (cursor, visit, seq, attempt, outcome), `chat
+<model>` per model call (OpenTelemetry's GenAI conventions: tokens, finish reason, and
+cairn's cost), `cairn.call <name>` per journaled call, events for resumes, retries and
+waits. A child run's trace goes on under the step that spawned it. A run enqueued without
+tracing gets a trace id derived from its run id, so its deliveries still share one.
+
+The exporter is the SDK's, configured by the standard variables: OTEL_TRACES_EXPORTER
+(otlp, the default: OTLP over HTTP to OTEL_EXPORTER_OTLP_ENDPOINT; console; none),
+OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER... Nothing else to set in
+cairn. With tracing off (the default) nothing here imports OpenTelemetry, and the glue
+functions the loop and the Client call return at their first line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from cairn import logs
+from cairn.errors import CairnError
+from cairn.workers.middleware import Middleware
+
+if TYPE_CHECKING:
+    from cairn.store import Checkpoint
+    from cairn.workers.settings import Settings
+
+# Set by setup(): the glue below does nothing until then (no import, no span).
+_tracer: Any = None
+_setup_lock = threading.Lock()
+EXTRA_HINT = "CAIRN_TRACING=1 needs the otel extra: pip install 'cairn[otel]'"
+
+
+def setup(settings: Settings, service: str) -> bool:
+    """Start tracing in this process if settings.tracing: the SDK's TracerProvider with
+    the exporter OTEL_TRACES_EXPORTER names, unless the application set one up already
+    (then cairn's spans go to the application's). Idempotent; False if tracing is off.
+    Raises CairnError naming the extra when it is not installed."""
+    global _tracer
+    if not settings.tracing:
+        return False
+    with _setup_lock:
+        if _tracer is not None:
+            return True
+        try:
+            from opentelemetry import trace
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        except ImportError as exc:
+            raise CairnError(f"{EXTRA_HINT} ({exc})") from None
+        if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+            os.environ.setdefault("OTEL_SERVICE_NAME", service)
+            provider = TracerProvider(resource=Resource.create())
+            exporter = _exporter()
+            if exporter is not None:
+                # Batched on a thread of its own (restarted in each forked pool process).
+                provider.add_span_processor(BatchSpanProcessor(exporter))
+            trace.set_tracer_provider(provider)
+        from cairn import __version__
+
+        _tracer = trace.get_tracer("cairn", __version__)
+        return True
+
+
+def _exporter() -> Any:
+    name = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")[0].strip().lower()
+    if name == "none":
+        return None
+    if name == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if name != "otlp":
+        raise CairnError(f"OTEL_TRACES_EXPORTER={name!r}: cairn ships otlp, console or none")
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter()
+
+
+def use(tracer: Any) -> None:
+    """Trace with this tracer (a test's, over an in-memory exporter); None: stop."""
+    global _tracer
+    _tracer = tracer
+
+
+def active() -> bool:
+    return _tracer is not None
+
+
+# -- the Client's side -------------------------------------------------------------------
+@contextlib.contextmanager
+def enqueuing(workflow: str, run_id: str, **attributes: Any) -> Iterator[str | None]:
+    """A `cairn.enqueue` span around writing the run, a child of the current span (a web
+    request's); yields its traceparent, for the run's row (None: tracing is off)."""
+    if _tracer is None:
+        yield None
+        return
+    from opentelemetry.trace import SpanKind
+
+    attrs = {"cairn.run_id": run_id, "cairn.workflow": workflow}
+    attrs.update({f"cairn.{k}": v for k, v in attributes.items() if v is not None})
+    with _tracer.start_as_current_span("cairn.enqueue", kind=SpanKind.PRODUCER, attributes=attrs):
+        yield traceparent()
+
+
+@contextlib.contextmanager
+def spanning(name: str, **attributes: Any) -> Iterator[str | None]:
+    """A span of the caller's (a signal sent): yields its traceparent, to store."""
+    if _tracer is None:
+        yield None
+        return
+    attrs = {f"cairn.{k}": v for k, v in attributes.items() if v is not None}
+    with _tracer.start_as_current_span(name, attributes=attrs):
+        yield traceparent()
+
+
+def traceparent() -> str | None:
+    """The current span's context as a W3C traceparent (None: none, or tracing off)."""
+    if _tracer is None:
+        return None
+    from opentelemetry import trace
+
+    ctx = trace.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        return None
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+@contextlib.contextmanager
+def continuing(headers: Any) -> Iterator[None]:
+    """Run the block in the trace context the request's headers carry (traceparent), so
+    an enqueue over HTTP joins the caller's trace."""
+    if _tracer is None:
+        yield
+        return
+    from opentelemetry import context, propagate
+
+    token = context.attach(propagate.extract(dict(headers)))
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
+def note(**attributes: Any) -> None:
+    """Set cairn.<name> attributes on the current span (a step's, a call's)."""
+    if _tracer is None:
+        return
+    from opentelemetry import trace
+
+    span = trace.get_current_span()
+    for key, value in attributes.items():
+        if value is not None:
+            span.set_attribute(f"cairn.{key}", value)
+
+
+def model_answered(request: dict[str, Any], message: Any, cost: float, stream: bool) -> None:
+    """A model call's answer on its span, by the GenAI semantic conventions."""
+    if _tracer is None:
+        return
+    from opentelemetry import trace
+
+    span = trace.get_current_span()
+    model = getattr(message, "model", None) or request.get("model")
+    usage = getattr(message, "usage", None)
+    attrs: dict[str, Any] = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "anthropic",
+        "gen_ai.request.model": request.get("model") or model,
+        "gen_ai.request.max_tokens": request.get("max_tokens"),
+        "gen_ai.response.model": model,
+        "gen_ai.response.id": getattr(message, "id", None),
+        "gen_ai.usage.input_tokens": getattr(usage, "input_tokens", None),
+        "gen_ai.usage.output_tokens": getattr(usage, "output_tokens", None),
+        "cairn.cost_usd": cost,
+        "cairn.stream": stream,
+    }
+    reason = getattr(message, "stop_reason", None)
+    if reason:
+        attrs["gen_ai.response.finish_reasons"] = [reason]
+    span.set_attributes({k: v for k, v in attrs.items() if v is not None})
+    if model:
+        span.update_name(f"chat {model}")
+
+
+# -- the worker's side -------------------------------------------------------------------
+def _parent(cp: Checkpoint) -> Any:
+    """The context a delivery's span goes under: the enqueuer's span, or (a run enqueued
+    without tracing) a remote one derived from the run id, the same for every delivery."""
+    from opentelemetry import propagate, trace
+
+    if cp.traceparent:
+        return propagate.extract({"traceparent": cp.traceparent})
+    trace_id, span_id = logs.run_trace(cp.run_id)
+    span = trace.NonRecordingSpan(
+        trace.SpanContext(
+            trace_id=trace_id,
+            span_id=span_id,
+            is_remote=True,
+            trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+        )
+    )
+    return trace.set_span_in_context(span)
+
+
+class Tracing(Middleware):
+    """The loop's spans: `cairn.run` per delivery, `cairn.step` per step attempt, one per
+    journaled call (`chat <model>` for ctx.model). Each is the current span while it lasts,
+    so a step's own spans (an HTTP client's, a user's) nest under it."""
+
+    def __init__(self) -> None:
+        # (run id, thread): a delivery's span and its start; a step's; (run id, pos): a
+        # call's. Keyed, not stacked: a deferred duplicate delivery of the same run may
+        # overlap on another thread, and an async step's calls run on the loop's thread.
+        self._runs: dict[tuple[str, int], list[Any]] = {}
+        self._steps: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self._calls: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+    def before_run(self, run_id: str) -> None:
+        # The span starts once the checkpoint (and its trace) is read; it is dated here.
+        self._runs[(run_id, threading.get_ident())] = [time.time_ns(), None, None]
+
+    def _run_span(self, cp: Checkpoint) -> Any:
+        entry = self._runs.get((cp.run_id, threading.get_ident()))
+        if entry is None or _tracer is None:
+            return None
+        if entry[1] is None:
+            from opentelemetry import context, trace
+            from opentelemetry.trace import SpanKind
+
+            span = _tracer.start_span(
+                "cairn.run",
+                context=_parent(cp),
+                kind=SpanKind.CONSUMER,
+                start_time=entry[0],
+                attributes={
+                    "cairn.run_id": cp.run_id,
+                    "cairn.workflow": cp.workflow,
+                    "cairn.epoch": cp.epoch,
+                    "cairn.resumes": cp.resumes,
+                },
+            )
+            entry[1], entry[2] = span, context.attach(trace.set_span_in_context(span))
+        return entry[1]
+
+    def resumed(self, cp: Checkpoint) -> None:
+        span = self._run_span(cp)
+        if span is not None:
+            span.set_attribute("cairn.resumed", True)
+            span.add_event("resumed", {"cairn.cursor": cp.cursor, "cairn.seq": cp.seq})
+
+    def before_step(self, cp: Checkpoint) -> None:
+        if _tracer is None or self._run_span(cp) is None:
+            return
+        from opentelemetry import context, trace
+
+        visit = cp.visits.get(cp.cursor, 0)
+        # The run id and epoch are the delivery's span's: a step's are what change.
+        attrs = {
+            "cairn.cursor": cp.cursor,
+            "cairn.visit": visit,
+            "cairn.seq": cp.seq,
+            "cairn.attempt": cp.attempts + 1,
+        }
+        links = []
+        if cp.signal:
+            attrs["cairn.signal_id"] = cp.signal["id"]
+            sender = cp.signal.get("traceparent")
+            if sender:  # the request that sent the signal: another trace, so a link
+                from opentelemetry.propagate import extract
+                from opentelemetry.trace import Link, get_current_span
+
+                sent = get_current_span(extract({"traceparent": sender})).get_span_context()
+                links.append(Link(sent, {"cairn.link": "signal"}))
+        span = _tracer.start_span(f"cairn.step {cp.cursor}", attributes=attrs, links=links)
+        token = context.attach(trace.set_span_in_context(span))
+        self._steps[(cp.run_id, threading.get_ident())] = (span, token)
+
+    def after_step(
+        self,
+        cp: Checkpoint,
+        *,
+        saved: Checkpoint | None,
+        exception: BaseException | None,
+        seconds: float,
+    ) -> None:
+        found = self._steps.pop((cp.run_id, threading.get_ident()), None)
+        if found is None:
+            return
+        span, token = found
+        from opentelemetry import context
+
+        context.detach(token)
+        if saved is not None:
+            span.set_attributes(
+                {
+                    "cairn.outcome": "saved",
+                    "cairn.next": saved.cursor,
+                    "cairn.cost_usd": saved.cost_usd - cp.cost_usd,
+                }
+            )
+            if saved.wait_event:
+                span.add_event("wait", {"cairn.event": saved.wait_event})
+        else:
+            _failed(span, exception)
+        span.end()
+
+    def before_call(self, cp: Checkpoint, name: str, pos: int) -> None:
+        if _tracer is None:
+            return
+        # Under the current span: the step's (an async step's task runs in a copy of its
+        # pool thread's context, so there too).
+        from opentelemetry import context, trace
+        from opentelemetry.trace import SpanKind
+
+        model = name == "model"
+        span = _tracer.start_span(
+            "chat" if model else f"cairn.call {name}",
+            kind=SpanKind.CLIENT if model else SpanKind.INTERNAL,
+            attributes={"cairn.call.name": name, "cairn.call.pos": pos},
+        )
+        self._calls[(cp.run_id, pos)] = (span, context.attach(trace.set_span_in_context(span)))
+
+    def after_call(
+        self, cp: Checkpoint, name: str, pos: int, *, exception: BaseException | None
+    ) -> None:
+        found = self._calls.pop((cp.run_id, pos), None)
+        if found is None:
+            return
+        span, token = found
+        from opentelemetry import context
+
+        context.detach(token)
+        if exception is not None:
+            _failed(span, exception)
+        span.end()
+
+    def after_run(
+        self, run_id: str, *, status: str | None, exception: BaseException | None
+    ) -> None:
+        entry = self._runs.pop((run_id, threading.get_ident()), None)
+        if entry is None or entry[1] is None:
+            return  # deferred, or nothing to do: no step, no span
+        span, token = entry[1], entry[2]
+        from opentelemetry import context
+
+        context.detach(token)
+        if status is not None:
+            span.set_attribute("cairn.status", str(status))
+        else:
+            span.set_attribute("cairn.outcome", _kind(exception))
+            if exception is not None and hasattr(exception, "delay"):
+                span.add_event("retry", {"cairn.delay_s": float(exception.delay)})
+        span.end()
+
+
+def _kind(exc: BaseException | None) -> str:
+    from cairn.errors import RetryLater
+
+    if isinstance(exc, RetryLater):
+        return "retry"
+    return type(exc).__name__.lower() if exc is not None else "error"
+
+
+def _failed(span: Any, exc: BaseException | None) -> None:
+    from opentelemetry.trace import Status, StatusCode
+
+    outcome = _kind(exc)
+    status = getattr(exc, "status", None)  # the loop's Stop: how the run stops
+    span.set_attribute("cairn.outcome", str(status) if status is not None else outcome)
+    cause = exc.__cause__ if exc is not None and exc.__cause__ is not None else exc
+    if cause is not None:
+        span.record_exception(cause)
+        if outcome != "retry" and status is None:
+            span.set_status(Status(StatusCode.ERROR, str(cause)[:200]))

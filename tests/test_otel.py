@@ -1,0 +1,262 @@
+"""OpenTelemetry traces (cairn.otel): spans from the SDK's in-memory exporter in this
+process, then from real workers over OTLP/HTTP to a receiver that decodes the protocol,
+with a worker killed mid-step."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import tests.flows  # noqa: F401 (probe, square)
+from cairn import otel
+from cairn.status import RunStatus
+from cairn.store import Leases, PgStore
+from cairn.testing.otlp import TraceReceiver
+from cairn.workers import loop
+from cairn.workers.client import Client
+from cairn.workers.middleware import Chain, Middleware
+from cairn.workers.settings import Settings
+from tests.conftest import holder_pid, step_log, wait_for
+
+
+@pytest.fixture
+def spans() -> Iterator[tuple[Any, InMemorySpanExporter]]:
+    """cairn traced by a tracer over an in-memory exporter: (tracer, exporter)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    otel.use(tracer)
+    yield tracer, exporter
+    otel.use(None)
+    provider.shutdown()
+
+
+def _traced(deps: loop.Deps, *more: Middleware) -> loop.Deps:
+    return loop.Deps(
+        settings=deps.settings,
+        store=deps.store,
+        leases=deps.leases,
+        model=deps.model,
+        middleware=Chain([otel.Tracing(), *more]),
+    )
+
+
+def _by_name(finished: tuple[ReadableSpan, ...], prefix: str) -> list[ReadableSpan]:
+    return [s for s in finished if s.name.startswith(prefix)]
+
+
+class _DieAt(Middleware):
+    """The first delivery dies at the start of a step (a BaseException passes the
+    middleware guard and ends the delivery; a real kill is the OTLP test below)."""
+
+    def __init__(self, cursor: str) -> None:
+        self.cursor, self.fired = cursor, False
+
+    def before_step(self, cp: Any) -> None:
+        if cp.cursor == self.cursor and not self.fired:
+            self.fired = True
+            raise SystemExit("killed")
+
+
+def test_a_run_that_died_mid_step_and_resumed_elsewhere_is_one_trace_under_the_request(
+    spans: Any, deps: loop.Deps, client: Client, tmp_path: Path
+) -> None:
+    tracer, exporter = spans
+    with tracer.start_as_current_span("POST /orders") as web:
+        run_id = client.enqueue("probe", {"log": str(tmp_path / "log")})
+    with pytest.raises(SystemExit):
+        loop.run(run_id, _traced(deps, _DieAt("two")))
+    other = dataclasses.replace(deps, leases=Leases.from_url(deps.settings.redis_url))
+    assert loop.run(run_id, _traced(other)) == RunStatus.DONE  # another worker goes on
+    finished = exporter.get_finished_spans()
+    trace_id = web.get_span_context().trace_id
+    assert {s.context.trace_id for s in finished} == {trace_id}  # one trace, none orphaned
+    (enqueue,) = _by_name(finished, "cairn.enqueue")
+    assert enqueue.parent is not None and enqueue.parent.span_id == web.get_span_context().span_id
+    died, resumed = _by_name(finished, "cairn.run")
+    assert {died.parent.span_id, resumed.parent.span_id} == {enqueue.context.span_id}  # type: ignore[union-attr]
+    assert (
+        died.attributes["cairn.outcome"] == "systemexit" and "cairn.resumed" not in died.attributes
+    )
+    assert resumed.attributes["cairn.resumed"] is True
+    assert resumed.attributes["cairn.status"] == "done"
+    assert [e.name for e in resumed.events] == ["resumed"]
+    steps = [
+        (s.attributes["cairn.cursor"], s.attributes["cairn.outcome"])
+        for s in _by_name(finished, "cairn.step")
+    ]
+    assert steps == [
+        ("one", "saved"), ("two", "systemexit"), ("two", "saved"), ("mail", "saved"),
+        ("ledger", "saved"), ("once", "saved"),
+    ]  # fmt: skip
+    mail = next(
+        s for s in _by_name(finished, "cairn.step") if s.attributes["cairn.cursor"] == "mail"
+    )
+    assert mail.parent is not None and mail.parent.span_id == resumed.context.span_id
+    assert mail.attributes["cairn.effect_key"] == f"cairn:{run_id}:mail:0"
+    stored = client.get(run_id)
+    assert stored is not None and stored.traceparent is not None
+    assert stored.traceparent.split("-")[1] == f"{trace_id:032x}"
+
+
+def test_model_spans_carry_tokens_and_the_cost_the_run_counted(
+    spans: Any, deps: loop.Deps, store: PgStore, tmp_path: Path
+) -> None:
+    _, exporter = spans
+    store.create_run("m1", "probe", {"log": str(tmp_path / "log")})
+    assert loop.run("m1", _traced(deps)) == RunStatus.DONE
+    (chat,) = _by_name(exporter.get_finished_spans(), "chat ")
+    attrs = chat.attributes
+    assert chat.name == f"chat {attrs['gen_ai.response.model']}"
+    assert attrs["gen_ai.operation.name"] == "chat" and attrs["gen_ai.request.max_tokens"] == 16
+    assert attrs["gen_ai.usage.input_tokens"] > 0 and attrs["gen_ai.usage.output_tokens"] > 0
+    run = store.get("m1")
+    assert run is not None and run.cost_usd > 0
+    assert attrs["cairn.cost_usd"] == pytest.approx(run.cost_usd)
+    (step,) = [
+        s
+        for s in _by_name(exporter.get_finished_spans(), "cairn.step")
+        if s.attributes["cairn.cursor"] == "two"
+    ]
+    assert chat.parent is not None and chat.parent.span_id == step.context.span_id
+
+
+def test_a_requests_traceparent_reaches_the_run_through_the_api(
+    spans: Any, settings: Settings
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from cairn.workers.web.api import create_app
+
+    _, exporter = spans
+    caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with TestClient(create_app(settings, insecure_no_auth=True)) as api:
+        body = api.post(
+            "/runs", json={"workflow": "square", "input": {"n": 3}}, headers={"traceparent": caller}
+        ).json()
+        run = api.app.state.client.get(body["run_id"])  # type: ignore[attr-defined]
+    (enqueue,) = _by_name(exporter.get_finished_spans(), "cairn.enqueue")
+    assert f"{enqueue.context.trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"
+    assert enqueue.parent is not None and f"{enqueue.parent.span_id:016x}" == "b7ad6b7169203331"
+    assert run.traceparent.split("-")[1] == "0af7651916cd43dd8448eb211c80319c"
+
+
+def test_the_step_a_signal_wakes_links_to_the_signals_trace(
+    spans: Any, deps: loop.Deps, client: Client
+) -> None:
+    """A signal sent from another request (another trace): the run stays in its own
+    trace, and the step the signal wakes carries a link to the sender's span."""
+    tracer, exporter = spans
+    data = {"customer": "acme", "email": "ap@acme.test", "await_payment": True}
+    run_id = client.enqueue("invoice", data)
+    traced = _traced(deps)
+    assert loop.run(run_id, traced) == RunStatus.WAITING
+    with tracer.start_as_current_span("POST /webhooks/payment") as webhook:
+        client.signal(run_id, "payment", {"amount_cents": 100})
+    assert loop.run(run_id, traced) == RunStatus.DONE
+    finished = exporter.get_finished_spans()
+    (settle,) = [
+        s for s in _by_name(finished, "cairn.step") if s.attributes["cairn.cursor"] == "settle"
+    ]
+    (signal,) = _by_name(finished, "cairn.signal")
+    assert signal.parent is not None and signal.parent.span_id == webhook.get_span_context().span_id
+    (link,) = settle.links
+    assert link.context.span_id == signal.context.span_id
+    assert link.context.trace_id != settle.context.trace_id  # the run's trace is its own
+    (enqueue,) = _by_name(finished, "cairn.enqueue")
+    assert settle.context.trace_id == enqueue.context.trace_id
+    wait = next(
+        s
+        for s in _by_name(finished, "cairn.step")
+        if s.attributes["cairn.cursor"] == "await_payment"
+    )
+    assert [e.name for e in wait.events] == ["wait"]
+
+
+def test_without_tracing_nothing_is_traced_or_stored(client: Client, deps: loop.Deps) -> None:
+    assert not otel.active() and otel.traceparent() is None
+    run_id = client.enqueue("square", {"n": 2})
+    assert client.get(run_id).traceparent is None  # type: ignore[union-attr]
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    assert otel.setup(client.settings, "x") is False
+
+
+# -- over the wire, from real workers ----------------------------------------------------
+@pytest.fixture
+def receiver() -> Iterator[TraceReceiver]:
+    with TraceReceiver() as server:
+        yield server
+
+
+def test_spans_arrive_over_otlp_from_a_worker_killed_mid_step_and_its_successor(
+    receiver: TraceReceiver,
+    client: Client,
+    start_worker: Callable[..., Any],
+    leases: Leases,
+    tmp_path: Path,
+) -> None:
+    """A real worker exports over OTLP/HTTP; its pool process is SIGKILLed asleep in step
+    two, the worker sends the run again, and it ends. The receiver decodes one trace:
+    the test's request span, the enqueue, every step (two's first attempt lost with its
+    process), the model call with tokens, and the resumed delivery."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    provider = TracerProvider()
+    provider.add_span_processor(
+        SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{receiver.url}/v1/traces"))
+    )
+    tracer = provider.get_tracer("test")
+    otel.use(tracer)
+    try:
+        start_worker(
+            concurrency=1,
+            CAIRN_TRACING="1",
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
+            OTEL_SERVICE_NAME="worker-under-test",
+            OTEL_BSP_SCHEDULE_DELAY="100",
+        )
+        log = tmp_path / "steps.log"
+        with tracer.start_as_current_span("POST /orders") as web:
+            run_id = client.enqueue("probe", {"log": str(log), "before": {"two": 60}})
+        wait_for(lambda: any(c == "two" for c, *_ in step_log(log)), 30, "step two")
+        # Step one's span is exported in the batch after it ended (100 ms): a process
+        # killed sooner loses it, as any batching exporter would.
+        wait_for(lambda: any(s["name"] == "cairn.step one" for s in receiver.spans), 10, "step one")
+        pid = wait_for(lambda: holder_pid(leases, run_id), 10, "the lease holder")
+        os.kill(pid, signal.SIGKILL)
+        assert client.wait(run_id, timeout=60).status == RunStatus.DONE
+    finally:
+        otel.use(None)
+        provider.shutdown()
+    trace_id = f"{web.get_span_context().trace_id:032x}"
+
+    wait_for(lambda: any(s["name"] == "cairn.run" for s in receiver.trace(trace_id)), 15, "run")
+    got = receiver.trace(trace_id)
+    assert {s["trace_id"] for s in receiver.spans if s["attrs"].get("cairn.run_id") == run_id} == {
+        trace_id
+    }  # every span of the run, from both processes, in the request's trace
+    names = [s["name"] for s in got]
+    assert names.count("cairn.enqueue") == 1 and "POST /orders" in names
+    steps = [s["attrs"]["cairn.cursor"] for s in got if s["name"].startswith("cairn.step")]
+    assert sorted(steps) == sorted(["one", "two", "mail", "ledger", "once"])
+    (run,) = [s for s in got if s["name"] == "cairn.run"]  # the killed one never ended
+    assert run["attrs"]["cairn.resumed"] is True and "resumed" in run["events"]
+    assert run["service"] == "worker-under-test"
+    (chat,) = [s for s in got if s["name"].startswith("chat ")]
+    assert chat["attrs"]["gen_ai.usage.output_tokens"] > 0
+    tree = receiver.tree(trace_id)
+    print(tree)  # the README's rendering of a resumed run's trace comes from here
+    lines = tree.splitlines()
+    assert "POST /orders" in lines[0] and "cairn.enqueue" in lines[1]
+    assert any("never exported: its process was killed" in line for line in lines)
+    assert any("cairn.run" in line and "resumed=True" in line for line in lines)
