@@ -122,6 +122,10 @@ class RunIdConflict(CairnError):
     """A run with this id exists with another workflow or another input."""
 
 
+class RunNotStopped(CairnError):
+    """Client.rewind of a run that is not stopped (pending, running, waiting, queued)."""
+
+
 class WindowTooLarge(CairnError):
     """The model window is still over the size limit after compaction."""
 

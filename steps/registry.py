@@ -169,6 +169,7 @@ class Workflow:
         version: int = 1,
         priority: int = 0,
         concurrency_limit: int = 1,
+        renamed: Mapping[str, str] | None = None,
     ) -> None:
         from cairn.workers.inputs import check_flow
 
@@ -188,6 +189,12 @@ class Workflow:
         self.first: str | None = None
         self._validate = validate
         self.max_steps = max_steps  # an agent loop that never says "done" fails, loudly
+        # Old step name -> new: a run saved at (or waiting to go on at) an old name goes on
+        # at the new one, so a deploy that renames a step strands no run.
+        self.renamed = dict(renamed or {})
+        for old, new in self.renamed.items():
+            if not (isinstance(old, str) and isinstance(new, str)) or old == new:
+                raise ValueError(f"workflow {name!r}: renamed wants {{'old': 'new'}} names")
 
     def step(
         self, name: str | None = None, *, retry: Retry | None = None
@@ -212,6 +219,22 @@ class Workflow:
             return fn
 
         return register
+
+    def current(self, cursor: str) -> str:
+        """The step's name now: cursor, or what it was renamed to (a chain followed)."""
+        seen = {cursor}
+        while cursor in self.renamed and cursor not in self.steps:
+            cursor = self.renamed[cursor]
+            if cursor in seen:
+                break  # a cycle of renames: the run stops as incompatible at the step
+            seen.add(cursor)
+        return cursor
+
+    def missing(self, cursors: Iterable[str]) -> list[str]:
+        """The cursors (of live runs) this code has no step for, renames followed."""
+        return sorted(
+            {c for c in cursors if c not in ("", DONE) and self.current(c) not in self.steps}
+        )
 
     def migration(self, *, from_version: int) -> Callable[[Migration], Migration]:
         """Register fn(state) -> state, upgrading a run saved at from_version to the next

@@ -27,7 +27,10 @@ from cairn.store.checkpoints import (
     START,
     conflict,
     create_params,
+    fork_params,
+    forked,
     list_query,
+    rewound,
     settled,
 )
 from cairn.store.db import channel, translated
@@ -183,6 +186,25 @@ class AsyncPgStore:
         conflict(run_id, row)
         await self.db.one("rearm_failed", {"run_id": run_id})
         return False
+
+    async def fork(
+        self,
+        origin: str,
+        at: int,
+        run_id: str,
+        patch: dict[str, Any] | None = None,
+        traceparent: str | None = None,
+    ) -> bool:
+        """PgStore.fork, awaited."""
+        row = await self.db.one("fork", fork_params(origin, at, run_id, patch, traceparent))
+        return forked(row, origin, at)
+
+    async def rewind(self, run_id: str, at: int) -> int:
+        """PgStore.rewind, awaited."""
+        return rewound(await self.db.one("rewind", {"origin": run_id, "at": at}), run_id, at)
+
+    async def forks(self, run_id: str) -> list[Run]:
+        return [Run.from_row(r) for r in await self.db.all("forks", {"run_id": run_id})]
 
     async def admitted(self, workflow: str, key: str) -> list[tuple[str, int]]:
         """PgStore.admitted: the key's admitted runs not sent yet, marked sent."""

@@ -13,7 +13,9 @@ from psycopg.types.json import Jsonb
 from cairn.errors import (
     CorruptCheckpoint,
     IncompatibleCheckpoint,
+    InvalidInput,
     RunIdConflict,
+    RunNotStopped,
     StaleWrite,
     StoreUnavailable,
     UnknownRun,
@@ -180,6 +182,52 @@ def conflict(run_id: str, row: dict[str, Any]) -> None:
         )
 
 
+def fork_params(
+    origin: str, at: int, run_id: str, patch: dict[str, Any] | None, traceparent: str | None
+) -> dict[str, Any]:
+    return {
+        "origin": origin,
+        "at": at,
+        "run_id": run_id,
+        "patch": Jsonb(patch or {}),
+        "traceparent": traceparent,
+        "version": CHECKPOINT_VERSION,
+    }
+
+
+def forked(row: dict[str, Any] | None, origin: str, at: int) -> bool:
+    """The fork query's answer: whether it made the run; or why it could not."""
+    assert row is not None
+    if not row["origin_found"]:
+        raise UnknownRun(f"no run {origin!r}")
+    if not row["found"]:
+        raise InvalidInput(_no_snapshot(origin, at))
+    return row["run_id"] is not None
+
+
+def rewound(row: dict[str, Any] | None, run_id: str, at: int) -> int:
+    """The rewind query's answer: the run's new seq; or why it could not."""
+    assert row is not None
+    if row["status"] is None:
+        raise UnknownRun(f"no run {run_id!r}")
+    if not RunStatus(row["status"]).stopped:
+        raise RunNotStopped(
+            f"run {run_id} is {row['status']}: rewind moves a stopped run; cancel it "
+            "first (it stops at its next step boundary), or fork it instead"
+        )
+    if not row["found"] or row["seq"] is None:
+        raise InvalidInput(_no_snapshot(run_id, at))
+    return int(row["seq"])
+
+
+def _no_snapshot(run_id: str, at: int) -> str:
+    return (
+        f"run {run_id} saved no checkpoint at seq {at}: pick a seq from its history "
+        "(`cairn history`), 1 up to its current seq (steps saved before cairn kept them "
+        "cannot be forked)"
+    )
+
+
 def create_params(
     run_id: str,
     workflow: str,
@@ -276,6 +324,30 @@ class PgStore:
         self.db.one("rearm_failed", {"run_id": run_id})
         return False
 
+    def fork(
+        self,
+        origin: str,
+        at: int,
+        run_id: str,
+        patch: dict[str, Any] | None = None,
+        traceparent: str | None = None,
+    ) -> bool:
+        """Create run_id from the checkpoint origin saved at seq `at` (input patched);
+        False if run_id existed (unchanged). Raises UnknownRun, or InvalidInput when
+        origin saved no checkpoint at that seq."""
+        row = self.db.one("fork", fork_params(origin, at, run_id, patch, traceparent))
+        return forked(row, origin, at)
+
+    def rewind(self, run_id: str, at: int) -> int:
+        """Move the stopped run back to the checkpoint it saved at seq `at`, in place (at
+        a new seq, with new visit numbers); returns its new seq. Raises UnknownRun,
+        InvalidInput (no checkpoint at that seq), or RunNotStopped."""
+        return rewound(self.db.one("rewind", {"origin": run_id, "at": at}), run_id, at)
+
+    def forks(self, run_id: str) -> list[Run]:
+        """The runs forked from run_id, oldest first."""
+        return [Run.from_row(r) for r in self.db.all("forks", {"run_id": run_id})]
+
     def admitted(self, workflow: str, key: str) -> list[tuple[str, int]]:
         """The key's runs admitted and not sent yet, each (run id, priority), marked sent:
         the caller sends them (each run is returned to one caller)."""
@@ -363,6 +435,9 @@ class PgStore:
             "wait_timeout": wait.timeout if wait else None,
             "wait_timeout_cursor": wait.on_timeout if wait else None,
             "flow_version": cp.flow_version,
+            # The history row keeps the state only when the step changed it (a fork reads
+            # back to the last that did): bytes per step stay flat in the run's length.
+            "state_changed": cp.state != previous.state or previous.seq == 0,
         }
         query = QUERIES["save_plain"]
         if messages or attempt.signal_id is not None or spawn is not None:

@@ -72,6 +72,8 @@ class Run:
     concurrency_key: str | None = None  # at most its key's limit of such runs at a time
     priority: int = 0  # higher starts first (its key's queue, and the broker's)
     traceparent: str | None = None  # W3C trace context of the span that enqueued it
+    forked_from: str | None = None  # a fork (Client.fork): the run it was forked from,
+    forked_at: int | None = None  # and the seq
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Run:

@@ -25,6 +25,9 @@ app = typer.Typer(
 )
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+# `cairn runs` lists runs; `cairn runs fork` and `cairn runs rewind` go back to a step.
+runs_app = typer.Typer()
+app.add_typer(runs_app, name="runs")
 
 AsJson = Annotated[
     bool, typer.Option("--json", help="Print one JSON document (stable keys) instead of tables.")
@@ -291,8 +294,9 @@ def enqueue(
         _fail(str(exc), 2)
 
 
-@app.command()
+@runs_app.callback(invoke_without_command=True)
 def runs(
+    ctx: typer.Context,
     status: Annotated[
         RunStatus | None, typer.Option("--status", help="Only runs in this status.")
     ] = None,
@@ -314,6 +318,8 @@ def runs(
     database_url: DatabaseUrl = None,
 ) -> None:
     """List runs, newest first, a page at a time, with the totals by status."""
+    if ctx.invoked_subcommand is not None:
+        return
     with _client(_settings(database_url=database_url)) as client:
         found = client.list(
             status,
@@ -354,6 +360,70 @@ def runs(
     )
     if following:
         console.print(f"next page: cairn runs --after {following}")
+
+
+@runs_app.command("fork")
+def fork_cmd(
+    run_id: Annotated[str, typer.Argument(help="The run to fork.")],
+    at: Annotated[
+        int,
+        typer.Option(
+            "--at",
+            min=1,
+            help="The checkpoint to go on from: the one the step `cairn show` lists at seq N-1 saved.",
+        ),
+    ],
+    new_run_id: Annotated[
+        str | None, typer.Option("--run-id", help="The new run's id [a new one].")
+    ] = None,
+    input_patch: Annotated[
+        str | None,
+        typer.Option("--input-patch", help="JSON object merged into the run's input."),
+    ] = None,
+    as_json: AsJson = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Start a new run from a step another run saved (the original is not touched)."""
+    from cairn.errors import CairnError
+
+    try:
+        patch = json.loads(input_patch) if input_patch is not None else None
+    except json.JSONDecodeError as exc:
+        _fail(f"--input-patch is not JSON ({exc})", 2)
+    try:
+        with _client(_settings(database_url=database_url)) as client:
+            new = client.fork(run_id, at_seq=at, new_run_id=new_run_id, input_patch=patch)
+    except CairnError as exc:
+        _fail(str(exc), 2)
+    print(_dumps({"run_id": new, "forked_from": run_id, "forked_at": at}) if as_json else new)
+
+
+@runs_app.command("rewind")
+def rewind_cmd(
+    run_id: Annotated[str, typer.Argument(help="The stopped run to move back.")],
+    to: Annotated[
+        int,
+        typer.Option(
+            "--to",
+            min=1,
+            help="The checkpoint to go back to: the one the step `cairn show` lists at seq N-1 saved.",
+        ),
+    ],
+    as_json: AsJson = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Move a stopped run back to a step it saved, in place, and send it on."""
+    from cairn.errors import CairnError
+
+    try:
+        with _client(_settings(database_url=database_url)) as client:
+            run = client.rewind(run_id, to_seq=to)
+    except CairnError as exc:
+        _fail(str(exc), 2)
+    if as_json:
+        print(_dumps(run.to_json()))
+    else:
+        print(f"{run_id}: rewound to seq {to}, now {run.status} at {run.cursor!r} (seq {run.seq})")
 
 
 @app.command()
@@ -404,6 +474,10 @@ def show(
         console.print(f"[bold]{'cancel':>10}[/] {row['cancel_reason']}")
     if row["parent_id"]:
         console.print(f"[bold]{'parent':>10}[/] {row['parent_id']}")
+    if row["forked_from"]:
+        console.print(
+            f"[bold]{'forked':>10}[/] from {row['forked_from']} at seq {row['forked_at']}"
+        )
     if row["concurrency_key"]:
         console.print(f"[bold]{'key':>10}[/] {row['concurrency_key']}")
     if row["priority"]:
@@ -619,6 +693,49 @@ def _redacted(value: Any) -> Any:
             netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
             return parts._replace(netloc=netloc).geturl()
     return value
+
+
+@db_app.command("check")
+def db_check(
+    as_json: AsJson = False,
+    database_url: DatabaseUrl = None,
+    workflows: Workflows = None,
+) -> None:
+    """Before a deploy: does this code (CAIRN_WORKFLOWS) have every step live runs stand
+    at? Exit 1, naming each missing step and its runs, if not."""
+    from cairn.steps import registry
+
+    settings = _settings(database_url=database_url, workflows=workflows)
+    try:
+        registry.import_modules((*registry.SHIPPED, *settings.workflows))
+    except (ImportError, ValueError) as exc:
+        _fail(f"cannot import the workflows: {exc}", 2)
+    with _client(settings) as client:
+        rows = client.store.db.all("live_cursors")
+    problems = []
+    for name in sorted({r["workflow"] for r in rows}):
+        mine = [r for r in rows if r["workflow"] == name]
+        flow = registry.find(name)
+        missing = flow.missing(r["cursor"] for r in mine) if flow else None
+        for r in mine:
+            if missing is None or r["cursor"] in missing:
+                what = "no such workflow" if flow is None else "no such step"
+                problems.append(
+                    {"workflow": name, "step": r["cursor"], "runs": r["runs"], "problem": what}
+                )
+    if as_json:
+        print(_dumps({"ok": not problems, "problems": problems}))
+    elif problems:
+        for p in problems:
+            err.print(
+                f"[bold red]{p['workflow']}.{p['step']}[/]: {p['runs']} live run(s) stand "
+                f"there, and this code has {p['problem']}: keep it, or declare "
+                f"workflow({p['workflow']!r}, renamed={{{p['step']!r}: 'new_name'}})"
+            )
+    else:
+        print(f"ok: every step {sum(r['runs'] for r in rows)} live run(s) stand at exists")
+    if problems:
+        raise typer.Exit(1)
 
 
 @db_app.command("upgrade")

@@ -180,6 +180,43 @@ class Client:
         listed them: status, state (the result once done), error. [] for none."""
         return self.store.children(run_id)
 
+    def fork(
+        self,
+        run_id: str,
+        *,
+        at_seq: int,
+        new_run_id: str | None = None,
+        input_patch: dict[str, Any] | None = None,
+    ) -> str:
+        """Start a new run from the checkpoint run_id saved at seq at_seq (any status: the
+        original is not touched), with its input merged with input_patch; returns the new
+        run's id. It is a new run: its effects have their own idempotency keys, so the
+        steps after at_seq make theirs again. The same new_run_id again returns it.
+        Raises UnknownRun, or InvalidInput when no checkpoint was saved at that seq."""
+        at, patch = _checked_fork(self.settings, at_seq, input_patch)
+        new = check_run_id(new_run_id) if new_run_id is not None else uuid.uuid4().hex
+        with otel.enqueuing("(fork)", new, forked_from=run_id, forked_at=at) as trace:
+            if self.store.fork(run_id, at, new, patch, trace):
+                self.send(new)
+        return new
+
+    def rewind(self, run_id: str, *, to_seq: int) -> Run:
+        """Move a stopped run (done, failed, cancelled, ...) back to the checkpoint it
+        saved at seq to_seq, in place, and send it on. The steps it replays get new visit
+        numbers, so new idempotency keys: an effect the first pass made is made again
+        unless the downstream dedupes on its own key. Raises RunNotStopped for a run that
+        is pending, running, waiting or queued (cancel it first), UnknownRun, InvalidInput."""
+        at, _ = _checked_fork(self.settings, to_seq, None)
+        self.store.rewind(run_id, at)
+        self.send(run_id)
+        run = self.get(run_id)
+        assert run is not None
+        return run
+
+    def forks(self, run_id: str) -> list[Run]:
+        """The runs forked from run_id (Client.fork), oldest first."""
+        return self.store.forks(run_id)
+
     def signal(
         self, run_id: str, event: str, payload: Any = None, *, signal_id: str | None = None
     ) -> bool:
@@ -458,6 +495,35 @@ class AsyncClient:
         """Client.children: the run's child runs, in their spawns' order."""
         return await self.store.children(run_id)
 
+    async def fork(
+        self,
+        run_id: str,
+        *,
+        at_seq: int,
+        new_run_id: str | None = None,
+        input_patch: dict[str, Any] | None = None,
+    ) -> str:
+        """Client.fork: a new run from the step run_id saved at at_seq; its id."""
+        at, patch = _checked_fork(self.settings, at_seq, input_patch)
+        new = check_run_id(new_run_id) if new_run_id is not None else uuid.uuid4().hex
+        with otel.enqueuing("(fork)", new, forked_from=run_id, forked_at=at) as trace:
+            if await self.store.fork(run_id, at, new, patch, trace):
+                await self.send(new)
+        return new
+
+    async def rewind(self, run_id: str, *, to_seq: int) -> Run:
+        """Client.rewind: a stopped run moved back to the step it saved at to_seq."""
+        at, _ = _checked_fork(self.settings, to_seq, None)
+        await self.store.rewind(run_id, at)
+        await self.send(run_id)
+        run = await self.get(run_id)
+        assert run is not None
+        return run
+
+    async def forks(self, run_id: str) -> list[Run]:
+        """Client.forks: the runs forked from run_id, oldest first."""
+        return await self.store.forks(run_id)
+
     async def signal(
         self, run_id: str, event: str, payload: Any = None, *, signal_id: str | None = None
     ) -> bool:
@@ -629,6 +695,14 @@ def _flow(workflow: str, key: Any, limit: Any, priority: Any) -> tuple[str | Non
         limit if limit is not None else flow.concurrency_limit if flow else 1,
         priority if priority is not None else flow.priority if flow else 0,
     )
+
+
+def _checked_fork(
+    settings: Settings, at: Any, patch: dict[str, Any] | None
+) -> tuple[int, dict[str, Any]]:
+    if isinstance(at, bool) or not isinstance(at, int) or at < 1:
+        raise InvalidInput(f"the seq to fork or rewind at must be a whole number >= 1, not {at!r}")
+    return at, check_input({} if patch is None else patch, settings.max_input_bytes)
 
 
 def _checked_signal(settings: Settings, event: str, payload: Any, signal_id: str | None) -> str:

@@ -192,11 +192,10 @@ def _drive(cp: Checkpoint, lease: HeldLease, deps: Deps) -> RunStatus:
             input=flow.validate(cp.input),
             state=state,
             flow_version=flow.version,
+            # A step renamed since the run saved its cursor goes on under its new name.
             cursor=(flow.first or DONE)
             if cp.cursor == START
-            else (cp.wait_timeout_cursor or cp.cursor)
-            if timed_out
-            else cp.cursor,
+            else flow.current((cp.wait_timeout_cursor or cp.cursor) if timed_out else cp.cursor),
             epoch=lease.epoch,
             status=RunStatus.RUNNING,
             resumes=cp.resumes + int(resumed),
@@ -297,8 +296,13 @@ def _step(
     fresh: this worker saved the step before, so no journal can hold calls of this one."""
     settings, store, middleware = deps.settings, deps.store, deps.middleware
     fn = flow.steps.get(cp.cursor)
-    if fn is None:
-        raise CairnError(f"workflow {flow.name!r} has no step {cp.cursor!r}")
+    if fn is None:  # removed by a deploy: this code cannot go on with the run
+        raise Stop(
+            RunStatus.INCOMPATIBLE,
+            f"workflow {flow.name!r} has no step {cp.cursor!r}: it was renamed or removed. "
+            f"Declare workflow({flow.name!r}, renamed={{{cp.cursor!r}: 'its new name'}}) or "
+            "deploy code that has it, then enqueue the run again",
+        )
     if cp.seq >= flow.max_steps:
         raise CairnError(f"run {cp.run_id} passed max_steps={flow.max_steps} without finishing")
     lease.ensure()

@@ -100,6 +100,7 @@ c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_start,
        c.attempts, c.deliveries, c.cancel_reason, r.max_cost_usd, c.wait_event,
        c.wait_timeout_cursor, coalesce(c.wait_until <= now(), false) AS wait_over,
        c.flow_version, r.parent_id, r.depth, r.concurrency_key, r.priority, r.traceparent,
+       r.forked_from, r.forked_at,
        (SELECT jsonb_build_object('id', s.signal_id, 'payload', s.payload)
                || CASE WHEN s.traceparent IS NULL THEN '{}'::jsonb
                        ELSE jsonb_build_object('traceparent', s.traceparent) END
@@ -132,11 +133,15 @@ c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_start,
     RETURNING c.run_id, c.cancel_reason
 
 -- fragment: save_history
--- The step's history row, written only when the upsert returned its row.
+-- The step's history row, written only when the upsert returned its row, with the
+-- checkpoint it saved (what a fork or a rewind goes on from; the state only if changed).
     INSERT INTO step_history (run_id, seq, cursor, visit, outcome, started_at, worker, epoch,
-                              cost_usd, effect_key)
+                              cost_usd, effect_key, next_cursor, visits, win_start, win_end,
+                              total_cost, flow_version, state)
     SELECT saved.run_id, %(seq)s - 1, %(step)s, %(visit)s, 'saved', to_timestamp(%(started)s),
-           %(worker)s, %(epoch)s, %(step_cost)s, %(effect_key)s
+           %(worker)s, %(epoch)s, %(step_cost)s, %(effect_key)s, %(cursor)s, %(visits)s,
+           %(win_start)s, %(win_end)s, %(cost_usd)s, %(flow_version)s,
+           CASE WHEN %(state_changed)s THEN %(state)s END
       FROM saved
 
 -- fragment: save_answer
@@ -373,7 +378,7 @@ SELECT pos FROM recorded;
 -- What Client.get shows: position, result and error, not the window.
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
        r.created_at, c.updated_at, r.input, c.state, r.parent_id, r.concurrency_key,
-       r.priority, r.traceparent
+       r.priority, r.traceparent, r.forked_from, r.forked_at
   FROM checkpoints c JOIN runs r USING (run_id)
  WHERE c.run_id = %(run_id)s;
 
@@ -704,3 +709,125 @@ WITH keep AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone) AS checkpoints;
+
+-- fragment: snapshot
+-- The checkpoint run %(origin)s saved at seq %(at)s: the history row of the step that
+-- saved it (or a fork's or a rewind's mark), with the state as of then (the last row up
+-- to it that changed it). Rows from before migration 0013 have no next_cursor: none.
+    SELECT h.id, h.next_cursor, h.visits, h.win_start, h.win_end, h.total_cost,
+           h.flow_version, h.epoch,
+           (SELECT s.state FROM step_history s
+             WHERE s.run_id = h.run_id AND s.id <= h.id AND s.state IS NOT NULL
+             ORDER BY s.id DESC LIMIT 1) AS state
+      FROM step_history h
+     WHERE h.run_id = %(origin)s AND h.seq = %(at)s - 1 AND h.next_cursor IS NOT NULL
+       AND h.outcome IN ('saved', 'forked', 'rewound')
+     ORDER BY h.id DESC LIMIT 1
+
+-- name: fork
+-- A new run from the checkpoint another run saved at seq `at`: its input (patched), its
+-- state, cursor, visits and window there, at that seq, pending; marked in its history.
+-- Its cost starts at 0: it spends its own. The origin is not touched.
+WITH snap AS (
+{{snapshot}}
+), src AS (
+    SELECT workflow, input, max_cost_usd, priority FROM runs WHERE run_id = %(origin)s
+), new_run AS (
+    INSERT INTO runs (run_id, workflow, input, max_cost_usd, priority, traceparent,
+                      forked_from, forked_at)
+    SELECT %(run_id)s, src.workflow, src.input || %(patch)s, src.max_cost_usd, src.priority,
+           %(traceparent)s, %(origin)s, %(at)s
+      FROM src, snap
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING run_id
+), checkpoint AS (
+    INSERT INTO checkpoints (run_id, seq, cursor, state, visits, win_start, win_end, cost_usd,
+                             version, status, flow_version)
+    SELECT new_run.run_id, %(at)s, snap.next_cursor, snap.state, snap.visits, snap.win_start,
+           snap.win_end, 0, %(version)s, 'pending', snap.flow_version
+      FROM new_run, snap
+), copied AS (
+    INSERT INTO window_messages (run_id, idx, message)
+    SELECT new_run.run_id, w.idx, w.message
+      FROM new_run, snap, window_messages w
+     WHERE w.run_id = %(origin)s AND w.idx >= snap.win_start AND w.idx < snap.win_end
+), mark AS (
+    INSERT INTO step_history (run_id, seq, cursor, visit, outcome, started_at, worker, epoch,
+                              cost_usd, error, next_cursor, visits, win_start, win_end,
+                              total_cost, flow_version, state)
+    SELECT new_run.run_id, %(at)s - 1, snap.next_cursor, 0, 'forked', now(), 'client', 0, 0,
+           'forked from ' || %(origin)s || ' at seq ' || %(at)s, snap.next_cursor,
+           snap.visits, snap.win_start, snap.win_end, 0, snap.flow_version, snap.state
+      FROM new_run, snap
+)
+SELECT (SELECT run_id FROM new_run) AS run_id, EXISTS (SELECT 1 FROM snap) AS found,
+       EXISTS (SELECT 1 FROM src) AS origin_found;
+
+-- name: rewind
+-- Move a stopped run back to the checkpoint it saved at seq `at`, in place: its state,
+-- cursor and window there, at a new seq (seq only grows: a zombie of the old timeline is
+-- fenced), pending. Its visits go past every visit it ever made of each step, so the
+-- steps it replays get new visit numbers: new idempotency keys, no journal records to
+-- replay. Its cost so far stays (it was spent). Marked in its history.
+WITH snap AS (
+{{snapshot}}
+), cur AS (
+    SELECT seq, status, epoch, cost_usd FROM checkpoints WHERE run_id = %(origin)s FOR UPDATE
+), used AS (
+    SELECT cursor, max(visit) + 1 AS next FROM (
+        SELECT cursor, visit FROM step_history WHERE run_id = %(origin)s
+        UNION ALL
+        SELECT cursor, visit FROM journal WHERE run_id = %(origin)s
+    ) v GROUP BY cursor
+), visits AS (
+    SELECT coalesce(jsonb_object_agg(k, greatest(coalesce((snap.visits ->> k)::int, 0),
+                                                 coalesce(used.next, 0))), '{}') AS v
+      FROM snap,
+           (SELECT jsonb_object_keys(snap.visits) AS k FROM snap
+            UNION SELECT cursor FROM used) keys
+      LEFT JOIN used ON used.cursor = keys.k
+), moved AS (
+    UPDATE checkpoints c
+       SET seq = cur.seq + 1, cursor = snap.next_cursor, state = snap.state,
+           visits = visits.v, win_start = snap.win_start, win_end = snap.win_end,
+           flow_version = snap.flow_version, status = 'pending', error = NULL,
+           attempts = 0, deliveries = 0, retry_at = NULL, cancel_reason = NULL,
+           wait_event = NULL, wait_until = NULL, wait_timeout_cursor = NULL,
+           updated_at = now()
+      FROM cur, snap, visits
+     WHERE c.run_id = %(origin)s
+       AND cur.status IN ('done', 'failed', 'cancelled', 'budget_exceeded', 'incompatible',
+                          'unknown')
+    RETURNING c.seq, c.visits
+), mark AS (
+    INSERT INTO step_history (run_id, seq, cursor, visit, outcome, started_at, worker, epoch,
+                              cost_usd, error, next_cursor, visits, win_start, win_end,
+                              total_cost, flow_version, state)
+    SELECT %(origin)s, moved.seq - 1, snap.next_cursor, 0, 'rewound', now(), 'client',
+           cur.epoch, 0, 'rewound to seq ' || %(at)s, snap.next_cursor, moved.visits,
+           snap.win_start, snap.win_end, cur.cost_usd, snap.flow_version, snap.state
+      FROM moved, snap, cur
+)
+SELECT (SELECT status FROM cur) AS status, (SELECT seq FROM moved) AS seq,
+       EXISTS (SELECT 1 FROM snap) AS found;
+
+-- name: forks
+-- A run's forks, oldest first.
+SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
+       r.created_at, c.updated_at, r.forked_from, r.forked_at
+  FROM runs r JOIN checkpoints c USING (run_id)
+ WHERE r.forked_from = %(run_id)s
+ ORDER BY r.created_at, r.run_id;
+
+-- name: live_cursors
+-- Where runs that may still go on stand, per workflow: a deploy must have these steps
+-- (`cairn db check`). Failed and incompatible runs count: enqueueing them again resumes
+-- them at their cursor; so does a waiting run's timeout cursor.
+SELECT r.workflow, x.cursor, count(*) AS runs
+  FROM checkpoints c JOIN runs r USING (run_id),
+       LATERAL (VALUES (c.cursor), (c.wait_timeout_cursor)) AS x (cursor)
+ WHERE c.status IN ('pending', 'running', 'waiting', 'queued', 'failed', 'incompatible',
+                    'unknown')
+   AND x.cursor IS NOT NULL
+ GROUP BY r.workflow, x.cursor
+ ORDER BY r.workflow, x.cursor;

@@ -1,4 +1,4 @@
--- cairn's schema as it stands: what migrations/0001..0012 build, in one file to read.
+-- cairn's schema as it stands: what migrations/0001..0013 build, in one file to read.
 -- Databases are made and upgraded by the migrations (`cairn db upgrade`);
 -- tests/test_schema.py builds one database from them and one from this file and asserts
 -- their schema-only dumps are equal, so this file cannot drift. A new migration edits
@@ -24,11 +24,16 @@ CREATE TABLE runs (
     concurrency_limit  integer,
     priority      integer NOT NULL DEFAULT 0,
     -- the W3C traceparent of the span that enqueued it: every delivery continues its trace
-    traceparent   text
+    traceparent   text,
+    -- a fork (Client.fork): the run and the seq it was forked from
+    forked_from   text,
+    forked_at     bigint
 );
 
 -- Listing runs newest first, a page at a time (keyset on created_at, run_id).
 CREATE INDEX runs_newest ON runs (created_at DESC, run_id DESC);
+-- A run's forks (Client.fork).
+CREATE INDEX runs_forks ON runs (forked_from) WHERE forked_from IS NOT NULL;
 
 -- fillfactor leaves room on each page so the per-step update can be HOT (no index
 -- column changes per step: status changes only at start and end).
@@ -138,6 +143,16 @@ CREATE TABLE step_history (
     cost_usd    double precision NOT NULL DEFAULT 0,
     effect_key  text,
     error       text,
+    -- a saved step's checkpoint, what a fork or a rewind goes on from (migration 0013):
+    -- the next cursor, visits, window range, cost so far, workflow version, and the state
+    -- when the step changed it (NULL: as the row before)
+    next_cursor   text,
+    visits        jsonb,
+    win_start     integer,
+    win_end       integer,
+    total_cost    double precision,
+    flow_version  integer,
+    state         jsonb,
     -- one index, the one reads use: the per-step write pays for a single index entry
     PRIMARY KEY (run_id, id)
 );

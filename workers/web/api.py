@@ -40,6 +40,7 @@ from cairn.errors import (
     CairnError,
     InvalidInput,
     RunIdConflict,
+    RunNotStopped,
     Transient,
     UnknownRun,
     UnknownWorkflow,
@@ -63,6 +64,7 @@ EVENTS_PATH = re.compile(r"^/runs/([^/]+)/events$")
 _ERROR_STATUS: list[tuple[type[CairnError], int]] = [
     (UnknownRun, 404),
     (RunIdConflict, 409),
+    (RunNotStopped, 409),
     (InvalidInput, 422),
     (UnknownWorkflow, 422),
     (Transient, 503),
@@ -94,6 +96,20 @@ class NewRun(BaseModel):
     priority: int | None = Field(
         default=None, description="-100..100, higher starts first (default: the workflow's, or 0)."
     )
+
+
+class Fork(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    at_seq: int = Field(ge=1, description="The seq of the saved step to go on from.")
+    new_run_id: str | None = Field(default=None, description="The new run's id [a new one].")
+    input_patch: dict[str, Any] | None = Field(
+        default=None, description="Merged into the run's input (top-level keys)."
+    )
+
+
+class Rewind(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    to_seq: int = Field(ge=1, description="The seq of the saved step to go back to.")
 
 
 class Cancel(BaseModel):
@@ -534,6 +550,30 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
         if run is None:
             raise UnknownRun(f"no run {run_id!r}")
         return run.to_json()
+
+    @app.post("/runs/{run_id}/fork", status_code=202, tags=["runs"])
+    def fork(run_id: str, body: Fork, request: Request) -> dict[str, Any]:
+        """Start a new run from the step run_id saved at at_seq (run_id is not touched)."""
+        with otel.continuing(request.headers):
+            new = client.fork(
+                run_id, at_seq=body.at_seq, new_run_id=body.new_run_id,
+                input_patch=body.input_patch,
+            )  # fmt: skip
+        return _run(new)
+
+    @app.post("/runs/{run_id}/rewind", status_code=202, tags=["runs"])
+    def rewind(run_id: str, body: Rewind) -> dict[str, Any]:
+        """Move a stopped run back to the step it saved at to_seq, in place (409 for a run
+        that is not stopped)."""
+        return client.rewind(run_id, to_seq=body.to_seq).to_json()
+
+    @app.get("/runs/{run_id}/forks", tags=["runs"])
+    def forks(run_id: str) -> dict[str, Any]:
+        """The runs forked from this one, oldest first."""
+        found = client.forks(run_id)
+        if not found and client.get(run_id) is None:
+            raise UnknownRun(f"no run {run_id!r}")
+        return {"run_id": run_id, "forks": [r.to_json() for r in found]}
 
     @app.post("/runs/{run_id}/resolve", status_code=202, tags=["runs"])
     def resolve(run_id: str, body: Resolve) -> dict[str, Any]:

@@ -1,0 +1,226 @@
+"""Forks, rewinds and renamed steps: going back to a saved step, as a new run or in place,
+and a deploy that renames or removes a step live runs stand at."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tests.flows  # noqa: F401 (loop: one keyed email a visit)
+from cairn.errors import InvalidInput, RunNotStopped, UnknownRun
+from cairn.status import RunStatus
+from cairn.steps import Context, StepResult, registry, workflow
+from cairn.store import PgStore
+from cairn.testing.standins import MailServer
+from cairn.workers import loop
+from cairn.workers.client import Client
+
+# a -> b -> c; c fails until the file named by input "fixed" exists.
+mend = workflow("mend")
+
+
+@mend.step()
+def a(ctx: Context) -> StepResult:
+    return StepResult(cursor="b", state={"a": ctx.visit})
+
+
+@mend.step()
+def b(ctx: Context) -> StepResult:
+    return StepResult(cursor="c", state={"b": ctx.idempotency_key()})
+
+
+@mend.step()
+def c(ctx: Context) -> StepResult:
+    if not os.path.exists(ctx.input["fixed"]):
+        raise ValueError("c is broken until fixed")
+    return StepResult(cursor="done", state={"c": True})
+
+
+def _keys(mail: MailServer) -> list[str]:
+    return [m["idempotency_key"] for m in mail.messages()]
+
+
+def test_a_fork_from_step_3_reruns_4_to_6_with_new_keys_and_leaves_the_original(
+    client: Client, deps: loop.Deps, store: PgStore, mail: MailServer, sql: Any
+) -> None:
+    original = client.enqueue("loop", {"visits": 6}, run_id="six")
+    assert loop.run(original, deps) == RunStatus.DONE
+    before = (store.get(original), client.history(original))
+    assert len(_keys(mail)) == 6
+    fork = client.fork(original, at_seq=3, new_run_id="six-b", input_patch={"note": "again"})
+    got = store.load(fork)
+    assert got is not None and (got.seq, got.cursor, got.state) == (3, "think", {"n": 3})
+    assert got.visits == {"think": 3} and got.input == {"visits": 6, "note": "again"}
+    assert loop.run(fork, deps) == RunStatus.DONE
+    keys = _keys(mail)
+    assert len(keys) == 9 and len(set(keys)) == 9  # three more emails, each its own key
+    assert keys[6:] == [f"cairn:six-b:think:{v}" for v in (3, 4, 5)]
+    assert (store.get(original), client.history(original)) == before  # untouched
+    run = client.get(fork)
+    assert run is not None and (run.forked_from, run.forked_at) == ("six", 3)
+    assert run.state == {"n": 6} and [f.run_id for f in client.forks("six")] == ["six-b"]
+    outcomes = [(h["seq"], h["outcome"]) for h in client.history(fork)]
+    assert outcomes == [(2, "forked"), (3, "saved"), (4, "saved"), (5, "saved")]
+    # The same new run id again is the same fork: nothing new is made or sent.
+    assert client.fork(original, at_seq=3, new_run_id="six-b") == "six-b"
+    assert sql("SELECT count(*) FROM runs WHERE forked_from = 'six'") == [(1,)]
+
+
+def test_a_failed_run_rewound_to_step_2_finishes_with_new_visit_numbers(
+    client: Client, deps: loop.Deps, store: PgStore, tmp_path: Path
+) -> None:
+    fixed = tmp_path / "fixed"
+    run_id = client.enqueue("mend", {"fixed": str(fixed)})
+    assert loop.run(run_id, deps) == RunStatus.FAILED
+    with pytest.raises(InvalidInput, match="saved no checkpoint at seq 7"):
+        client.rewind(run_id, to_seq=7)
+    fixed.touch()  # the cause fixed, the run goes back to after step a (seq 1): b again
+    run = client.rewind(run_id, to_seq=1)
+    assert (run.status, run.cursor, run.seq) == ("pending", "b", 3)
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    done = store.get(run_id)
+    assert done is not None and done.state is not None
+    # b's second pass is visit 1: a new idempotency key, not the first pass's.
+    assert done.state == {"a": 0, "b": f"cairn:{run_id}:b:1", "c": True}
+    steps = [(h["cursor"], h["visit"], h["outcome"]) for h in client.history(run_id)]
+    assert steps == [
+        ("a", 0, "saved"), ("b", 0, "saved"), ("c", 0, "failed"), ("b", 0, "rewound"),
+        ("b", 1, "saved"), ("c", 1, "saved"),
+    ]  # fmt: skip
+
+
+def test_rewind_refuses_a_run_that_is_not_stopped_and_bad_seqs(
+    client: Client, deps: loop.Deps
+) -> None:
+    run_id = client.enqueue("loop", {"visits": 3})
+    with pytest.raises(RunNotStopped, match="is pending: rewind moves a stopped run"):
+        client.rewind(run_id, to_seq=1)
+    with pytest.raises(InvalidInput, match="whole number >= 1"):
+        client.fork(run_id, at_seq=0)
+    with pytest.raises(UnknownRun):
+        client.fork("no-such-run", at_seq=1)
+    with pytest.raises(UnknownRun):
+        client.rewind("no-such-run", to_seq=1)
+
+
+def test_a_renamed_step_takes_its_waiting_runs_and_a_removed_one_stops_them_incompatible(
+    client: Client, deps: loop.Deps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    v1 = registry.Workflow("evolving_wait")
+    monkeypatch.setitem(registry._REGISTRY, "evolving_wait", v1)
+
+    @v1.step()
+    def park(ctx: Context) -> StepResult:
+        return StepResult.wait("go", cursor="finish_old")
+
+    @v1.step()
+    def finish_old(ctx: Context) -> StepResult:
+        return StepResult(cursor="done", state={"by": "old"})
+
+    waiting = [client.enqueue("evolving_wait", {}) for _ in range(3)]
+    assert all(loop.run(r, deps) == RunStatus.WAITING for r in waiting)
+    # The deploy: finish_old is now finish.
+    v2 = registry.Workflow("evolving_wait", renamed={"finish_old": "finish"})
+    v2.step("park")(park)
+
+    @v2.step()
+    def finish(ctx: Context) -> StepResult:
+        return StepResult(cursor="done", state={"by": "new"})
+
+    monkeypatch.setitem(registry._REGISTRY, "evolving_wait", v2)
+    assert v2.missing(["park", "finish_old"]) == []
+    for r in waiting:
+        client.signal(r, "go")
+        assert loop.run(r, deps) == RunStatus.DONE
+        assert client.get(r).state == {"by": "new"}  # type: ignore[union-attr]
+    # A deploy without the step at all: the run stops as incompatible, naming it.
+    v3 = registry.Workflow("evolving_wait")
+    v3.step("park")(park)
+    monkeypatch.setitem(registry._REGISTRY, "evolving_wait", v3)
+    stranded = client.enqueue("evolving_wait", {})
+    monkeypatch.setitem(registry._REGISTRY, "evolving_wait", v1)
+    assert loop.run(stranded, deps) == RunStatus.WAITING
+    monkeypatch.setitem(registry._REGISTRY, "evolving_wait", v3)
+    assert v3.missing(["park", "finish_old"]) == ["finish_old"]
+    client.signal(stranded, "go")
+    assert loop.run(stranded, deps) == RunStatus.INCOMPATIBLE
+    run = client.get(stranded)
+    assert run is not None and "has no step 'finish_old'" in (run.error or "")
+
+
+def test_db_check_names_a_step_live_runs_stand_at_that_the_code_lacks(
+    client: Client, store: PgStore, sql: Any, worker_env: dict[str, str]
+) -> None:
+    ok = client.enqueue("loop", {"visits": 2})
+    gone = client.enqueue("loop", {"visits": 2})
+    sql("UPDATE checkpoints SET cursor = 'thought', status = 'failed' WHERE run_id = %s", gone)
+    check = [".venv/bin/cairn", "db", "check", "--workflows", "tests.flows", "--json"]
+    out = subprocess.run(
+        check, env=worker_env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 1, out.stderr
+    report = json.loads(out.stdout)
+    assert report["problems"] == [
+        {"workflow": "loop", "step": "thought", "runs": 1, "problem": "no such step"}
+    ]
+    sql("UPDATE checkpoints SET cursor = 'think' WHERE run_id = %s", gone)
+    out = subprocess.run(
+        check, env=worker_env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0 and json.loads(out.stdout) == {"ok": True, "problems": []}
+    assert store.get(ok) is not None
+
+
+def test_fork_and_rewind_over_http_and_from_the_cli(
+    client: Client, deps: loop.Deps, serve: Any, worker_env: dict[str, str]
+) -> None:
+    run_id = client.enqueue("loop", {"visits": 3})
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    with serve().http() as api:
+        forked = api.post(f"/runs/{run_id}/fork", json={"at_seq": 2, "new_run_id": "web-fork"})
+        assert forked.status_code == 202 and forked.json()["forked_from"] == run_id
+        assert api.get(f"/runs/{run_id}/forks").json()["forks"][0]["run_id"] == "web-fork"
+        assert api.post(f"/runs/{run_id}/fork", json={"at_seq": 9}).status_code == 422
+        busy = api.post("/runs/web-fork/rewind", json={"to_seq": 1})
+        assert busy.status_code == 409 and "rewind moves a stopped run" in busy.text
+        back = api.post(f"/runs/{run_id}/rewind", json={"to_seq": 1}).json()
+        assert back["status"] == "pending" and back["cursor"] == "think"
+    cli = [".venv/bin/cairn", "runs"]
+    out = subprocess.run(
+        [*cli, "fork", run_id, "--at", "1", "--run-id", "cli-fork", "--json"],
+        env=worker_env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"run_id": "cli-fork", "forked_from": run_id, "forked_at": 1}
+    out = subprocess.run(
+        [*cli, "rewind", "cli-fork", "--to", "1"], env=worker_env, capture_output=True,
+        text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2 and "is pending" in out.stderr
+
+
+def test_the_async_client_forks_rewinds_and_lists_forks(
+    client: Client, deps: loop.Deps, settings: Any
+) -> None:
+    import asyncio
+
+    from cairn.workers.client import AsyncClient
+
+    run_id = client.enqueue("loop", {"visits": 2})
+    assert loop.run(run_id, deps) == RunStatus.DONE
+
+    async def go() -> tuple[str, Any, list[Any]]:
+        async with AsyncClient(settings=settings) as aclient:
+            new = await aclient.fork(run_id, at_seq=1, input_patch={"visits": 3})
+            back = await aclient.rewind(run_id, to_seq=1)
+            return new, back, await aclient.forks(run_id)
+
+    new, back, forks = asyncio.run(go())
+    assert [f.run_id for f in forks] == [new] and back.status == "pending"
+    assert loop.run(new, deps) == RunStatus.DONE
+    assert client.get(new).state == {"n": 3}  # type: ignore[union-attr]
