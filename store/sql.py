@@ -26,7 +26,7 @@ def _parse(text: str) -> dict[str, str]:
 
     def include(match: re.Match[str]) -> str:
         try:
-            return fragments[match.group(1)]
+            return _INCLUDE.sub(include, fragments[match.group(1)])  # a fragment may include
         except KeyError:
             raise ValueError(f"queries.sql: no fragment {match.group(1)!r}") from None
 

@@ -156,12 +156,9 @@ SELECT run_id, cancel_reason,
        ) AS signalled
   FROM saved
 
--- name: save
--- The per-step write: one statement, one round trip; the window's new messages and the
--- signal consumed join on the row the guarded upsert returned, so a fenced save writes
--- nothing at all.
-WITH saved AS (
-{{save_upsert}}
+-- fragment: save_window_history_signal
+-- The save's parts after the upsert, each joined on the row it returned: the window's new
+-- messages, the history row, the signal consumed.
 ), appended AS (
     INSERT INTO window_messages (run_id, idx, message)
     SELECT saved.run_id, %(first_idx)s + m.ord - 1, m.msg
@@ -173,6 +170,14 @@ WITH saved AS (
     UPDATE signals s SET consumed_seq = %(seq)s
       FROM saved
      WHERE s.run_id = saved.run_id AND s.signal_id = %(consumed)s
+
+-- name: save
+-- The per-step write: one statement, one round trip; the window's new messages and the
+-- signal consumed join on the row the guarded upsert returned, so a fenced save writes
+-- nothing at all.
+WITH saved AS (
+{{save_upsert}}
+{{save_window_history_signal}}
 )
 {{save_answer}};
 
@@ -182,17 +187,7 @@ WITH saved AS (
 -- they exist exactly when the save does (a replay's save is fenced or finds them made).
 WITH saved AS (
 {{save_upsert}}
-), appended AS (
-    INSERT INTO window_messages (run_id, idx, message)
-    SELECT saved.run_id, %(first_idx)s + m.ord - 1, m.msg
-      FROM saved, jsonb_array_elements(%(messages)s) WITH ORDINALITY AS m (msg, ord)
-    ON CONFLICT (run_id, idx) DO UPDATE SET message = EXCLUDED.message
-), history AS (
-{{save_history}}
-), consumed AS (
-    UPDATE signals s SET consumed_seq = %(seq)s
-      FROM saved
-     WHERE s.run_id = saved.run_id AND s.signal_id = %(consumed)s
+{{save_window_history_signal}}
 ), kids AS (
     SELECT k.* FROM saved, jsonb_to_recordset(%(children)s)
         AS k (run_id text, workflow text, input jsonb, ord integer)
