@@ -361,8 +361,7 @@ MUTANTS = [
         "            _send_admitted(cp, deps)\n",
         "\n",
         (
-            "tests/test_concurrency.py::"
-            "test_a_keys_runs_are_sent_one_at_a_time_each_once_as_slots_free",
+            "tests/test_concurrency.py::test_a_keys_runs_are_sent_one_at_a_time_each_once_as_slots_free",
         ),
     ),
     Mutant(
@@ -372,8 +371,7 @@ MUTANTS = [
         "                          'unknown', 'queued')",
         "                          'unknown')",
         (
-            "tests/test_store_contract.py::"
-            "test_a_concurrency_key_admits_up_to_its_limit_and_queues_the_rest",
+            "tests/test_store_contract.py::test_a_concurrency_key_admits_up_to_its_limit_and_queues_the_rest",
         ),
     ),
 ]

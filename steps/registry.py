@@ -110,7 +110,7 @@ class StepResult:
         if len(set(keys)) != len(keys):
             raise ValueError("two children of one spawn have the same key")
         need = {"all": len(kids), "any": 1}.get(wait, wait) if isinstance(wait, str) else wait
-        if isinstance(need, str) or isinstance(need, bool) or not 1 <= need <= len(kids):
+        if isinstance(need, str | bool) or not 1 <= need <= len(kids):
             raise ValueError(f'spawn wait={wait!r}: "all", "any" or 1..{len(kids)} children')
         return cls(
             cursor=cursor,

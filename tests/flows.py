@@ -261,8 +261,8 @@ def sq(ctx: Context) -> StepResult:
     return StepResult(cursor="done", state={"sq": n * n})
 
 
-@recursive.step()
-def again(ctx: Context) -> StepResult:
+@recursive.step("again")
+def spawn_itself(ctx: Context) -> StepResult:
     return StepResult.spawn([cairn.Child("recursive", {})], cursor="back")
 
 

@@ -129,7 +129,10 @@ def test_a_spawn_replayed_after_a_crash_spawns_each_child_once(
     broker.queue.clear()  # those messages lost too: the reaper sends the children
     clock.advance(SETTINGS.resend_window + 1)
     reaper = Reaper(
-        store=mem.store, leases=mem.leases, settings=SETTINGS, in_flight=lambda _: 0,
+        store=mem.store,
+        leases=mem.leases,
+        settings=SETTINGS,
+        in_flight=lambda _: 0,
         send=lambda run_id: broker.send(run_id, True),
     )
     assert reaper.reap() == 3
@@ -224,10 +227,11 @@ def test_a_fan_out_on_a_real_worker_gathers_every_child_once(
     kids = client.children(parent)
     assert [k.run_id for k in kids] == [f"fan-1.split.0.{i}" for i in range(20)]
     # Each child's one step saved once (or failed once); the parent's 'total' once.
-    rows = sql(
-        "SELECT run_id, cursor, count(*) FROM step_history GROUP BY run_id, cursor"
-    )
-    assert {(r, c): n for r, c, n in rows if r == parent} == {(parent, "split"): 1, (parent, "total"): 1}
+    rows = sql("SELECT run_id, cursor, count(*) FROM step_history GROUP BY run_id, cursor")
+    assert {(r, c): n for r, c, n in rows if r == parent} == {
+        (parent, "split"): 1,
+        (parent, "total"): 1,
+    }
     assert all(n == 1 for r, _, n in rows if r != parent)
     assert sql("SELECT count(*) FROM runs WHERE parent_id = %s", parent) == [(20,)]
     with serve().http() as api:

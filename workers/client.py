@@ -484,9 +484,12 @@ class AsyncClient:
         """Client.cancel: stop a run (a running one at its next step boundary)."""
         await self.store.cancel(run_id, reason)
         run = await self.get(run_id)
-        if run is not None and run.parent_id is not None:
-            if await self.store.gathered(run.parent_id):
-                await self.send(run.parent_id)
+        if (
+            run is not None
+            and run.parent_id is not None
+            and await self.store.gathered(run.parent_id)
+        ):
+            await self.send(run.parent_id)
         if run is not None and run.concurrency_key is not None:
             await self._send_admitted(run.workflow, run.concurrency_key)
         return run

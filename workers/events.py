@@ -397,7 +397,7 @@ class Outbox:
                 self._urgent = sum(1 for p in self._queue if p.done is not None)
             try:
                 self._send(batch, lost)
-            except Exception as exc:  # noqa: BLE001 (a dead thread would stop every run's events)
+            except Exception as exc:  # a dead thread would stop every run's events
                 logger.exception(
                     "%d run event(s) lost to a bug", len(batch), extra=logs.run(None, "events_bug")
                 )

@@ -92,9 +92,8 @@ def check_flow(
         and RUN_ID.fullmatch(concurrency_key)
     ):
         raise InvalidInput(
-                f"concurrency key {concurrency_key!r} is not valid: use {RUN_ID_RULE} "
-                "(e.g. 'user:42')"
-            )
+            f"concurrency key {concurrency_key!r} is not valid: use {RUN_ID_RULE} (e.g. 'user:42')"
+        )
     if not _whole(concurrency_limit) or not 1 <= concurrency_limit <= LIMIT_MAX:
         raise InvalidInput(
             f"concurrency limit must be a whole number from 1 to {LIMIT_MAX:,} (runs with "

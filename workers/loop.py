@@ -569,7 +569,7 @@ def _wake_parent(cp: Checkpoint, deps: Deps) -> None:
     try:
         if deps.store.gathered(cp.parent_id):
             deps.send(cp.parent_id, True, 0)
-    except Exception:  # noqa: BLE001 (the child's end is saved; the reaper wakes the parent)
+    except Exception:  # the child's end is saved; the reaper wakes the parent
         logger.warning(
             "run %s: its parent %s was not woken; the reaper will",
             cp.run_id,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from cairn.status import ACTIVE, RunStatus
 from cairn.testing import fleet
+from cairn.testing.chaos import keys as chaos_keys
 from cairn.testing.chaos.config import (
     SENTINEL,
     STATE,
@@ -26,7 +27,6 @@ from cairn.testing.chaos.history import (
     read_history,
     read_journal_counts,
 )
-from cairn.testing.chaos import keys as chaos_keys
 from cairn.testing.chaos.kills import OutsideKiller
 from cairn.testing.chaos.lifecycle import Lifecycle
 from cairn.testing.chaos.report import build_report
