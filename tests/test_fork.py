@@ -224,3 +224,21 @@ def test_the_async_client_forks_rewinds_and_lists_forks(
     assert [f.run_id for f in forks] == [new] and back.status == "pending"
     assert loop.run(new, deps) == RunStatus.DONE
     assert client.get(new).state == {"n": 3}  # type: ignore[union-attr]
+
+
+def test_the_run_page_offers_fork_from_here_and_shows_origin_and_forks(
+    client: Client, deps: loop.Deps, serve: Any
+) -> None:
+    run_id = client.enqueue("loop", {"visits": 2})
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    fork = client.fork(run_id, at_seq=1, new_run_id="page-fork")
+    with serve().http() as api:
+        page = api.get(f"/ui/runs/{run_id}").text
+        # One button a saved step, each naming the checkpoint that step saved.
+        assert page.count('class="fork-here') == 2
+        assert 'data-seq="1"' in page and 'data-seq="2"' in page
+        assert 'id="forks"' in page and 'href="/ui/runs/page-fork"' in page
+        forked = api.get(f"/ui/runs/{fork}").text
+        assert 'id="origin"' in forked and f'href="/ui/runs/{run_id}"' in forked
+        assert "at seq 1" in forked
+        assert 'class="fork-here' in forked  # its forked row can be forked again

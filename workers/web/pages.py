@@ -235,6 +235,7 @@ def mount(app: FastAPI) -> None:
             "steps": steps,
             "calls": [_call_row(c) for c in client.calls(run_id)],
             "children": client.children(run_id),
+            "forks": client.forks(run_id),
             "line": timeline(run, steps, now),
             "live": run.status not in STOPPED,
             "took": ((run.updated_at if run.status in STOPPED else now) - run.created_at),

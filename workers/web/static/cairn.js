@@ -61,6 +61,19 @@ document.addEventListener("DOMContentLoaded", () => {
       }
       refresh();
     });
+    // "fork from here" on a saved step: a new run from the checkpoint it saved.
+    document.addEventListener("click", async (event) => {
+      const button = event.target.closest ? event.target.closest(".fork-here") : null;
+      if (!button) return;
+      const seq = Number(button.dataset.seq);
+      if (!confirm("Start a new run from " + runId + " at seq " + seq + "? The run itself is not touched.")) return;
+      try {
+        const run = await post(base + "/fork", { at_seq: seq });
+        window.location.href = "/ui/runs/" + encodeURIComponent(run.run_id);
+      } catch (e) {
+        say("fork failed: " + e.message, true);
+      }
+    });
     document.getElementById("signal-form").addEventListener("submit", async (event) => {
       event.preventDefault();
       const form = event.target;
