@@ -97,29 +97,24 @@ def active() -> bool:
 
 
 # -- the Client's side -------------------------------------------------------------------
-@contextlib.contextmanager
-def enqueuing(workflow: str, run_id: str, **attributes: Any) -> Iterator[str | None]:
+def enqueuing(workflow: str, run_id: str, **attributes: Any) -> Any:
     """A `cairn.enqueue` span around writing the run, a child of the current span (a web
     request's); yields its traceparent, for the run's row (None: tracing is off)."""
+    return spanning("cairn.enqueue", producer=True, run_id=run_id, workflow=workflow, **attributes)
+
+
+@contextlib.contextmanager
+def spanning(name: str, *, producer: bool = False, **attributes: Any) -> Iterator[str | None]:
+    """A span of the caller's (an enqueue, a fork, a signal sent) with cairn.<name>
+    attributes: yields its traceparent, to store (None: tracing is off)."""
     if _tracer is None:
         yield None
         return
     from opentelemetry.trace import SpanKind
 
-    attrs = {"cairn.run_id": run_id, "cairn.workflow": workflow}
-    attrs.update({f"cairn.{k}": v for k, v in attributes.items() if v is not None})
-    with _tracer.start_as_current_span("cairn.enqueue", kind=SpanKind.PRODUCER, attributes=attrs):
-        yield traceparent()
-
-
-@contextlib.contextmanager
-def spanning(name: str, **attributes: Any) -> Iterator[str | None]:
-    """A span of the caller's (a signal sent): yields its traceparent, to store."""
-    if _tracer is None:
-        yield None
-        return
+    kind = SpanKind.PRODUCER if producer else SpanKind.INTERNAL
     attrs = {f"cairn.{k}": v for k, v in attributes.items() if v is not None}
-    with _tracer.start_as_current_span(name, attributes=attrs):
+    with _tracer.start_as_current_span(name, kind=kind, attributes=attrs):
         yield traceparent()
 
 

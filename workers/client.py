@@ -195,7 +195,9 @@ class Client:
         Raises UnknownRun, or InvalidInput when no checkpoint was saved at that seq."""
         at, patch = _checked_fork(self.settings, at_seq, input_patch)
         new = check_run_id(new_run_id) if new_run_id is not None else uuid.uuid4().hex
-        with otel.enqueuing("(fork)", new, forked_from=run_id, forked_at=at) as trace:
+        with otel.spanning(
+            "cairn.fork", producer=True, run_id=new, forked_from=run_id, forked_at=at
+        ) as trace:
             if self.store.fork(run_id, at, new, patch, trace):
                 self.send(new)
         return new
@@ -509,7 +511,9 @@ class AsyncClient:
         """Client.fork: a new run from the step run_id saved at at_seq; its id."""
         at, patch = _checked_fork(self.settings, at_seq, input_patch)
         new = check_run_id(new_run_id) if new_run_id is not None else uuid.uuid4().hex
-        with otel.enqueuing("(fork)", new, forked_from=run_id, forked_at=at) as trace:
+        with otel.spanning(
+            "cairn.fork", producer=True, run_id=new, forked_from=run_id, forked_at=at
+        ) as trace:
             if await self.store.fork(run_id, at, new, patch, trace):
                 await self.send(new)
         return new
