@@ -374,6 +374,16 @@ MUTANTS = [
             "tests/test_store_contract.py::test_a_concurrency_key_admits_up_to_its_limit_and_queues_the_rest",
         ),
     ),
+    Mutant(
+        "M39",
+        "a rewound run replays its steps under their old visit numbers (old idempotency keys)",
+        "store/sql/queries.sql",
+        "visits = visits.v, win_start = snap.win_start",
+        "visits = snap.visits, win_start = snap.win_start",
+        (
+            "tests/test_fork.py::test_a_failed_run_rewound_to_step_2_finishes_with_new_visit_numbers",
+        ),
+    ),
 ]
 
 

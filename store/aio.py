@@ -30,6 +30,7 @@ from cairn.store.checkpoints import (
     fork_params,
     forked,
     list_query,
+    replay_params,
     rewound,
     settled,
 )
@@ -50,6 +51,8 @@ class AsyncDatabase:
         options: dict[str, Any] = {"autocommit": True, "row_factory": dict_row}
         if not prepare:
             options["prepare_threshold"] = None
+        # Any: its rows are dict_row's, which the class's default type does not say
+        self.pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]]
         self.pool = psycopg_pool.AsyncConnectionPool(
             url,
             min_size=1,
@@ -202,6 +205,28 @@ class AsyncPgStore:
     async def rewind(self, run_id: str, at: int) -> int:
         """PgStore.rewind, awaited."""
         return rewound(await self.db.one("rewind", {"origin": run_id, "at": at}), run_id, at)
+
+    async def clock(self) -> dt.datetime:
+        """PgStore.clock: the database's time now."""
+        row = await self.db.one("clock")
+        assert row is not None
+        now: dt.datetime = row["now"]
+        return now
+
+    async def replay(
+        self,
+        workflow: str,
+        statuses: tuple[RunStatus, ...],
+        since: dt.datetime,
+        until: dt.datetime,
+        limit: int,
+        *,
+        dry_run: bool = False,
+    ) -> list[Run]:
+        """PgStore.replay, awaited."""
+        params = replay_params(workflow, statuses, since, until, limit)
+        rows = await self.db.all("replayable" if dry_run else "replay", params)
+        return [Run.from_row(r) for r in rows]
 
     async def forks(self, run_id: str) -> list[Run]:
         return [Run.from_row(r) for r in await self.db.all("forks", {"run_id": run_id})]

@@ -6,7 +6,7 @@ import dataclasses
 import datetime as dt
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypedDict
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 from psycopg.types.json import Jsonb
 
@@ -26,6 +26,9 @@ from cairn.store.db import Database, channel, outage, translated
 from cairn.store.runs import Call, Run, Spawned, Wait
 from cairn.store.sql import QUERIES
 from cairn.store.tx import StepTransaction
+
+if TYPE_CHECKING:
+    from cairn.store.contract import StepTx
 
 # Bump when the persisted shape changes; a checkpoint of another version is refused.
 CHECKPOINT_VERSION = 1
@@ -205,6 +208,30 @@ def forked(row: dict[str, Any] | None, origin: str, at: int) -> bool:
     return row["run_id"] is not None
 
 
+REPLAYABLE = (RunStatus.FAILED, RunStatus.INCOMPATIBLE)
+
+
+def replay_params(
+    workflow: str,
+    statuses: tuple[RunStatus, ...],
+    since: dt.datetime,
+    until: dt.datetime,
+    limit: int,
+) -> dict[str, Any]:
+    bad = [s for s in statuses if s not in REPLAYABLE]
+    if bad or not statuses:
+        raise InvalidInput(
+            f"replay re-arms failed or incompatible runs, not {', '.join(bad) or 'none'}"
+        )
+    return {
+        "workflow": workflow,
+        "statuses": [str(s) for s in statuses],
+        "since": since,
+        "until": until,
+        "limit": limit,
+    }
+
+
 def rewound(row: dict[str, Any] | None, run_id: str, at: int) -> int:
     """The rewind query's answer: the run's new seq; or why it could not."""
     assert row is not None
@@ -344,6 +371,30 @@ class PgStore:
         InvalidInput (no checkpoint at that seq), or RunNotStopped."""
         return rewound(self.db.one("rewind", {"origin": run_id, "at": at}), run_id, at)
 
+    def clock(self) -> dt.datetime:
+        """The database's time now."""
+        row = self.db.one("clock")
+        assert row is not None
+        now: dt.datetime = row["now"]
+        return now
+
+    def replay(
+        self,
+        workflow: str,
+        statuses: tuple[RunStatus, ...],
+        since: dt.datetime,
+        until: dt.datetime,
+        limit: int,
+        *,
+        dry_run: bool = False,
+    ) -> list[Run]:
+        """Re-arm up to `limit` of the workflow's runs that stopped in one of the statuses
+        in [since, until) at their cursor, oldest first; each as it stopped. dry_run:
+        only which (nothing written). The caller sends the re-armed runs."""
+        params = replay_params(workflow, statuses, since, until, limit)
+        rows = self.db.all("replayable" if dry_run else "replay", params)
+        return [Run.from_row(r) for r in rows]
+
     def forks(self, run_id: str) -> list[Run]:
         """The runs forked from run_id, oldest first."""
         return [Run.from_row(r) for r in self.db.all("forks", {"run_id": run_id})]
@@ -396,7 +447,7 @@ class PgStore:
         self,
         cp: Checkpoint,
         previous: Checkpoint,
-        tx: StepTransaction | None = None,
+        tx: StepTx | None = None,
         attempt: Attempt | None = None,
         wait: Wait | None = None,
         spawn: Spawned | None = None,
@@ -628,9 +679,7 @@ class PgStore:
         error, cost_usd, created_at): what a step's model requests and tools returned."""
         return self.db.all("calls", {"run_id": run_id, "limit": limit})
 
-    def record_call(
-        self, cp: Checkpoint, visit: int, call: Call, tx: StepTransaction | None = None
-    ) -> bool:
+    def record_call(self, cp: Checkpoint, visit: int, call: Call, tx: StepTx | None = None) -> bool:
         """Journal call for the step at cp (its seq, cursor and epoch); False if fenced: the
         run moved on, or a newer epoch claimed it. With the call's own transaction (ctx.db
         inside the call), the record runs in it and commits it: the call's writes land with

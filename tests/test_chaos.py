@@ -416,6 +416,7 @@ def test_recovery_stays_within_the_lease_ttl_under_heavy_kills(
     assert child["p95"] <= 2 * ttl + 2, (child, report["recovery"]["slowest"])
 
 
+@pytest.mark.fleet
 def test_child_runs_survive_kills_at_every_boundary(
     template_db: str, redis_url: str, tmp_path: Path
 ) -> None:
@@ -467,6 +468,7 @@ def test_child_runs_survive_kills_at_every_boundary(
     )
 
 
+@pytest.mark.fleet
 def test_concurrency_keys_hold_their_limit_under_kills_at_every_boundary(
     template_db: str, redis_url: str, tmp_path: Path
 ) -> None:
@@ -498,3 +500,57 @@ def test_concurrency_keys_hold_their_limit_under_kills_at_every_boundary(
     assert report["kills_total"] >= 5, report["kills"]
     assert report["keys"]["most_at_once"] == {"k0": 1, "k1": 1, "k2": 1}
     assert report["keys"]["left"] == {"slots": 0, "queued": 0, "keys": 0}
+
+
+@pytest.mark.fleet
+def test_bulk_replay_of_100_failed_runs_under_kills_ends_with_each_done_once(
+    template_db: str, redis_url: str, tmp_path: Path
+) -> None:
+    """100 invoice runs fail (the mail API refuses every send), the cause is fixed and
+    Client.replay re-arms them while workers are killed at step boundaries and from
+    outside: each run was replayed once (a second replay finds none), re-armed from failed
+    once (its checkpoint history), ended done, and its email went out once."""
+    report = chaos.run_chaos(
+        "invoice",
+        runs=RUNS,
+        workers=2,
+        concurrency=2,
+        seed=SEED,
+        rate=0.05,
+        random_kills=3,
+        lease_ttl=2.0,
+        deadline=200,
+        pending_after=20,
+        mail_delay_ms=5,
+        model_delay_ms=0,
+        replay_failed=True,
+        database_url=CHAOS_DB,
+        redis_url=redis_url,
+        state_dir=tmp_path,
+        quiet=True,
+    )
+    assert report["ok"], report["problems"]
+    assert report["kills_total"] >= 10, report["kills"]
+    assert report["replay_failed"] == {
+        "failed_first": RUNS, "replayed": RUNS, "replayed_again": 0, "rearmed_once": RUNS,
+    }  # fmt: skip
+    send = next(s for s in report["steps"] if s["step"] == "send_email")
+    assert send["delivered"] == RUNS and send["duplicates"] == 0
+
+
+def test_the_replay_verdict_names_a_run_replayed_twice_or_never() -> None:
+    from cairn.testing.chaos import replay
+
+    ids = ["a", "b"]
+    rows = [
+        {"run_id": r, "status": s}
+        for r, s in (("a", "failed"), ("b", "failed"), ("a", "pending"), ("a", "failed"),
+                     ("a", "pending"), ("a", "done"))
+    ]  # fmt: skip
+    section, problems = replay.verdict(ids, ids, ["a", "a"], ["b"], rows)
+    assert section == {"failed_first": 2, "replayed": 2, "replayed_again": 1, "rearmed_once": 0}
+    assert problems == [
+        "the replay returned 2 run(s) for 2 failed (a twice)",
+        "a second replay re-armed 1 run(s) again",
+        "2 run(s) re-armed from failed other than once (e.g. a: 2)",
+    ]

@@ -3,6 +3,7 @@ and a deploy that renames or removes a step live runs stand at."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -176,6 +177,78 @@ def test_db_check_names_a_step_live_runs_stand_at_that_the_code_lacks(
     assert store.get(ok) is not None
 
 
+def test_replay_reruns_the_failed_runs_since_a_time_from_their_last_step_once(
+    client: Client, deps: loop.Deps, sql: Any, tmp_path: Path
+) -> None:
+    fixed = tmp_path / "fixed"
+    old, *recent = [client.enqueue("mend", {"fixed": str(fixed)}) for _ in range(4)]
+    ok = client.enqueue("loop", {"visits": 1})
+    assert loop.run(ok, deps) == RunStatus.DONE
+    for r in (old, *recent):
+        assert loop.run(r, deps) == RunStatus.FAILED
+    sql("UPDATE checkpoints SET updated_at = now() - interval '2 hours' WHERE run_id = %s", old)
+    since = client.store.clock() - dt.timedelta(hours=1)
+    # The dry run lists them, oldest first, as they stopped, and writes nothing.
+    listed = client.replay("mend", since=since, dry_run=True)
+    assert [r.run_id for r in listed] == recent
+    assert {(r.status, r.cursor) for r in listed} == {("failed", "c")}
+    assert client.replay("loop", since=since, dry_run=True) == []
+    assert {client.get(r).status for r in recent} == {"failed"}  # type: ignore[union-attr]
+    fixed.touch()  # the cause fixed (a deploy), then the replay
+    seen: list[int] = []
+    replayed = client.replay("mend", since=since, limit=2, progress=seen.append)
+    assert [r.run_id for r in replayed] == recent[:2] and seen == [2]
+    rest = client.replay("mend", since=since)
+    assert [r.run_id for r in rest] == recent[2:]
+    assert client.replay("mend", since=since) == []  # each run replayed once
+    for r in recent:
+        assert loop.run(r, deps) == RunStatus.DONE
+        steps = [(h["cursor"], h["visit"], h["outcome"]) for h in client.history(r)]
+        # From its last saved step, c's visit kept: its effects' keys are the first pass's.
+        assert steps == [("a", 0, "saved"), ("b", 0, "saved"), ("c", 0, "failed"),
+                         ("c", 0, "saved")]  # fmt: skip
+    assert client.get(old).status == "failed"  # type: ignore[union-attr]  # before `since`
+    with pytest.raises(InvalidInput, match="failed or incompatible runs, not done"):
+        client.replay("mend", since=since, status="done")
+    with pytest.raises(InvalidInput, match="since must be a datetime with a time zone"):
+        client.replay("mend", since=dt.datetime(2026, 1, 1))
+    with pytest.raises(InvalidInput, match="limit must be a whole number"):
+        client.replay("mend", since=since, limit=0)
+
+
+def test_replay_over_http_and_from_the_cli_with_a_dry_run(
+    client: Client, deps: loop.Deps, serve: Any, worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    fixed = tmp_path / "fixed"
+    runs = [client.enqueue("mend", {"fixed": str(fixed)}) for _ in range(3)]
+    for r in runs:
+        assert loop.run(r, deps) == RunStatus.FAILED
+    since = "2000-01-01T00:00:00Z"
+    cli = [".venv/bin/cairn", "runs", "replay", "mend", "--since", since]
+    out = subprocess.run(
+        [*cli, "--dry-run", "--json"], env=worker_env, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert [r["run_id"] for r in json.loads(out.stdout)["runs"]] == runs
+    with serve().http() as api:
+        dry = api.post("/runs/replay", json={"workflow": "mend", "since": since, "dry_run": True})
+        assert dry.status_code == 202 and dry.json()["replayed"] == 0
+        assert [r["run_id"] for r in dry.json()["runs"]] == runs
+        bad = api.post(
+            "/runs/replay", json={"workflow": "mend", "since": since, "status": ["done"]}
+        )
+        assert bad.status_code == 422
+        one = api.post("/runs/replay", json={"workflow": "mend", "since": since, "limit": 1})
+        assert one.json()["replayed"] == 1 and one.json()["runs"][0]["run_id"] == runs[0]
+    assert {client.get(r).status for r in runs} == {"pending", "failed"}  # type: ignore[union-attr]
+    out = subprocess.run(
+        cli, env=worker_env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0 and "replayed 2 mend run(s)" in out.stdout, out.stderr
+    assert {client.get(r).status for r in runs} == {"pending"}  # type: ignore[union-attr]
+
+
 def test_fork_and_rewind_over_http_and_from_the_cli(
     client: Client, deps: loop.Deps, serve: Any, worker_env: dict[str, str]
 ) -> None:
@@ -214,14 +287,22 @@ def test_the_async_client_forks_rewinds_and_lists_forks(
     run_id = client.enqueue("loop", {"visits": 2})
     assert loop.run(run_id, deps) == RunStatus.DONE
 
-    async def go() -> tuple[str, Any, list[Any]]:
+    broken = client.enqueue("mend", {"fixed": "/nonexistent"})
+    assert loop.run(broken, deps) == RunStatus.FAILED
+
+    async def go() -> tuple[str, Any, list[Any], list[Any], list[Any]]:
         async with AsyncClient(settings=settings) as aclient:
             new = await aclient.fork(run_id, at_seq=1, input_patch={"visits": 3})
             back = await aclient.rewind(run_id, to_seq=1)
-            return new, back, await aclient.forks(run_id)
+            since = await aclient.store.clock() - dt.timedelta(minutes=5)
+            listed = await aclient.replay("mend", since=since, dry_run=True)
+            replayed = await aclient.replay("mend", since=since)
+            return new, back, await aclient.forks(run_id), listed, replayed
 
-    new, back, forks = asyncio.run(go())
+    new, back, forks, listed, replayed = asyncio.run(go())
     assert [f.run_id for f in forks] == [new] and back.status == "pending"
+    assert [r.run_id for r in listed] == [r.run_id for r in replayed] == [broken]
+    assert client.get(broken).status == "pending"  # type: ignore[union-attr]
     assert loop.run(new, deps) == RunStatus.DONE
     assert client.get(new).state == {"n": 3}  # type: ignore[union-attr]
 

@@ -13,7 +13,10 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
+from cairn.status import RunStatus
 from cairn.testing import fleet
+from cairn.workers import loop
+from cairn.workers.client import Client
 from tests.browser import ARTIFACTS, chromium
 from tests.conftest import Server, wait_for
 
@@ -39,6 +42,15 @@ def _until(chrome: webdriver.Chrome, check: Callable[[], object], what: str, tim
         raise
 
 
+def _login(chrome: webdriver.Chrome, server: Server) -> None:
+    """The runs page sends us to the login form; the token gets us back."""
+    chrome.get(f"{server.url}/ui/runs")
+    assert "/login" in chrome.current_url
+    chrome.find_element(By.ID, "token").send_keys(server.token)
+    chrome.find_element(By.CSS_SELECTOR, "form.login button").click()
+    _until(chrome, lambda: chrome.current_url.endswith("/ui/runs"), "the runs page")
+
+
 def test_watch_a_run_move_resume_and_finish_then_cancel_another(
     browser: webdriver.Chrome,
     serve: Callable[..., Server],
@@ -62,12 +74,7 @@ def test_watch_a_run_move_resume_and_finish_then_cancel_another(
                   "input": {"visits": 200, "sleep_after_visit": {str(i): 1 for i in range(200)}}},
         ).json()["run_id"]  # fmt: skip
 
-    # Logging in: the page sends us to the form, the token gets us back.
-    browser.get(f"{server.url}/ui/runs")
-    assert "/login" in browser.current_url
-    browser.find_element(By.ID, "token").send_keys(server.token)
-    browser.find_element(By.CSS_SELECTOR, "form.login button").click()
-    _until(browser, lambda: browser.current_url.endswith("/ui/runs"), "the runs page")
+    _login(browser, server)
     _until(
         browser,
         lambda: len(browser.find_elements(By.CSS_SELECTOR, "tr[data-run]")) == 2,
@@ -111,3 +118,35 @@ def test_watch_a_run_move_resume_and_finish_then_cancel_another(
     browser.get(f"{server.url}/ui/runs?status=cancelled")
     rows = browser.find_elements(By.CSS_SELECTOR, "tr[data-run]")
     assert [r.get_attribute("data-run") for r in rows] == [doomed]
+
+
+def test_fork_from_here_starts_a_new_run_from_that_step_and_opens_its_page(
+    browser: webdriver.Chrome, serve: Callable[..., Server], client: Client, deps: loop.Deps
+) -> None:
+    original = client.enqueue("loop", {"visits": 3}, run_id="to-fork")
+    assert loop.run(original, deps) == RunStatus.DONE
+    server = serve()
+    _login(browser, server)
+    browser.get(f"{server.url}/ui/runs/{original}")
+    _until(browser, lambda: _text(browser, "#status") == "done", "the run's page")
+    browser.find_element(By.CSS_SELECTOR, '.fork-here[data-seq="2"]').click()
+    alert = WebDriverWait(browser, 5).until(expected_conditions.alert_is_present())
+    assert "at seq 2" in alert.text and "not touched" in alert.text
+    alert.accept()
+    _until(
+        browser,
+        lambda: "/ui/runs/" in browser.current_url and original not in browser.current_url,
+        "the fork's page",
+    )
+    fork = browser.current_url.rsplit("/", 1)[1]
+    assert [f.run_id for f in client.forks(original)] == [fork]
+    got = client.get(fork)
+    assert got is not None and (got.forked_from, got.forked_at, got.seq) == (original, 2, 2)
+    _until(browser, lambda: "at seq 2" in _text(browser, "#origin"), "the fork's origin")
+    assert (
+        browser.find_element(By.CSS_SELECTOR, "#origin a")
+        .get_attribute("href")
+        .endswith(f"/ui/runs/{original}")
+    )
+    browser.save_screenshot(str(ARTIFACTS / "forked.png"))
+    assert client.get(original).status == "done"  # type: ignore[union-attr]  # untouched

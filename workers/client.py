@@ -8,12 +8,13 @@ and send one message naming the run. Celery is imported on the first enqueue.
 from __future__ import annotations
 
 import asyncio
+import builtins  # `list` in a Client's annotations is its method
 import dataclasses
 import datetime as dt
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Self
 
 from cairn import otel
@@ -34,6 +35,11 @@ if TYPE_CHECKING:
 
     from cairn.store.events import AsyncRedisEvents, RedisEvents
     from cairn.workers.events import Event
+
+# Runs re-armed a transaction by Client.replay, each batch's messages sent after its commit:
+# a crash mid-replay leaves the rest failed (replay again), and a batch committed but not
+# sent pending, which the reaper sends as it does any run whose message was lost.
+REPLAY_BATCH = 500
 
 
 class Client:
@@ -175,7 +181,7 @@ class Client:
             self._send_admitted(run.workflow, run.concurrency_key)  # its slot's next run
         return run
 
-    def children(self, run_id: str) -> list[Run]:
+    def children(self, run_id: str) -> builtins.list[Run]:
         """The run's child runs (StepResult.spawn), each spawn's in the order its step
         listed them: status, state (the result once done), error. [] for none."""
         return self.store.children(run_id)
@@ -215,9 +221,49 @@ class Client:
         assert run is not None
         return run
 
-    def forks(self, run_id: str) -> list[Run]:
+    def forks(self, run_id: str) -> builtins.list[Run]:
         """The runs forked from run_id (Client.fork), oldest first."""
         return self.store.forks(run_id)
+
+    def replay(
+        self,
+        workflow: str,
+        *,
+        since: dt.datetime,
+        until: dt.datetime | None = None,
+        status: RunStatus | str | tuple[RunStatus | str, ...] = RunStatus.FAILED,
+        limit: int | None = None,
+        dry_run: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> builtins.list[Run]:
+        """Replay the workflow's runs that failed since a time: each goes on from its last
+        saved step (its cursor), retries counted afresh, as enqueueing it again would do.
+        A replayed step keeps its visit, so its effects keep their idempotency keys: a
+        send that went out before the failure is deduplicated, not made twice.
+
+        since/until: when the runs stopped, [since, until) (until: the replay's start, by
+        the database's clock). status: "failed" and/or "incompatible" (after a deploy
+        that brings the step back). dry_run: only which runs (nothing written or sent).
+        Returns the runs as they stopped, oldest first; progress(n) after each batch.
+        Two replays at once re-arm each run once; a run that fails again during this
+        replay waits for the next one."""
+        statuses, since, until, limit = _checked_replay(status, since, until, limit)
+        until = until or self.store.clock()
+        if dry_run:
+            return self.store.replay(workflow, statuses, since, until, limit, dry_run=True)
+        replayed: list[Run] = []
+        while len(replayed) < limit:
+            batch = self.store.replay(
+                workflow, statuses, since, until, min(REPLAY_BATCH, limit - len(replayed))
+            )
+            if not batch:
+                break
+            for run in batch:  # after the batch's commit; a queued one's delivery waits
+                self.send(run.run_id, priority=run.priority)
+            replayed += batch
+            if progress is not None:
+                progress(len(replayed))
+        return replayed
 
     def signal(
         self, run_id: str, event: str, payload: Any = None, *, signal_id: str | None = None
@@ -255,13 +301,13 @@ class Client:
         cairn.WaitTimedOut (a TimeoutError) after timeout seconds (None: no limit)."""
         return self.store.wait(run_id, timeout)
 
-    def history(self, run_id: str) -> list[dict[str, Any]]:
+    def history(self, run_id: str) -> builtins.list[dict[str, Any]]:
         """The run's step timeline, oldest first: one row per step attempt that ended
         (seq, cursor, visit, outcome, started_at, ended_at, worker, epoch, cost_usd,
         effect_key, error)."""
         return self.store.history(run_id)
 
-    def calls(self, run_id: str, limit: int = 500) -> list[dict[str, Any]]:
+    def calls(self, run_id: str, limit: int = 500) -> builtins.list[dict[str, Any]]:
         """The run's journaled calls (ctx.call, ctx.model, an agent's model requests and
         tool calls), oldest first: cursor, visit, pos, name, result or error, cost_usd."""
         return self.store.calls(run_id, limit)
@@ -298,7 +344,7 @@ class Client:
             self._event_log = RedisEvents.from_url(self.settings.redis_url)
         return self._event_log
 
-    def problems(self) -> list[str]:
+    def problems(self) -> builtins.list[str]:
         """One line per service (Postgres, the broker) that does not answer within
         CAIRN_CLIENT_GIVE_UP_AFTER; empty when both do."""
         found = []
@@ -347,7 +393,7 @@ class Client:
         stored = store.add(wanted, replace=replace)
         return sched.added(wanted, stored, None if stored else store.get(name))
 
-    def schedules(self) -> list[Schedule]:
+    def schedules(self) -> builtins.list[Schedule]:
         """Every schedule, by name."""
         return ScheduleStore(self.store.db).list_schedules()
 
@@ -496,7 +542,7 @@ class AsyncClient:
             await self._send_admitted(run.workflow, run.concurrency_key)
         return run
 
-    async def children(self, run_id: str) -> list[Run]:
+    async def children(self, run_id: str) -> builtins.list[Run]:
         """Client.children: the run's child runs, in their spawns' order."""
         return await self.store.children(run_id)
 
@@ -527,9 +573,40 @@ class AsyncClient:
         assert run is not None
         return run
 
-    async def forks(self, run_id: str) -> list[Run]:
+    async def forks(self, run_id: str) -> builtins.list[Run]:
         """Client.forks: the runs forked from run_id, oldest first."""
         return await self.store.forks(run_id)
+
+    async def replay(
+        self,
+        workflow: str,
+        *,
+        since: dt.datetime,
+        until: dt.datetime | None = None,
+        status: RunStatus | str | tuple[RunStatus | str, ...] = RunStatus.FAILED,
+        limit: int | None = None,
+        dry_run: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> builtins.list[Run]:
+        """Client.replay: the workflow's runs that failed since a time, each re-armed at its
+        last saved step and sent (dry_run: only which)."""
+        statuses, since, until, limit = _checked_replay(status, since, until, limit)
+        until = until or await self.store.clock()
+        if dry_run:
+            return await self.store.replay(workflow, statuses, since, until, limit, dry_run=True)
+        replayed: list[Run] = []
+        while len(replayed) < limit:
+            batch = await self.store.replay(
+                workflow, statuses, since, until, min(REPLAY_BATCH, limit - len(replayed))
+            )
+            if not batch:
+                break
+            for run in batch:
+                await self.send(run.run_id, priority=run.priority)
+            replayed += batch
+            if progress is not None:
+                progress(len(replayed))
+        return replayed
 
     async def signal(
         self, run_id: str, event: str, payload: Any = None, *, signal_id: str | None = None
@@ -560,11 +637,11 @@ class AsyncClient:
         """Client.wait: the run once stopped or waiting, woken by LISTEN/NOTIFY."""
         return await self.store.wait(run_id, timeout)
 
-    async def history(self, run_id: str) -> list[dict[str, Any]]:
+    async def history(self, run_id: str) -> builtins.list[dict[str, Any]]:
         """Client.history: the run's step timeline, oldest first."""
         return await self.store.history(run_id)
 
-    async def calls(self, run_id: str, limit: int = 500) -> list[dict[str, Any]]:
+    async def calls(self, run_id: str, limit: int = 500) -> builtins.list[dict[str, Any]]:
         """Client.calls: the run's journaled calls, oldest first."""
         return await self.store.calls(run_id, limit)
 
@@ -588,7 +665,7 @@ class AsyncClient:
             if event.kind != "keepalive":
                 yield event
 
-    async def problems(self) -> list[str]:
+    async def problems(self) -> builtins.list[str]:
         """Client.problems: one line per service that does not answer in time."""
         found = []
         try:
@@ -618,7 +695,7 @@ class AsyncClient:
         stored = await store.add(wanted, replace=replace)
         return sched.added(wanted, stored, None if stored else await store.get(name))
 
-    async def schedules(self) -> list[Schedule]:
+    async def schedules(self) -> builtins.list[Schedule]:
         """Client.schedules: every schedule, by name."""
         return await AsyncScheduleStore(self.store.db).list_schedules()
 
@@ -710,6 +787,24 @@ def _checked_fork(
     if isinstance(at, bool) or not isinstance(at, int) or at < 1:
         raise InvalidInput(f"the seq to fork or rewind at must be a whole number >= 1, not {at!r}")
     return at, check_input({} if patch is None else patch, settings.max_input_bytes)
+
+
+def _checked_replay(
+    status: RunStatus | str | tuple[RunStatus | str, ...],
+    since: dt.datetime,
+    until: dt.datetime | None,
+    limit: int | None,
+) -> tuple[tuple[RunStatus, ...], dt.datetime, dt.datetime | None, int]:
+    try:
+        statuses = tuple(RunStatus(s) for s in ((status,) if isinstance(status, str) else status))
+    except ValueError as exc:
+        raise InvalidInput(f"replay: {exc}") from None
+    for name, when in (("since", since), ("until", until)):
+        if when is not None and (not isinstance(when, dt.datetime) or when.tzinfo is None):
+            raise InvalidInput(f"replay: {name} must be a datetime with a time zone, not {when!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InvalidInput(f"replay: limit must be a whole number >= 1, not {limit!r}")
+    return statuses, since, until, limit if limit is not None else 2**62
 
 
 def _checked_signal(settings: Settings, event: str, payload: Any, signal_id: str | None) -> str:

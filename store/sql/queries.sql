@@ -814,6 +814,48 @@ SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c
  WHERE r.forked_from = %(run_id)s
  ORDER BY r.created_at, r.run_id;
 
+-- name: clock
+-- The database's time: what updated_at is compared with, whatever the caller's clock says.
+SELECT clock_timestamp() AS now;
+
+-- name: replayable
+-- Client.replay's choice, and its dry run: the workflow's runs stopped in one of the
+-- statuses since a time (by when they stopped: their checkpoint's last change), before
+-- `until` (the replay's own start, so a run that fails again is not picked again in the
+-- same replay), oldest first.
+SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
+       r.created_at, c.updated_at, r.parent_id, r.concurrency_key, r.priority
+  FROM checkpoints c JOIN runs r USING (run_id)
+ WHERE c.status = ANY(%(statuses)s) AND r.workflow = %(workflow)s
+   AND c.updated_at >= %(since)s AND c.updated_at < %(until)s
+ ORDER BY c.updated_at, c.run_id
+ LIMIT %(limit)s;
+
+-- name: replay
+-- Re-arm a batch of replayable runs at their cursor (their last saved step), retries
+-- counted afresh, as enqueueing a failed run again does; a run another transaction holds
+-- is skipped, so two replays at once re-arm each run once. A keyed run takes a free slot
+-- or queues (the checkpoints_run_rearmed trigger). Returns each run as it stopped.
+WITH picked AS (
+    SELECT c.run_id FROM checkpoints c JOIN runs r USING (run_id)
+     WHERE c.status = ANY(%(statuses)s) AND r.workflow = %(workflow)s
+       AND c.updated_at >= %(since)s AND c.updated_at < %(until)s
+     ORDER BY c.updated_at, c.run_id
+     LIMIT %(limit)s
+       FOR UPDATE OF c SKIP LOCKED
+), old AS (
+    SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
+           r.created_at, c.updated_at, r.parent_id, r.concurrency_key, r.priority
+      FROM picked JOIN checkpoints c USING (run_id) JOIN runs r USING (run_id)
+), armed AS (
+    UPDATE checkpoints c
+       SET status = 'pending', error = NULL, attempts = 0, deliveries = 0, retry_at = NULL,
+           updated_at = now()
+      FROM picked WHERE c.run_id = picked.run_id
+    RETURNING c.run_id
+)
+SELECT old.* FROM old JOIN armed USING (run_id) ORDER BY old.updated_at, old.run_id;
+
 -- name: live_cursors
 -- Where runs that may still go on stand, per workflow: a deploy must have these steps
 -- (`cairn db check`). Failed and incompatible runs count: enqueueing them again resumes

@@ -14,7 +14,7 @@ from cairn.testing.chaos.report import print_report
 from cairn.testing.chaos.runner import run_chaos
 from cairn.testing.faults import BOUNDARIES
 
-Pool = enum.Enum("Pool", {"prefork": "prefork", "threads": "threads"}, type=str)  # type: ignore[misc]
+Pool = enum.Enum("Pool", {"prefork": "prefork", "threads": "threads"}, type=str)
 
 
 def _parse_kill(text: str) -> tuple[str, int, str]:
@@ -119,6 +119,15 @@ def register(app: typer.Typer) -> None:
         key_limit: Annotated[
             int, typer.Option("--key-limit", min=1, help="Each key's runs at a time.")
         ] = 1,
+        replay_failed: Annotated[
+            bool,
+            typer.Option(
+                "--replay-failed",
+                help="The mail API refuses every send until all runs failed, then "
+                "`Client.replay` replays them (under the same kills); a run not done, replayed "
+                "twice, or an email sent twice fails the verdict.",
+            ),
+        ] = False,
         keep: Annotated[
             bool, typer.Option("--keep", help="Keep the chaos_* database for inspection.")
         ] = False,
@@ -186,6 +195,7 @@ def register(app: typer.Typer) -> None:
                 cancel_rate=cancel_rate,
                 keys=keys,
                 key_limit=key_limit,
+                replay_failed=replay_failed,
                 database_url=database_url,
                 redis_url=redis_url,
                 broker_url=broker_url,

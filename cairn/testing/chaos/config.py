@@ -70,6 +70,7 @@ class ChaosConfig:
     quiet: bool
     keys: int = 0  # runs spread over this many concurrency keys (0: none)
     key_limit: int = 1  # each key's runs at a time
+    replay_failed: bool = False  # every run fails first (sends refused), then is replayed
 
     def template(self) -> dict[str, Any]:
         """Each run's input before "{i}" is filled in."""
@@ -103,6 +104,8 @@ class ChaosConfig:
             args += ["--cancel-rate", f"{self.cancel_rate:g}"]
         if self.keys:
             args += ["--keys", str(self.keys), "--key-limit", str(self.key_limit)]
+        if self.replay_failed:
+            args += ["--replay-failed"]
         for run_id, seq, boundary in self.kills or []:
             args += ["--kill", f"{run_id}:{seq}:{boundary}"]
         return "".join(" " + shlex.quote(a) for a in args)

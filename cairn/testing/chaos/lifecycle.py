@@ -74,8 +74,8 @@ class Lifecycle:
         after_cancel = []
         for e in events:
             run_id, _, _, attempt_ns = (e.get("step") or "- - - 0").split(" ")
-            cancelled = self.cancelled_at.get(run_id)
-            if cancelled is not None and int(attempt_ns) / 1e9 > cancelled:
+            asked = self.cancelled_at.get(run_id)
+            if asked is not None and int(attempt_ns) / 1e9 > asked:
                 after_cancel.append(run_id)
         if after_cancel:
             problems.append(f"{len(after_cancel)} send(s) after a cancel (e.g. {after_cancel[0]})")

@@ -344,6 +344,7 @@ def _summary_table(report: dict[str, Any]) -> Any:
         ),
         ("duplicate deliveries", str(report["duplicates"])),
         *_lifecycle_rows(report.get("lifecycle") or {}),
+        *_replay_rows(report.get("replay_failed") or {}),
         (
             "checkpoint history rows / violations",
             f"{report['history_rows']} / {report['history_violations']}",
@@ -422,4 +423,15 @@ def _lifecycle_rows(life: dict[str, Any]) -> list[tuple[str, str]]:
             "cancels asked / runs cancelled / sends after",
             f"{life['cancels_asked']} / {life['runs_cancelled']} / {life['sends_after_cancel']}",
         ),
+    ]
+
+
+def _replay_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    if not r:
+        return []
+    return [
+        (
+            "failed first / replayed / replayed again / re-armed once",
+            f"{r['failed_first']} / {r['replayed']} / {r['replayed_again']} / {r['rearmed_once']}",
+        )
     ]

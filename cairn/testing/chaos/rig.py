@@ -36,7 +36,14 @@ def chaos_mail(**options: Any) -> Any:
             with self._events_lock:
                 return [dict(e) for e in self._events]
 
+        def refuse(self, on: bool) -> None:
+            """While on, every send is refused with a 403 (nothing delivered): a fault no
+            retry heals, so the runs fail (`cairn chaos --replay-failed`)."""
+            self._refusing = on
+
         def _send(self, headers: dict[str, str], raw: bytes) -> tuple[int, Any, dict[str, str]]:
+            if getattr(self, "_refusing", False):
+                return 403, {"error": {"type": "forbidden", "message": "sending is off"}}, {}
             lower = {k.lower(): v for k, v in headers.items()}
             step = lower.get(STEP_HEADER.lower())
             key = (lower.get("idempotency-key") or "").strip() or None

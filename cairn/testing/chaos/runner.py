@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from cairn.status import ACTIVE, RunStatus
 from cairn.testing import fleet
 from cairn.testing.chaos import keys as chaos_keys
+from cairn.testing.chaos import replay as chaos_replay
 from cairn.testing.chaos.config import (
     SENTINEL,
     STATE,
@@ -67,6 +68,7 @@ def run_chaos(
     cancel_rate: float = 0.0,
     keys: int = 0,
     key_limit: int = 1,
+    replay_failed: bool = False,
     state_dir: Path | None = None,
     quiet: bool = False,
     log: Callable[[str], None] | None = None,
@@ -108,6 +110,7 @@ def run_chaos(
         cancel_rate=cancel_rate,
         keys=keys,
         key_limit=key_limit,
+        replay_failed=replay_failed,
         db_name=db_name,
         state=state_dir or STATE / db_name,
         quiet=quiet,
@@ -149,6 +152,7 @@ class _Experiment:
         self._leases: Any = None
         self._crew: Crew | None = None
         self._db_url: str | None = None
+        self._replayed: tuple[list[str], list[str], list[str]] = ([], [], [])
 
     def start(self) -> None:
         """A flushed Redis database, the chaos database, the stand-ins, the workers."""
@@ -197,6 +201,9 @@ class _Experiment:
         started_at = time.monotonic()
         ids = [f"chaos-{c.seed}-{i:04d}" for i in range(len(inputs))]
         life = Lifecycle(c.seed, ids, c.signals, c.cancel_rate)
+        since = store.clock()
+        if c.replay_failed:
+            self._mail.refuse(True)
         for i, (run_id, data) in enumerate(zip(ids, inputs, strict=True)):
             self._client.enqueue(
                 c.workflow, data, run_id=run_id, concurrency_key=chaos_keys.key_of(i, c.keys),
@@ -207,9 +214,18 @@ class _Experiment:
         replace = crew.replace if c.pool == "prefork" else lambda: None
         killer = OutsideKiller(c.seed, c.random_kills, replace, self._say)
         depths, flushed = self._watch(store, killer, life)
+        if c.replay_failed:  # every run failed; the cause fixed, they go on under kills
+            failed = [r.run_id for r in self._client.list(RunStatus.FAILED, len(ids) + 1)]
+            self._mail.refuse(False)
+            replayed = [r.run_id for r in self._client.replay(c.workflow, since=since)]
+            again = [r.run_id for r in self._client.replay(c.workflow, since=since)]
+            self._say(f"replayed {len(replayed)} of {len(failed)} failed runs")
+            more, flushed_later = self._watch(store, killer, life)
+            depths, flushed = depths + more, flushed or flushed_later
+            self._replayed = (failed, replayed, again)
         elapsed = time.monotonic() - started_at
         killer.join()
-        return self._report(flow, killer, elapsed, depths, flushed, life)
+        return self._report(flow, killer, elapsed, depths, flushed, life, ids)
 
     def _watch(
         self, store: PgStore, killer: OutsideKiller, life: Lifecycle
@@ -262,7 +278,9 @@ class _Experiment:
         from cairn.workers import broker
 
         try:
-            return self._amqp.default_channel.queue_declare(broker.RUNS, passive=True).message_count
+            declared = self._amqp.default_channel.queue_declare(broker.RUNS, passive=True)
+            count: int = declared.message_count
+            return count
         except self._amqp.channel_errors:  # not declared yet
             self._amqp.close()  # the failed declare closed its channel
             return 0
@@ -275,6 +293,7 @@ class _Experiment:
         depths: list[int],
         flushed: bool,
         life: Lifecycle,
+        ids: list[str],
     ) -> dict[str, Any]:
         """Collect what the database, the workers' journal and the mail API recorded."""
         c, crew = self.config, self._crew
@@ -306,7 +325,10 @@ class _Experiment:
         if c.keys:
             report["keys"], problems = chaos_keys.verdict(self._db_url, c.key_limit)
             report["problems"] += problems
-            report["ok"] = not report["problems"]
+        if c.replay_failed:
+            report["replay_failed"], problems = chaos_replay.verdict(ids, *self._replayed, history)
+            report["problems"] += problems
+        report["ok"] = not report["problems"]
         return report
 
     def close(self) -> None:
