@@ -190,6 +190,7 @@ class InProcess:
             else None,
         )
         self.url = url
+        self.last_cpu_s = 0.0  # the last run()'s CPU seconds in this process
 
     def run(
         self, steps: int, win: list[dict[str, Any]], append_bytes: int = 0, calls: int = 0
@@ -202,8 +203,18 @@ class InProcess:
         self.db.one("position", {"run_id": run_id})
         if self.tracer is not None:
             otel.use(self.tracer)
+
+        def go() -> str:
+            # This process's CPU (all its threads) during the run: what tracing adds to a
+            # step is CPU here, which Postgres' round-trip jitter does not blur.
+            c0 = time.process_time()
+            try:
+                return loop.run(run_id, self.deps)
+            finally:
+                self.last_cpu_s = time.process_time() - c0
+
         try:
-            elapsed, wal, status = measure(self.url, lambda: loop.run(run_id, self.deps))
+            elapsed, wal, status = measure(self.url, go)
         finally:
             if self.tracer is not None:
                 otel.use(None)

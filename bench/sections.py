@@ -73,6 +73,9 @@ class Sizes:
     stream_chat_runs: int = 40
     stream_words: int = 200
     stream_cpu_reps: int = 5
+    # tracing's overhead, judged on short untraced/traced runs back to back: pairs, steps
+    tracing_pairs: int = 40
+    tracing_pair_steps: int = 100
 
 
 QUICK = Sizes(
@@ -103,6 +106,8 @@ QUICK = Sizes(
     stream_chat_runs=4,
     stream_words=50,
     stream_cpu_reps=1,
+    tracing_pairs=4,
+    tracing_pair_steps=10,
 )
 
 # A budget no bench window reaches, so cairn carries the whole window like every peer
@@ -189,6 +194,7 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
     neighbour: dict[int, list[float]] = {}  # W -> the tiny floor measured beside it, per rep
     traced: cairn_sys.InProcess | None = None
     traced_batch: cairn_sys.InProcess | None = None
+    pairs: dict[str, Any] | None = None
     try:
         if gone is None:
             tracers = cairn_sys.Tracers()
@@ -253,6 +259,8 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
                     wl.append(b)
                     if key == "tiny":
                         neighbour.setdefault(w, []).append(e)
+        if traced is not None:
+            pairs = _tracing_pairs(inproc, traced, sz)
     finally:
         for runner in runners:
             runner.close()
@@ -388,10 +396,41 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
         "reps": sz.reps,
         "rows": rows,
         "trace_sink": sink,
+        "tracing_pairs": pairs,
     }
 
 
 TRACED = ("cairn-traced", "cairn-traced-batch")
+
+
+def _tracing_pairs(
+    untraced: cairn_sys.InProcess, traced: cairn_sys.InProcess, sz: Sizes
+) -> dict[str, Any]:
+    """Tracing's overhead on a no-op step (W=4 KB), judged on short runs back to back,
+    untraced and traced, the order turning each pair: each pair sees the same moment of
+    the machine, so the median of their ratios holds still where best-of-reps over
+    whole runs moved ±15% with the load (Postgres round trips, other processes). With
+    each pair's CPU in this process, the CPU tracing adds a step."""
+    n, win = sz.tracing_pair_steps, window(4096)
+    progress(f"per-step: tracing overhead, {sz.tracing_pairs} pairs of {n}-step runs")
+    ratios, added, base = [], [], []
+    for i in range(sz.tracing_pairs):
+        order = [(untraced, "u"), (traced, "t")]
+        got: dict[str, tuple[float, float]] = {}
+        for runner, name in order if i % 2 == 0 else order[::-1]:
+            elapsed, _ = runner.run(n, win)
+            got[name] = (elapsed, runner.last_cpu_s)
+        ratios.append(got["t"][0] / got["u"][0])
+        added.append((got["t"][1] - got["u"][1]) / n)
+        base.append(got["u"][0] / n)
+    return {
+        "pairs": sz.tracing_pairs,
+        "steps": n,
+        "ratios": ratios,
+        "median": median(ratios),
+        "added_cpu_us_per_step": 1e6 * median(added),
+        "untraced_ms_per_step": 1000 * median(base),
+    }
 
 
 def _tracing_ratios(rows: list[dict[str, Any]], n: int) -> None:

@@ -258,25 +258,17 @@ class Tracing(Middleware):
             return
         from opentelemetry import context, trace
 
-        visit = cp.visits.get(cp.cursor, 0)
-        # The run id and epoch are the delivery's span's: a step's are what change.
-        attrs = {
-            "cairn.cursor": cp.cursor,
-            "cairn.visit": visit,
-            "cairn.seq": cp.seq,
-            "cairn.attempt": cp.attempts + 1,
-        }
-        links = []
-        if cp.signal:
-            attrs["cairn.signal_id"] = cp.signal["id"]
-            sender = cp.signal.get("traceparent")
-            if sender:  # the request that sent the signal: another trace, so a link
-                from opentelemetry.propagate import extract
-                from opentelemetry.trace import Link, get_current_span
+        links = None
+        if cp.signal and cp.signal.get("traceparent"):
+            # The request that sent the signal is another trace: a link, not a parent.
+            from opentelemetry.propagate import extract
+            from opentelemetry.trace import Link, get_current_span
 
-                sent = get_current_span(extract({"traceparent": sender})).get_span_context()
-                links.append(Link(sent, {"cairn.link": "signal"}))
-        span = _tracer.start_span(f"cairn.step {cp.cursor}", attributes=attrs, links=links)
+            sender = extract({"traceparent": cp.signal["traceparent"]})
+            links = [Link(get_current_span(sender).get_span_context(), {"cairn.link": "signal"})]
+        # The attributes go on at the end, in one call with the outcome: each set costs
+        # the SDK a copy and a check of every value, a no-op step's largest share.
+        span = _tracer.start_span(f"cairn.step {cp.cursor}", links=links)
         token = context.attach(trace.set_span_in_context(span))
         self._steps[(cp.run_id, threading.get_ident())] = (span, token)
 
@@ -295,17 +287,25 @@ class Tracing(Middleware):
         from opentelemetry import context
 
         context.detach(token)
+        # The run id and epoch are the delivery's span's: a step's are what change.
+        attrs: dict[str, Any] = {
+            "cairn.cursor": cp.cursor,
+            "cairn.visit": cp.visits.get(cp.cursor, 0),
+            "cairn.seq": cp.seq,
+            "cairn.attempt": cp.attempts + 1,
+        }
+        if cp.signal:
+            attrs["cairn.signal_id"] = cp.signal["id"]
         if saved is not None:
-            span.set_attributes(
-                {
-                    "cairn.outcome": "saved",
-                    "cairn.next": saved.cursor,
-                    "cairn.cost_usd": saved.cost_usd - cp.cost_usd,
-                }
-            )
+            attrs["cairn.outcome"] = "saved"
+            attrs["cairn.next"] = saved.cursor
+            if saved.cost_usd != cp.cost_usd:  # the step's own model cost, when it had one
+                attrs["cairn.cost_usd"] = saved.cost_usd - cp.cost_usd
+            span.set_attributes(attrs)
             if saved.wait_event:
                 span.add_event("wait", {"cairn.event": saved.wait_event})
         else:
+            span.set_attributes(attrs)
             _failed(span, exception)
         span.end()
 

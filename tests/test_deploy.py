@@ -116,11 +116,31 @@ def test_every_pod_migrates_first_and_takes_its_config_from_the_secret() -> None
         pod = deployment["spec"]["template"]["spec"]
         (init,) = pod["initContainers"]
         assert init["command"] == ["cairn", "db", "upgrade", "--wait", "60"]
+        secret = {"secretRef": {"name": "cairn"}}
+        assert init["envFrom"] == [secret]
+        for c in pod["containers"]:  # and the telemetry settings, where there are any
+            telemetry = {"configMapRef": {"name": "cairn-telemetry", "optional": True}}
+            assert c["envFrom"] == [secret, telemetry], c["name"]
+            env = {v["name"]: v.get("value") for v in c["env"]}
+            assert env["OTEL_SERVICE_NAME"] == deployment["metadata"]["name"]
+            assert env["OTEL_RESOURCE_ATTRIBUTES"] == "k8s.pod.name=$(POD_NAME)"
         for c in [init, *pod["containers"]]:
-            assert c["envFrom"] == [{"secretRef": {"name": "cairn"}}], c["name"]
             for var in c.get("env", []):  # nothing secret is written in a manifest
                 assert not re.search(r"URL|KEY|TOKEN|PASSWORD", var["name"]), var
         assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_the_telemetry_config_map_sets_only_known_settings_and_otel_variables() -> None:
+    import dataclasses
+
+    from cairn.workers.settings import Settings
+
+    (config,) = [d for d in _kind("ConfigMap") if d["metadata"]["name"] == "cairn-telemetry"]
+    known = {f.metadata["env"] for f in dataclasses.fields(Settings)}
+    for name, value in config["data"].items():
+        assert name in known or name.startswith("OTEL_"), name
+        assert isinstance(value, str), name  # a ConfigMap holds strings only
+    assert config["data"]["CAIRN_LOG_FORMAT"] == "json"  # what a cluster's log collector reads
 
 
 # A schema of our own for the KEDA 2.x fields these files use (KEDA's CRDs are not on
@@ -318,12 +338,6 @@ def test_the_cairn_services_export_to_the_collector_when_tracing_is_on() -> None
         template = env["CAIRN_TRACE_URL_TEMPLATE"]
         assert template == "http://localhost:16686/trace/{trace_id}"
         Settings(trace_url_template=template)  # raises if cairn would refuse it
-    # The image has what CAIRN_TRACING=1 imports: the otel extra, as pyproject defines it.
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert "otel" in extras["optional-dependencies"]
-    build, runtime = DOCKERFILE.split("\nFROM ")[1:]
-    assert 'pip wheel --no-cache-dir --wheel-dir /wheels ".[otel]"' in build
-    assert '"$(echo /wheels/cairn-*.whl)[otel]"' in runtime
 
 
 def test_without_the_profile_nothing_waits_for_the_tracing_services() -> None:
@@ -435,6 +449,19 @@ def _commands() -> list[tuple[str, list[str]]]:
 
 COMMANDS = _commands()
 CAIRN = typer.main.get_command(cli.app)
+
+
+def test_the_image_installs_the_extras_its_commands_import() -> None:
+    """`pip install cairn` has no HTTP server: the image that compose's and Kubernetes' web
+    run `cairn serve` from installs the server extra, and the otel one for CAIRN_TRACING=1,
+    as pyproject defines them."""
+    serving = [w for w, argv in COMMANDS if argv[:2] == ["cairn", "serve"]]
+    assert {"compose web", "k8s/web.yaml:Deployment web"} <= set(serving), serving
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert {"otel", "server"} <= extras["optional-dependencies"].keys()
+    build, runtime = DOCKERFILE.split("\nFROM ")[1:]
+    assert 'pip wheel --no-cache-dir --wheel-dir /wheels ".[otel,server]"' in build
+    assert '"$(echo /wheels/cairn-*.whl)[otel,server]"' in runtime
 
 
 def _flags(argv: list[str]) -> list[str]:

@@ -202,13 +202,15 @@ def test_spans_arrive_over_otlp_from_a_worker_killed_mid_step_and_its_successor(
     receiver: TraceReceiver,
     client: Client,
     start_worker: Callable[..., Any],
+    start_beat: Callable[[], Any],
     leases: Leases,
     tmp_path: Path,
 ) -> None:
     """A real worker exports over OTLP/HTTP; its pool process is SIGKILLed asleep in step
     two, the worker sends the run again, and it ends. The receiver decodes one trace:
     the test's request span, the enqueue, every step (two's first attempt lost with its
-    process), the model call with tokens, and the resumed delivery."""
+    process), the model call with tokens, and the resumed delivery. Beat's passes (the
+    reaper, the schedule firer) are spans of their own, each a trace."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     provider = TracerProvider()
@@ -225,6 +227,7 @@ def test_spans_arrive_over_otlp_from_a_worker_killed_mid_step_and_its_successor(
             OTEL_SERVICE_NAME="worker-under-test",
             OTEL_BSP_SCHEDULE_DELAY="100",
         )
+        start_beat()
         log = tmp_path / "steps.log"
         with tracer.start_as_current_span("POST /orders") as web:
             run_id = client.enqueue("probe", {"log": str(log), "before": {"two": 60}})
@@ -260,3 +263,8 @@ def test_spans_arrive_over_otlp_from_a_worker_killed_mid_step_and_its_successor(
     assert "POST /orders" in lines[0] and "cairn.enqueue" in lines[1]
     assert any("never exported: its process was killed" in line for line in lines)
     assert any("cairn.run" in line and "resumed=True" in line for line in lines)
+    for name, counted in (("cairn.reap", "runs_sent"), ("cairn.schedules.fire", "runs_started")):
+        wait_for(lambda n=name: any(s["name"] == n for s in receiver.spans), 15, name)
+        span = next(s for s in receiver.spans if s["name"] == name)
+        assert span["service"] == "worker-under-test" and span["trace_id"] != trace_id
+        assert isinstance(span["attrs"][f"cairn.{counted}"], int)

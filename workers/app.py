@@ -19,6 +19,7 @@ from cairn.errors import Deferred, HandOff, Interrupted, RetryLater, Superseded
 from cairn.steps import registry
 from cairn.steps.model import ModelClient, preload_sdk
 from cairn.store.checkpoints import PgStore
+from cairn.store.contract import LeaseManager
 from cairn.store.db import Database
 from cairn.store.events import RedisEvents
 from cairn.store.lease import Leases
@@ -81,7 +82,7 @@ class Runtime:
                 )
             return self._deps[pid]
 
-    def leases(self) -> Leases:
+    def leases(self) -> LeaseManager:
         """This process's Redis leases: the worker's main process needs only these."""
         if pid_deps := self._deps.get(os.getpid()):
             return pid_deps.leases
@@ -157,7 +158,10 @@ def run_task(task: Task, run_id: str) -> str:
     settings = runtime.settings
 
     def again(countdown: float) -> Exception:
-        return task.retry(countdown=broker.delay(settings, countdown), queue=broker.RESUME)
+        retry: Exception = task.retry(
+            countdown=broker.delay(settings, countdown), queue=broker.RESUME
+        )
+        return retry
 
     try:
         return loop.run(run_id, runtime.deps())
@@ -209,26 +213,32 @@ def reap(task: Task) -> int:
     """Send again runs whose worker or message was lost (see cairn.workers.reaper)."""
     runtime: Runtime = task.app.cairn
     d = runtime.deps()
-    return Reaper(
-        store=d.store,
-        leases=d.leases,
-        settings=runtime.settings,
-        in_flight=lambda taken_within: broker.in_flight(task.app, taken_within=taken_within),
-        send=lambda run_id: task.app.tasks[broker.RUN_TASK].apply_async(
-            (run_id,), queue=broker.RESUME
-        ),
-    ).reap()
+    with otel.spanning("cairn.reap"):
+        sent = Reaper(
+            store=d.store,
+            leases=d.leases,
+            settings=runtime.settings,
+            in_flight=lambda taken_within: broker.in_flight(task.app, taken_within=taken_within),
+            send=lambda run_id: task.app.tasks[broker.RUN_TASK].apply_async(
+                (run_id,), queue=broker.RESUME
+            ),
+        ).reap()
+        otel.note(runs_sent=sent)
+    return sent
 
 
 def sweep(task: Task) -> int:
     """Delete terminal runs older than CAIRN_RETENTION_SECONDS, 1,000 per transaction."""
     runtime: Runtime = task.app.cairn
-    return runtime.deps().store.sweep(
-        runtime.settings.retention,
-        progress=lambda n: logger.info(
-            "sweep: %d runs deleted", n, extra=logs.run(None, "sweep", deleted=n)
-        ),
-    )
+    with otel.spanning("cairn.sweep"):
+        deleted = runtime.deps().store.sweep(
+            runtime.settings.retention,
+            progress=lambda n: logger.info(
+                "sweep: %d runs deleted", n, extra=logs.run(None, "sweep", deleted=n)
+            ),
+        )
+        otel.note(runs_deleted=deleted)
+    return deleted
 
 
 def fire_schedules(task: Task) -> int:
@@ -239,7 +249,10 @@ def fire_schedules(task: Task) -> int:
         send=lambda run_id: run.apply_async((run_id,), queue=broker.RUNS),
         grace=max(schedules.GRACE, 3 * task.app.cairn.settings.schedule_tick),
     )
-    return len(firer.fire())
+    with otel.spanning("cairn.schedules.fire"):
+        fired = firer.fire()
+        otel.note(runs_started=len(fired))
+    return len(fired)
 
 
 def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Celery:
@@ -281,7 +294,7 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
     runtime.send = lambda run_id, resume, priority: app.tasks[broker.RUN_TASK].apply_async(
         (run_id,), queue=broker.RESUME if resume else broker.queue_for(priority)
     )
-    app.cairn = runtime  # type: ignore[attr-defined]
+    app.cairn = runtime
     # A warm shutdown (SIGTERM) hands each run in hand back at its next step boundary,
     # so a deploy waits one step, not a run. Runs in the worker's main process.
     signals.worker_shutting_down.connect(runtime.stop, weak=False)
