@@ -17,12 +17,19 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Annotated, Any, Literal
+from http import HTTPStatus
+from typing import Annotated, Any, Literal, cast
 
-from fastapi import Body, FastAPI, Header, Query, Request, Response
+from fastapi import Body, FastAPI, Header, Path, Query, Request, Response, Security
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
+from fastapi.responses import (
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    StreamingResponse,
+)
+from fastapi.security import APIKeyQuery
 from fastapi.sse import format_sse_event
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -33,6 +40,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cairn import __version__, logs, otel
@@ -48,10 +56,24 @@ from cairn.errors import (
 from cairn.status import CANCEL_REASON, RunStatus
 from cairn.steps import registry
 from cairn.store.events import AsyncRedisEvents
+from cairn.workers.broker import MAX_PRIORITY, MIN_PRIORITY
 from cairn.workers.client import Client
 from cairn.workers.events import RESERVED, Event, Hub, afollow_batches, read_token
-from cairn.workers.inputs import check_run_id
+from cairn.workers.inputs import LIMIT_MAX, RUN_ID_MAX, check_run_id
 from cairn.workers.settings import Settings
+from cairn.workers.web.openapi import (
+    EVENT_ID_SCHEMA,
+    EVENT_NAME_PATTERN,
+    NO_NUL,
+    RUN_ID_SCHEMA,
+    SSE_EVENT,
+    WHOLE,
+    WHOLE_MAX,
+    Timestamp,
+    allowed,
+    document,
+    errors,
+)
 
 log = logging.getLogger("cairn.web")
 
@@ -61,6 +83,18 @@ PAGE_HEADER = "x-cairn-page"
 # Reachable without the token: the probe, the login form and the pages' CSS and JS.
 OPEN_PATHS = re.compile(r"^/(healthz|login|static/.*)$")
 EVENTS_PATH = re.compile(r"^/runs/([^/]+)/events$")
+# Answered without the Client, so never a 503 for Postgres or the broker being away.
+NO_STORE = frozenset({"/metrics"})
+READ_TOKEN = APIKeyQuery(
+    name="token",
+    scheme_name="readToken",
+    description="A run's own read token (GET /runs/{run_id}/events only).",
+    auto_error=False,
+)
+WHY_SEQ = (
+    "The request breaks a rule of this document (invalid_request), or the run saved no "
+    "step at that seq: pick one from GET /runs/{run_id}/steps (invalid_input)."
+)
 _ERROR_STATUS: list[tuple[type[CairnError], int]] = [
     (UnknownRun, 404),
     (RunIdConflict, 409),
@@ -74,61 +108,97 @@ _ERROR_STATUS: list[tuple[type[CairnError], int]] = [
 class NewRun(BaseModel):
     """A run to start: the workflow's name and its input (a JSON object)."""
 
-    model_config = ConfigDict(extra="forbid")
-    workflow: str = Field(min_length=1, max_length=200, examples=["invoice"])
+    model_config = ConfigDict(extra="forbid", strict=True)
+    workflow: str = Field(min_length=1, max_length=200, pattern=NO_NUL, examples=["invoice"])
     input: dict[str, Any] = Field(
         default_factory=dict, examples=[{"customer": "acme", "email": "ap@acme.test"}]
     )
     run_id: str | None = Field(
-        default=None, description="Your id for the run; the same id again is the same run."
+        default=None,
+        description="Your id for the run; the same id again is the same run. With an "
+        "Idempotency-Key header too, the two must be equal.",
+        json_schema_extra=RUN_ID_SCHEMA,
     )
     max_cost_usd: float | None = Field(default=None, ge=0, description="Model cost cap.")
     concurrency_key: str | None = Field(
         default=None,
-        max_length=200,
         description="At most concurrency_limit runs of the workflow with this key at a time; "
         "the others wait as queued.",
         examples=["user:42"],
+        json_schema_extra=RUN_ID_SCHEMA,
     )
-    concurrency_limit: int | None = Field(
+    concurrency_limit: Annotated[int, Field(ge=1, le=LIMIT_MAX), WHOLE] | None = Field(
         default=None, description="Runs per key at a time (default: the workflow's, or 1)."
     )
-    priority: int | None = Field(
-        default=None, description="-100..100, higher starts first (default: the workflow's, or 0)."
+    priority: Annotated[int, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY), WHOLE] | None = Field(
+        default=None, description="Higher starts first (default: the workflow's, or 0)."
     )
 
 
 class Fork(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    at_seq: int = Field(ge=1, description="The seq of the saved step to go on from.")
-    new_run_id: str | None = Field(default=None, description="The new run's id [a new one].")
+    model_config = ConfigDict(extra="forbid", strict=True)
+    at_seq: Annotated[int, Field(ge=1, le=WHOLE_MAX), WHOLE] = Field(
+        description="The seq of the saved step to go on from."
+    )
+    new_run_id: str | None = Field(
+        default=None, description="The new run's id [a new one].", json_schema_extra=RUN_ID_SCHEMA
+    )
     input_patch: dict[str, Any] | None = Field(
         default=None, description="Merged into the run's input (top-level keys)."
     )
 
 
 class Rewind(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    to_seq: int = Field(ge=1, description="The seq of the saved step to go back to.")
+    model_config = ConfigDict(extra="forbid", strict=True)
+    to_seq: Annotated[int, Field(ge=1, le=WHOLE_MAX), WHOLE] = Field(
+        description="The seq of the saved step to go back to."
+    )
+
+
+class Replay(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    workflow: str = Field(
+        min_length=1, max_length=200, pattern=NO_NUL, description="Whose stopped runs to replay."
+    )
+    since: Timestamp = Field(
+        description="Runs that stopped at or after this time (RFC 3339; no offset: UTC)."
+    )
+    until: Timestamp | None = Field(
+        default=None, description="And before this time [the replay's start]."
+    )
+    status: list[Literal["failed", "incompatible"]] = Field(
+        default=["failed"], min_length=1, description="Which stopped runs."
+    )
+    limit: Annotated[int, Field(ge=1, le=WHOLE_MAX), WHOLE] | None = Field(
+        default=None, description="At most this many [all]."
+    )
+    dry_run: bool = Field(default=False, description="Only list them: nothing written.")
 
 
 class Cancel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    reason: str = Field(default=CANCEL_REASON, max_length=500)
+    model_config = ConfigDict(extra="forbid", strict=True)
+    reason: str = Field(default=CANCEL_REASON, max_length=500, pattern=NO_NUL)
 
 
 class Resolve(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     done: bool = Field(description="Whether the effect whose outcome was unknown happened.")
     result: Any = Field(default=None, description="With done: the effect's result.")
 
 
 class NewSignal(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     payload: Any = None
     signal_id: str | None = Field(
-        default=None, max_length=200, description="The same id twice is one signal."
+        default=None,
+        description="The same id twice is one signal.",
+        json_schema_extra=RUN_ID_SCHEMA,
     )
+
+
+class Health(BaseModel):
+    ok: bool
+    problems: list[str] = Field(description="What does not answer: Postgres, the broker.")
 
 
 def error(status: int, kind: str, message: str, **headers: str) -> JSONResponse:
@@ -313,7 +383,7 @@ def jsonable(value: Any) -> Any:
 
 
 def step_json(step: dict[str, Any]) -> dict[str, Any]:
-    out = jsonable(step)
+    out: dict[str, Any] = jsonable(step)
     out["seconds"] = round((step["ended_at"] - step["started_at"]).total_seconds(), 6)
     return out
 
@@ -345,7 +415,7 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
         registry=metrics,
         buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
     )
-    metrics.register(RunGauge(client))  # type: ignore[arg-type]
+    metrics.register(RunGauge(client))
     # A body larger than the largest input (plus room for the envelope) is refused unread.
     max_body = settings.max_input_bytes + 64 * 1024
 
@@ -379,6 +449,16 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
                 return error(status, _snake(type(exc).__name__), str(exc), **headers)
         return error(400, _snake(type(exc).__name__), str(exc))
 
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        # Starlette's own: no route (404), or none for the method (405), in our shape.
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette names only the first route's methods; a path has one per method.
+            headers["Allow"] = ", ".join(allowed(app.router.routes, request.scope))
+        kind = _snake(HTTPStatus(exc.status_code).phrase.replace(" ", ""))
+        return error(exc.status_code, kind, str(exc.detail), **headers)
+
     @app.exception_handler(Exception)
     async def crashed(_: Request, exc: Exception) -> JSONResponse:
         # The traceback goes to the server's log (uvicorn logs it), not to the caller.
@@ -403,17 +483,37 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
             raise UnknownRun(f"no run {run_id!r}")
         return run.to_json()
 
-    @app.post("/runs", status_code=202, tags=["runs"])
+    @app.post(
+        "/runs",
+        status_code=202,
+        tags=["runs"],
+        responses=errors(
+            409,
+            422,
+            why={
+                409: "A run with this id exists with another workflow or input (run_id_conflict).",
+                422: "The request breaks a rule of this document (invalid_request), or one "
+                "the server checks: run_id and Idempotency-Key both sent and not equal, an "
+                "input its workflow refuses, over CAIRN_MAX_INPUT_BYTES or with NUL in a "
+                "string (invalid_input); a workflow not registered (unknown_workflow).",
+            },
+        ),
+    )
     def start_run(
         request: Request,
         new: Annotated[NewRun, Body()],
         idempotency_key: Annotated[
             str | None,
-            Header(description="Makes a retried POST return the same run (it is the run id)."),
+            Header(
+                description="The run id, as a header: a retried POST returns the same run. "
+                "With run_id in the body too, the two must be equal (else 422).",
+                json_schema_extra=RUN_ID_SCHEMA,
+            ),
         ] = None,
     ) -> dict[str, Any]:
         """Start a run. Retrying with the same Idempotency-Key (or run_id) and body returns
-        the same run; the same key with another body is 409."""
+        the same run; the same key with another body is 409. Send the id as run_id or as
+        Idempotency-Key, or both equal: two different ids are 422."""
         run_id = new.run_id
         if idempotency_key is not None:
             key = check_run_id(idempotency_key)
@@ -432,13 +532,14 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
     @app.get("/runs", tags=["runs"])
     def list_runs(
         status: RunStatus | None = None,
-        workflow: Annotated[str | None, Query(max_length=200)] = None,
+        workflow: Annotated[str | None, Query(max_length=200, pattern=NO_NUL)] = None,
         cursor: Annotated[
-            str | None, Query(max_length=200, description="next_cursor of the previous page")
+            str | None,
+            Query(max_length=200, pattern=NO_NUL, description="next_cursor of the previous page"),
         ] = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
-        since: dt.datetime | None = None,
-        until: dt.datetime | None = None,
+        since: Annotated[Timestamp | None, Query()] = None,
+        until: Annotated[Timestamp | None, Query()] = None,
     ) -> dict[str, Any]:
         """Runs, newest first, a page at a time (keyset: pass next_cursor as cursor)."""
         runs = client.list(status, limit, workflow=workflow, after=cursor, since=since, until=until)
@@ -450,14 +551,14 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
     @app.get("/counts", tags=["runs"])
     def counts() -> dict[str, int]:
         """How many runs are in each status."""
-        return client.counts()
+        return cast("dict[str, int]", client.counts())  # a RunStatus is a str
 
-    @app.get("/runs/{run_id}", tags=["runs"])
+    @app.get("/runs/{run_id}", tags=["runs"], responses=errors(404))
     def get_run(run_id: str) -> dict[str, Any]:
         """One run: status, cursor, input, state (its result once done), error, cost."""
         return _run(run_id)
 
-    @app.get("/runs/{run_id}/children", tags=["runs"])
+    @app.get("/runs/{run_id}/children", tags=["runs"], responses=errors(404))
     def children(run_id: str) -> dict[str, Any]:
         """The run's child runs (StepResult.spawn), each spawn's in the order its step
         listed them: status, state (the result once done), error."""
@@ -466,7 +567,7 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
             raise UnknownRun(f"no run {run_id!r}")
         return {"run_id": run_id, "children": [r.to_json() for r in found]}
 
-    @app.get("/runs/{run_id}/steps", tags=["runs"])
+    @app.get("/runs/{run_id}/steps", tags=["runs"], responses=errors(404))
     def steps(run_id: str) -> dict[str, Any]:
         """The run's step timeline, oldest first: one row per step attempt that ended."""
         history = client.history(run_id)
@@ -474,7 +575,7 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
             raise UnknownRun(f"no run {run_id!r}")
         return {"run_id": run_id, "steps": [step_json(s) for s in history]}
 
-    @app.get("/runs/{run_id}/calls", tags=["runs"])
+    @app.get("/runs/{run_id}/calls", tags=["runs"], responses=errors(404))
     def calls(run_id: str) -> dict[str, Any]:
         """The run's journaled calls, oldest first: each model request and tool call a
         step made (a pydantic-ai agent's too), with its result or error and its cost."""
@@ -487,31 +588,39 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
         "/runs/{run_id}/events",
         tags=["runs"],
         response_class=StreamingResponse,  # not FastAPI's SSE class: it wants a generator
+        # The guard checks it; declared for the document: a run's read token in place of
+        # the API token (the run page's EventSource cannot send a header).
+        dependencies=[Security(READ_TOKEN)],
         responses={
             200: {
-                "description": "The run's events, as Server-Sent Events",
-                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                "description": "The run's events, as Server-Sent Events: each event's data "
+                "is one JSON event (id, kind, data, cursor, visit, attempt, seq, ts, durable).",
+                "content": {"text/event-stream": {"schema": SSE_EVENT}},
             },
-            404: {"description": "No such run"},
+            **errors(
+                403, 404, why={403: "A read token (?token=) that is not this run's (forbidden)."}
+            ),
         },
     )
     async def events(
         run_id: str,
         after: Annotated[
-            str | None, Query(max_length=40, description="the last event id seen")
+            str | None,
+            Query(description="the last event id seen", json_schema_extra=EVENT_ID_SCHEMA),
         ] = None,
-        last_event_id: Annotated[str | None, Header(max_length=40)] = None,
-        token: Annotated[  # checked by the guard; declared here for the schema
-            str | None, Query(max_length=100, description="a run's own read token")
+        last_event_id: Annotated[
+            str | None,
+            Header(description="the last event id seen", json_schema_extra=EVENT_ID_SCHEMA),
         ] = None,
     ) -> Response:
         """The run's events as Server-Sent Events, live, until it ends (`run_ended` is
         the last). Resume with the `Last-Event-ID` header (browsers send it on their own)
         or `?after=`: no gap, no duplicate while the stream keeps the events. An idle
         stream gets a keep-alive comment every CAIRN_SSE_KEEPALIVE seconds."""
-        position = last_event_id or after
-        if position is not None and not EVENT_ID.fullmatch(position):
-            raise InvalidInput(f"event id {position!r}: ids look like 1733312345678-0")
+        for given in (last_event_id, after):
+            if given is not None and not EVENT_ID.fullmatch(given):
+                raise InvalidInput(f"event id {given!r}: ids look like 1733312345678-0")
+        position = last_event_id if last_event_id is not None else after
         stream = afollow_batches(
             _Runs(client),
             hub.log,
@@ -543,7 +652,7 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
 
-    @app.post("/runs/{run_id}/cancel", status_code=202, tags=["runs"])
+    @app.post("/runs/{run_id}/cancel", status_code=202, tags=["runs"], responses=errors(404))
     def cancel(run_id: str, body: Annotated[Cancel | None, Body()] = None) -> dict[str, Any]:
         """Stop a run: a pending one at once, a running one at its next step boundary."""
         run = client.cancel(run_id, (body or Cancel()).reason)
@@ -551,7 +660,21 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
             raise UnknownRun(f"no run {run_id!r}")
         return run.to_json()
 
-    @app.post("/runs/{run_id}/fork", status_code=202, tags=["runs"])
+    @app.post(
+        "/runs/{run_id}/fork",
+        status_code=202,
+        tags=["runs"],
+        responses=errors(
+            404,
+            409,
+            422,
+            why={
+                409: "new_run_id names a run that exists (run_id_conflict).",
+                422: WHY_SEQ + " Or input_patch is over CAIRN_MAX_INPUT_BYTES or has NUL in a "
+                "string (invalid_input).",
+            },
+        ),
+    )
     def fork(run_id: str, body: Fork, request: Request) -> dict[str, Any]:
         """Start a new run from the step run_id saved at at_seq (run_id is not touched)."""
         with otel.continuing(request.headers):
@@ -561,13 +684,23 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
             )  # fmt: skip
         return _run(new)
 
-    @app.post("/runs/{run_id}/rewind", status_code=202, tags=["runs"])
+    @app.post(
+        "/runs/{run_id}/rewind",
+        status_code=202,
+        tags=["runs"],
+        responses=errors(
+            404,
+            409,
+            422,
+            why={409: "The run is not stopped: cancel it first (run_not_stopped).", 422: WHY_SEQ},
+        ),
+    )
     def rewind(run_id: str, body: Rewind) -> dict[str, Any]:
         """Move a stopped run back to the step it saved at to_seq, in place (409 for a run
         that is not stopped)."""
         return client.rewind(run_id, to_seq=body.to_seq).to_json()
 
-    @app.get("/runs/{run_id}/forks", tags=["runs"])
+    @app.get("/runs/{run_id}/forks", tags=["runs"], responses=errors(404))
     def forks(run_id: str) -> dict[str, Any]:
         """The runs forked from this one, oldest first."""
         found = client.forks(run_id)
@@ -575,40 +708,93 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
             raise UnknownRun(f"no run {run_id!r}")
         return {"run_id": run_id, "forks": [r.to_json() for r in found]}
 
-    @app.post("/runs/{run_id}/resolve", status_code=202, tags=["runs"])
+    @app.post(
+        "/runs/replay",
+        status_code=202,
+        tags=["runs"],
+        responses=errors(
+            422, why={422: "The request breaks a rule of this document (invalid_request)."}
+        ),
+    )
+    def replay(body: Replay) -> dict[str, Any]:
+        """Replay the workflow's runs that failed in [since, until): each goes on from its
+        last saved step, its effects under the same idempotency keys; dry_run lists them."""
+        runs = client.replay(
+            body.workflow, since=body.since, until=body.until,
+            status=tuple(body.status), limit=body.limit, dry_run=body.dry_run,
+        )  # fmt: skip
+        return {
+            "workflow": body.workflow,
+            "dry_run": body.dry_run,
+            "replayed": 0 if body.dry_run else len(runs),
+            "runs": [r.to_json() for r in runs],
+        }
+
+    @app.post("/runs/{run_id}/resolve", status_code=202, tags=["runs"], responses=errors(404))
     def resolve(run_id: str, body: Resolve) -> dict[str, Any]:
         """Settle a run stopped as unknown: whether its at-most-once effect happened. The
         run goes on at its cursor."""
         return client.resolve(run_id, done=body.done, result=body.result).to_json()
 
-    @app.post("/runs/{run_id}/signals/{event}", status_code=202, tags=["runs"])
+    @app.post(
+        "/runs/{run_id}/signals/{event}",
+        status_code=202,
+        tags=["runs"],
+        responses=errors(
+            404,
+            422,
+            why={
+                422: "The request breaks a rule of this document (invalid_request), or its "
+                "payload is over CAIRN_MAX_INPUT_BYTES or has NUL in a string (invalid_input)."
+            },
+        ),
+    )
     def signal(
         run_id: str,
-        event: str,
+        event: Annotated[
+            str,
+            Path(
+                description="What the run waits for; names starting with `cairn.` are cairn's.",
+                json_schema_extra={"pattern": EVENT_NAME_PATTERN, "maxLength": RUN_ID_MAX},
+            ),
+        ],
         body: Annotated[NewSignal | None, Body()] = None,
         idempotency_key: Annotated[
-            str | None, Header(description="The signal id, if the body has none.")
+            str | None,
+            Header(
+                description="The signal id, if the body has none.",
+                json_schema_extra=RUN_ID_SCHEMA,
+            ),
         ] = None,
     ) -> dict[str, Any]:
         """Send the run a signal; a run waiting for it wakes. The same signal_id twice is
         one signal (stored: false the second time)."""
         body = body or NewSignal()
-        signal_id = body.signal_id or idempotency_key
+        if idempotency_key is not None:
+            check_run_id(idempotency_key)  # checked even when the body's signal_id wins
+        signal_id = body.signal_id if body.signal_id is not None else idempotency_key
         stored = client.signal(run_id, event, body.payload, signal_id=signal_id)
         return {"stored": stored, "run": _run(run_id)}
 
-    @app.get("/healthz", tags=["operations"])
+    @app.get(
+        "/healthz",
+        tags=["operations"],
+        response_model=Health,
+        responses={503: {"model": Health, "description": "Postgres or the broker is away."}},
+    )
     def healthz() -> JSONResponse:
         """200 when Postgres and the broker answer, else 503 naming what does not."""
         problems = client.problems()
         return JSONResponse({"ok": not problems, "problems": problems}, 503 if problems else 200)
 
-    @app.get("/metrics", tags=["operations"])
+    @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
     def prometheus() -> Response:
+        """The server's metrics in Prometheus' text format."""
         return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
 
     from cairn.workers.web import pages, schedules
 
     pages.mount(app)
     schedules.mount(app)
+    document(app, open_paths=OPEN_PATHS, no_store=NO_STORE)
     return app

@@ -13,19 +13,23 @@ from cairn.steps import registry
 from cairn.workers.client import Client
 from cairn.workers.schedules import ScheduleConflict, UnknownSchedule
 from cairn.workers.web.api import error
+from cairn.workers.web.openapi import NO_NUL, WHOLE, errors
 
 router = APIRouter(tags=["schedules"])
+UNKNOWN = {404: "No such schedule (unknown_schedule)."}
 
 
 class NewSchedule(BaseModel):
     """A workflow started on a clock: a cron expression (UTC) or every N seconds."""
 
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=100, examples=["nightly-invoices"])
-    workflow: str = Field(min_length=1, max_length=200, examples=["invoice"])
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str = Field(min_length=1, max_length=100, pattern=NO_NUL, examples=["nightly-invoices"])
+    workflow: str = Field(min_length=1, max_length=200, pattern=NO_NUL, examples=["invoice"])
     input: dict[str, Any] = Field(default_factory=dict)
-    cron: str | None = Field(default=None, max_length=200, examples=["0 3 * * *"])
-    every: int | None = Field(default=None, description="Seconds between ticks.")
+    cron: str | None = Field(default=None, max_length=200, pattern=NO_NUL, examples=["0 3 * * *"])
+    every: Annotated[int, Field(ge=1, lt=2**31), WHOLE] | None = Field(
+        default=None, description="Seconds between ticks (or cron)."
+    )
     catch_up: Literal["latest", "all", "skip"] = "latest"
     replace: bool = Field(default=False, description="Overwrite a schedule of that name.")
 
@@ -48,7 +52,21 @@ def list_schedules(request: Request) -> dict[str, Any]:
     return {"schedules": [s.to_json() for s in request.app.state.client.schedules()]}
 
 
-@router.post("/schedules", status_code=201)
+@router.post(
+    "/schedules",
+    status_code=201,
+    responses=errors(
+        409,
+        422,
+        why={
+            409: "Another schedule has the name: send replace: true (schedule_conflict).",
+            422: "The request breaks a rule of this document (invalid_request), or one the "
+            "server checks: not one of cron and every, a cron expression that does not "
+            "parse, an input its workflow refuses (invalid_input); a workflow not "
+            "registered (unknown_workflow).",
+        },
+    ),
+)
 def add_schedule(request: Request, new: Annotated[NewSchedule, Body()]) -> Any:
     """Add a schedule; each tick starts one run, `sched:<name>:<UTC tick>`. The same
     definition again returns it; another under the name is 409 unless replace is true."""
@@ -68,19 +86,21 @@ def add_schedule(request: Request, new: Annotated[NewSchedule, Body()]) -> Any:
     )
 
 
-@router.post("/schedules/{name}/pause")
+@router.post("/schedules/{name}/pause", responses=errors(404, why=UNKNOWN))
 def pause_schedule(request: Request, name: str) -> Any:
     """Stop firing it until resumed."""
     return _answer(request, lambda c: c.pause_schedule(name))
 
 
-@router.post("/schedules/{name}/resume")
+@router.post("/schedules/{name}/resume", responses=errors(404, why=UNKNOWN))
 def resume_schedule(request: Request, name: str) -> Any:
     """Fire it again from its next tick after now (ticks while paused are not fired)."""
     return _answer(request, lambda c: c.resume_schedule(name))
 
 
-@router.delete("/schedules/{name}", status_code=204, response_model=None)
+@router.delete(
+    "/schedules/{name}", status_code=204, response_model=None, responses=errors(404, why=UNKNOWN)
+)
 def remove_schedule(request: Request, name: str) -> Response:
     """Delete it; the runs it started stay."""
     if not request.app.state.client.remove_schedule(name):

@@ -1,0 +1,70 @@
+"""The HTTP API's reference is its OpenAPI document: schemathesis, with every check and
+every phase (examples, coverage, fuzzing, stateful), run against a real `cairn serve` on
+loopback, finds nothing the document does not say: no server error, no undocumented
+status, content type or header, no request the document calls valid refused, and none it
+calls invalid accepted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.conftest import Server
+
+SCHEMATHESIS = str(Path(sys.executable).with_name("schemathesis"))
+# Test cases per operation in each generating phase (the coverage phase adds one per rule
+# of the document). About 25 operations: the run takes ~40 s on a 2-core machine.
+MAX_EXAMPLES = 100
+POSITIVE = '["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"'
+# Where a request the document calls valid may still be refused with 422: rules that are
+# the server's state or code, which no JSON Schema can state. The document says each one
+# in the operation's 422 description; everything else about these operations is checked.
+CONFIG = f"""
+# A workflow's input is checked by the workflow's own code (and the server's size and NUL
+# rules); run_id and Idempotency-Key must be equal when both are sent: a rule across the
+# header and the body, which OpenAPI cannot state.
+[[operations]]
+include-path = "/runs"
+include-method = "POST"
+checks.positive_data_acceptance.expected-statuses = {POSITIVE}, "422"]
+
+[[operations]]
+include-path = "/schedules"
+include-method = "POST"
+checks.positive_data_acceptance.expected-statuses = {POSITIVE}, "422"]
+
+# at_seq / to_seq must be a seq the run saved: its history, not a schema.
+[[operations]]
+include-path-regex = "^/runs/\\\\{{run_id\\\\}}/(fork|rewind)$"
+include-method = "POST"
+checks.positive_data_acceptance.expected-statuses = {POSITIVE}, "422"]
+
+# schemathesis 4.32's coverage phase sends `Last-Event-ID: 0` as valid: its header values
+# keep to letters and digits, so none matches the id pattern (which has a "-").
+[[operations]]
+include-path = "/runs/{{run_id}}/events"
+include-method = "GET"
+checks.positive_data_acceptance.expected-statuses = {POSITIVE}, "422"]
+"""
+
+
+def test_the_api_does_what_its_openapi_document_says(
+    serve: Callable[..., Server], tmp_path: Path
+) -> None:
+    server = serve()  # its broker is this test's Redis database: what it enqueues, no one runs
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(CONFIG)
+    cmd = [
+        SCHEMATHESIS, "--no-color", "--config-file", str(config),
+        "run", f"{server.url}/openapi.json",
+        "--checks", "all", "--phases", "examples,coverage,fuzzing,stateful",
+        "--max-examples", str(MAX_EXAMPLES), "--seed", "30", "--generation-database", "none",
+        "--header", f"Authorization: Bearer {server.token}",
+        "--request-timeout", "10", "--workers", "2", "--output-truncate", "false",
+    ]  # fmt: skip
+    out = subprocess.run(
+        cmd, check=False, capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stdout[-30000:] + out.stderr[-3000:]
