@@ -113,7 +113,7 @@ async_flow = workflow("agent_async", validate=_validate)
 async def work_async(ctx: Context) -> StepResult:
     """The same loop as async code: ctx.amodel, ctx.acall of an httpx.AsyncClient call."""
     notes: list[str] = []
-    sent = []
+    sent: list[dict[str, Any]] = []
     turns = ctx.input["turns"]
     for turn in range(turns):
         reply = await ctx.amodel(messages=[_question(ctx, turn, notes)], max_tokens=48)

@@ -13,7 +13,7 @@ import logging
 import re
 import types
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from cairn import logs, otel
 from cairn.errors import (
@@ -31,8 +31,8 @@ from cairn.store.runs import Call, Run
 
 if TYPE_CHECKING:
     from cairn.steps.model import ModelClient
-    from cairn.store import Checkpoint, StepTransaction
-    from cairn.store.contract import CheckpointStore, HeldLease
+    from cairn.store import Checkpoint
+    from cairn.store.contract import CheckpointStore, HeldLease, StepTx
     from cairn.store.tx import Connection
     from cairn.workers.events import Outbox
     from cairn.workers.middleware import Chain
@@ -52,7 +52,7 @@ class _Frame:
     pos: int = -1  # its place in the journal: the `call` of the tokens streamed inside it
     effect: str | None = None
     cost: float = 0.0
-    tx: StepTransaction | None = None  # ctx.db inside the call: committed with its record
+    tx: StepTx | None = None  # ctx.db inside the call: committed with its record
 
 
 _SHOWN_BYTES = 4096  # a call's result goes into its `call` event up to this size
@@ -108,7 +108,8 @@ class Context:
         self.state: Mapping[str, Any] = types.MappingProxyType(cp.state)
         # The very message dicts of the checkpoint (no copy: the loop tells an appended
         # window from a rewritten one by identity). Build new lists; never edit a message.
-        self.window: list[dict[str, Any]] = list(cp.window)
+        # Messages are TypedDicts; a step may build dicts of any shape.
+        self.window: list[dict[str, Any]] = cast("list[dict[str, Any]]", list(cp.window))
         self.config = config
         # The signal this step was woken by (see StepResult.wait): its payload, its id.
         self.signal: Any = cp.signal["payload"] if cp.signal else None
@@ -120,7 +121,7 @@ class Context:
         self._cp, self._store, self._lease, self._model = cp, store, lease, model
         self._retry_on, self._hooks, self._events = retry_on, hooks, events
         self._effect: str | None = None
-        self._tx: StepTransaction | None = None
+        self._tx: StepTx | None = None
         # The journal of this visit, read at the first journaled call (a step that follows
         # this worker's own save is fresh: nobody can have recorded calls for it).
         self._fresh = fresh
@@ -266,7 +267,7 @@ class Context:
         else:
             result = effect(key)
         self._store.mark_done(key, self.run_id, result, self._lease.epoch)
-        return result  # type: ignore[no-any-return]
+        return result
 
     async def aonce(
         self,
@@ -287,7 +288,7 @@ class Context:
         else:
             result = await effect(key)
         self._store.mark_done(key, self.run_id, result, self._lease.epoch)
-        return result  # type: ignore[no-any-return]
+        return result
 
     def _ledger(self, suffix: str, at_most_once: bool) -> tuple[str, bool, Any]:
         """The effect's key, and whether the ledger says it ran (with its result); else
@@ -347,6 +348,30 @@ class Context:
             self._failed(pos, name, exc, token)
             raise
         return self._returned(pos, name, result, token)  # type: ignore[no-any-return]
+
+    # Two signatures: from `Callable[..., Awaitable[T] | T]` alone a type checker cannot
+    # tell T of a coroutine function (mypy infers Never).
+    @overload
+    async def acall(
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[T]],
+        /,
+        *args: Any,
+        max_cost: float | None = None,
+        **kwargs: Any,
+    ) -> T: ...
+
+    @overload
+    async def acall(
+        self,
+        name: str,
+        fn: Callable[..., T],
+        /,
+        *args: Any,
+        max_cost: float | None = None,
+        **kwargs: Any,
+    ) -> T: ...
 
     async def acall(
         self,
@@ -506,7 +531,7 @@ class Context:
             raise _rebuilt(call.error)
         return call.result
 
-    def _record(self, call: Call, tx: StepTransaction | None = None) -> None:
+    def _record(self, call: Call, tx: StepTx | None = None) -> None:
         v = self._scoped()
         at = self._cp if v.cursor == self.cursor else dataclasses.replace(self._cp, cursor=v.cursor)
         if not self._store.record_call(at, self.visit, call, tx):
@@ -552,7 +577,7 @@ class Context:
         return self._tx.connection
 
     @property
-    def transaction(self) -> StepTransaction | None:
+    def transaction(self) -> StepTx | None:
         """The step's transaction if it used ctx.db; the loop's save commits it."""
         return self._tx
 

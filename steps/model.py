@@ -257,7 +257,8 @@ class ModelClient:
         prompt = {k: request.get(k) for k in ("system", "messages", "tools")}
         tokens_in = json_size(prompt) // 3 + 1
         price_in, price_out, *_ = _price(model)
-        return (tokens_in * price_in + request.get("max_tokens", 1024) * price_out) / 1e6
+        tokens_out: int = request.get("max_tokens", 1024)
+        return (tokens_in * price_in + tokens_out * price_out) / 1e6
 
     def _retrying(self, retry: Callable[[BaseException], bool] = _transient) -> Retrying:
         return Retrying(

@@ -7,8 +7,8 @@ import importlib
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from cairn.errors import InvalidInput, Transient, UnknownWorkflow
 from cairn.store.runs import Wait
@@ -146,12 +146,16 @@ class Retry:
 
     def delay(self, failed: int) -> float:
         """Seconds to wait after the failed-th failed attempt."""
-        return min(self.backoff * 2 ** max(failed - 1, 0), self.max_backoff)
+        return float(min(self.backoff * 2 ** max(failed - 1, 0), self.max_backoff))
 
 
 class StepFn(Protocol):
-    def __call__(self, ctx: Context) -> StepResult: ...
+    """A step: a function, or a coroutine function, of the run's Context."""
 
+    def __call__(self, ctx: Context) -> StepResult | Coroutine[Any, Any, StepResult]: ...
+
+
+S = TypeVar("S", bound=StepFn)  # the decorated step keeps its own type
 
 Validator = Callable[[dict[str, Any]], dict[str, Any]]
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
@@ -196,15 +200,13 @@ class Workflow:
             if not (isinstance(old, str) and isinstance(new, str)) or old == new:
                 raise ValueError(f"workflow {name!r}: renamed wants {{'old': 'new'}} names")
 
-    def step(
-        self, name: str | None = None, *, retry: Retry | None = None
-    ) -> Callable[[StepFn], StepFn]:
+    def step(self, name: str | None = None, *, retry: Retry | None = None) -> Callable[[S], S]:
         """Register a step: `@flow.step()` uses the function's name as the cursor.
 
         retry: how its failures are retried (default: Retry(), which retries
         cairn.Transient 5 times in all with backoff)."""
 
-        def register(fn: StepFn) -> StepFn:
+        def register(fn: S) -> S:
             cursor = name or fn.__name__  # type: ignore[attr-defined]
             if not _STEP_NAME.fullmatch(cursor):
                 # The name goes into idempotency keys, which travel in HTTP headers.

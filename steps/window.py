@@ -43,7 +43,7 @@ def extractive_summary(messages: Sequence[dict[str, Any]], limit: int = 2000) ->
 def _role(m: dict[str, Any]) -> str:
     """Anthropic's role, or a pydantic-ai message's kind as one (a response is the
     assistant's turn)."""
-    kind = m.get("kind")
+    kind = m.get("kind", "")
     return m.get("role") or {"response": "assistant", "request": "user"}.get(kind, "?")
 
 

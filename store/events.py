@@ -10,10 +10,11 @@ it is in Postgres, and readers rebuild from there (cairn.workers.events).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.asyncio
+from redis.typing import KeyT, StreamIdT
 
 from cairn.store import keys
 from cairn.store.lease import _script, translated
@@ -107,7 +108,8 @@ class RedisEvents:
             if block is None:
                 raw = self.client.xrange(keys.events(run_id), f"({after}", "+", count=count)
                 return _entries(raw)
-            got = self.client.xread(
+            # Any: redis-py types the reply as RESP3's dict; on RESP2 it is [[key, entries]].
+            got: Any = self.client.xread(
                 {keys.events(run_id): after}, count=count, block=max(1, int(block * 1000))
             )
         return _entries(got[0][1]) if got else []
@@ -152,8 +154,10 @@ class AsyncRedisEvents:
                 ((key, i),) = streams.items()
                 raw = await self.client.xrange(key, f"({i}", "+", count=count)
                 return {next(iter(after)): _entries(raw)}
-            got = await self.client.xread(
-                streams, count=count, block=None if block is None else max(1, int(block * 1000))
+            got: Any = await self.client.xread(  # [[key, entries]], as in read()
+                cast("dict[KeyT, StreamIdT]", streams),
+                count=count,
+                block=None if block is None else max(1, int(block * 1000)),
             )
         prefix = len(keys.events(""))
         return {k.decode()[prefix:]: _entries(entries) for k, entries in got or ()}

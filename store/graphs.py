@@ -10,7 +10,7 @@ so its own forks (time travel) work as they do on its Postgres saver.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -54,7 +54,7 @@ class GraphStore:
         parent_id: str | None,
         checkpoint: tuple[str, bytes],
         versions: dict[str, str],
-        metadata: dict[str, Any],
+        metadata: Mapping[str, Any],  # LangGraph's CheckpointMetadata, a TypedDict
         blobs: Sequence[Blob],
         fence: Fence | None = None,
     ) -> bool:

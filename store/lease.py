@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -271,7 +271,8 @@ class Leases:
 
     def holder(self, run_id: str) -> LeaseToken | None:
         with translated():
-            value = self.client.get(keys.lease(run_id))
+            # bytes: the client is made without decode_responses
+            value = cast("bytes | None", self.client.get(keys.lease(run_id)))
         return LeaseToken.parse(value.decode()) if value else None
 
     def holders(self, run_ids: list[str]) -> dict[str, LeaseToken | None]:
@@ -280,7 +281,9 @@ class Leases:
         for i in range(0, len(run_ids), 500):
             chunk = run_ids[i : i + 500]
             with translated():
-                values = self.client.mget([keys.lease(r) for r in chunk])
+                values = cast(
+                    "list[bytes | None]", self.client.mget([keys.lease(r) for r in chunk])
+                )
             for r, v in zip(chunk, values, strict=True):
                 out[r] = LeaseToken.parse(v.decode()) if v else None
         return out

@@ -27,7 +27,14 @@ import os
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Sequence,
+)
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cairn import logs
@@ -721,7 +728,7 @@ async def afollow_batches(
     idle: float = 5.0,
     live: Callable[[str, str], Live] | None = None,
     parse: bool = True,
-) -> AsyncIterator[list[Event]]:
+) -> AsyncGenerator[list[Event], None]:
     """afollow() a read at a time: a server writes each list in one go. parse=False:
     events read from the stream carry their kind and raw JSON only (data None), for a
     server that passes them on as they are."""
@@ -872,7 +879,10 @@ class _Subscription:
             if held is not None:
                 return held
         # Further behind than the hub keeps: read it from Redis itself.
-        return (await self.hub.log.read_many({self.run_id: position})).get(self.run_id, [])
+        got: dict[str, list[tuple[str, str]]] = await self.hub.log.read_many(
+            {self.run_id: position}
+        )
+        return got.get(self.run_id, [])
 
     def close(self) -> None:
         if not self.closed:

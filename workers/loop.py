@@ -12,8 +12,8 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from cairn import logs, otel
 from cairn.errors import (
@@ -260,6 +260,7 @@ def _take(run_id: str, deps: Deps) -> tuple[HeldLease, Checkpoint]:
             if cp.epoch >= lease.epoch:
                 lease.release()
                 lease = _acquire(run_id, cp.epoch, deps)
+        assert cp is not None  # the loop ran: each pass raised or loaded one
         raise StaleWrite(run_id, cp.seq, lease.epoch)
     except BaseException as exc:
         # A run that does not exist keeps no counter either (this acquire made one).
@@ -329,7 +330,7 @@ def _step(
         middleware.before_step(cp)
         current = _current.set(ctx)
         try:
-            result = fn(ctx)
+            result: Any = fn(ctx)  # whatever it is: _next checks it is a StepResult
             if inspect.iscoroutine(result):  # an async def step
                 result = _await(result)
         except StoreUnavailable:
@@ -606,7 +607,9 @@ def _next(
     for cursor in (result.cursor, wait.on_timeout if wait else None):
         if cursor is not None and cursor != DONE and cursor not in flow.steps:
             raise CairnError(f"step {cp.cursor!r} returned unknown cursor {cursor!r}")
-    old = cp.window
+    # Messages are plain dicts to a step (Context.window, StepResult.window).
+    old = cast("tuple[dict[str, Any], ...]", cp.window)
+    window: Sequence[dict[str, Any]]
     known = cp.window_bytes if cp.window_bytes >= 0 else json_size(list(old))
     if result.window is None:  # most steps leave the window alone: nothing to compare
         window, extends, size = old, True, known

@@ -106,7 +106,7 @@ def run_demo(
             for i in range(runs)
         ]
 
-        rows: dict[str, dict[str, Any]] = {}
+        rows: dict[str, Run] = {}
         with fleet.runs_progress(err, quiet) as progress:
             bar = progress.add_task("", total=runs)
             deadline = time.monotonic() + 240

@@ -182,8 +182,8 @@ class Plan:
             tag(request)  # an async step runs in its step's context: plan.current is its own
             return await aoriginal(client, request, *args, **kwargs)
 
-        httpx.Client.send = send  # type: ignore[method-assign]
-        httpx.AsyncClient.send = asend  # type: ignore[method-assign]
+        httpx.Client.send = send  # type: ignore[method-assign,assignment]
+        httpx.AsyncClient.send = asend  # type: ignore[method-assign,assignment]
 
 
 def read_journal(directory: str) -> list[dict[str, Any]]:

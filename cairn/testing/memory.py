@@ -23,7 +23,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from cairn.errors import CairnError, LeaseLost, RunIdConflict, StaleWrite, StoreError
 from cairn.status import ACTIVE, IDLE, REARMABLE, STOPPED, TERMINAL, RunStatus
@@ -678,7 +678,8 @@ class MemoryStore:
         stored = dataclasses.replace(
             call,
             result=_dump(call.result) if call.error is None else None,
-            error=_dump(call.error) if call.error is not None else None,
+            # JSON text in a field typed for the parsed dict, as the SQL store's row has it
+            error=cast(Any, _dump(call.error)) if call.error is not None else None,
         )
         with self._lock:
             row = self._rows.get(cp.run_id)
@@ -997,7 +998,8 @@ class MemoryLeases:
     def holder(self, run_id: str) -> LeaseToken | None:
         """Who holds the run's lease."""
         with self._lock:
-            return _live(self._leases, run_id, self._clock())
+            held: LeaseToken | None = _live(self._leases, run_id, self._clock())
+            return held
 
     def break_dead(self, run_id: str, token: LeaseToken) -> bool:
         """Delete a lease whose owner is known dead, only if it is still token."""
@@ -1022,7 +1024,7 @@ class MemoryLeases:
         """renew.lua: True if extended, else who holds it now (None: nobody)."""
         with self._lock:
             now = self._clock()
-            held = _live(self._leases, run_id, now)
+            held: LeaseToken | None = _live(self._leases, run_id, now)
             if held is not None and str(held) == str(token):
                 self._leases[run_id] = (held, now + ttl)
                 return True
@@ -1053,7 +1055,7 @@ def _loaded(call: Call) -> Call:
     return dataclasses.replace(
         call,
         result=json.loads(call.result) if call.result is not None else None,
-        error=json.loads(call.error) if call.error is not None else None,
+        error=json.loads(cast(str, call.error)) if call.error is not None else None,
     )
 
 

@@ -761,8 +761,8 @@ class ModelServer(_StandIn):
                 self._failures += 1
         headers["request-id"] = f"req_local_{n}"
         if limited:
-            message = f"This request would exceed the rate limit of {self.rpm} requests per minute."
-            return 429, _anthropic_error(429, message), headers
+            why = f"This request would exceed the rate limit of {self.rpm} requests per minute."
+            return 429, _anthropic_error(429, why), headers
         self._sleep()
         if fail_status is not None:
             if fail_status == 429:

@@ -86,7 +86,7 @@ def timeline(run: Run, steps: list[dict[str, Any]], now: dt.datetime) -> dict[st
     """Bars and gaps laid out on one lane per worker, and the rows of the step table with
     each resume marked where it happened."""
     start = run.created_at
-    end = max([run.updated_at, *(s["ended_at"] for s in steps)])
+    end: dt.datetime = max([run.updated_at, *(s["ended_at"] for s in steps)])
     if run.status not in STOPPED:
         end = max(end, now)
     span = max((end - start).total_seconds(), 1e-3)
