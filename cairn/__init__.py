@@ -17,7 +17,7 @@ neither Celery's worker, the anthropic SDK, prometheus_client, typer nor rich.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cairn._lazy import loader
 from cairn.errors import (
@@ -50,7 +50,9 @@ from cairn.errors import (
     WindowTooLarge,
 )
 
-__version__ = "0.1.0"
+# pyproject.toml holds the version; this reads the installed package's metadata when first
+# asked (importlib.metadata at import would cost every `import cairn` some 50 ms).
+__version__: str
 
 # name -> module that defines it, imported when the name is first read
 _LAZY = {
@@ -87,11 +89,20 @@ if TYPE_CHECKING:
     from cairn.workers.settings import Settings
 
 
-__getattr__ = loader("cairn", _LAZY, globals())
+_load = loader("cairn", _LAZY, globals())
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from importlib.metadata import version
+
+        globals()[name] = found = version("cairn")
+        return found
+    return _load(name)
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+    return sorted({*globals(), *_LAZY, "__version__"})
 
 
 __all__ = [

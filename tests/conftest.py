@@ -3,9 +3,13 @@ template), a flushed Redis database, loopback stand-ins, real Celery worker proc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import os
+import queue
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,7 +35,15 @@ BASE_REDIS = Settings.from_env().redis_url
 # CAIRN_TEST_SLOT=k: this pytest process's own share of the servers (template database,
 # Redis databases, RabbitMQ vhosts), so scripts/test can run groups of tests side by side.
 SLOT = int(os.environ.get("CAIRN_TEST_SLOT", "0"))
-TEMPLATE = "cairn_test_template" + (f"_{SLOT}" if SLOT else "")
+# CAIRN_TEST_HALF=0 or 1: half of the slot (its own template, half its Redis databases and
+# vhosts), for two processes that share one slot: pytest-xdist's two workers, gw0 and gw1
+# (scripts/test --fast).
+_XDIST = os.environ.get("PYTEST_XDIST_WORKER")
+HALF = os.environ.get("CAIRN_TEST_HALF") or (_XDIST.removeprefix("gw") if _XDIST else None)
+if HALF not in (None, "0", "1"):
+    raise RuntimeError(f"a slot has two halves, not {HALF!r}: run pytest-xdist with -n 2 at most")
+TEMPLATE = "cairn_test_template" + (f"_{SLOT}" if SLOT else "") + (f"_h{HALF}" if HALF else "")
+_MINE = slice(None) if HALF is None else slice(6 * int(HALF), 6 * int(HALF) + 6)
 LEASE_TTL = 3.0
 
 # Clear our own prefix so a developer's shell settings cannot leak into a test; the
@@ -50,6 +62,46 @@ if PGBOUNCER_PORT:
 RABBITMQ = f"amqp://guest:guest@127.0.0.1:{os.environ.get('CAIRN_RABBITMQ_PORT', '5672')}"
 # A test that takes the broker_url fixture this way runs once per broker.
 both_brokers = pytest.mark.parametrize("broker_url", ["redis", "amqp"], indirect=True)
+
+
+# -- tiers ---------------------------------------------------------------------------------
+# `scripts/test --fast` (pytest --fast): the tests that start no worker, beat or server
+# process. Chosen by what a test asks for, not by a list of files, so a new test lands in
+# the right tier: every process-starting fixture takes worker_env; a test that starts one
+# some other way is marked `fleet` (or `slow`), and one that forgets fails in the fast tier.
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fast",
+        action="store_true",
+        help="Only the tests that start no worker, beat or server process (the inner loop).",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.getoption("fast"):
+        return
+
+    def refuse(self: fleet.Proc, cmd: list[str], *args: Any, **kwargs: Any) -> None:
+        pytest.fail(
+            f"--fast: this test started {' '.join(cmd[:4])}...; mark it "
+            "@pytest.mark.fleet (or take worker_env) to leave it to the whole suite",
+            pytrace=False,
+        )
+
+    fleet.Proc.__init__ = refuse  # type: ignore[method-assign]  # this process only
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("fast"):
+        return
+    fast, fleets = [], []
+    for item in items:
+        starts = "worker_env" in getattr(item, "fixturenames", ())
+        starts = starts or any(item.iter_markers("fleet")) or any(item.iter_markers("slow"))
+        (fleets if starts else fast).append(item)
+    if fleets:
+        config.hook.pytest_deselected(items=fleets)
+        items[:] = fast
 
 
 def via_pgbouncer(url: str) -> str:
@@ -84,22 +136,105 @@ def template_db() -> str:
     return TEMPLATE
 
 
-_counter = itertools.count()
+class _Databases:
+    """The tests' databases, each made from the template one ahead on a thread and dropped
+    behind on another: a CREATE (the template copied and fsynced) and a DROP cost a test
+    about 0.4 s together on this machine, which it no longer waits for."""
+
+    AHEAD = 2
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+        self.names = (f"cairn_t{os.getpid()}_{i}" for i in itertools.count())
+        self.ready: queue.Queue[str | Exception] = queue.Queue(self.AHEAD)
+        self.dead: queue.Queue[str | None] = queue.Queue()
+        self.stop = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._make, name="test-db-make", daemon=True),
+            threading.Thread(target=self._drop, name="test-db-drop", daemon=True),
+        ]
+        for t in self.threads:
+            t.start()
+
+    @staticmethod
+    def _execute(query: str) -> None:
+        # A connection each time: the outage tests restart Postgres under the threads.
+        with psycopg.connect(BASE_DB, autocommit=True) as conn:
+            conn.execute(query)
+
+    def _create(self) -> str | Exception:
+        """A new database's name, or why none could be made: tried for a while, as an
+        outage test restarts Postgres under this thread."""
+        deadline = time.monotonic() + 30
+        while True:
+            name = next(self.names)
+            try:
+                self._execute(f"CREATE DATABASE {name} TEMPLATE {self.template}")
+                return name
+            except psycopg.Error as exc:
+                if time.monotonic() > deadline or self.stop.wait(0.5):
+                    return exc  # the test that takes it raises it
+
+    def _make(self) -> None:
+        while not self.stop.is_set():
+            made = self._create()
+            while not self.stop.is_set():
+                try:
+                    self.ready.put(made, timeout=0.2)
+                    break
+                except queue.Full:
+                    continue
+            else:
+                if isinstance(made, str):
+                    self.dead.put(made)
+
+    def _drop(self) -> None:
+        while (name := self.dead.get()) is not None or not self.stop.is_set():
+            if name is not None:
+                with contextlib.suppress(psycopg.Error):  # left for close() to retry
+                    self._execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    def take(self) -> str:
+        made = self.ready.get(timeout=120)
+        if isinstance(made, Exception):
+            raise made
+        return made
+
+    def close(self) -> None:
+        self.stop.set()
+        self.threads[0].join()
+        while not self.ready.empty():
+            if isinstance(made := self.ready.get(), str):
+                self.dead.put(made)
+        self.dead.put(None)
+        self.threads[1].join()
+        # What a failed drop left behind (Postgres down at the time), this process's only.
+        with psycopg.connect(BASE_DB, autocommit=True) as conn:
+            left = conn.execute(
+                "SELECT datname FROM pg_database WHERE datname LIKE %s",
+                (f"cairn\\_t{os.getpid()}\\_%",),
+            ).fetchall()
+            for (name,) in left:
+                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="session")
+def _databases(template_db: str) -> Iterator[_Databases]:
+    made = _Databases(template_db)
+    yield made
+    made.close()
 
 
 @pytest.fixture
-def db_url(template_db: str) -> Iterator[str]:
-    name = f"cairn_t{os.getpid()}_{next(_counter)}"
-    with psycopg.connect(BASE_DB, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
+def db_url(_databases: _Databases) -> Iterator[str]:
+    name = _databases.take()
     yield _with_db(BASE_DB, name)
-    with psycopg.connect(BASE_DB, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    _databases.dead.put(name)
 
 
 # 13, 14 and 15 are left to chaos, the demo and the bench, which may run beside the tests;
 # slot k > 0 has 16k+1 .. 16k+12 (scripts/services.sh starts Redis with 48 databases).
-_redis_dbs = itertools.cycle(range(16 * SLOT + 1, 16 * SLOT + 13))
+_redis_dbs = itertools.cycle(range(16 * SLOT + 1, 16 * SLOT + 13)[_MINE])
 
 
 @pytest.fixture
@@ -113,7 +248,7 @@ def redis_url() -> Iterator[str]:
 
 
 # Like the Redis databases: 13-15 are left over; slot k > 0 has 15k+1 .. 15k+12.
-_vhosts = itertools.cycle(range(15 * SLOT + 1, 15 * SLOT + 13))
+_vhosts = itertools.cycle(range(15 * SLOT + 1, 15 * SLOT + 13)[_MINE])
 
 
 @pytest.fixture

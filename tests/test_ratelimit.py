@@ -55,6 +55,7 @@ def clients() -> Iterator[Any]:
         client.close()
 
 
+@pytest.mark.fleet
 def test_four_processes_keep_to_the_limit_together(redis_url: str) -> None:
     # 600/min is 10 a second: 4 processes x 3 threads would send far more alone, and the
     # stand-in's bucket holds a second's worth, so going over shows up as 429s.

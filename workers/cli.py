@@ -99,7 +99,7 @@ LogLevel = Annotated[
 
 
 COLOURS = {RunStatus.DONE: "green", RunStatus.FAILED: "red", RunStatus.RUNNING: "yellow"}
-Pool = enum.Enum("Pool", {"prefork": "prefork", "threads": "threads"}, type=str)  # type: ignore[misc]
+Pool = enum.Enum("Pool", {"prefork": "prefork", "threads": "threads"}, type=str)
 
 
 def _settings(**options: Any) -> Any:
@@ -121,6 +121,20 @@ def _client(settings: Any) -> Any:
 def _fail(message: str, code: int = 1) -> None:
     err.print(f"[bold red]error:[/] {message}")
     raise typer.Exit(code)
+
+
+def _need_server(command: str) -> None:
+    """Fail, naming the extra, when the HTTP server's packages are not installed: a plain
+    `pip install cairn` (a web app's Client, a worker) leaves them out."""
+    from importlib.util import find_spec
+
+    from rich.markup import escape
+
+    missing = [m for m in ("fastapi", "uvicorn", "jinja2") if find_spec(m) is None]
+    if missing:
+        said = escape(f"{command} needs {', '.join(missing)}: pip install 'cairn[server]'")
+        err.print(f"[bold red]error:[/] {said}", soft_wrap=True)  # the command on one line
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -426,6 +440,63 @@ def rewind_cmd(
         print(f"{run_id}: rewound to seq {to}, now {run.status} at {run.cursor!r} (seq {run.seq})")
 
 
+class Replayable(enum.StrEnum):
+    failed = "failed"
+    incompatible = "incompatible"
+
+
+@runs_app.command("replay")
+def replay_cmd(
+    workflow: Annotated[str, typer.Argument(help="Whose runs to replay.")],
+    since: Annotated[
+        datetime,
+        typer.Option("--since", help="Runs that stopped at or after this (local time if no zone)."),
+    ],
+    until: Annotated[
+        datetime | None,
+        typer.Option("--until", help="And before this (default: now)."),
+    ] = None,
+    status: Annotated[
+        list[Replayable] | None,
+        typer.Option("--status", help="Which stopped runs, repeat for both (default: failed)."),
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="At most N runs.")] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only list what would be replayed.")
+    ] = False,
+    as_json: AsJson = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Replay a workflow's failed runs: each goes on from its last saved step."""
+    from rich.progress import Progress
+
+    from cairn.errors import CairnError
+
+    statuses = tuple(status or [Replayable.failed])
+    try:
+        with (
+            _client(_settings(database_url=database_url)) as client,
+            Progress(console=err, transient=True, disable=as_json or dry_run) as bar,
+        ):
+            task = bar.add_task("replaying", total=limit)
+            runs = client.replay(
+                workflow, since=_aware(since), until=_aware(until), status=statuses,
+                limit=limit, dry_run=dry_run, progress=lambda n: bar.update(task, completed=n),
+            )  # fmt: skip
+    except CairnError as exc:
+        _fail(str(exc), 2)
+    if as_json:
+        print(
+            _dumps({"workflow": workflow, "dry_run": dry_run, "runs": [r.to_json() for r in runs]})
+        )
+        return
+    for r in runs:
+        error = (r.error or "").splitlines()[0][:80] if r.error else ""
+        console.print(f"{r.run_id}  {r.status} at {r.cursor!r}  {error}", markup=False)
+    verb = "would replay" if dry_run else "replayed"
+    console.print(f"{verb} {len(runs)} {workflow} run(s)", markup=False)
+
+
 @app.command()
 def show(
     run_id: Annotated[str, typer.Argument(help="The run id.")],
@@ -540,7 +611,7 @@ def events(
     redis_url: RedisUrl = None,
 ) -> None:
     """Follow a run's events live until it ends: model tokens as they are written, steps,
-    retries, waits, what ctx.emit sent (see the README's "Live output")."""
+    retries, waits, what ctx.emit sent (see docs/guides/live-output.md)."""
     from cairn.errors import CairnError
 
     settings = _settings(database_url=database_url, redis_url=redis_url)
@@ -655,7 +726,7 @@ def resolve(
 @app.command("settings")
 def settings_cmd(
     markdown: Annotated[
-        bool, typer.Option("--markdown", help="The README's table of every setting.")
+        bool, typer.Option("--markdown", help="The settings table of the docs.")
     ] = False,
     as_json: AsJson = False,
 ) -> None:
@@ -804,6 +875,7 @@ def serve(
     loglevel: LogLevel = None,
 ) -> None:
     """The HTTP API and the web pages of runs (token from CAIRN_API_TOKEN)."""
+    _need_server("cairn serve")
     import uvicorn
     from uvicorn.config import LOGGING_CONFIG
 
@@ -866,6 +938,8 @@ def demo(
     redis_url: RedisUrl = None,
 ) -> None:
     """A fleet of workers doing invoice runs; workers are SIGKILLed mid-run; effects counted."""
+    if serve:
+        _need_server("cairn demo --serve")
     from cairn.testing.demo import run_demo
 
     settings = _settings(database_url=database_url, redis_url=redis_url, web_port=port)
@@ -1027,8 +1101,19 @@ def schedules_remove(
     print(_dumps({"removed": name}) if as_json else f"{name}: removed")
 
 
-def _register_plugins() -> None:
-    from cairn.testing import chaos  # light at import: its heavy imports wait for the command
+def _register_plugins(argv: list[str] | None = None) -> None:
+    """Add `cairn chaos`, unless argv asks for another command: the chaos package imports
+    psycopg and redis (a third of a second), which `cairn serve` refusing for want of its
+    extra, or `cairn worker --help`, need not wait for."""
+    first = next((a for a in argv or [] if not a.startswith("-")), None)
+    ours = {g.name for g in app.registered_groups} | {
+        c.name or c.callback.__name__.lower().replace("_", "-")  # typer's default name
+        for c in app.registered_commands
+        if c.callback is not None
+    }
+    if first in ours:
+        return
+    from cairn.testing import chaos
 
     chaos.register(app)
 
@@ -1041,7 +1126,7 @@ def main() -> None:
     # One clear line per failure, not the pool's own warning per reconnect attempt.
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
-    _register_plugins()
+    _register_plugins(sys.argv[1:])
     try:
         app()
     except CairnError as exc:  # a domain error is the user's to act on, not a traceback
