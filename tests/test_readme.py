@@ -1,6 +1,7 @@
-"""The README as a user meets it: its settings table is the code's, its Python blocks run
-as written from a folder outside the repo, and its workflow example runs on a real worker
-with its own migration and ctx.db table."""
+"""The README and the docs pages as a user meets them: the settings table is the code's,
+every Python and shell block runs as written from a folder outside the repo (or its page
+says why not), and the examples that need a fleet run on real workers. The tutorial, run
+as one session, is tests/test_docs.py's."""
 
 from __future__ import annotations
 
@@ -17,21 +18,23 @@ from cairn.testing import fleet
 from cairn.testing.standins import MailServer
 from cairn.workers.client import Client
 from cairn.workers.settings import markdown_table
-from tests.conftest import ROOT, wait_for
+from tests import pages
+from tests.conftest import wait_for
 
-README = (ROOT / "README.md").read_text()
-PYTHON = re.findall(r"```python\n(.*?)```", README, re.DOTALL)
-BASH = re.findall(r"```bash\n(.*?)```", README, re.DOTALL)
-# Shell blocks with what comes just before them: a block is run by the tests unless an
-# HTML comment right above it says why not.
-SHELL = re.findall(r"(<!-- not run by the tests: [^>]*-->\n)?```bash\n(.*?)```", README, re.DOTALL)
+# The tutorial's blocks build on one another: tests/test_docs.py runs them in order.
+WHOLE = {"docs/tutorial.md"}
+PYTHON = [b for b in pages.ALL if b.lang == "python" and b.page not in WHOLE]
+SHELL = [b for b in pages.ALL if b.lang == "bash"]
 BIN = Path(sys.executable).parent
 
 
 def test_the_settings_table_is_generated_from_settings() -> None:
-    start = README.index("| variable | default | what it does |")
-    end = README.index("\n\n", start)
-    assert README[start:end] == markdown_table(), "run `cairn settings --markdown` into the README"
+    page = pages.text("docs/reference/settings.md")
+    start = page.index("| variable | default | what it does |")
+    end = page.index("\n\n", start)
+    assert page[start:end] == markdown_table(), (
+        "run `cairn settings --markdown` into docs/reference/settings.md"
+    )
 
 
 def _env(settings, **extra: str) -> dict[str, str]:
@@ -48,7 +51,7 @@ def _env(settings, **extra: str) -> dict[str, str]:
 
 
 def _uvicorn(app: str, env: dict[str, str], tmp_path: Path) -> tuple[fleet.Proc, str]:
-    """`uvicorn app` from tmp_path, as the README serves its examples, once it answers."""
+    """`uvicorn app` from tmp_path, as the docs serve their examples, once it answers."""
     import httpx
 
     port = fleet.free_port()
@@ -75,12 +78,12 @@ def _uvicorn(app: str, env: dict[str, str], tmp_path: Path) -> tuple[fleet.Proc,
     return web, url
 
 
-@pytest.mark.parametrize("index", range(1, len(PYTHON)))
+@pytest.mark.parametrize("block", PYTHON, ids=lambda b: b.id)
 def test_every_python_block_runs_as_written_outside_the_repo(
-    index: int, settings, tmp_path: Path
+    block: pages.Block, settings, tmp_path: Path
 ) -> None:
-    script = tmp_path / f"block{index}.py"
-    script.write_text(PYTHON[index])
+    script = tmp_path / "block.py"
+    script.write_text(block.code)
     out = subprocess.run(
         [sys.executable, str(script)],
         cwd=tmp_path,
@@ -90,58 +93,7 @@ def test_every_python_block_runs_as_written_outside_the_repo(
         timeout=60,
         check=False,
     )
-    assert out.returncode == 0, f"README python block {index}:\n{PYTHON[index]}\n{out.stderr}"
-
-
-@pytest.mark.slow
-def test_the_workflow_example_runs_with_its_own_table_on_a_real_worker(
-    settings, mail: MailServer, tmp_path: Path
-) -> None:
-    assert PYTHON[0].startswith("# mypkg/flows.py")
-    (tmp_path / "mypkg").mkdir()
-    (tmp_path / "mypkg" / "__init__.py").write_text("")
-    (tmp_path / "mypkg" / "flows.py").write_text(PYTHON[0])
-    env = _env(settings, CAIRN_MAIL_URL=mail.url)
-    migrate = next(b for b in BASH if "--migrations" in b)
-    done = subprocess.run(
-        ["bash", "-euc", migrate],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0 and "applied your migrations: [1]" in done.stdout, done.stderr
-    # The command as the README gives it, from the folder that holds mypkg.
-    command = re.search(r"`(CAIRN_WORKFLOWS=mypkg\.flows cairn worker)`", README)
-    assert command is not None, "the README no longer says how to start the workers"
-    variable, _, args = command.group(1).partition(" ")
-    key, _, value = variable.partition("=")
-    argv = [str(BIN / "cairn"), *args.split()[1:], "--concurrency", "1"]
-    worker = fleet.wait_ready(
-        fleet.Proc(argv, {**env, key: value}, tmp_path / "w.log", "readme", tmp_path)
-    )
-    try:
-        with Client(settings=settings) as client:
-            run_id = client.enqueue("onboard", {"email": "ada@example.com"})
-            wait_for(lambda: client.get(run_id).status in ("done", "failed"), 30, "onboard")
-            run = client.get(run_id)
-            assert run.status == "done", run.error
-        rows = subprocess.run(
-            [str(BIN / "cairn"), "show", run_id, "--json"],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-        shown = json.loads(rows.stdout)
-        assert [s["cursor"] for s in shown["steps"]] == ["plan", "welcome", "record"]
-        assert mail.stats()["deliveries"] == 1
-    finally:
-        worker.kill()
+    assert out.returncode == 0, f"{block.id}:\n{block.code}\n{out.stderr}"
 
 
 def test_runs_json_pages_through_a_thousand_runs(settings, client, store) -> None:
@@ -179,26 +131,36 @@ def test_version() -> None:
 
 
 def test_the_shell_blocks_that_are_not_run_say_why() -> None:
-    skipped = [reason for reason, _ in SHELL if reason]
-    assert len(skipped) <= 3, "run README shell blocks in a test rather than skipping them"
-    assert all(len(reason) > 40 for reason in skipped)
+    skipped = [b for b in SHELL if b.skip]
+    assert all(len(b.skip) > 40 for b in skipped), [b.id for b in skipped]
+    for page in pages.PAGES:  # run a page's shell blocks in a test rather than skipping them
+        assert len([b for b in skipped if b.page == page]) <= 2, page
+    assert len(skipped) <= 6
 
 
-RUN_SHELL = [i for i, (reason, _) in enumerate(SHELL) if not reason]
+# A block that starts workers, beat or a server belongs to the whole suite, not --fast.
+STARTS = ("cairn worker", "cairn beat", "cairn serve", "cairn chaos", "cairn demo")
 
 
-@pytest.mark.parametrize("index", RUN_SHELL)
+@pytest.mark.parametrize(
+    "block",
+    [
+        pytest.param(b, marks=[pytest.mark.fleet] if any(s in b.code for s in STARTS) else [])
+        for b in SHELL
+        if not b.skip and b.page not in WHOLE
+    ],
+    ids=lambda b: b.id,
+)
 def test_every_shell_block_runs_as_written_outside_the_repo(
-    index: int, settings, mail: MailServer, tmp_path: Path
+    block: pages.Block, settings, mail: MailServer, tmp_path: Path
 ) -> None:
     """Each block under `bash -eu`, in a scratch folder, against this test's Postgres and
     Redis. Whatever a block leaves running is stopped with its session afterwards."""
-    block = SHELL[index][1]
     env = _env(settings, CAIRN_MAIL_URL=mail.url)
     log = tmp_path / "out.txt"
     with log.open("w") as sink:  # a file, not a pipe: background jobs keep theirs open
         proc = subprocess.Popen(
-            ["bash", "-euc", block],
+            ["bash", "-euc", block.code],
             cwd=tmp_path,
             env=env,
             stdout=sink,
@@ -208,8 +170,8 @@ def test_every_shell_block_runs_as_written_outside_the_repo(
     try:
         proc.wait(timeout=120)
         out = log.read_text()
-        assert proc.returncode == 0, f"README shell block {index}:\n{block}\n{out}"
-        if "cairn worker" in block:  # what it left running is a fleet: use it
+        assert proc.returncode == 0, f"{block.id}:\n{block.code}\n{out}"
+        if "cairn worker" in block.code:  # what it left running is a fleet: use it
             with Client(settings=settings) as client:
                 run_id = client.enqueue("invoice", {"customer": "c", "email": "c@example.com"})
                 wait_for(lambda: client.get(run_id).status == "done", 60, "the fleet's run")
@@ -224,18 +186,18 @@ def test_every_shell_block_runs_as_written_outside_the_repo(
 def test_the_pydantic_ai_example_answers_from_a_worker_behind_fastapi(
     settings, mail: MailServer, model, tmp_path: Path
 ) -> None:
-    """support.py on `cairn worker`, app.py on uvicorn, as the README gives them: a web
+    """support.py on `cairn worker`, app.py on uvicorn, as the docs give them: a web
     request enqueues the agent, the worker runs it (the stand-in calls its tool), and the
     answer comes back with the email sent once under the tool call's key."""
     import httpx
 
-    for first_line, name in (("# support.py", "support.py"), ("# app.py: ask", "app.py")):
-        block = next(b for b in PYTHON if b.startswith(first_line))
-        (tmp_path / name).write_text(block)
-    # The model's key from the environment, as the README says (the stand-in ignores it).
+    support = pages.starting("# support.py")
+    (tmp_path / "support.py").write_text(support.code)
+    (tmp_path / "app.py").write_text(pages.starting("# app.py: ask").code)
+    # The model's key from the environment, as the page says (the stand-in ignores it).
     env = _env(settings, MAIL_API=mail.url, ANTHROPIC_API_KEY="local-stand-in")
-    command = re.search(r"`(CAIRN_WORKFLOWS=support cairn worker)`", README)
-    assert command is not None, "the README no longer says how to start the agent's worker"
+    command = re.search(r"`(CAIRN_WORKFLOWS=support cairn worker)`", pages.text(support.page))
+    assert command is not None, f"{support.page} no longer says how to start the agent's worker"
     argv = [str(BIN / "cairn"), "worker", "--concurrency", "1"]
     worker = fleet.wait_ready(
         fleet.Proc(argv, {**env, "CAIRN_WORKFLOWS": "support"}, tmp_path / "w.log", "w", tmp_path)
@@ -265,17 +227,17 @@ def test_the_pydantic_ai_example_answers_from_a_worker_behind_fastapi(
     assert model.stats()["requests"] == 2  # the tool call, then the answer
 
 
+@pytest.mark.fleet
 def test_the_chat_example_streams_a_runs_answer_to_its_own_client(
     settings, model, tmp_path: Path
 ) -> None:
-    """chat.py on uvicorn, as the README gives it, next to a real worker: the answer comes
+    """chat.py on uvicorn, as the docs give it, next to a real worker: the answer comes
     to the app's own client token by token (several chunks, over time) and whole."""
     import time
 
     import httpx
 
-    block = next(b for b in PYTHON if b.startswith("# chat.py"))
-    (tmp_path / "chat.py").write_text(block)
+    (tmp_path / "chat.py").write_text(pages.starting("# chat.py: stream").code)
     env = _env(settings)
     argv = [str(BIN / "cairn"), "worker", "--concurrency", "1"]
     worker = fleet.wait_ready(fleet.Proc(argv, env, tmp_path / "w.log", "w", tmp_path))

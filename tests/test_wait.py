@@ -1,10 +1,9 @@
-"""Client.wait and AsyncClient: a run's result, woken by LISTEN/NOTIFY; the README's
+"""Client.wait and AsyncClient: a run's result, woken by LISTEN/NOTIFY; the docs'
 FastAPI app served by uvicorn next to a real worker, under 20 requests at once."""
 
 from __future__ import annotations
 
 import asyncio
-import re
 import sys
 import threading
 import time
@@ -20,9 +19,9 @@ from cairn.store import PgStore
 from cairn.testing import fleet
 from cairn.workers.client import AsyncClient, Client
 from cairn.workers.settings import Settings
-from tests.conftest import PGBOUNCER_PORT, ROOT, wait_for
+from tests import pages
+from tests.conftest import PGBOUNCER_PORT, wait_for
 
-README = (ROOT / "README.md").read_text()
 NOTIFIED = pytest.mark.skipif(
     bool(PGBOUNCER_PORT), reason="PgBouncer in transaction mode passes no notifications"
 )
@@ -94,9 +93,8 @@ def test_async_client_does_what_the_client_does(settings: Settings, start_worker
 def test_the_readme_fastapi_app_answers_20_requests_at_once(
     settings: Settings, worker_env: dict[str, str], start_worker, tmp_path: Path
 ) -> None:
-    block = next(b for b in re.findall(r"```python\n(.*?)```", README, re.DOTALL) if "FastAPI" in b)
-    assert block.startswith("# app.py")
-    (tmp_path / "app.py").write_text(block)
+    block = pages.starting("# app.py: start a run per request")
+    (tmp_path / "app.py").write_text(block.code)
     start_worker(concurrency=4)
     port = fleet.free_port()
     server = fleet.Proc(

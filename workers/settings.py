@@ -1,7 +1,7 @@
 """One settings object, read from CAIRN_* environment variables at the edge.
 
 This is the one place defaults live: each field names its environment variable and says
-what it does, the README's settings table is generated from them (a test keeps the two
+what it does, the docs' settings table is generated from them (a test keeps the two
 equal), the CLI layers its options on top (`with_options`), and the app factory, the
 Client and the tests take a Settings. Nothing else reads CAIRN_*.
 """
@@ -254,7 +254,7 @@ class Settings:
         values = {}
         for f in dataclasses.fields(cls):
             raw = env.get(f.metadata["env"])
-            if raw not in (None, ""):
+            if raw:  # neither unset nor empty
                 values[f.name] = _parse(f.metadata["env"], raw, hints[f.name])
         try:
             return cls(**values)
@@ -314,7 +314,7 @@ def _check_rate_limits(s: Settings) -> None:
 
 
 def markdown_table() -> str:
-    """The README's settings table, from the fields themselves."""
+    """The docs' settings table (docs/reference/settings.md), from the fields themselves."""
     rows = ["| variable | default | what it does |", "|---|---|---|"]
     for f in dataclasses.fields(Settings):
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
