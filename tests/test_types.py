@@ -99,3 +99,14 @@ def test_a_users_code_type_checks_strict_against_the_public_api(tmp_path: Path) 
     user.write_text(textwrap.dedent(USER_CODE))
     out = _typecheck(str(user))
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_ruff_finds_nothing_to_lint_or_format() -> None:
+    """The other two gates: ruff's lint rules and its formatter, over the whole tree
+    (pyproject's [tool.ruff])."""
+    ruff = Path(sys.executable).parent / "ruff"
+    for args in (["check", "."], ["format", "--check", "."]):
+        out = subprocess.run(
+            [str(ruff), *args], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+        )
+        assert out.returncode == 0, f"ruff {' '.join(args)}:\n{out.stdout}{out.stderr}"
