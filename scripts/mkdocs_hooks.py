@@ -24,7 +24,7 @@ def _link(link: Path, target: Path) -> None:
     link.symlink_to(target)
 
 
-def on_config(config: Any) -> Any:
+def lay_out() -> None:
     dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     top = TREE / "cairn"
     top.mkdir(parents=True, exist_ok=True)
@@ -37,4 +37,13 @@ def on_config(config: Any) -> Any:
             link.unlink()
     for link, target in wanted.items():
         _link(link, target)
+
+
+# Laid out as mkdocs loads this hook, before any plugin's on_config: mkdocstrings takes
+# its `paths` as it is configured, and in a fresh clone the tree is not there yet.
+lay_out()
+
+
+def on_config(config: Any) -> Any:
+    lay_out()  # again for `mkdocs serve`'s rebuilds, files added since
     return config

@@ -169,7 +169,7 @@ def test_the_api_and_the_cli_take_keys_and_priorities_and_refuse_bad_ones(
         assert (second["concurrency_key"], second["priority"]) == ("user:7", 9)
         assert api.post(f"/runs/{second['run_id']}/cancel", json={}).json()["status"] == "cancelled"
         bad = api.post("/runs", json={**body, "concurrency_limit": 0, "run_id": "never"})
-        assert bad.status_code == 422 and "concurrency limit" in bad.text
+        assert bad.status_code == 422 and "concurrency_limit" in bad.text  # the field named
         assert api.get("/runs/never").status_code == 404
         assert api.get("/runs", params={"status": "queued"}).json()["runs"] == []
     cli = [".venv/bin/cairn", "enqueue", "square", '{"n": 1}', "--workflows", "tests.flows"]
