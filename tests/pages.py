@@ -4,8 +4,14 @@ above it gives one (`<!-- not run by the tests: why -->`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import re
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 from tests.conftest import ROOT
 
@@ -49,3 +55,27 @@ def starting(first_line: str) -> Block:
     """The one python block, on whichever page, whose first line starts so."""
     [block] = [b for b in ALL if b.lang == "python" and b.code.startswith(first_line)]
     return block
+
+
+@contextlib.contextmanager
+def bash(
+    script: str, cwd: Path, env: dict[str, str]
+) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """`bash -eu` running script from cwd in a session of its own, its output in
+    cwd/out.txt (a file, not a pipe: what it leaves in the background keeps its copy
+    open); the whole session killed on the way out (the workers and beat it started)."""
+    log = cwd / "out.txt"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            ["bash", "-euc", script],
+            cwd=cwd,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        yield proc, log
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)

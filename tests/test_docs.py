@@ -5,6 +5,7 @@ sent once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -107,25 +108,11 @@ def test_the_tutorial_ends_with_a_run_resumed_after_its_worker_was_killed(
     script = "\n".join(b.code for b in blocks if b.lang == "bash" and not b.skip)
     with MailServer(delay_ms=5000) as mail:
         env = _env(settings, CAIRN_MAIL_URL=mail.url)
-        log = tmp_path / "out.txt"
-        with log.open("w") as sink:  # a file, not a pipe: the fleet keeps its copy open
-            proc = subprocess.Popen(
-                ["bash", "-euc", script],
-                cwd=tmp_path,
-                env=env,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        try:
+        with (
+            pages.bash(script, tmp_path, env) as (proc, log),
+            contextlib.suppress(subprocess.TimeoutExpired),  # failed below, with its output
+        ):
             proc.wait(timeout=180)
-        except subprocess.TimeoutExpired:
-            pass  # failed below, with what it printed
-        finally:
-            try:
-                os.killpg(proc.pid, 9)  # the workers and beat it left running
-            except ProcessLookupError:
-                pass
     out = log.read_text()
     logs = "".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(tmp_path.glob("*.log")))
     assert proc.returncode == 0, f"{out}\n{logs}"

@@ -157,17 +157,7 @@ def test_every_shell_block_runs_as_written_outside_the_repo(
     """Each block under `bash -eu`, in a scratch folder, against this test's Postgres and
     Redis. Whatever a block leaves running is stopped with its session afterwards."""
     env = _env(settings, CAIRN_MAIL_URL=mail.url)
-    log = tmp_path / "out.txt"
-    with log.open("w") as sink:  # a file, not a pipe: background jobs keep theirs open
-        proc = subprocess.Popen(
-            ["bash", "-euc", block.code],
-            cwd=tmp_path,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
+    with pages.bash(block.code, tmp_path, env) as (proc, log):
         proc.wait(timeout=120)
         out = log.read_text()
         assert proc.returncode == 0, f"{block.id}:\n{block.code}\n{out}"
@@ -175,11 +165,6 @@ def test_every_shell_block_runs_as_written_outside_the_repo(
             with Client(settings=settings) as client:
                 run_id = client.enqueue("invoice", {"customer": "c", "email": "c@example.com"})
                 wait_for(lambda: client.get(run_id).status == "done", 60, "the fleet's run")
-    finally:
-        try:
-            os.killpg(proc.pid, 9)
-        except ProcessLookupError:
-            pass
 
 
 @pytest.mark.slow
