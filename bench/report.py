@@ -592,7 +592,8 @@ def _render_tracing(c: Console, per: list[dict[str, Any]], sink: dict[str, int] 
         c.print(line)
     if sink:
         c.print(
-            f"[dim]  traced: cairn.run + cairn.step spans through the SDK, every span sampled; "
+            f"[dim]  traced: a cairn.run span (the SDK's) and cairn.step spans (cairn's recorded ones, "
+            f"ended into the SDK's processors), every span sampled; "
             f"no-op exporter = SimpleSpanProcessor into an exporter that drops them; batch = "
             f"BatchSpanProcessor + OTLP/HTTP exporter to a local sink in the bench process "
             f"({sink['requests']:,} posts, {sink['bytes']:,} B), flushed after each run[/]"

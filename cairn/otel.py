@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from cairn import logs
 from cairn.errors import CairnError
+from cairn.status import RunStatus
 from cairn.workers.middleware import Middleware
 
 if TYPE_CHECKING:
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
 
 # Set by setup(): the glue below does nothing until then (no import, no span).
 _tracer: Any = None
+# The step and call spans' cheaper path for the SDK's tracer (cairn/_spans.py); None:
+# the tracer's start_span.
+_recorder: Any = None
 _setup_lock = threading.Lock()
 EXTRA_HINT = "CAIRN_TRACING=1 needs the otel extra: pip install 'cairn[otel]'"
 
@@ -44,7 +48,6 @@ def setup(settings: Settings, service: str) -> bool:
     the exporter OTEL_TRACES_EXPORTER names, unless the application set one up already
     (then cairn's spans go to the application's). Idempotent; False if tracing is off.
     Raises CairnError naming the extra when it is not installed."""
-    global _tracer
     if not settings.tracing:
         return False
     with _setup_lock:
@@ -67,7 +70,7 @@ def setup(settings: Settings, service: str) -> bool:
             trace.set_tracer_provider(provider)
         from cairn import __version__
 
-        _tracer = trace.get_tracer("cairn", __version__)
+        use(trace.get_tracer("cairn", __version__))
         return True
 
 
@@ -88,7 +91,13 @@ def _exporter() -> Any:
 
 def use(tracer: Any) -> None:
     """Trace with this tracer (a test's, over an in-memory exporter); None: stop."""
-    global _tracer
+    global _tracer, _recorder
+    if tracer is not None:
+        from cairn._spans import Recorder
+
+        _recorder = Recorder.of(tracer)
+    else:
+        _recorder = None
     _tracer = tracer
 
 
@@ -217,7 +226,7 @@ class Tracing(Middleware):
         # call's. Keyed, not stacked: a deferred duplicate delivery of the same run may
         # overlap on another thread, and an async step's calls run on the loop's thread.
         self._runs: dict[tuple[str, int], list[Any]] = {}
-        self._steps: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self._steps: dict[tuple[str, int], tuple[Any, Any, bool]] = {}
         self._calls: dict[tuple[str, int], tuple[Any, Any]] = {}
 
     def before_run(self, run_id: str) -> None:
@@ -266,11 +275,15 @@ class Tracing(Middleware):
 
             sender = extract({"traceparent": cp.signal["traceparent"]})
             links = [Link(get_current_span(sender).get_span_context(), {"cairn.link": "signal"})]
-        # The attributes go on at the end, in one call with the outcome: each set costs
-        # the SDK a copy and a check of every value, a no-op step's largest share.
-        span = _tracer.start_span(f"cairn.step {cp.cursor}", links=links)
+        name = f"cairn.step {cp.cursor}"
+        if _recorder is not None:  # the SDK's tracer: the cheaper span (cairn/_spans.py)
+            span = _recorder.start(name, context.get_current(), _step_attributes(cp), links)
+        else:
+            # The attributes go on at the end, in one call with the outcome: each set
+            # costs the SDK a copy and a check of every value.
+            span = _tracer.start_span(name, links=links)
         token = context.attach(trace.set_span_in_context(span))
-        self._steps[(cp.run_id, threading.get_ident())] = (span, token)
+        self._steps[(cp.run_id, threading.get_ident())] = (span, token, _recorder is not None)
 
     def after_step(
         self,
@@ -283,19 +296,11 @@ class Tracing(Middleware):
         found = self._steps.pop((cp.run_id, threading.get_ident()), None)
         if found is None:
             return
-        span, token = found
+        span, token, started_with = found
         from opentelemetry import context
 
         context.detach(token)
-        # The run id and epoch are the delivery's span's: a step's are what change.
-        attrs: dict[str, Any] = {
-            "cairn.cursor": cp.cursor,
-            "cairn.visit": cp.visits.get(cp.cursor, 0),
-            "cairn.seq": cp.seq,
-            "cairn.attempt": cp.attempts + 1,
-        }
-        if cp.signal:
-            attrs["cairn.signal_id"] = cp.signal["id"]
+        attrs = {} if started_with else _step_attributes(cp)
         if saved is not None:
             attrs["cairn.outcome"] = "saved"
             attrs["cairn.next"] = saved.cursor
@@ -318,11 +323,13 @@ class Tracing(Middleware):
         from opentelemetry.trace import SpanKind
 
         model = name == "model"
-        span = _tracer.start_span(
-            "chat" if model else f"cairn.call {name}",
-            kind=SpanKind.CLIENT if model else SpanKind.INTERNAL,
-            attributes={"cairn.call.name": name, "cairn.call.pos": pos},
-        )
+        title = "chat" if model else f"cairn.call {name}"
+        kind = SpanKind.CLIENT if model else SpanKind.INTERNAL
+        attrs = {"cairn.call.name": name, "cairn.call.pos": pos}
+        if _recorder is not None:
+            span = _recorder.start(title, context.get_current(), attrs, kind=kind)
+        else:
+            span = _tracer.start_span(title, kind=kind, attributes=attrs)
         self._calls[(cp.run_id, pos)] = (span, context.attach(trace.set_span_in_context(span)))
 
     def after_call(
@@ -358,6 +365,19 @@ class Tracing(Middleware):
         span.end()
 
 
+def _step_attributes(cp: Checkpoint) -> dict[str, Any]:
+    """A step span's own (its run id and epoch are its delivery span's)."""
+    attrs: dict[str, Any] = {
+        "cairn.cursor": cp.cursor,
+        "cairn.visit": cp.visits.get(cp.cursor, 0),
+        "cairn.seq": cp.seq,
+        "cairn.attempt": cp.attempts + 1,
+    }
+    if cp.signal:
+        attrs["cairn.signal_id"] = cp.signal["id"]
+    return attrs
+
+
 def _kind(exc: BaseException | None) -> str:
     from cairn.errors import RetryLater
 
@@ -375,5 +395,6 @@ def _failed(span: Any, exc: BaseException | None) -> None:
     cause = exc.__cause__ if exc is not None and exc.__cause__ is not None else exc
     if cause is not None:
         span.record_exception(cause)
-        if outcome != "retry" and status is None:
+        # A retry will go on, a cancel or a budget is the run stopped on purpose: not errors.
+        if outcome != "retry" and status not in (RunStatus.CANCELLED, RunStatus.BUDGET_EXCEEDED):
             span.set_status(Status(StatusCode.ERROR, str(cause)[:200]))

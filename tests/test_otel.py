@@ -17,8 +17,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import tests.flows  # noqa: F401 (probe, square)
-from cairn import otel
+from cairn import StepResult, otel, workflow
 from cairn.status import RunStatus
+from cairn.steps.context import Context
 from cairn.store import Leases, PgStore
 from cairn.testing.otlp import TraceReceiver
 from cairn.workers import loop
@@ -189,6 +190,193 @@ def test_without_tracing_nothing_is_traced_or_stored(client: Client, deps: loop.
     assert client.get(run_id).traceparent is None  # type: ignore[union-attr]
     assert loop.run(run_id, deps) == RunStatus.DONE
     assert otel.setup(client.settings, "x") is False
+
+
+# -- the loop's spans: cairn's recorder into the SDK's processors ------------------------
+_APP: dict[str, Any] = {}  # the tracer the step below makes its own spans with
+# Values the SDK checks as it sets them (a list becomes a tuple, an object not an
+# attribute value is replaced): the step's span must end with what the SDK's would.
+_ODD: dict[str, Any] = {"app.tags": ["a", "b"], "app.map": {"k": 1}, "app.obj": object()}
+user_spans = workflow("otel_user_spans")
+
+
+@user_spans.step()
+def work(ctx: Context) -> StepResult:
+    """A step as an application writes one: attributes on the current span (the step's),
+    and a span of its own under it."""
+    from opentelemetry import trace
+
+    here = trace.get_current_span()
+    here.set_attribute("app.tenant", "acme")
+    here.set_attributes(_ODD)
+    with _APP["tracer"].start_as_current_span("app.lookup") as mine:
+        mine.set_attribute("app.rows", 3)
+    return StepResult(cursor="done")
+
+
+def test_a_steps_own_spans_and_attributes_land_under_and_on_its_span(
+    spans: Any, deps: loop.Deps, store: PgStore
+) -> None:
+    """The step's span is cairn's recorded one (not the SDK's Span), yet what a step does
+    with the current span is kept: its attributes, checked as the SDK's span checks them,
+    and a child span nested under it."""
+    from cairn._spans import RecordedSpan, Recorder
+
+    tracer, exporter = spans
+    assert Recorder.of(tracer) is not None
+    _APP["tracer"] = tracer
+    seen: list[Any] = []
+    store.create_run("u1", "otel_user_spans", {})
+    assert loop.run("u1", _traced(deps, _Spy(seen))) == RunStatus.DONE
+    assert [type(s) for s in seen] == [RecordedSpan]  # the span current in the step
+    finished = exporter.get_finished_spans()
+    (step,) = _by_name(finished, "cairn.step")
+    (mine,) = _by_name(finished, "app.lookup")
+    (run,) = _by_name(finished, "cairn.run")
+    assert mine.parent is not None and mine.parent.span_id == step.context.span_id
+    assert step.parent is not None and step.parent.span_id == run.context.span_id
+    sdk = tracer.start_span("the SDK's own")
+    sdk.set_attributes(_ODD)
+    assert step.attributes["app.tenant"] == "acme"
+    assert {k: step.attributes[k] for k in _ODD} == dict(sdk.attributes)
+    assert step.attributes["app.tags"] == ("a", "b")
+    assert step.attributes["cairn.outcome"] == "saved" and step.attributes["cairn.seq"] == 0
+    assert step.instrumentation_scope is not None and step.instrumentation_scope.name == "test"
+    assert step.resource is run.resource and step.start_time < mine.start_time  # type: ignore[operator]
+    assert mine.end_time <= step.end_time  # type: ignore[operator]
+
+
+class _Spy(Middleware):
+    """Keeps the span current when a step starts (after the tracing middleware's)."""
+
+    def __init__(self, seen: list[Any]) -> None:
+        self.seen = seen
+
+    def before_step(self, cp: Any) -> None:
+        from opentelemetry import trace
+
+        self.seen.append(trace.get_current_span())
+
+
+def test_the_applications_sampler_and_processors_see_the_loops_spans(
+    deps: loop.Deps, store: PgStore, tmp_path: Path
+) -> None:
+    """The loop's spans go through the application's provider as the SDK's would: its
+    sampler decides each (here: drop step two, by the cursor attribute it is given), its
+    processors' on_start sees each recorded one, on_end each ended one."""
+    from opentelemetry.sdk.trace import SpanProcessor
+    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+
+    class NotTwo(Sampler):
+        def should_sample(
+            self,
+            parent_context: Any,
+            trace_id: int,
+            name: str,
+            kind: Any = None,
+            attributes: Any = None,
+            links: Any = None,
+            trace_state: Any = None,
+        ) -> SamplingResult:
+            two = name.startswith("cairn.step") and (attributes or {}).get("cairn.cursor") == "two"
+            return SamplingResult(Decision.DROP if two else Decision.RECORD_AND_SAMPLE, attributes)
+
+        def get_description(self) -> str:
+            return "NotTwo"
+
+    class Started(SpanProcessor):
+        def __init__(self) -> None:
+            self.ids: list[int] = []
+
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            self.ids.append(span.get_span_context().span_id)
+
+    exporter, started = InMemorySpanExporter(), Started()
+    provider = TracerProvider(sampler=NotTwo())
+    provider.add_span_processor(started)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel.use(provider.get_tracer("test"))
+    try:
+        store.create_run("s1", "probe", {"log": str(tmp_path / "log")})
+        assert loop.run("s1", _traced(deps)) == RunStatus.DONE
+    finally:
+        otel.use(None)
+        provider.shutdown()
+    finished = exporter.get_finished_spans()
+    steps = [s.attributes["cairn.cursor"] for s in _by_name(finished, "cairn.step")]
+    assert steps == ["one", "mail", "ledger", "once"]  # two: dropped by the sampler
+    # each span started through the processors once, the recorded ones too
+    assert sorted(started.ids) == sorted(s.context.span_id for s in finished)
+    (chat,) = _by_name(finished, "chat ")  # the model call inside the dropped step
+    assert chat.kind.name == "CLIENT" and chat.attributes["gen_ai.usage.output_tokens"] > 0
+
+
+def test_a_failed_step_records_its_exception_and_error_status(
+    spans: Any, deps: loop.Deps, store: PgStore
+) -> None:
+    _, exporter = spans
+    store.create_run("f1", "bad", {"mode": "raise"})
+    loop.run("f1", _traced(deps))
+    (step, *_) = _by_name(exporter.get_finished_spans(), "cairn.step")
+    assert step.status.status_code.name == "ERROR" and "the step blew up" in (
+        step.status.description or ""
+    )
+    (event,) = step.events
+    assert event.name == "exception" and event.attributes is not None
+    assert event.attributes["exception.type"] == "RuntimeError"
+    assert "the step blew up" in str(event.attributes["exception.stacktrace"])
+
+
+def test_a_recorded_span_with_no_span_above_it_starts_a_trace(spans: Any) -> None:
+    from opentelemetry.context import Context
+
+    from cairn._spans import Recorder
+
+    tracer, exporter = spans
+    recorder = Recorder.of(tracer)
+    assert recorder is not None
+    span = recorder.start("alone", Context(), {"cairn.n": 1})
+    span.end()
+    span.set_attribute("cairn.late", True)  # after its end: ignored, as the SDK's
+    (done,) = exporter.get_finished_spans()
+    assert done.parent is None and done.context.is_valid and done.context.trace_flags.sampled
+    assert dict(done.attributes or {}) == {"cairn.n": 1}
+
+
+class _NotTheSdks:
+    """A tracer that is not the SDK's (an application's own, a vendor's): cairn starts
+    its spans through start_span, as it would any tracer's."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def start_span(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner.start_span(*args, **kwargs)
+
+    def start_as_current_span(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner.start_as_current_span(*args, **kwargs)
+
+
+def test_another_tracer_gets_the_same_spans_through_start_span(
+    spans: Any, deps: loop.Deps, store: PgStore
+) -> None:
+    from cairn._spans import Recorder
+
+    tracer, exporter = spans
+    wrapped = _NotTheSdks(tracer)
+    assert Recorder.of(wrapped) is None
+    otel.use(wrapped)
+    store.create_run("w1", "square", {"n": 4})
+    assert loop.run("w1", _traced(deps)) == RunStatus.DONE
+    finished = exporter.get_finished_spans()
+    (step,) = _by_name(finished, "cairn.step")
+    (run,) = _by_name(finished, "cairn.run")
+    assert type(step).__name__ != "RecordedSpan" and step.parent.span_id == run.context.span_id  # type: ignore[union-attr]
+    assert {k: step.attributes[k] for k in ("cairn.cursor", "cairn.seq", "cairn.outcome")} == {
+        "cairn.cursor": "sq",
+        "cairn.seq": 0,
+        "cairn.outcome": "saved",
+    }
 
 
 # -- over the wire, from real workers ----------------------------------------------------
