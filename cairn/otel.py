@@ -228,23 +228,27 @@ class Tracing(Middleware):
         self._runs: dict[tuple[str, int], list[Any]] = {}
         self._steps: dict[tuple[str, int], tuple[Any, Any, bool]] = {}
         self._calls: dict[tuple[str, int], tuple[Any, Any]] = {}
+        # Made only with tracing on; held here, not imported in each hook: a hook's import
+        # statement is a measurable part of a no-op step's cost.
+        from opentelemetry import context, trace
+
+        self._context, self._trace = context, trace
 
     def before_run(self, run_id: str) -> None:
         # The span starts once the checkpoint (and its trace) is read; it is dated here.
         self._runs[(run_id, threading.get_ident())] = [time.time_ns(), None, None]
 
-    def _run_span(self, cp: Checkpoint) -> Any:
+    def _run(self, cp: Checkpoint) -> list[Any] | None:
+        """The delivery's [start, span, token, context], its span started on first use."""
         entry = self._runs.get((cp.run_id, threading.get_ident()))
         if entry is None or _tracer is None:
             return None
         if entry[1] is None:
-            from opentelemetry import context, trace
-            from opentelemetry.trace import SpanKind
-
+            context, trace = self._context, self._trace
             span = _tracer.start_span(
                 "cairn.run",
                 context=_parent(cp),
-                kind=SpanKind.CONSUMER,
+                kind=trace.SpanKind.CONSUMER,
                 start_time=entry[0],
                 attributes={
                     "cairn.run_id": cp.run_id,
@@ -253,36 +257,43 @@ class Tracing(Middleware):
                     "cairn.resumes": cp.resumes,
                 },
             )
-            entry[1], entry[2] = span, context.attach(trace.set_span_in_context(span))
-        return entry[1]
+            here = trace.set_span_in_context(span)
+            entry[1:] = [span, context.attach(here), here]
+        return entry
 
     def resumed(self, cp: Checkpoint) -> None:
-        span = self._run_span(cp)
-        if span is not None:
-            span.set_attribute("cairn.resumed", True)
-            span.add_event("resumed", {"cairn.cursor": cp.cursor, "cairn.seq": cp.seq})
+        run = self._run(cp)
+        if run is not None:
+            run[1].set_attribute("cairn.resumed", True)
+            run[1].add_event("resumed", {"cairn.cursor": cp.cursor, "cairn.seq": cp.seq})
 
     def before_step(self, cp: Checkpoint) -> None:
-        if _tracer is None or self._run_span(cp) is None:
+        run = self._run(cp)
+        if run is None:
             return
-        from opentelemetry import context, trace
-
+        context, trace = self._context, self._trace
         links = None
         if cp.signal and cp.signal.get("traceparent"):
             # The request that sent the signal is another trace: a link, not a parent.
             from opentelemetry.propagate import extract
-            from opentelemetry.trace import Link, get_current_span
 
             sender = extract({"traceparent": cp.signal["traceparent"]})
-            links = [Link(get_current_span(sender).get_span_context(), {"cairn.link": "signal"})]
+            links = [
+                trace.Link(
+                    trace.get_current_span(sender).get_span_context(), {"cairn.link": "signal"}
+                )
+            ]
         name = f"cairn.step {cp.cursor}"
         if _recorder is not None:  # the SDK's tracer: the cheaper span (cairn/_spans.py)
-            span = _recorder.start(name, context.get_current(), _step_attributes(cp), links)
+            # Under the delivery's span, whatever a step before it left current.
+            span = _recorder.start(
+                name, run[3], _step_attributes(cp), links, up=run[1].get_span_context()
+            )
         else:
             # The attributes go on at the end, in one call with the outcome: each set
             # costs the SDK a copy and a check of every value.
-            span = _tracer.start_span(name, links=links)
-        token = context.attach(trace.set_span_in_context(span))
+            span = _tracer.start_span(name, context=run[3], links=links)
+        token = context.attach(trace.set_span_in_context(span, run[3]))
         self._steps[(cp.run_id, threading.get_ident())] = (span, token, _recorder is not None)
 
     def after_step(
@@ -296,21 +307,20 @@ class Tracing(Middleware):
         found = self._steps.pop((cp.run_id, threading.get_ident()), None)
         if found is None:
             return
-        span, token, started_with = found
-        from opentelemetry import context
-
-        context.detach(token)
-        attrs = {} if started_with else _step_attributes(cp)
+        span, token, recorded = found
+        self._context.detach(token)
+        attrs = {} if recorded else _step_attributes(cp)  # a recorded one has them already
+        put = getattr(span, "put", span.set_attributes)  # cairn's own values, unchecked
         if saved is not None:
             attrs["cairn.outcome"] = "saved"
             attrs["cairn.next"] = saved.cursor
             if saved.cost_usd != cp.cost_usd:  # the step's own model cost, when it had one
                 attrs["cairn.cost_usd"] = saved.cost_usd - cp.cost_usd
-            span.set_attributes(attrs)
+            put(attrs)
             if saved.wait_event:
                 span.add_event("wait", {"cairn.event": saved.wait_event})
         else:
-            span.set_attributes(attrs)
+            put(attrs)
             _failed(span, exception)
         span.end()
 
@@ -319,12 +329,10 @@ class Tracing(Middleware):
             return
         # Under the current span: the step's (an async step's task runs in a copy of its
         # pool thread's context, so there too).
-        from opentelemetry import context, trace
-        from opentelemetry.trace import SpanKind
-
+        context, trace = self._context, self._trace
         model = name == "model"
         title = "chat" if model else f"cairn.call {name}"
-        kind = SpanKind.CLIENT if model else SpanKind.INTERNAL
+        kind = trace.SpanKind.CLIENT if model else trace.SpanKind.INTERNAL
         attrs = {"cairn.call.name": name, "cairn.call.pos": pos}
         if _recorder is not None:
             span = _recorder.start(title, context.get_current(), attrs, kind=kind)
@@ -339,7 +347,7 @@ class Tracing(Middleware):
         if found is None:
             return
         span, token = found
-        from opentelemetry import context
+        context = self._context
 
         context.detach(token)
         if exception is not None:
@@ -353,7 +361,7 @@ class Tracing(Middleware):
         if entry is None or entry[1] is None:
             return  # deferred, or nothing to do: no step, no span
         span, token = entry[1], entry[2]
-        from opentelemetry import context
+        context = self._context
 
         context.detach(token)
         if status is not None:
