@@ -195,6 +195,7 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
     traced: cairn_sys.InProcess | None = None
     traced_batch: cairn_sys.InProcess | None = None
     pairs: dict[str, Any] | None = None
+    batch_pairs: dict[str, Any] | None = None
     try:
         if gone is None:
             tracers = cairn_sys.Tracers()
@@ -259,8 +260,9 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
                     wl.append(b)
                     if key == "tiny":
                         neighbour.setdefault(w, []).append(e)
-        if traced is not None:
+        if tracers is not None and traced is not None and traced_batch is not None:
             pairs = _tracing_pairs(inproc, traced, sz)
+            batch_pairs = _tracing_pairs(inproc, traced_batch, sz, flush=tracers.flush_batch)
     finally:
         for runner in runners:
             runner.close()
@@ -397,6 +399,7 @@ def per_step(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
         "rows": rows,
         "trace_sink": sink,
         "tracing_pairs": pairs,
+        "tracing_pairs_batch": batch_pairs,
     }
 
 
@@ -404,22 +407,29 @@ TRACED = ("cairn-traced", "cairn-traced-batch")
 
 
 def _tracing_pairs(
-    untraced: cairn_sys.InProcess, traced: cairn_sys.InProcess, sz: Sizes
+    untraced: cairn_sys.InProcess,
+    traced: cairn_sys.InProcess,
+    sz: Sizes,
+    flush: Callable[[], float] | None = None,
 ) -> dict[str, Any]:
     """Tracing's overhead on a no-op step (W=4 KB), judged on short runs back to back,
     untraced and traced, the order turning each pair: each pair sees the same moment of
     the machine, so the median of their ratios holds still where best-of-reps over
     whole runs moved ±15% with the load (Postgres round trips, other processes). With
-    each pair's CPU in this process, the CPU tracing adds a step."""
+    each pair's CPU in this process, the CPU tracing adds a step. With `flush` (the
+    batch processor's), its export of the traced run's spans is timed after the run,
+    apart: the batch thread's work, not the loop's."""
     n, win = sz.tracing_pair_steps, window(4096)
     progress(f"per-step: tracing overhead, {sz.tracing_pairs} pairs of {n}-step runs")
-    ratios, added, base = [], [], []
+    ratios, added, base, exported = [], [], [], []
     for i in range(sz.tracing_pairs):
         order = [(untraced, "u"), (traced, "t")]
         got: dict[str, tuple[float, float]] = {}
         for runner, name in order if i % 2 == 0 else order[::-1]:
             elapsed, _ = runner.run(n, win)
             got[name] = (elapsed, runner.last_cpu_s)
+            if flush is not None and name == "t":
+                exported.append(flush())
         ratios.append(got["t"][0] / got["u"][0])
         added.append((got["t"][1] - got["u"][1]) / n)
         base.append(got["u"][0] / n)
@@ -430,6 +440,7 @@ def _tracing_pairs(
         "median": median(ratios),
         "added_cpu_us_per_step": 1e6 * median(added),
         "untraced_ms_per_step": 1000 * median(base),
+        **({"export_us_per_step": 1e6 * median(exported) / n} if exported else {}),
     }
 
 

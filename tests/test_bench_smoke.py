@@ -56,6 +56,10 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
     batch = [r for r in traced if r["key"] == "cairn-traced-batch"]
     assert all(r["export_ms_per_step"] > 0 and r["with_export_vs_untraced"] > 0 for r in batch)
     assert data["per_step"]["trace_sink"]["requests"] > 0  # the spans reached the OTLP sink
+    for key in ("tracing_pairs", "tracing_pairs_batch"):  # measured pair by pair, both
+        got = data["per_step"][key]
+        assert len(got["ratios"]) == got["pairs"] > 0 and got["median"] > 0, got
+    assert data["per_step"]["tracing_pairs_batch"]["export_us_per_step"] > 0
     # a peer may be absent (no [bench] extra), but one that is installed must run
     for r in per + data["growth"]["rows"]:
         if "skipped" in r:
