@@ -7,7 +7,9 @@ a web request's) writes its W3C traceparent into the run's row, and every delive
 <model>` per model call (OpenTelemetry's GenAI conventions: tokens, finish reason, and
 cairn's cost), `cairn.call <name>` per journaled call, events for resumes, retries and
 waits. A child run's trace goes on under the step that spawned it. A run enqueued without
-tracing gets a trace id derived from its run id, so its deliveries still share one.
+tracing gets a trace id derived from its run id, so its deliveries still share one. The
+step and call spans are cairn's own (cairn/_spans.py: cheaper on a step's path), ended
+into the SDK's span processors as its ReadableSpans.
 
 The exporter is the SDK's, configured by the standard variables: OTEL_TRACES_EXPORTER
 (otlp, the default: OTLP over HTTP to OTEL_EXPORTER_OTLP_ENDPOINT; console; none),
@@ -310,7 +312,8 @@ class Tracing(Middleware):
         span, token, recorded = found
         self._context.detach(token)
         attrs = {} if recorded else _step_attributes(cp)  # a recorded one has them already
-        put = getattr(span, "put", span.set_attributes)  # cairn's own values, unchecked
+        # cairn's own values go on a recorded span unchecked; any other tracer's checks them
+        put = getattr(span, "put", span.set_attributes) if recorded else span.set_attributes
         if saved is not None:
             attrs["cairn.outcome"] = "saved"
             attrs["cairn.next"] = saved.cursor
