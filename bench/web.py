@@ -133,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     token = uuid.uuid4().hex
     port = fleet.free_port()
     env = fleet.child_env(
-        CAIRN_DATABASE_URL=db_url, CAIRN_REDIS_URL=redis_url, CAIRN_API_TOKEN=token
+        CAIRN_DATABASE_URL=db_url,
+        CAIRN_REDIS_URL=redis_url,
+        CAIRN_API_TOKEN=token,
+        CAIRN_WORKFLOWS="cairn.testing.demos.invoice",  # the server checks the name POSTed
     )
     log = ROOT / ".cairn" / "bench-web-serve.log"
     server = fleet.start_server(env, log, port)

@@ -277,12 +277,17 @@ class Workflow:
 
 
 _REGISTRY: dict[str, Workflow] = {}
+_ORIGIN: dict[str, str] = {}  # name -> the CAIRN_WORKFLOWS module that registered it
 
 
 def workflow(name: str, **options: Any) -> Workflow:
     """Create and register a workflow under name."""
     if name in _REGISTRY:
-        raise ValueError(f"a workflow named {name!r} is already registered")
+        where = f" by {_ORIGIN[name]}" if name in _ORIGIN else ""
+        raise ValueError(
+            f"a workflow named {name!r} is already registered{where}: names are unique "
+            "in a process, so rename one of them"
+        )
     flow = Workflow(name, **options)
     _REGISTRY[name] = flow
     return flow
@@ -291,6 +296,11 @@ def workflow(name: str, **options: Any) -> Workflow:
 def find(name: str) -> Workflow | None:
     """The workflow registered under name in this process, if any."""
     return _REGISTRY.get(name)
+
+
+def names() -> list[str]:
+    """The names of the workflows registered in this process, sorted."""
+    return sorted(_REGISTRY)
 
 
 def get(name: str) -> Workflow:
@@ -304,10 +314,6 @@ def get(name: str) -> Workflow:
         ) from None
 
 
-# The workflows cairn ships: every worker, server and chaos run knows them.
-SHIPPED = ("cairn.steps.invoice", "cairn.steps.agent", "cairn.steps.chat")
-
-
 def import_modules(modules: Iterable[str]) -> None:
     """Import the modules named in CAIRN_WORKFLOWS so their workflows register.
 
@@ -318,9 +324,26 @@ def import_modules(modules: Iterable[str]) -> None:
     if here not in sys.path and "" not in sys.path:
         sys.path.insert(0, here)
     for module in modules:
+        before = set(_REGISTRY)
         try:
             importlib.import_module(module)
         except ImportError as exc:
             raise UnknownWorkflow(
                 f"CAIRN_WORKFLOWS names {module!r}, which cannot be imported: {exc}"
+                + _import_hint(module, exc)
             ) from exc
+        except Exception as exc:  # the module's own code: a duplicate name, a typo
+            raise UnknownWorkflow(
+                f"CAIRN_WORKFLOWS names {module!r}, which failed as it was imported: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        # Who registered each name, for the error of a second module taking it.
+        _ORIGIN.update(dict.fromkeys(set(_REGISTRY) - before, module))
+
+
+def _import_hint(module: str, exc: ImportError) -> str:
+    if exc.name is None:  # a name the module imports from another is missing
+        return ""
+    if f"{module}.".startswith(f"{exc.name}."):
+        return "; run from the folder that holds it, or add that folder to PYTHONPATH"
+    return f"; install {exc.name.split('.')[0]!r} where this runs, or fix the module's import"

@@ -7,9 +7,9 @@ the email again. `cairn chaos` must name send_email as the step that duplicates.
 
 from __future__ import annotations
 
-from cairn.steps import invoice
 from cairn.steps.context import Context
 from cairn.steps.registry import StepResult, workflow
+from cairn.testing.demos import invoice
 
 flow = workflow("unkeyed", validate=invoice._validate)
 flow.step("fetch")(invoice.fetch)

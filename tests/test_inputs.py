@@ -65,7 +65,11 @@ def _cairn(*args: str, env: dict[str, str], stdin: str | None = None):
 
 @pytest.fixture
 def cli_env(settings) -> dict[str, str]:
-    return {"CAIRN_DATABASE_URL": settings.database_url, "CAIRN_REDIS_URL": settings.redis_url}
+    return {
+        "CAIRN_DATABASE_URL": settings.database_url,
+        "CAIRN_REDIS_URL": settings.redis_url,
+        "CAIRN_WORKFLOWS": "cairn.testing.demos.invoice",  # `cairn enqueue` checks the name
+    }
 
 
 CLI_BAD = [

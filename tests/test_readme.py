@@ -222,10 +222,16 @@ def test_the_chat_example_streams_a_runs_answer_to_its_own_client(
 
     import httpx
 
-    (tmp_path / "chat.py").write_text(pages.starting("# chat.py: stream").code)
+    chat = pages.starting("# chat.py: stream")
+    (tmp_path / "chat.py").write_text(chat.code)
+    # The demo's chat workflow, on the worker the page starts (no worker loads it unasked).
+    command = re.search(r"`CAIRN_WORKFLOWS=(\S+) cairn worker`", pages.text(chat.page))
+    assert command is not None, f"{chat.page} no longer says how to start the chat's worker"
     env = _env(settings)
     argv = [str(BIN / "cairn"), "worker", "--concurrency", "1"]
-    worker = fleet.wait_ready(fleet.Proc(argv, env, tmp_path / "w.log", "w", tmp_path))
+    worker = fleet.wait_ready(
+        fleet.Proc(argv, {**env, "CAIRN_WORKFLOWS": command[1]}, tmp_path / "w.log", "w", tmp_path)
+    )
     try:
         web, url = _uvicorn("chat:app", env, tmp_path)
     except BaseException:

@@ -9,7 +9,7 @@ import sys
 import tempfile
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -109,7 +109,12 @@ def _settings(**options: Any) -> Any:
     workflows = options.pop("workflows", None)
     if workflows is not None:
         options["workflows"] = tuple(m.strip() for m in workflows.split(",") if m.strip())
-    return Settings.from_env().with_options(**options)
+    try:
+        return Settings.from_env().with_options(**options)
+    except SystemExit as exc:  # from_env: a CAIRN_* value that does not parse
+        _fail(str(exc.code), 2)
+    except ValueError as exc:  # a value that parses and means nothing
+        _fail(exc, 2)
 
 
 def _client(settings: Any) -> Any:
@@ -118,9 +123,50 @@ def _client(settings: Any) -> Any:
     return Client(settings=settings)
 
 
-def _fail(message: str, code: int = 1) -> None:
-    err.print(f"[bold red]error:[/] {message}")
+def _fail(problem: str | Exception, code: int = 1) -> NoReturn:
+    """The one way a command reports an error: one line on stderr saying what is wrong and
+    what to do (never a traceback), then exit with code. An error raised gets the next
+    step for its kind."""
+    from rich.markup import escape
+
+    message = str(problem) + (_next_step(problem) if isinstance(problem, Exception) else "")
+    line = "; ".join(part.strip() for part in message.splitlines() if part.strip())
+    # Escaped: an error's text is not markup. soft_wrap: one line at any terminal width.
+    err.print(f"[bold red]error:[/] {escape(line)}", soft_wrap=True)
     raise typer.Exit(code)
+
+
+_UNREACHABLE = "; check CAIRN_DATABASE_URL and CAIRN_REDIS_URL (or --database-url, --redis-url)"
+
+
+def _next_step(exc: Exception) -> str:
+    """What to do about an error of this kind, when its message does not say."""
+    from cairn.errors import StoreUnavailable, UnknownRun
+    from cairn.workers.schedules import UnknownSchedule
+
+    if isinstance(exc, StoreUnavailable):
+        return _UNREACHABLE
+    if isinstance(exc, UnknownRun):
+        return "; `cairn runs` lists the runs"
+    if isinstance(exc, UnknownSchedule):
+        return "; `cairn schedules list` lists them"
+    return ""
+
+
+def _known(workflow: str) -> None:
+    """UnknownWorkflow unless workflow is registered in this process. For the name of one
+    of cairn's demos, the message names its module: no process loads them unless told."""
+    from cairn.errors import UnknownWorkflow
+    from cairn.steps import registry
+    from cairn.testing import demos
+
+    try:
+        registry.get(workflow)
+    except UnknownWorkflow as exc:
+        if workflow not in demos.WORKFLOWS:
+            raise
+        hint = f"cairn's demo {workflow!r} is the module {demos.WORKFLOWS[workflow]}"
+        raise UnknownWorkflow(f"{exc} ({hint})") from None
 
 
 def _need_server(command: str) -> None:
@@ -198,20 +244,14 @@ def worker(
         # prometheus_client's multiprocess mode is chosen by this variable, read when it
         # is first imported: set it before the app (and its metrics module) loads.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="cairn-metrics-")
-    from cairn.errors import CairnError
-    from cairn.workers import health, metrics
-    from cairn.workers.app import create_app
+    from cairn.workers import metrics
 
-    down = health.problems(settings)
-    if down:
-        _fail("the worker cannot start:\n  " + "\n  ".join(down))
-    try:
-        celery_app = create_app(settings)
-    except (CairnError, ValueError, TypeError) as exc:  # CAIRN_WORKFLOWS, CAIRN_MIDDLEWARE
-        _fail(f"the worker cannot start: {exc}")
+    celery_app = _celery_app(settings, "the worker")
     if settings.metrics_port:
         metrics.serve(settings.metrics_port)
     argv = [
+        # JSON logs: no banner, for a collector that reads only JSON lines.
+        *(["--quiet"] if settings.log_format == "json" else []),
         "worker",
         f"--pool={settings.pool}",
         f"--concurrency={settings.concurrency}",
@@ -220,6 +260,22 @@ def worker(
         name or f"cairn-{os.getpid()}@%h",
     ]
     celery_app.worker_main([*argv, *(["--beat"] if beat else [])])
+
+
+def _celery_app(settings: Any, who: str) -> Any:
+    """The worker's Celery app, once Postgres, Redis and the broker answer; else one line
+    saying what is down (a beat would otherwise retry the broker for ever)."""
+    from cairn.errors import CairnError
+    from cairn.workers import health
+    from cairn.workers.app import create_app
+
+    down = health.problems(settings)
+    if down:
+        _fail(f"{who} cannot start: " + "; ".join(down) + _UNREACHABLE)
+    try:
+        return create_app(settings)
+    except (CairnError, ValueError, TypeError) as exc:  # CAIRN_WORKFLOWS, CAIRN_MIDDLEWARE
+        _fail(f"{who} cannot start: {exc}")
 
 
 @app.command("beat")
@@ -233,12 +289,13 @@ def beat_cmd(
 ) -> None:
     """Run the schedule: the reaper (every CAIRN_REAPER_INTERVAL s) and the hourly sweep."""
     settings = _settings(loglevel=loglevel, database_url=database_url, redis_url=redis_url)
-    from cairn.workers.app import create_app
-
-    os.makedirs(os.path.dirname(schedule) or ".", exist_ok=True)
-    create_app(settings).start(
-        ["beat", f"--loglevel={settings.loglevel}", f"--schedule={schedule}"]
-    )
+    try:
+        os.makedirs(os.path.dirname(schedule) or ".", exist_ok=True)
+    except OSError as exc:
+        _fail(f"--schedule {schedule!r}: cannot make its folder ({exc.strerror})", 2)
+    celery_app = _celery_app(settings, "the beat")
+    quiet = ["--quiet"] if settings.log_format == "json" else []  # no banner (cf. worker)
+    celery_app.start([*quiet, "beat", f"--loglevel={settings.loglevel}", f"--schedule={schedule}"])
 
 
 @app.command()
@@ -295,9 +352,9 @@ def enqueue(
 
     try:
         # At a terminal, a typo should fail here, not on a worker: the CLI knows the
-        # shipped workflows and --workflows (a web app's Client needs only the name).
-        registry.import_modules((*registry.SHIPPED, *settings.workflows))
-        registry.get(workflow)
+        # workflows of --workflows (a web app's Client needs only the name).
+        registry.import_modules(settings.workflows)
+        _known(workflow)
         with _client(settings) as client:
             created = client.enqueue(
                 workflow, data, run_id=run_id, concurrency_key=concurrency_key,
@@ -305,7 +362,7 @@ def enqueue(
             )  # fmt: skip
         print(_dumps({"run_id": created}) if as_json else created)
     except CairnError as exc:
-        _fail(str(exc), 2)
+        _fail(exc, 2)
 
 
 @runs_app.callback(invoke_without_command=True)
@@ -408,7 +465,7 @@ def fork_cmd(
         with _client(_settings(database_url=database_url)) as client:
             new = client.fork(run_id, at_seq=at, new_run_id=new_run_id, input_patch=patch)
     except CairnError as exc:
-        _fail(str(exc), 2)
+        _fail(exc, 2)
     print(_dumps({"run_id": new, "forked_from": run_id, "forked_at": at}) if as_json else new)
 
 
@@ -433,7 +490,7 @@ def rewind_cmd(
         with _client(_settings(database_url=database_url)) as client:
             run = client.rewind(run_id, to_seq=to)
     except CairnError as exc:
-        _fail(str(exc), 2)
+        _fail(exc, 2)
     if as_json:
         print(_dumps(run.to_json()))
     else:
@@ -476,7 +533,10 @@ def replay_cmd(
     try:
         with (
             _client(_settings(database_url=database_url)) as client,
-            Progress(console=err, transient=True, disable=as_json or dry_run) as bar,
+            # Off unless at a terminal: elsewhere its one frame is a stray blank line.
+            Progress(
+                console=err, transient=True, disable=as_json or dry_run or not err.is_terminal
+            ) as bar,
         ):
             task = bar.add_task("replaying", total=limit)
             runs = client.replay(
@@ -484,7 +544,7 @@ def replay_cmd(
                 limit=limit, dry_run=dry_run, progress=lambda n: bar.update(task, completed=n),
             )  # fmt: skip
     except CairnError as exc:
-        _fail(str(exc), 2)
+        _fail(exc, 2)
     if as_json:
         print(
             _dumps({"workflow": workflow, "dry_run": dry_run, "runs": [r.to_json() for r in runs]})
@@ -511,14 +571,14 @@ def show(
         with client:
             run = client.get(run_id)
             if run is None:
-                _fail(f"no run {run_id!r}")
+                _fail(f"no run {run_id!r}; `cairn runs` lists the runs")
             kids = [k.to_json() for k in client.children(run_id)]
             print(_dumps({"run": run.to_json(), "steps": client.history(run_id), "children": kids}))
         return
     row = client.store.load_row(run_id)
     if row is None:
         client.close()
-        _fail(f"no run {run_id!r}")
+        _fail(f"no run {run_id!r}; `cairn runs` lists the runs")
     for key in (
         "run_id",
         "workflow",
@@ -613,7 +673,10 @@ def events(
     """Follow a run's events live until it ends: model tokens as they are written, steps,
     retries, waits, what ctx.emit sent (see docs/guides/live-output.md)."""
     from cairn.errors import CairnError
+    from cairn.workers.events import EVENT_ID
 
+    if after is not None and not EVENT_ID.fullmatch(after):
+        _fail(f"--after {after!r}: event ids look like 1733312345678-0 (0: from the start)", 2)
     settings = _settings(database_url=database_url, redis_url=redis_url)
     try:
         with _client(settings) as client:
@@ -636,7 +699,7 @@ def events(
                     highlight=False,
                 )
     except CairnError as exc:
-        _fail(str(exc), 2)
+        _fail(exc, 2)
 
 
 @app.command()
@@ -663,7 +726,7 @@ def signal(
         with _client(settings) as client:
             stored = client.signal(run_id, event, data, signal_id=signal_id)
     except CairnError as exc:
-        _fail(str(exc), 2)
+        _fail(exc, 2)
     if as_json:
         print(_dumps({"run_id": run_id, "event": event, "stored": stored}))
         return
@@ -681,7 +744,7 @@ def cancel(
     with _client(_settings(database_url=database_url)) as client:
         run = client.cancel(run_id, reason)
     if run is None:
-        _fail(f"no run {run_id!r}")
+        _fail(f"no run {run_id!r}; `cairn runs` lists the runs")
     if as_json:
         print(_dumps({"run": run.to_json()}))
         return
@@ -774,13 +837,14 @@ def db_check(
 ) -> None:
     """Before a deploy: does this code (CAIRN_WORKFLOWS) have every step live runs stand
     at? Exit 1, naming each missing step and its runs, if not."""
+    from cairn.errors import CairnError
     from cairn.steps import registry
 
     settings = _settings(database_url=database_url, workflows=workflows)
     try:
-        registry.import_modules((*registry.SHIPPED, *settings.workflows))
-    except (ImportError, ValueError) as exc:
-        _fail(f"cannot import the workflows: {exc}", 2)
+        registry.import_modules(settings.workflows)
+    except CairnError as exc:
+        _fail(exc, 2)
     with _client(settings) as client:
         rows = client.store.db.all("live_cursors")
     problems = []
@@ -797,11 +861,21 @@ def db_check(
     if as_json:
         print(_dumps({"ok": not problems, "problems": problems}))
     elif problems:
+        from rich.markup import escape
+
         for p in problems:
-            err.print(
-                f"[bold red]{p['workflow']}.{p['step']}[/]: {p['runs']} live run(s) stand "
-                f"there, and this code has {p['problem']}: keep it, or declare "
-                f"workflow({p['workflow']!r}, renamed={{{p['step']!r}: 'new_name'}})"
+            fix = (
+                "add its module to CAIRN_WORKFLOWS (--workflows)"
+                if p["problem"] == "no such workflow"
+                else f"keep it, or declare workflow({p['workflow']!r}, "
+                f"renamed={{{p['step']!r}: 'new_name'}})"
+            )
+            at = f"{p['workflow']}.{p['step']}" if p["step"] else p["workflow"]  # not started
+            err.print(  # soft_wrap: a problem per line, at any terminal width
+                f"[bold red]{escape(at)}[/]: "
+                + escape(f"{p['runs']} live run(s) stand there, and this code has ")
+                + escape(f"{p['problem']}: {fix}"),
+                soft_wrap=True,
             )
     else:
         print(f"ok: every step {sum(r['runs'] for r in rows)} live run(s) stand at exists")
@@ -831,6 +905,8 @@ def db_upgrade(
     from cairn.store import upgrade
 
     url = _settings(database_url=database_url).database_url
+    if migrations is not None and not migrations.is_dir():  # before any change is applied
+        _fail(f"--migrations {str(migrations)!r}: no such folder (of NNNN_name.sql files)", 2)
     deadline = time.monotonic() + wait
     while True:
         try:
@@ -840,9 +916,7 @@ def db_upgrade(
             if time.monotonic() < deadline:
                 time.sleep(1)
                 continue
-            _fail(
-                f"{exc}\nIs Postgres running? `bash scripts/services.sh up` starts the local one."
-            )
+            _fail(exc)
     console.print(f"applied migrations: {applied}" if applied else "schema is up to date")
     if migrations is not None:
         mine = upgrade(url, migrations)
@@ -900,6 +974,11 @@ def serve(
         logs.use_json(logging.getLogger())
         log_config = None
     web = create_app(settings, insecure_no_auth=insecure_no_auth)
+    _can_listen(
+        settings.web_host,
+        settings.web_port,
+        "pick a free --port (CAIRN_WEB_PORT), or another --host (CAIRN_WEB_HOST)",
+    )
     where = f"http://{settings.web_host}:{settings.web_port}"
     if not settings.api_token:
         err.print("[bold yellow]warning:[/] no CAIRN_API_TOKEN: serving without auth")
@@ -914,10 +993,26 @@ def serve(
     )
 
 
+def _can_listen(host: str, port: int, what_to_do: str) -> None:
+    """Fail now, in one line, if host:port cannot be listened on: a server would say so
+    among its start-up log lines."""
+    import socket
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+            sock.bind((host, port))
+    except OSError as exc:
+        _fail(f"cannot listen on {host}:{port} ({exc.strerror or exc}); {what_to_do}", 2)
+
+
 @app.command()
 def demo(
-    runs: Annotated[int, typer.Option("--runs", help="Invoice runs to enqueue.")] = 20,
-    workers: Annotated[int, typer.Option("--workers", help="Worker processes to start.")] = 2,
+    runs: Annotated[int, typer.Option("--runs", min=1, help="Invoice runs to enqueue.")] = 20,
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, help="Worker processes to start.")
+    ] = 2,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the summary as one JSON object.")
     ] = False,
@@ -956,18 +1051,25 @@ def demo(
         raise typer.Exit(1)
 
 
+StandIn = enum.Enum("StandIn", {"mail": "mail", "model": "model"}, type=str)
+
+
 @app.command()
 def standin(
-    kind: Annotated[str, typer.Argument(help="mail or model.")],
-    port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1.")] = 0,
+    kind: Annotated[StandIn, typer.Argument(help="mail or model.")],
+    port: Annotated[
+        int, typer.Option("--port", min=0, max=65535, help="Port on 127.0.0.1 (0: a free one).")
+    ] = 0,
     delay_ms: Annotated[
-        int, typer.Option("--delay-ms", help="Latency to add to each request.")
+        int, typer.Option("--delay-ms", min=0, help="Latency to add to each request.")
     ] = 0,
 ) -> None:
     """Run a local stand-in: the mail API, or a server speaking the Anthropic Messages API."""
     from cairn.testing import standins
 
-    raise typer.Exit(standins.main([kind, "--port", str(port), "--delay-ms", str(delay_ms)]))
+    if port:
+        _can_listen("127.0.0.1", port, "pick a free --port, or 0 for any")
+    raise typer.Exit(standins.main([kind.value, "--port", str(port), "--delay-ms", str(delay_ms)]))
 
 
 schedules_app = typer.Typer(
@@ -985,7 +1087,7 @@ def _schedule_call(settings: Any, call: Any) -> Any:
         with _client(settings) as client:
             return call(client)
     except CairnError as exc:
-        _fail(str(exc), 2)
+        _fail(exc, 2)
 
 
 def _print_schedule(schedule: Any, as_json: bool, said: str) -> None:
@@ -1037,10 +1139,10 @@ def schedules_add(
     from cairn.steps import registry
 
     try:  # a typo fails here, not at every tick (as `cairn enqueue`)
-        registry.import_modules((*registry.SHIPPED, *settings.workflows))
-        registry.get(workflow)
+        registry.import_modules(settings.workflows)
+        _known(workflow)
     except CairnError as exc:
-        _fail(str(exc), 2)
+        _fail(exc, 2)
     schedule = _schedule_call(
         settings,
         lambda c: c.add_schedule(
@@ -1097,7 +1199,7 @@ def schedules_remove(
 ) -> None:
     """Delete a schedule (the runs it started stay)."""
     if not _schedule_call(_settings(database_url=database_url), lambda c: c.remove_schedule(name)):
-        _fail(f"no schedule {name!r}", 2)
+        _fail(f"no schedule {name!r}; `cairn schedules list` lists them", 2)
     print(_dumps({"removed": name}) if as_json else f"{name}: removed")
 
 
@@ -1121,17 +1223,44 @@ def _register_plugins(argv: list[str] | None = None) -> None:
 def main() -> None:
     import logging
 
-    from cairn.errors import CairnError
-
     # One clear line per failure, not the pool's own warning per reconnect attempt.
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
     _register_plugins(sys.argv[1:])
     try:
-        app()
+        code = _invoke()
+    except typer.Exit as exc:
+        code = exc.exit_code
+    raise SystemExit(code)
+
+
+def _invoke() -> int:
+    """Run the command line's command: its exit code. A usage error (a bad option value,
+    a missing argument) and a domain error are each one line by _fail, as a command's own
+    errors are: not click's boxed usage, not a traceback."""
+    import click
+
+    from cairn.errors import CairnError
+
+    # typer raises its own copy of click's exceptions since it vendored click; before, click's.
+    usage: tuple[type[Exception], ...] = (
+        getattr(typer, "TyperException", click.ClickException),
+        click.ClickException,
+    )
+    try:
+        code = app(prog_name="cairn", standalone_mode=False)
+    except usage as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # as typer tells it (no public name)
+            return 2  # a bare `cairn` or `cairn db`: the help is printed already
+        ctx = getattr(exc, "ctx", None)
+        see = f"; see `{ctx.command_path} --help`" if ctx is not None else ""
+        said = exc.format_message().rstrip(".")  # type: ignore[attr-defined]
+        _fail(f"{said}{see}", exc.exit_code)  # type: ignore[attr-defined]
+    except typer.Abort:
+        _fail("interrupted", 130)
     except CairnError as exc:  # a domain error is the user's to act on, not a traceback
-        err.print(f"[bold red]error:[/] {exc}")
-        raise SystemExit(1) from None
+        _fail(exc)
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

@@ -142,7 +142,9 @@ class Settings:
         "the Messages API (default: Anthropic's; the demo and tests use a local stand-in)",
     )
     mail_url: str = _setting(
-        "http://127.0.0.1:8025", "CAIRN_MAIL_URL", "the mail API of the shipped invoice workflow"
+        "http://127.0.0.1:8025",
+        "CAIRN_MAIL_URL",
+        "the mail API of the demo workflows (invoice, agent)",
     )
     # Agent runs mostly wait on the model: a thread per run holds hundreds per process.
     pool: str = _setting(

@@ -1,5 +1,6 @@
 """Test tooling, kept out of the run path: loopback stand-ins (mail API, Messages API),
-real worker processes (fleet), fault hooks, `cairn demo` and `cairn chaos`, and the
+real worker processes (fleet), fault hooks, `cairn demo`, `cairn chaos` and the demo
+workflows they run (`demos`, loaded only where CAIRN_WORKFLOWS names them), and the
 in-memory twins of the store and the leases (MemoryStore, MemoryLeases) that loop-logic
 tests run on without services. Names load on first use: importing this package is free.
 """

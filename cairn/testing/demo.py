@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-import cairn.steps.invoice  # noqa: F401  (registers the invoice workflow: checked here)
+import cairn.testing.demos.invoice  # noqa: F401  (registers invoice: inputs checked here)
 from cairn.status import RunStatus
 from cairn.store import Leases, admin, upgrade
 from cairn.testing import fleet
@@ -74,6 +74,8 @@ def run_demo(
         CAIRN_LEASE_TTL=str(lease_ttl),
         CAIRN_REAPER_INTERVAL="1",
         CAIRN_DEFER_SECONDS="1",
+        # The demo's own workflow, which no worker loads unless told to.
+        CAIRN_WORKFLOWS="cairn.testing.demos.invoice",
     )
     if base_url:
         env["ANTHROPIC_BASE_URL"] = base_url

@@ -1,4 +1,4 @@
-"""The shipped `agent` and `agent_async` workflows: an agent loop in ONE step, as most teams
+"""The demo `agent` and `agent_async` workflows: an agent loop in ONE step, as most teams
 write one. Eight model calls and three tool effects (a "notify" email, keyed per call)
 interleaved in `work`, then `report`. Every call is journaled, so a crash anywhere in the
 loop costs at most the call in flight; `cairn chaos agent` kills it at every call.

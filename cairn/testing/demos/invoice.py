@@ -1,4 +1,4 @@
-"""The shipped `invoice` workflow, after the seed article.
+"""The demo `invoice` workflow, after the seed article.
 
 fetch → validate (model call) → send_email (HTTP mail API, idempotency key) →
 record (our own Postgres, same transaction as the checkpoint) → done; with
