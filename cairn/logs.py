@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import io
 import json
 import logging
+import os
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -103,6 +105,36 @@ def use_json(logger: logging.Logger, **_: Any) -> None:
     after_setup_logger and after_setup_task_logger, which install handlers of their own."""
     for handler in logger.handlers:
         handler.setFormatter(JsonFormatter())
+
+
+class JsonLines(io.TextIOBase):
+    """A text stream that writes each line given it as a JSON log line (logger `name`,
+    level INFO) to file descriptor fd: for what a library prints where only JSON lines
+    may go. With os.write and no lock, as it may be written from a signal handler."""
+
+    def __init__(self, fd: int, name: str) -> None:
+        self._fd, self._name, self._part = fd, name, ""
+        self._format = JsonFormatter().format
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> Any:
+        # None: a caller that would write to the descriptor itself, text and all
+        # (Celery's safe_say, from its signal handlers), writes nothing.
+        return None
+
+    def write(self, text: str) -> int:
+        *lines, self._part = (self._part + text).split("\n")
+        for line in lines:
+            if line.strip():
+                record = logging.makeLogRecord(
+                    {"name": self._name, "msg": line, "levelno": logging.INFO, "levelname": "INFO"}
+                )
+                data = (self._format(record) + "\n").encode()
+                while data:
+                    data = data[os.write(self._fd, data) :]
+        return len(text)
 
 
 def run_trace(run_id: str) -> tuple[int, int]:

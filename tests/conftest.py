@@ -319,7 +319,7 @@ def leases(settings: Settings) -> Iterator[Leases]:
 
 @pytest.fixture
 def deps(settings: Settings, store: PgStore, leases: Leases) -> Iterator[loop.Deps]:
-    import cairn.steps.invoice  # noqa: F401
+    import cairn.testing.demos.invoice  # noqa: F401
     import tests.flows  # noqa: F401  (registers probe, loop, bad)
 
     model = ModelClient(base_url=settings.anthropic_base_url, give_up_after=10.0)

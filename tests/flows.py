@@ -1,4 +1,5 @@
-"""Workflows used by the tests, plugged into workers with CAIRN_WORKFLOWS=tests.flows.
+"""Workflows used by the tests, plugged into workers with CAIRN_WORKFLOWS=tests.flows,
+and cairn's demo workflows (invoice, agent, chat), which the tests run too.
 
 `probe` logs every step attempt to a file and can sleep before or after each step's
 effect, so a test can SIGKILL or SIGSTOP a worker at a chosen boundary.
@@ -13,6 +14,9 @@ from typing import Any
 import httpx
 
 import cairn
+import cairn.testing.demos.agent  # the demos register wherever the tests' workflows do
+import cairn.testing.demos.chat
+import cairn.testing.demos.invoice
 from cairn.steps import Context, StepResult, workflow
 from cairn.steps.model import text_of
 

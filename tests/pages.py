@@ -13,6 +13,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+from cairn.testing import leash
 from tests.conftest import ROOT
 
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
@@ -74,8 +75,10 @@ def bash(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    leash.hold(proc.pid)  # and if this test run dies first
     try:
         yield proc, log
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+        leash.drop(proc.pid)

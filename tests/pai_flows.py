@@ -9,6 +9,7 @@ calls the tools the prompt's "TOOLS:" line lists, one a turn, then answers in te
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -22,15 +23,44 @@ import cairn
 from cairn.pydantic_ai import CairnDurability, workflow
 
 PLAN = "lookup, notify, remember, lookup"  # four tools, five model requests a run
+REAL_API = "https://api.anthropic.com"
+
+
+class StandIn(AnthropicProvider):
+    """The SDK's client for ANTHROPIC_BASE_URL as it is at each request, not as it was
+    when this module was imported: a test points it at its stand-in after another test
+    (or a CAIRN_WORKFLOWS import) loaded the module, and must never reach the real API."""
+
+    def __init__(self) -> None:
+        super().__init__(anthropic_client=_client(REAL_API))
+
+    @property
+    def client(self) -> AsyncAnthropic:
+        url = os.environ.get("ANTHROPIC_BASE_URL")
+        if not url and not os.environ.get("ANTHROPIC_API_KEY"):
+            raise RuntimeError(
+                "tests.pai_flows talks to a Messages-API stand-in: set ANTHROPIC_BASE_URL "
+                "(or ANTHROPIC_API_KEY for the real API)"
+            )
+        return _client(url or REAL_API)
+
+    @property
+    def base_url(self) -> str:
+        return str(self.client.base_url)
+
+
+@functools.cache
+def _client(base_url: str) -> AsyncAnthropic:
+    # One client per address: its connection pool outlives a request.
+    return AsyncAnthropic(
+        api_key=os.environ.get("ANTHROPIC_API_KEY") or "local-stand-in",
+        base_url=base_url,
+        max_retries=2,
+    )
 
 
 def _model() -> AnthropicModel:
-    client = AsyncAnthropic(
-        api_key=os.environ.get("ANTHROPIC_API_KEY") or "local-stand-in",
-        base_url=os.environ.get("ANTHROPIC_BASE_URL"),
-        max_retries=2,
-    )
-    return AnthropicModel("claude-haiku-4-5", provider=AnthropicProvider(anthropic_client=client))
+    return AnthropicModel("claude-haiku-4-5", provider=StandIn())
 
 
 agent = Agent(

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,14 @@ import pytest
 import tests.flows  # noqa: F401  (registers square)
 from cairn import logs
 from cairn.status import RunStatus
+from cairn.steps.context import Context
+from cairn.steps.registry import StepResult, workflow
+from cairn.store import Leases, PgStore
 from cairn.store.checkpoints import Checkpoint
 from cairn.testing import fleet
+from cairn.workers import celerylog, loop
 from cairn.workers.client import Client
+from cairn.workers.settings import Settings
 from tests.conftest import Server, wait_for
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -143,40 +149,177 @@ def test_trace_id_of_a_traceparent() -> None:
         assert logs.trace_id_of(bad) is None, bad
 
 
-# -- a real worker and a real server -------------------------------------------------------
-def test_a_json_worker_writes_every_log_line_as_json_with_the_run_id(
+# -- a run's lines (cairn.workers.runlog), in process -----------------------------------
+parks = workflow("logs_parks")  # four steps, then a wait; woken, one more
+
+
+@parks.step()
+def tick(ctx: Context) -> StepResult:
+    n = ctx.state.get("n", 0) + 1
+    if n < 4:
+        return StepResult(cursor="tick", state={"n": n})
+    return StepResult.wait("go", cursor="last", state={"n": n})
+
+
+@parks.step()
+def last(ctx: Context) -> StepResult:
+    return StepResult(cursor="done", cost_usd=0.25)
+
+
+def _about(records: list[logging.LogRecord], run_id: str) -> list[logging.LogRecord]:
+    return [r for r in records if getattr(r, "run_id", None) == run_id]
+
+
+def test_a_delivery_logs_its_start_and_stop_at_info_and_each_step_at_debug(
+    caplog: pytest.LogCaptureFixture, settings: Settings, store: PgStore, leases: Leases
+) -> None:
+    deps = loop.Deps(settings=settings, store=store, leases=leases, model=None)
+    store.create_run("parks-1", "logs_parks", {})
+    with caplog.at_level(logging.DEBUG, logger="cairn.workers.runlog"):
+        assert loop.run("parks-1", deps) == RunStatus.WAITING
+    started, *steps, stopped = _about(caplog.records, "parks-1")
+    assert [r.levelno for r in (started, stopped)] == [logging.INFO, logging.INFO]
+    assert (
+        started.getMessage() == "run parks-1 (logs_parks) starts at its first step (seq 0, epoch 1)"
+    )
+    assert (started.action, started.workflow, started.cursor, started.seq, started.epoch) == (  # type: ignore[attr-defined]
+        "started", "logs_parks", "", 0, 1,
+    )  # fmt: skip
+    assert [(r.levelno, r.action, r.cursor, r.seq, r.next) for r in steps] == [  # type: ignore[attr-defined]
+        (logging.DEBUG, "step", "tick", seq, "last" if seq == 3 else "tick") for seq in range(4)
+    ]
+    fields = {k: getattr(stopped, k) for k in ("action", "workflow", "cursor", "seq", "epoch")}
+    assert fields == {
+        "action": "stopped",
+        "workflow": "logs_parks",
+        "cursor": "last",
+        "seq": 4,
+        "epoch": 1,
+    }
+    assert (stopped.status, stopped.steps, stopped.cost_usd, stopped.resumes) == (
+        "waiting",
+        4,
+        0.0,
+        0,
+    )  # type: ignore[attr-defined]
+    assert 0 <= stopped.seconds < 30  # type: ignore[attr-defined]
+    assert stopped.getMessage().startswith("run parks-1 (logs_parks) waiting: 4 step(s) in ")
+
+    caplog.clear()
+    store.signal("parks-1", "go", {}, "s-1")
+    with caplog.at_level(logging.INFO, logger="cairn.workers.runlog"):  # no step lines
+        assert loop.run("parks-1", deps) == RunStatus.DONE
+        assert loop.run("parks-1", deps) == RunStatus.DONE  # delivered again: nothing to do
+    woke, ended, again = _about(caplog.records, "parks-1")
+    assert woke.getMessage().startswith("run parks-1 (logs_parks) wakes at 'last' (seq 4, epoch 2)")
+    assert (ended.status, ended.steps, ended.seq, ended.cursor, ended.cost_usd) == (
+        "done",
+        1,
+        5,
+        "done",
+        0.25,
+    )  # type: ignore[attr-defined]
+    assert (again.action, again.status, again.steps, again.seq) == ("stopped", "done", 0, 5)  # type: ignore[attr-defined]
+    assert "done, nothing to do: 0 step(s)" in again.getMessage()
+
+
+def test_celery_s_lines_about_cairn_s_tasks_are_debug(caplog: pytest.LogCaptureFixture) -> None:
+    from celery.app.trace import LOG_RECEIVED, LOG_SUCCESS
+
+    trace, beat = logging.getLogger("celery.app.trace"), logging.getLogger("celery.beat")
+    routine = celerylog.Routine()  # what create_app puts on these loggers
+    for logger in (trace, beat):
+        logger.addFilter(routine)
+    try:
+        with caplog.at_level(logging.INFO):
+            trace.info(
+                LOG_SUCCESS, {"name": "cairn.reap", "id": "1", "runtime": 0, "return_value": 0}
+            )
+            trace.info(LOG_RECEIVED, {"name": "someone.elses", "id": "2"})
+            beat.info("Scheduler: Sending due task %s (%s)", "s", "cairn.schedules.fire")
+            beat.info("Scheduler: Sending due task %s (%s)", "theirs", "someone.elses")
+        assert [r.getMessage() for r in caplog.records] == [
+            "Task someone.elses[2] received",
+            "Scheduler: Sending due task theirs (someone.elses)",
+        ]
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG):
+            trace.info(LOG_RECEIVED, {"name": "cairn.run", "id": "3"})
+        (record,) = caplog.records
+        assert record.levelname == "DEBUG" and record.getMessage() == "Task cairn.run[3] received"
+    finally:
+        for logger in (trace, beat):
+            logger.removeFilter(routine)
+
+
+def test_json_lines_turn_each_printed_line_into_a_json_line(tmp_path: Path) -> None:
+    path = tmp_path / "out"
+    with path.open("wb") as out:
+        lines = logs.JsonLines(out.fileno(), "celery.apps.worker")
+        print("\nworker: Warm shutdown", file=lines, end="")
+        print(" (MainProcess)\n\nand another", file=lines)
+        assert lines.fileno() is None  # Celery's safe_say writes nothing to the fd itself
+    first, second = (json.loads(line) for line in path.read_text().splitlines())
+    assert first["message"] == "worker: Warm shutdown (MainProcess)" and first["level"] == "INFO"
+    assert first["logger"] == "celery.apps.worker" and first["pid"] == os.getpid()
+    assert second["message"] == "and another"
+
+
+# -- a real worker, beat and server ---------------------------------------------------------
+def _every_line(text: str) -> list[dict[str, Any]]:
+    """Each line of a process's stdout and stderr, parsed: a line that is not JSON fails."""
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_a_json_worker_at_info_logs_a_run_in_two_lines_and_only_json_lines(
     start_worker: Callable[..., fleet.Proc], client: Client, send: Callable[[str], None]
 ) -> None:
     worker = start_worker(concurrency=1, CAIRN_LOG_FORMAT="json")
-    run_id = client.enqueue("square", {"n": 2})
+    run_id = client.enqueue("loop", {"visits": 4})  # four steps
     assert client.wait(run_id, timeout=60).status == RunStatus.DONE
-    # Delivered again once done, the run is logged as such: a line about this run.
-    send(run_id)
-    wait_for(
-        lambda: any(line.get("action") == "stopped" for line in _lines(worker.text())),
-        30,
-        "the worker's line about the finished run",
-    )
-    text = worker.text()
-    lines = _lines(text)
-    (stopped,) = [line for line in lines if line.get("action") == "stopped"]
-    assert stopped["run_id"] == run_id and stopped["seq"] == 1 and stopped["cursor"] == "done"
-    assert stopped["logger"] == "cairn.workers.loop" and stopped["level"] == "INFO"
-    assert stopped["pid"] in worker.children()  # a pool process's line
-    # Celery's own lines (ready, task received) are JSON too: none in its text format.
+
+    def about() -> list[dict[str, Any]]:
+        return [line for line in _lines(worker.text()) if line.get("run_id") == run_id]
+
+    wait_for(lambda: len(about()) >= 2, 30, "the run's stop line")
+    started, stopped = about()
+    for line in (started, stopped):
+        assert line["logger"] == "cairn.workers.runlog" and line["level"] == "INFO"
+        assert line["workflow"] == "loop" and line["epoch"] == 1
+        assert line["pid"] in worker.children()  # a pool process's line
+    assert (started["action"], started["cursor"], started["seq"]) == ("started", "", 0)
+    assert (stopped["action"], stopped["cursor"], stopped["seq"]) == ("stopped", "done", 4)
+    assert (stopped["status"], stopped["steps"], stopped["resumes"]) == ("done", 4, 0)
+    assert stopped["cost_usd"] == 0 and stopped["seconds"] >= 0
+
+    send(run_id)  # delivered again once done: a stop line, nothing to do
+    wait_for(lambda: len(about()) == 3, 30, "the line about the finished run")
+    assert (about()[2]["action"], about()[2]["steps"]) == ("stopped", 0)
+    worker.proc.terminate()  # a warm shutdown: Celery prints a line, as JSON here
+    worker.proc.wait(60)
+    lines = _every_line(worker.text())
     assert any(line["message"].endswith(" ready.") for line in lines)
-    assert any("received" in line["message"] for line in lines)
-    assert not [t for t in text.splitlines() if CELERY_TEXT.match(t)]
+    assert any(line["message"] == "worker: Warm shutdown (MainProcess)" for line in lines)
+    # Celery's lines per task (received, succeeded) are DEBUG: at INFO, none.
+    assert not [line for line in lines if "cairn.run[" in line["message"]]
 
 
-def test_a_json_beat_logs_json_lines(worker_env: dict[str, str], tmp_path: Path) -> None:
-    env = {**worker_env, "CAIRN_LOG_FORMAT": "json"}
+def test_a_json_beat_with_nothing_to_do_logs_nothing_after_its_start(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = {**worker_env, "CAIRN_LOG_FORMAT": "json", "CAIRN_SCHEDULE_TICK": "0.5"}
     beat = fleet.start_beat(env, tmp_path / "beat.log", tmp_path / "schedule", wait=60)
     try:
-        lines = _lines(beat.text())
-        assert any(line["message"].startswith("Scheduler: Sending due task") for line in lines)
-        assert all(line["logger"].startswith("celery") for line in lines)
-        assert not [t for t in beat.text().splitlines() if CELERY_TEXT.match(t)]
+        begun = len(beat.text().splitlines())
+        # A pass of the reaper every 0.5 s (worker_env) and of the schedules: each sent
+        # many times over, each a DEBUG line.
+        time.sleep(4)
+        assert beat.text().splitlines()[begun:] == []
+        beat.proc.terminate()
+        beat.proc.wait(30)
+        lines = _every_line(beat.text())  # its start and stop too: JSON lines only
+        assert [line["level"] for line in lines] == ["INFO"] * len(lines)
+        assert any(line.get("action") == "beat_ready" for line in lines)
     finally:
         beat.kill()
 

@@ -44,7 +44,10 @@ def test_a_backlog_of_10k_runs_with_slow_workers_is_never_sent_again(
     its message queued or in a worker's hands, so no pass may send one again."""
     backlog, senders = 10_000, 4
     env = {**worker_env, "CAIRN_LOST_AFTER": "1"}
-    reaper = fleet.start_worker(env, tmp_path / "r.log", "reaper", 1, queues=broker.CONTROL)
+    # At DEBUG: Celery's lines about each pass (received, succeeded), which passes() counts.
+    reaper = fleet.start_worker(
+        {**env, "CAIRN_LOGLEVEL": "DEBUG"}, tmp_path / "r.log", "reaper", 1, queues=broker.CONTROL
+    )
     # Only the new-runs queue: a run the reaper sent again would wait in cairn.resume.
     runner = fleet.start_worker(env, tmp_path / "w.log", "runs", 2, queues=broker.RUNS)
     beat = fleet.start_beat(env, tmp_path / "beat.log", tmp_path / "beat-schedule")

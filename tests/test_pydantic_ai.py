@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import time
 import uuid
 from collections import defaultdict
@@ -35,19 +34,11 @@ from cairn.testing.standins import ModelServer
 from cairn.workers import loop
 from cairn.workers.middleware import Chain, Middleware
 from cairn.workers.settings import Settings
-
-# The Anthropic agent's client is built at import, from the environment: point it at a
-# stand-in of this module's own, and leave the environment as it was.
-MODEL = ModelServer().start()
-_saved = os.environ.get("ANTHROPIC_BASE_URL")
-os.environ["ANTHROPIC_BASE_URL"] = MODEL.url
 from tests import pai_flows
 
-if _saved is None:
-    del os.environ["ANTHROPIC_BASE_URL"]
-else:
-    os.environ["ANTHROPIC_BASE_URL"] = _saved
-
+# The Anthropic agent's stand-in: its client reads ANTHROPIC_BASE_URL at each request
+# (tests/pai_flows.py), which the tests that use it set (`stand_in`).
+MODEL = ModelServer().start()
 SETTINGS = Settings(
     database_url="postgresql://unused.invalid/x", redis_url="redis://unused.invalid/0"
 )
@@ -273,9 +264,38 @@ def test_a_denied_tool_is_not_run(deps: loop.Deps) -> None:
 
 
 # -- the Anthropic agent: the real SDK, a keyed HTTP effect and a ctx.db write ------------
+@pytest.fixture
+def stand_in(monkeypatch: pytest.MonkeyPatch) -> ModelServer:
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", MODEL.url)
+    return MODEL
+
+
+def test_the_agent_s_client_is_the_one_for_the_address_set_at_request_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whoever imported tests.pai_flows first, and whatever the environment was then, a
+    request goes where ANTHROPIC_BASE_URL says now, and nowhere without it."""
+    provider = pai_flows.agent.model.provider  # type: ignore[union-attr]
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", MODEL.url)
+    assert provider.base_url.rstrip("/") == MODEL.url.rstrip("/")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")
+    assert provider.base_url.rstrip("/") == "http://127.0.0.1:9"
+    monkeypatch.delenv("ANTHROPIC_BASE_URL")
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    with pytest.raises(RuntimeError, match="set ANTHROPIC_BASE_URL"):
+        provider.client  # noqa: B018  (the property is the check)
+
+
 @pytest.mark.parametrize(("when", "pos"), [("after", 2), ("after", 3), ("after", 5), ("before", 8)])
 def test_an_anthropic_agent_with_an_http_effect_and_a_db_write_survives_a_kill(
-    store: Any, leases: Any, settings: Settings, mail: Any, sql: Any, when: str, pos: int
+    store: Any,
+    leases: Any,
+    settings: Settings,
+    mail: Any,
+    sql: Any,
+    stand_in: ModelServer,
+    when: str,
+    pos: int,
 ) -> None:
     deps = loop.Deps(settings=settings, store=store, leases=leases, model=None)
     MODEL.control(reset=True)

@@ -130,8 +130,9 @@ def test_two_beats_fire_an_every_second_schedule_once_per_tick(
     processes: the runs' ids are consecutive seconds, each run ran and mailed once."""
     # Booted side by side: each takes seconds to import the app.
     worker = fleet.spawn_worker(worker_env, tmp_path / "w.log", "w", 2)
+    debug = {**worker_env, "CAIRN_LOGLEVEL": "DEBUG"}  # beat's sends are DEBUG lines
     beats = [
-        fleet.start_beat(worker_env, tmp_path / f"beat{i}.log", tmp_path / f"beat{i}-schedule")
+        fleet.start_beat(debug, tmp_path / f"beat{i}.log", tmp_path / f"beat{i}-schedule")
         for i in range(2)
     ]
     procs = [worker, *beats]

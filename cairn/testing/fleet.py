@@ -12,15 +12,23 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from cairn.testing import leash
+
 # Logs and scratch files of the demo and chaos: .cairn/ under the current directory.
 STATE = Path(os.environ.get("CAIRN_STATE_DIR") or ".cairn").absolute()
 WORKER_APP = "cairn.workers.main"  # the production app; chaos passes its faulted one
 
 
-def celery(app: str) -> list[str]:
+def celery(app: str, env: Mapping[str, str] | None = None) -> list[str]:
     # `python -m` puts the current directory on sys.path: the user's workflow modules
-    # there import as they would for `cairn worker`.
-    return [sys.executable, "-m", "celery", "-A", app]
+    # there import as they would for `cairn worker`. JSON logs: no banner, as `cairn
+    # worker` and `cairn beat` run Celery then.
+    quiet = ["--quiet"] if (env or {}).get("CAIRN_LOG_FORMAT") == "json" else []
+    return [sys.executable, "-m", "celery", "-A", app, *quiet]
+
+
+def _loglevel(env: Mapping[str, str]) -> str:
+    return f"--loglevel={env.get('CAIRN_LOGLEVEL') or 'INFO'}"  # as `cairn worker` reads it
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
@@ -34,7 +42,8 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: flo
 
 
 class Proc:
-    """A process in its own session (killable whole): a worker, beat, or any command."""
+    """A process in its own session (killable whole): a worker, beat, or any command.
+    Killed whole when this process dies too, however it dies (cairn.testing.leash)."""
 
     def __init__(
         self, cmd: list[str], env: Mapping[str, str], log: Path, name: str, cwd: Path | None = None
@@ -50,6 +59,7 @@ class Proc:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        leash.hold(self.proc.pid)  # its session's group: the pid is its id
 
     @property
     def pid(self) -> int:
@@ -82,7 +92,8 @@ class Proc:
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
-            pass
+            return
+        leash.drop(self.pid)
 
 
 def spawn_worker(
@@ -101,7 +112,7 @@ def spawn_worker(
         "worker",
         f"--pool={pool or env.get('CAIRN_POOL') or 'prefork'}",
         f"--concurrency={concurrency}",
-        "--loglevel=INFO",
+        _loglevel(env),
         "-n",
         f"{name}@%h",
         "--without-mingle",
@@ -109,7 +120,7 @@ def spawn_worker(
         "--without-heartbeat",
         *([f"--queues={queues}"] if queues else []),
     ]
-    return Proc(celery(app) + args, env, log, name, cwd)
+    return Proc(celery(app, env) + args, env, log, name, cwd)
 
 
 def wait_ready(w: Proc, timeout: float = 60.0) -> Proc:
@@ -138,12 +149,11 @@ def start_beat(
 ) -> Proc:
     """The beat (the reaper's clock). wait: seconds to wait until it ticks; a measurement
     of recovery must not start before the reaper does (booting takes seconds under load)."""
-    args = ["beat", "--loglevel=INFO", f"--schedule={schedule}"]
-    beat = Proc(celery(WORKER_APP) + args, env, log, "beat")
+    args = ["beat", _loglevel(env), f"--schedule={schedule}"]
+    beat = Proc(celery(WORKER_APP, env) + args, env, log, "beat")
     if wait is not None:
-        wait_for(
-            lambda: "Sending due task" in beat.text() or not beat.alive(), wait, "beat to tick"
-        )
+        # Its line just before its first pass (cairn.workers.celerylog).
+        wait_for(lambda: "beat ticking" in beat.text() or not beat.alive(), wait, "beat to tick")
         if not beat.alive():
             raise RuntimeError(f"beat exited at start:\n{beat.text()[-3000:]}")
     return beat

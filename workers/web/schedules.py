@@ -23,8 +23,9 @@ class NewSchedule(BaseModel):
     """A workflow started on a clock: a cron expression (UTC) or every N seconds."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    name: str = Field(min_length=1, max_length=100, pattern=NO_NUL, examples=["nightly-invoices"])
-    workflow: str = Field(min_length=1, max_length=200, pattern=NO_NUL, examples=["invoice"])
+    # The whole request's example is the operation's (openapi.request_examples).
+    name: str = Field(min_length=1, max_length=100, pattern=NO_NUL, examples=["nightly"])
+    workflow: str = Field(min_length=1, max_length=200, pattern=NO_NUL)
     input: dict[str, Any] = Field(default_factory=dict)
     cron: str | None = Field(default=None, max_length=200, pattern=NO_NUL, examples=["0 3 * * *"])
     every: Annotated[int, Field(ge=1, lt=2**31), WHOLE] | None = Field(
