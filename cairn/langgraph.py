@@ -109,7 +109,10 @@ class CairnSaver(BaseCheckpointSaver[int]):
             store = self._pools.get(s.database_url)
             if store is None:
                 db = Database(
-                    s.database_url, prepare=s.database_prepare, give_up_after=s.store_give_up_after
+                    s.database_url,
+                    prepare=s.database_prepare,
+                    give_up_after=s.store_give_up_after,
+                    hold=s.lease_ttl,
                 )
                 store = self._pools[s.database_url] = GraphStore(db.open())
         return store
@@ -157,6 +160,11 @@ class CairnSaver(BaseCheckpointSaver[int]):
             fence,
         ):
             raise _stale(fence, f"checkpoint {checkpoint['id']} of thread {thread_id!r}")
+        if ctx is not None:
+            # The put landed before any claim (a claim waits for a put in flight); a worker
+            # resumed from a pause past its lease learns here that the run moved on, and
+            # runs no further node.
+            ctx.ensure_owner(cancel=False)
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -490,6 +498,7 @@ def idempotency_key(config: RunnableConfig | None = None) -> str:
     task = meta.get("langgraph_checkpoint_ns") or meta.get("checkpoint_ns")
     if not task:
         raise CairnError("cairn.langgraph.idempotency_key(): call it inside a graph node")
+    ctx.ensure_owner()  # a worker that lost the run, or a cancelled run, must not reach it
     return f"cairn:{ctx.run_id}:{task}"
 
 

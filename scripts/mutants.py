@@ -48,6 +48,11 @@ PAUSED_CHARGE = (
     "tests/test_crash.py::test_a_worker_paused_inside_an_at_most_once_effect_never_makes_it_twice"
 )
 OWN_WRITES = "test_the_steps_own_writes_commit_with_the_save_and_roll_back_with_a_rejection"
+FENCES = "tests/test_fences.py"
+SEAMS = "tests/test_seams.py"
+LG_ZOMBIE = (
+    "test_a_zombie_paused_inside_a_langgraph_put_neither_forks_the_thread_nor_runs_a_node_twice"
+)
 
 MUTANTS = [
     Mutant(
@@ -94,7 +99,7 @@ MUTANTS = [
         "M6",
         "no lease check before a keyed effect",
         "steps/context.py",
-        "        self._ensure()  # a worker that lost the run, or a cancelled run, must not reach it",
+        "        self.ensure_owner()  # a worker that lost the run, or a cancelled run, must not reach it",
         "        pass",
         (f"{ZOMBIE}[prefork-mail]", f"{ZOMBIE}[threads-mail]"),
     ),
@@ -102,7 +107,7 @@ MUTANTS = [
         "M7",
         "no lease check before a model call",
         "steps/context.py",
-        "        self._ensure()\n        if self._cap is not None:",
+        "        self.ensure_owner()\n        if self._cap is not None:",
         "        if self._cap is not None:",
         (f"{ZOMBIE}[prefork-two]", f"{ZOMBIE}[threads-two]"),
     ),
@@ -224,9 +229,9 @@ MUTANTS = [
         "M23",
         "an ended run's release deletes the epoch counter without holding the lease",
         "store/lua/release.lua",
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then\n  if KEYS[2] then",
-        "if KEYS[2] then redis.call('DEL', KEYS[2]) end\n"
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then\n  if KEYS[2] then",
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then\n  redis.call('ZREM', KEYS[2], ARGV[2])",
+        "if KEYS[3] then redis.call('DEL', KEYS[3]) end\n"
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then\n  redis.call('ZREM', KEYS[2], ARGV[2])",
         (COUNTER_ENDS,),
     ),
     Mutant(
@@ -234,8 +239,9 @@ MUTANTS = [
         "a journal record is not fenced (a worker that lost the run still records)",
         "store/sql/queries.sql",
         "     WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s AND c.epoch <= %(epoch)s\n"
+        "       FOR SHARE OF c\n    ON CONFLICT (run_id, cursor, visit, pos)",
+        "     WHERE c.run_id = %(run_id)s\n       FOR SHARE OF c\n"
         "    ON CONFLICT (run_id, cursor, visit, pos)",
-        "     WHERE c.run_id = %(run_id)s\n    ON CONFLICT (run_id, cursor, visit, pos)",
         ("tests/test_journal.py::test_a_worker_that_lost_the_run_records_nothing[pg]",),
     ),
     Mutant(
@@ -273,8 +279,8 @@ MUTANTS = [
         "an intent is not fenced (a worker that lost the run still charges)",
         "store/sql/queries.sql",
         " WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s AND c.epoch <= %(epoch)s\n"
-        "ON CONFLICT (key)",
-        " WHERE c.run_id = %(run_id)s\nON CONFLICT (key)",
+        "   FOR SHARE OF c\nON CONFLICT (key)",
+        " WHERE c.run_id = %(run_id)s\n   FOR SHARE OF c\nON CONFLICT (key)",
         (f"{J}::test_a_worker_that_lost_the_run_writes_no_intent_and_makes_no_charge[pg]",),
     ),
     Mutant(
@@ -310,8 +316,8 @@ MUTANTS = [
         "M32",
         "a LangGraph checkpoint put inside a run is not fenced by the run's epoch",
         "store/sql/queries.sql",
-        "                WHERE c.run_id = %(run_id)s AND c.epoch = %(epoch)s)",
-        "                WHERE c.run_id = %(run_id)s)",
+        "  FROM checkpoints WHERE run_id = %(run_id)s AND epoch = %(epoch)s FOR SHARE;",
+        "  FROM checkpoints WHERE run_id = %(run_id)s FOR SHARE;",
         (f"{LG}::test_a_worker_that_lost_the_run_cannot_write_the_threads_next_checkpoint",),
     ),
     Mutant(
@@ -334,16 +340,16 @@ MUTANTS = [
         "M35",
         "a worker that lost the run still writes its events",
         "store/lua/emit.lua",
-        "  if (flag == 'f' and held ~= ARGV[1]) or (flag == 'g' and held and held ~= ARGV[1]) then",
-        "  if false then",
+        "  if stale or (flag == 'f' and held ~= ARGV[1]) or (flag == 'g' and held and held ~= ARGV[1]) then",
+        "  if stale then",
         ("tests/test_events.py::test_a_worker_that_lost_the_run_writes_no_event",),
     ),
     Mutant(
         "M36",
         "a worker that takes a run over does not mark the cut attempt abandoned",
-        "workers/loop.py",
-        "            if cut.kind not in ENDS_ATTEMPT and cut.attempt != cp.epoch:",
-        "            if False:",
+        "workers/announce.py",
+        "        if tail.newest is not None and not told and tail.newest_kind not in ENDS_ATTEMPT:",
+        "        if False:",
         ("tests/test_events.py::test_an_attempt_cut_short_is_marked_abandoned_by_the_next",),
     ),
     Mutant(
@@ -382,6 +388,112 @@ MUTANTS = [
         "visits = snap.visits, win_start = snap.win_start",
         (
             "tests/test_fork.py::test_a_failed_run_rewound_to_step_2_finishes_with_new_visit_numbers",
+        ),
+    ),
+    Mutant(
+        "M40",
+        "a journal record's fence is a plain read (a record checked before a claim commits after it)",
+        "store/sql/queries.sql",
+        "       FOR SHARE OF c\n    ON CONFLICT (run_id, cursor, visit, pos)",
+        "    ON CONFLICT (run_id, cursor, visit, pos)",
+        (
+            f"{FENCES}::test_a_claim_waits_for_a_fenced_write_in_flight_which_lands_before_it[record_call]",
+        ),
+    ),
+    Mutant(
+        "M41",
+        "an intent's fence is a plain read",
+        "store/sql/queries.sql",
+        "   FOR SHARE OF c\nON CONFLICT (key)",
+        "ON CONFLICT (key)",
+        (
+            f"{FENCES}::test_a_claim_waits_for_a_fenced_write_in_flight_which_lands_before_it[record_intent]",
+        ),
+    ),
+    Mutant(
+        "M42",
+        "a done mark is not fenced (a zombie's late mark overwrites what an operator resolves)",
+        "store/sql/queries.sql",
+        "     WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s AND c.epoch <= %(epoch)s\n"
+        "       FOR SHARE\n), marked AS",
+        "     WHERE c.run_id = %(run_id)s\n       FOR SHARE\n), marked AS",
+        (
+            "tests/test_store_contract.py::test_a_done_mark_is_fenced_like_every_write_of_a_step[pg]",
+            PAUSED_CHARGE,
+        ),
+    ),
+    Mutant(
+        "M43",
+        "a LangGraph put's fence is a plain read (a paused put commits after the claim: a fork)",
+        "store/sql/queries.sql",
+        "  FROM checkpoints WHERE run_id = %(run_id)s AND epoch = %(epoch)s FOR SHARE;",
+        "  FROM checkpoints WHERE run_id = %(run_id)s AND epoch = %(epoch)s;",
+        (
+            f"{SEAMS}::{LG_ZOMBIE}[lg_mail-before_its_hold]",
+            f"{FENCES}::test_a_claim_waits_for_a_fenced_write_in_flight_which_lands_before_it[graph_put]",
+        ),
+    ),
+    Mutant(
+        "M44",
+        "a fenced transaction may sit idle without end (a paused zombie holds the claim forever)",
+        "store/sql/queries.sql",
+        "SELECT set_config('idle_in_transaction_session_timeout', %(hold)s, true)\n  FROM",
+        "SELECT set_config('application_name', %(hold)s, true)\n  FROM",
+        (
+            f"{FENCES}::test_a_fenced_transaction_left_idle_is_ended_after_hold_and_the_claim_goes_on[graph_fence]",
+            f"{SEAMS}::{LG_ZOMBIE}[lg_mail_list-after_its_hold]",
+        ),
+    ),
+    Mutant(
+        "M45",
+        "a worker that takes a run over calls a committed step abandoned",
+        "workers/announce.py",
+        '            if h["outcome"] == "saved":',
+        "            if False:",
+        (
+            "tests/test_events.py::test_a_step_saved_just_before_its_worker_died_is_told_late_never_abandoned",
+            f"{SEAMS}::test_a_worker_killed_between_a_steps_commit_and_its_events_leaves_a_truthful_stream[two]",
+        ),
+    ),
+    Mutant(
+        "M46",
+        "an older writer's events are added after a newer epoch took the stream over",
+        "store/lua/emit.lua",
+        "local stale = writer < newest",
+        "local stale = false",
+        (
+            "tests/test_events_contract.py::test_a_worker_that_takes_the_stream_over_fences_every_older_writer[redis]",
+        ),
+    ),
+    Mutant(
+        "M47",
+        "a stream started again mid-run serves a reader from the start as if whole",
+        "workers/events.py",
+        "    if after is None and not info.origin:",
+        "    if False:",
+        (
+            "tests/test_events.py::test_a_stream_started_again_mid_run_gives_a_reader_from_the_start_a_gap_and_ids",
+        ),
+    ),
+    Mutant(
+        "M49",
+        "the reaper ignores a delivery that never let go of its run (a done run's stream untold)",
+        "workers/reaper.py",
+        "        for run_id in self.leases.lost_deliveries(s.lease_ttl):",
+        "        for run_id in []:",
+        (
+            "tests/test_reaper.py::test_a_delivery_that_never_let_go_of_its_run_is_sent_again_whatever_its_status",
+            f"{SEAMS}::test_a_worker_killed_between_a_steps_commit_and_its_events_leaves_a_truthful_stream[three-whole-worker]",
+        ),
+    ),
+    Mutant(
+        "M48",
+        "a reader resuming inside the durable record gets it again from its start",
+        "workers/events.py",
+        "            return Opening(pos, skip=int(told))",
+        "            return Opening(pos, skip=0)",
+        (
+            "tests/test_events.py::test_a_stream_started_again_mid_run_gives_a_reader_from_the_start_a_gap_and_ids",
         ),
     ),
 ]

@@ -212,7 +212,7 @@ class Context:
                 f"{where} of run {self.run_id} asked for a second effect key ({key!r} after "
                 f"{held!r}); one externally visible effect per step or per ctx.call"
             )
-        self._ensure()  # a worker that lost the run, or a cancelled run, must not reach it
+        self.ensure_owner()  # a worker that lost the run, or a cancelled run, must not reach it
         if frame:
             frame.effect = key
         else:
@@ -229,9 +229,15 @@ class Context:
         epoch = self._lease.epoch
         return logs.run(self.run_id, action, cursor=self.cursor, seq=self.seq, epoch=epoch, **more)
 
-    def _ensure(self) -> None:
-        """Before an effect: this worker still owns the run, and nobody cancelled it."""
+    def ensure_owner(self, *, cancel: bool = True) -> None:
+        """Raise cairn.LeaseLost unless this worker still holds the run (Redis is asked
+        when the last renewal is older than half the lease: a process resumed after a
+        pause learns here that it lost the run), and with cancel, cairn.Cancelled if the
+        run was cancelled (one Postgres read). The check ctx.idempotency_key() and the
+        journaled calls make before an effect, for code with an effect of its own."""
         self._lease.ensure()
+        if not cancel:
+            return
         reason = self._store.cancel_reason(self.run_id)
         if reason is not None:
             raise Cancelled(f"run {self.run_id} was cancelled: {reason}")
@@ -266,7 +272,7 @@ class Context:
             result = reconcile(key)
         else:
             result = effect(key)
-        self._store.mark_done(key, self.run_id, result, self._lease.epoch)
+        self._mark(key, result)
         return result
 
     async def aonce(
@@ -287,8 +293,14 @@ class Context:
             result = await reconcile(key)
         else:
             result = await effect(key)
-        self._store.mark_done(key, self.run_id, result, self._lease.epoch)
+        self._mark(key, result)
         return result
+
+    def _mark(self, key: str, result: Any) -> None:
+        if not self._store.mark_done(self._cp, key, result):
+            # Another worker claimed the run meanwhile: its view of this effect (run again,
+            # or unknown until resolved) stands, not ours.
+            raise StaleWrite(self.run_id, self.seq, self._lease.epoch)
 
     def _ledger(self, suffix: str, at_most_once: bool) -> tuple[str, bool, Any]:
         """The effect's key, and whether the ledger says it ran (with its result); else
@@ -420,7 +432,7 @@ class Context:
         pos, n = self._position(name)
         recorded = self._recorded(pos, name)
         if recorded is None:
-            self._ensure()
+            self.ensure_owner()
             if max_cost is not None:
                 self._afford(max_cost, f"ctx.call({name!r})")
         return pos, n, recorded
@@ -705,7 +717,7 @@ class Context:
         assert self._model is not None
         # A model call costs money and shapes the run: a worker that lost the run must not
         # make one (a process resumed after SIGSTOP finds out here), nor a cancelled run.
-        self._ensure()
+        self.ensure_owner()
         if self._cap is not None:
             self._afford(self._model.worst_cost(**request), "the next model call")
         if pos is not None and self._hooks is not None:

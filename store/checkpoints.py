@@ -82,6 +82,7 @@ class Checkpoint:
     concurrency_key: str | None = None  # holds one of its key's slots while it runs
     priority: int = 0
     traceparent: str | None = None  # the enqueuer's span (cairn.otel): deliveries go on its trace
+    forked_at: int | None = None  # a fork's first seq (its origin's), never changed
     # Read with the row, never written: the wait's timeout has passed; the oldest signal
     # of the awaited event not yet consumed ({"id", "payload"}).
     wait_over: bool = dataclasses.field(default=False, compare=False)
@@ -507,6 +508,7 @@ class PgStore:
         conn = tx.open if tx is not None else None
         if conn is not None:
             with translated():
+                self.db.hold_row(conn)
                 row = conn.execute(query, params).fetchone()
                 if row is not None:
                     conn.commit()
@@ -624,10 +626,19 @@ class PgStore:
         row = self.db.one("was_done", {"key": key})
         return (True, row["result"]) if row else (False, None)
 
-    def mark_done(self, key: str, run_id: str, result: Any, epoch: int = 0) -> None:
-        """Record that the effect of key ran, and under which lease epoch."""
-        params = {"key": key, "run_id": run_id, "result": Jsonb(result), "epoch": epoch}
-        self.db.one("mark_done", params)
+    def mark_done(self, cp: Checkpoint, key: str, result: Any) -> bool:
+        """Record that the effect of key ran, for the step at cp (its seq and epoch), over
+        its intent if it had one; the first mark stays. False if fenced: another worker
+        has claimed the run, or it moved on."""
+        params = {
+            "key": key,
+            "run_id": cp.run_id,
+            "seq": cp.seq,
+            "epoch": cp.epoch,
+            "result": Jsonb(result),
+        }
+        row = self.db.one("mark_done", params)
+        return bool(row and row["owned"])
 
     def record_intent(self, cp: Checkpoint, key: str) -> tuple[str, Any]:
         """Before an at-most-once effect: its intent, fenced and committed. ("written",
@@ -700,6 +711,7 @@ class PgStore:
         if conn is None:
             return self.db.one("record_call", params) is not None
         with translated():
+            self.db.hold_row(conn)
             row = conn.execute(QUERIES["record_call"], params).fetchone()
             if row is not None:
                 conn.commit()

@@ -80,8 +80,9 @@ class CheckpointStore(Protocol):
     def was_done(self, key: str) -> tuple[bool, Any]:
         """Whether the ledger holds key, and the effect's recorded result."""
 
-    def mark_done(self, key: str, run_id: str, result: Any, epoch: int = 0) -> None:
-        """Record in the ledger that the effect of key ran, under epoch."""
+    def mark_done(self, cp: Checkpoint, key: str, result: Any) -> bool:
+        """Record in the ledger that the effect of key ran, for the step at cp, fenced
+        like a save; the first mark stays. False if fenced."""
 
     def journal(self, run_id: str, cursor: str, visit: int) -> list[Call]:
         """The calls recorded for the step's visit, in order."""
@@ -215,6 +216,9 @@ class LeaseManager(Protocol):
 
     def unheld(self, run_ids: list[str]) -> list[str]:
         """The run ids whose lease is gone."""
+
+    def lost_deliveries(self, older_than: float, limit: int = ...) -> list[str]:
+        """Runs a delivery took over older_than seconds ago and never let go of."""
 
     def mark_sent(self, run_id: str, window: float) -> bool:
         """False while an earlier message for the run is out and untaken."""

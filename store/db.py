@@ -29,11 +29,13 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # SQLSTATEs worth a retry: the link or the server is gone for now (class 08, admin or
-# crash shutdown, "cannot connect now", too many connections), or the transaction lost a
-# race (serialization failure, deadlock). Anything else (a value Postgres refuses, a
-# program limit such as an index row too large) fails at once with its real message.
+# crash shutdown, "cannot connect now", too many connections), the transaction lost a
+# race (serialization failure, deadlock), or the server ended a transaction that sat idle
+# past its hold (a fenced write's process paused: nothing of it committed, and the retry
+# meets the fence). Anything else (a value Postgres refuses, a program limit such as an
+# index row too large) fails at once with its real message.
 _RETRY_CLASSES = ("08",)
-_RETRY_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "40001", "40P01"})
+_RETRY_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "40001", "40P01", "25P03"})
 
 
 def _heals(exc: BaseException) -> bool:
@@ -102,11 +104,20 @@ class Database:
     """A small pool plus named-query helpers (procrastinate's connector shape)."""
 
     def __init__(
-        self, url: str, *, max_size: int = 4, give_up_after: float = 30.0, prepare: bool = True
+        self,
+        url: str,
+        *,
+        max_size: int = 4,
+        give_up_after: float = 30.0,
+        prepare: bool = True,
+        hold: float = 10.0,
     ) -> None:
         self.url = url
         self.give_up_after = give_up_after
         self.prepare = prepare
+        # How long a fenced write's transaction may sit idle holding its run's row (the
+        # lease TTL: a pause shorter than that is no zombie's), as Postgres takes it.
+        self.hold = str(max(1, int(hold * 1000)))
         options: dict[str, Any] = {
             "autocommit": True,
             "row_factory": dict_row,
@@ -188,6 +199,11 @@ class Database:
                 return conn.execute(QUERIES[name], params or {}).fetchall()
 
         return self.retry(attempt)
+
+    def hold_row(self, conn: psycopg.Connection[Any]) -> None:
+        """In a transaction about to make its fenced write and commit: from here it may sit
+        idle for at most `hold` (queries.sql: hold)."""
+        conn.execute(QUERIES["hold"], {"hold": self.hold})
 
     def each(self, names: Sequence[str], params: dict[str, Any]) -> list[dict[str, Any] | None]:
         """The named queries in one transaction, in order: each one's first row."""

@@ -25,6 +25,7 @@ Batch = tuple[str, str, Sequence[str]]
 Entry = tuple[str, str]  # (stream id, the event's JSON)
 
 FENCED, OVER_CAP = 0, 1
+_READ_TIMEOUT = 30.0  # a socket's, for connections that block on XREAD (at most 5-10 s)
 
 
 def _noscript(answer: Any) -> bool:
@@ -34,11 +35,25 @@ def _noscript(answer: Any) -> bool:
 def _info(raw: Any) -> StreamInfo | None:
     if not raw or not raw.get("first-entry"):
         return None
+    first_id, fields = raw["first-entry"]
     return StreamInfo(
-        first=raw["first-entry"][0].decode(),
+        first=first_id.decode(),
         last=raw["last-entry"][0].decode(),
         trimmed=raw["entries-added"] > raw["length"],
+        origin=is_origin(fields.get(b"e", b"").decode()),
     )
+
+
+def is_origin(blob: str) -> bool:
+    """Whether an entry is the first event of a run that had saved nothing (see
+    workers.events.encode's origin): a stream that begins with one holds the run from its
+    beginning; one that begins with anything else was started again, or lost its first
+    events."""
+    return blob.endswith(ORIGIN_MARK)
+
+
+# How encode() ends an origin event's JSON, so a reader needs no parse to tell one.
+ORIGIN_MARK = ',"origin":true}'
 
 
 def _entries(raw: Any) -> list[Entry]:
@@ -51,11 +66,19 @@ class RedisEvents:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
         self._emit = _script(client, "emit.lua")
+        self._claim = _script(client, "claim.lua")
 
     @classmethod
     def from_url(cls, url: str, max_connections: int = 16) -> RedisEvents:
         pool = redis.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=5, socket_connect_timeout=5
+            url,
+            max_connections=max_connections,
+            timeout=5,
+            socket_connect_timeout=5,
+            # Above the longest blocking read (followers block 5 s at a time): redis-py
+            # takes the pool's `timeout` for the sockets' too, and a read blocked as long
+            # as its socket's timeout fails instead of returning empty.
+            socket_timeout=_READ_TIMEOUT,
         )
         return cls(redis.Redis(connection_pool=pool))
 
@@ -74,6 +97,7 @@ class RedisEvents:
                 keys.events(run_id),
                 keys.event_count(run_id),
                 keys.lease(run_id),
+                keys.event_epoch(run_id),
                 token,
                 maxlen,
                 max(1, int(ttl)),
@@ -97,8 +121,28 @@ class RedisEvents:
     def _evalsha(self, calls: list[tuple[Any, ...]]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
         for call in calls:
-            pipe.evalsha(self._emit.sha, 3, *call)
+            pipe.evalsha(self._emit.sha, 4, *call)
         return pipe.execute(raise_on_error=False)
+
+    def claim(self, run_id: str, epoch: int, count: int, ttl: float) -> list[Entry]:
+        """Fence the run's stream at epoch (no older writer's event is added from now on)
+        and return its newest `count` entries, newest first: the tail a worker taking the
+        run over must account for (store/lua/claim.lua)."""
+        with translated():
+            raw = self._claim(
+                keys=[keys.events(run_id), keys.event_epoch(run_id)],
+                args=[epoch, count, max(1, int(ttl))],
+            )
+        # A script's reply is RESP's: each entry [id, [field, value, ...]].
+        return [
+            (i.decode(), dict(zip(f[::2], f[1::2], strict=True))[b"e"].decode()) for i, f in raw
+        ]
+
+    def before(self, run_id: str, entry_id: str, count: int) -> list[Entry]:
+        """The `count` entries before entry_id, newest first (paging back from a tail)."""
+        with translated():
+            raw = self.client.xrevrange(keys.events(run_id), f"({entry_id}", "-", count=count)
+        return _entries(raw)
 
     def read(
         self, run_id: str, after: str = "0-0", count: int = 500, block: float | None = None
@@ -122,11 +166,6 @@ class RedisEvents:
             except redis.ResponseError:  # no such key
                 return None
 
-    def last(self, run_id: str) -> Entry | None:
-        with translated():
-            got = self.client.xrevrange(keys.events(run_id), count=1)
-        return _entries(got)[0] if got else None
-
     def close(self) -> None:
         self.client.close()
         self.client.connection_pool.disconnect()  # a pool given to the client is not its to close
@@ -137,7 +176,11 @@ class AsyncRedisEvents:
 
     def __init__(self, url: str, max_connections: int = 64) -> None:
         pool = redis.asyncio.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=5, socket_connect_timeout=5
+            url,
+            max_connections=max_connections,
+            timeout=5,
+            socket_connect_timeout=5,
+            socket_timeout=_READ_TIMEOUT,  # above the hub's and readers' blocking reads
         )
         self.client = redis.asyncio.Redis(connection_pool=pool)
 

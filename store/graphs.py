@@ -2,8 +2,9 @@
 cairn.langgraph.CairnSaver, which serializes (with LangGraph's own serializer) and calls in.
 
 A put inside a cairn run is fenced twice: by the run's lease epoch (a worker that lost the
-run writes nothing) and by the thread's order (a checkpoint is only the next one of its
-thread, never a fork or a rewind of it). Outside a run a put is LangGraph's plain upsert,
+run writes nothing; the run's row is share-locked first, so a claim waits for a put in
+flight and a put never commits after a claim) and by the thread's order (a checkpoint is
+only the next one of its thread, never a fork or a rewind of it). Outside a run a put is LangGraph's plain upsert,
 so its own forks (time travel) work as they do on its Postgres saver.
 """
 
@@ -13,6 +14,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import psycopg
 from psycopg.types.json import Jsonb
 
 from cairn.store.db import Database
@@ -77,6 +79,8 @@ class GraphStore:
 
         def write() -> bool:
             with self.db.connection() as conn, conn.transaction():
+                if fence is not None and not self._fence(conn, fence):
+                    raise _Fenced
                 if blob_rows:
                     conn.cursor().executemany(QUERIES["graph_put_blob"], blob_rows)
                 query = "graph_put_fenced" if fence else "graph_put"
@@ -124,15 +128,20 @@ class GraphStore:
 
         def write() -> bool:
             with self.db.connection() as conn, conn.transaction():
-                if fence is not None:
-                    params = {"run_id": fence.run_id, "epoch": fence.epoch}
-                    if conn.execute(QUERIES["graph_fence"], params).fetchone() is None:
-                        return False
+                if fence is not None and not self._fence(conn, fence):
+                    return False
                 query = "graph_put_write_replace" if replace else "graph_put_write"
                 conn.cursor().executemany(QUERIES[query], rows)
                 return True
 
         return self.db.retry(write)
+
+    def _fence(self, conn: psycopg.Connection[Any], fence: Fence) -> bool:
+        """The transaction's first statement: the run's row share-locked at the writer's
+        epoch (a claim waits for this transaction, which may sit idle only so long), or
+        False: another worker has claimed the run."""
+        params = {"run_id": fence.run_id, "epoch": fence.epoch, "hold": self.db.hold}
+        return conn.execute(QUERIES["graph_fence"], params).fetchone() is not None
 
     def get(self, thread_id: str, ns: str, checkpoint_id: str | None) -> dict[str, Any] | None:
         """The checkpoint (the thread's latest without checkpoint_id) with its blobs (each

@@ -41,3 +41,18 @@ def events(run_id: str) -> str:
 def event_count(run_id: str) -> str:
     """How many events the run's steps appended (its cap counts these); same TTL."""
     return f"{PREFIX}:events:{run_id}:n"
+
+
+def event_epoch(run_id: str) -> str:
+    """The newest lease epoch that wrote to (or took over) the run's stream: an older
+    writer's events are refused from then on (store/lua/emit.lua); same TTL."""
+    return f"{PREFIX}:events:{run_id}:epoch"
+
+
+# Every run a delivery holds (a sorted set: run id, scored by when the delivery took it,
+# in Redis's ms); a delivery's release takes its run out. A run left in it past a lease
+# TTL without a live lease lost its worker, whatever its status: the reaper sends it
+# again. It is how a run whose worker died right after its last commit (done in
+# Postgres, its last events unwritten, its message unacked with the dead worker) is
+# delivered again, and its stream told. Bounded by the runs in flight.
+DELIVERIES = f"{PREFIX}:deliveries"

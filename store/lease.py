@@ -136,10 +136,11 @@ class Lease:
         """Let go of the run; ended: it will not run again (or does not exist), so its
         epoch counter goes too, in the same script."""
         self._leases._beat.untrack(self)
-        names = [keys.lease(self.run_id)] + ([keys.epoch(self.run_id)] if ended else [])
+        names = [keys.lease(self.run_id), keys.DELIVERIES]
+        names += [keys.epoch(self.run_id)] if ended else []
         try:
             with translated():
-                self._leases._release(keys=names, args=[str(self.token)])
+                self._leases._release(keys=names, args=[str(self.token), self.run_id])
         except StoreUnavailable as exc:
             logger.warning(
                 "run %s: lease release failed (it will expire): %s",
@@ -258,8 +259,8 @@ class Leases:
         owner = owner or LeaseToken.mine()
         with translated():
             epoch, _ = self._acquire(
-                keys=[keys.lease(run_id), keys.epoch(run_id), keys.sent(run_id)],
-                args=[owner.owner, int(ttl * 1000), floor, int(keys.EPOCH_TTL * 1000)],
+                keys=[keys.lease(run_id), keys.epoch(run_id), keys.sent(run_id), keys.DELIVERIES],
+                args=[owner.owner, int(ttl * 1000), floor, int(keys.EPOCH_TTL * 1000), run_id],
             )
         if not epoch:
             return None
@@ -295,7 +296,23 @@ class Leases:
     def break_dead(self, run_id: str, token: LeaseToken) -> bool:
         """Delete a lease whose owner is known dead, only if it is still that token."""
         with translated():
-            return bool(self._release(keys=[keys.lease(run_id)], args=[str(token)]))
+            # Its delivery stays listed: the one that broke it takes the run and lists it anew.
+            return bool(
+                self._release(keys=[keys.lease(run_id), keys.DELIVERIES], args=[str(token), ""])
+            )
+
+    def lost_deliveries(self, older_than: float, limit: int = 10_000) -> list[str]:
+        """Runs a delivery took over older_than seconds ago (by Redis's clock) and never
+        let go of: their worker may have died after the run's last commit, when nothing
+        in Postgres says the run needs a worker (keys.DELIVERIES). Their leases tell."""
+        with translated():
+            now_s, now_us = cast("tuple[int, int]", self.client.time())
+            before = now_s * 1000 + now_us // 1000 - int(older_than * 1000)
+            found = cast(
+                "list[bytes]",
+                self.client.zrangebyscore(keys.DELIVERIES, "-inf", before, start=0, num=limit),
+            )
+        return [r.decode() for r in found]
 
     def mark_sent(self, run_id: str, window: float) -> bool:
         """False while an earlier message for the run is out and untaken (keys.sent)."""

@@ -103,3 +103,4 @@ class StreamInfo:
     first: str
     last: str
     trimmed: bool
+    origin: bool = False  # its first entry is the run's first event (is_origin)

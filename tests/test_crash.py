@@ -252,7 +252,9 @@ def test_redelivered_finished_run_does_nothing(
     _done(store, run_id)
     before, lines = store.load(run_id), log.read_text()
     send(run_id)
-    wait_for(lambda: w.text().count("succeeded") >= 2, 20, "the second delivery")
+    wait_for(
+        lambda: f"run {run_id} (probe) done, nothing to do" in w.text(), 20, "the second delivery"
+    )
     assert store.load(run_id) == before and log.read_text() == lines
     assert mail.stats()["attempts"] == 1
 
@@ -273,8 +275,10 @@ def test_a_worker_paused_inside_an_at_most_once_effect_never_makes_it_twice(
 ) -> None:
     """A is SIGSTOPped after its lease check and its intent, before the charge, past the
     TTL. B takes the run over, finds the intent without its mark and stops the run as
-    unknown. A, resumed, makes the charge it had started: once across both workers. Then
-    someone resolves the run as done and it finishes without charging again."""
+    unknown. A, resumed, makes the charge it had started: once across both workers; its
+    late done mark is fenced (the outcome stays the operator's to settle). Then someone
+    resolves the run as done, with what they found, and it finishes with that result
+    without charging again."""
     log = tmp_path / "steps.log"
     a = start_worker(concurrency=1)
     run_id = create("at_most_once", {"log": str(log), "before": {"charge": 2 * LEASE_TTL + 2}})
@@ -299,6 +303,8 @@ def test_a_worker_paused_inside_an_at_most_once_effect_never_makes_it_twice(
     assert mail.stats()["deliveries"] == 1
     assert store.load(run_id).status == "unknown"  # type: ignore[union-attr]
     assert not any(pid != zombie for c, _, pid, e in step_log(log) if e == "start")
+    assert [i["key"] for i in store.open_intents(run_id)] == [f"cairn:{run_id}:charge:0"]
     client.resolve(run_id, done=True, result={"charged": "by hand"})
     _done(store, run_id, timeout=30)
     assert mail.stats()["deliveries"] == 1
+    assert client.get(run_id).state["charge"] == {"charged": "by hand"}  # type: ignore[union-attr]

@@ -26,6 +26,7 @@ from cairn.store.lease import Leases
 from cairn.workers import loop
 from cairn.workers.client import Client
 from cairn.workers.events import Event, Outbox
+from cairn.workers.middleware import Chain
 from cairn.workers.settings import Settings
 
 flow = workflow("events_flow")
@@ -349,3 +350,123 @@ def test_the_outbox_thread_outlives_a_bug_in_a_batchs_answer(
     event_id = outbox.put("bug", token, encode("progress", {"n": 2}), wait=True)
     assert event_id is not None
     assert [Event.parse(*x).data for x in outbox.log.read("bug")][-1] == {"n": 2}
+
+
+class _DieAfterCommit(cairn.Middleware):
+    """A worker gone right after a step's commit, before the events that announce it
+    (the middleware's after_step runs between the two)."""
+
+    def __init__(self, cursor: str) -> None:
+        self.cursor = cursor
+
+    def after_step(self, cp, *, saved, exception, seconds):  # type: ignore[no-untyped-def]
+        if saved is not None and cp.cursor == self.cursor:
+            self.cursor = ""
+            raise Crash
+
+
+def _saved_in_stream(events: list[Event]) -> list[tuple[Any, ...]]:
+    return sorted((e.seq, e.cursor, e.visit, e.attempt) for e in events if e.kind == "step_saved")
+
+
+def _saved_in_history(client: Client, run_id: str) -> list[tuple[Any, ...]]:
+    return sorted(
+        (h["seq"], h["cursor"], h["visit"], h["epoch"])
+        for h in client.history(run_id)
+        if h["outcome"] == "saved"
+    )
+
+
+def test_a_step_saved_just_before_its_worker_died_is_told_late_never_abandoned(
+    client: Client, events_deps: loop.Deps
+) -> None:
+    """Killed between the commit of `talk` and its step_saved: the worker that takes the
+    run over tells the stream what history says (a late step_saved), not that the attempt
+    was abandoned; a reader following the live-output guide keeps its answer."""
+    dying = dataclasses.replace(events_deps, middleware=Chain(
+        [_DieAfterCommit("talk")]
+    ))  # fmt: skip
+    run_id = _run(client, dying)
+    with pytest.raises(Crash):
+        loop.run(run_id, dying)
+    assert loop.run(run_id, events_deps) == RunStatus.DONE
+    events = list(client.events(run_id, timeout=10))
+    assert "attempt_abandoned" not in _kinds(events)
+    assert _saved_in_stream(events) == _saved_in_history(client, run_id)
+    late = next(e for e in events if e.kind == "step_saved")
+    assert late.cursor == "talk" and late.data == {"next": "end", "status": "running", "late": True}
+    # The attempt's own events stand: its progress and its answer come before it, once.
+    before = _kinds(events)[: _kinds(events).index("step_saved")]
+    assert before == ["step_started", "progress", "progress", "progress", "message"]
+    assert _kinds(events)[-3:] == ["finished", "step_saved", "run_ended"]
+
+
+def test_the_last_step_saved_before_its_worker_died_is_told_with_the_runs_end(
+    client: Client, events_deps: loop.Deps
+) -> None:
+    """Killed between the run's last commit and its events: nothing resumes the run (it
+    is done), but its message comes again (the broker's redelivery) and that delivery
+    tells the stream: the late step_saved and run_ended."""
+    dying = dataclasses.replace(events_deps, middleware=Chain([_DieAfterCommit("end")]))
+    run_id = _run(client, dying)
+    with pytest.raises(Crash):
+        loop.run(run_id, dying)
+    assert loop.run(run_id, events_deps) == RunStatus.DONE  # the redelivery
+    events = list(client.events(run_id, timeout=10))
+    assert _saved_in_stream(events) == _saved_in_history(client, run_id)
+    assert _kinds(events)[-2:] == ["step_saved", "run_ended"]
+    assert events[-1].data["late"] and not events[-1].durable  # in the stream itself
+    assert "attempt_abandoned" not in _kinds(events)
+
+
+def test_a_finished_run_read_from_its_start_has_no_gap(
+    client: Client, events_deps: loop.Deps
+) -> None:
+    """The stream's first entry says it began with the run (its origin), so a reader from
+    the start is served by the stream, whatever the clocks of Postgres and Redis say."""
+    run_id = _run(client, events_deps)
+    assert loop.run(run_id, events_deps) == RunStatus.DONE
+    for after in (None, "0", "0-0"):
+        events = list(client.events(run_id, after=after, timeout=10))
+        assert events[0].kind == "step_started" and not events[0].durable
+        assert len({e.id for e in events}) == len(events) == 9
+
+
+class _LoseStream(cairn.Middleware):
+    """Redis loses the run's stream after its first step (a restart without persistence)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def after_step(self, cp, *, saved, exception, seconds):  # type: ignore[no-untyped-def]
+        if saved is not None and cp.cursor == "talk":
+            redis.Redis.from_url(self.url).delete(keys.events(cp.run_id))
+
+
+def test_a_stream_started_again_mid_run_gives_a_reader_from_the_start_a_gap_and_ids(
+    settings: Settings, client: Client, events_deps: loop.Deps
+) -> None:
+    """Redis lost the stream after step one: a reader from the start learns it (the new
+    stream's first entry is no origin), gets the durable record with an id per event, and
+    a reader that reconnects with any of those ids gets exactly the rest."""
+    losing = dataclasses.replace(events_deps, middleware=Chain(
+        [_LoseStream(settings.redis_url)]
+    ))  # fmt: skip
+    run_id = _run(client, losing)
+    events_deps.events.flush()  # type: ignore[union-attr]
+    assert loop.run(run_id, losing) == RunStatus.DONE
+    losing.events.flush()  # type: ignore[union-attr]
+    events = list(client.events(run_id, timeout=10))
+    assert events[0].kind == "gap" and "beginning" in events[0].data["reason"]
+    told = [e for e in events if e.id.partition("~")[2]]
+    assert told[0] is events[0] and _kinds(told[1:]) == [
+        "message",
+        "step_saved",
+        "step_saved",
+        "run_ended",
+    ]
+    assert len({e.id for e in events}) == len(events)
+    for i in range(len(events) - 1):
+        rest = list(client.events(run_id, after=events[i].id, timeout=10))
+        assert [e.id for e in rest] == [e.id for e in events[i + 1 :]], events[i].id
+    assert list(client.events(run_id, after=events[-1].id, timeout=10)) == []

@@ -46,10 +46,38 @@ def test_events_get_rising_ids_and_read_back_in_order_after_any_id(both) -> None
     assert all(isinstance(i, str) for i in ids) and ids == sorted(ids, key=_key)
     assert [Event.parse(*e).data["i"] for e in log.read("r")] == [0, 1, 2, 3, 4]
     assert [e[0] for e in log.read("r", ids[1])] == ids[2:]
-    assert log.last("r")[0] == ids[-1]
+    assert [e[0] for e in log.before("r", ids[3], 2)] == [ids[2], ids[1]]  # newest first
     info = log.info("r")
-    assert (info.first, info.last, info.trimmed) == (ids[0], ids[-1], False)
-    assert log.info("none") is None and log.last("none") is None and log.read("none") == []
+    assert (info.first, info.last, info.trimmed, info.origin) == (ids[0], ids[-1], False, False)
+    assert log.info("none") is None and log.read("none") == []
+    assert log.claim("none", 1, 10, 60) == [] and log.before("none", "1-0", 5) == []
+
+
+def test_a_stream_begun_by_the_runs_first_event_says_so(both) -> None:
+    log, leases = both
+    token = str(leases.acquire("r", 30).token)
+    _append(log, "r", token, encode("step_started", {}, origin=True), encode("mine", {}))
+    assert log.info("r").origin
+    _append(log, "s", token, encode("step_started", {}), encode("x", {}, origin=True))
+    assert not log.info("s").origin  # only the first entry counts
+
+
+def test_a_worker_that_takes_the_stream_over_fences_every_older_writer(both) -> None:
+    """claim: from the new owner's epoch on, no event of an older epoch is added, whatever
+    its kind (after its commit, too) and whatever the lease says; the newest entries come
+    back, newest first, for the new owner to account for."""
+    log, leases = both
+    old = leases.acquire("r", 30)
+    old_token = str(old.token)
+    ids = _append(log, "r", old_token, *(encode("mine", {"i": i}) for i in range(3)))
+    old.release()
+    new = leases.acquire("r", 30)
+    assert new.epoch > old.epoch
+    assert [e[0] for e in log.claim("r", new.epoch, 2, 60)] == [ids[2], ids[1]]
+    late = _append(log, "r", old_token, encode("step_saved", {}), encode("wait", {}))
+    assert late == [FENCED, FENCED]  # a zombie's post-commit events, after the take-over
+    assert isinstance(_append(log, "r", str(new.token), encode("step_saved", {}))[0], str)
+    assert [Event.parse(*e).kind for e in log.read("r")] == ["mine"] * 3 + ["step_saved"]
 
 
 def test_the_fence_by_kind_of_event(both) -> None:
@@ -72,6 +100,8 @@ def test_the_fence_by_kind_of_event(both) -> None:
     got = _append(log, "r", token, step, marker, after)
     assert got[:2] == [FENCED, FENCED] and isinstance(got[2], str)
     assert isinstance(_append(log, "r", str(other.token), step)[0], str)
+    # Once the newer epoch has written, the older one's events are refused, all kinds.
+    assert _append(log, "r", token, after) == [FENCED]
 
 
 def test_the_cap_counts_a_steps_own_events_only(both) -> None:
@@ -149,3 +179,13 @@ def test_redis_that_lost_its_scripts_still_takes_events(redis_url: str) -> None:
     assert all(isinstance(ids[0], str) for ids in got)
     assert len(log.read("r")) == 2
     leases.client.close()
+
+
+def test_a_read_blocked_as_long_as_a_follower_waits_returns_empty(redis_url: str) -> None:
+    """follow() blocks 5 s at a time: the readers' sockets wait longer than that, so an
+    idle run's read returns nothing instead of failing as a Redis outage."""
+    log = RedisEvents.from_url(redis_url)
+    try:
+        assert log.read("idle", block=5.0) == []
+    finally:
+        log.close()

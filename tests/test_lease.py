@@ -120,3 +120,24 @@ def test_one_heartbeat_thread_renews_every_lease_of_the_process(leases: Leases) 
     assert all(leases.holder(f"r-{i}") == held[i].token for i in range(25, 50))
     for lease in held[25:]:
         lease.release()
+
+
+def test_a_delivery_that_never_lets_go_of_its_run_is_found_once_its_lease_is_old(
+    leases: Leases,
+) -> None:
+    """keys.DELIVERIES: an acquire lists the run, its release takes it out (ended or
+    not); a worker that died holding it leaves it listed, found past older_than."""
+    gone = leases.acquire("died", ttl=0.3)
+    let_go = leases.acquire("released", ttl=5)
+    broken = leases.acquire("broken", ttl=5)
+    assert gone is not None and let_go is not None and broken is not None
+    let_go.release(ended=True)
+    assert leases.break_dead("broken", broken.token)  # the one breaking it takes it next
+    assert leases.lost_deliveries(older_than=5) == []  # none old enough yet
+    time.sleep(0.4)
+    assert sorted(leases.lost_deliveries(older_than=0.3)) == ["broken", "died"]
+    assert leases.unheld(["died", "broken"]) == ["died", "broken"]
+    again = leases.acquire("died", ttl=5)  # a worker takes it: listed anew, now
+    assert again is not None and leases.lost_deliveries(older_than=0.3) == ["broken"]
+    again.release()
+    assert leases.lost_deliveries(older_than=0.0) == ["broken"]

@@ -240,7 +240,7 @@ def test_foreign_version_is_refused_and_recorded(
 
 
 def test_unknown_workflow_and_bad_input_are_clear() -> None:
-    registry.import_modules(["cairn.steps.invoice"])  # as a worker does: alone, nothing has
+    registry.import_modules(["cairn.testing.demos.invoice"])  # as a worker does: alone, nothing has
     with pytest.raises(UnknownWorkflow, match="CAIRN_WORKFLOWS"):
         registry.get("no-such-flow")
     with pytest.raises(InvalidInput, match="email"):

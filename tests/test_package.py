@@ -90,6 +90,7 @@ def test_nothing_but_cairn_serve_imports_the_server_extra(tmp_path: Path) -> Non
     """FastAPI, uvicorn and Jinja2 are the `server` extra: the worker, beat, the CLI and
     every module they load work without them (tests/test_wheel.py installs without)."""
     pkgs = {"cairn": ROOT / "cairn", "cairn.testing": ROOT / "cairn" / "testing",
+            "cairn.testing.demos": ROOT / "cairn" / "testing" / "demos",
             "cairn.store": ROOT / "store", "cairn.steps": ROOT / "steps",
             "cairn.workers": ROOT / "workers"}  # fmt: skip
     modules = sorted(
@@ -97,9 +98,10 @@ def test_nothing_but_cairn_serve_imports_the_server_extra(tmp_path: Path) -> Non
         for pkg, folder in pkgs.items()
         for path in folder.glob("*.py")
     )
-    # The integrations need their own extras; faulted is the chaos crew's worker app (it
-    # wants CAIRN_FAULTS); workers/web/ (the server) is not listed.
-    skip = ("cairn.pydantic_ai", "cairn.langgraph", "cairn.testing.faulted")
+    # The integrations need their own extras, and so does the LangGraph demo; faulted is
+    # the chaos crew's worker app (it wants CAIRN_FAULTS); workers/web/ is not listed.
+    skip = ("cairn.pydantic_ai", "cairn.langgraph", "cairn.testing.demos.graph_agent",
+            "cairn.testing.faulted")  # fmt: skip
     modules = [m for m in modules if m not in skip]
     code = (
         "import importlib, sys\n"

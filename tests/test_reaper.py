@@ -44,6 +44,11 @@ class Store:
 class Leases:
     held: set[str] = dataclasses.field(default_factory=set)
     sent: dict[str, float] = dataclasses.field(default_factory=dict)
+    lost: list[str] = dataclasses.field(default_factory=list)  # deliveries never let go of
+
+    def lost_deliveries(self, older_than: float, limit: int = 10_000) -> list[str]:
+        assert older_than == SETTINGS.lease_ttl
+        return self.lost[:limit]
 
     def unheld(self, run_ids: list[str]) -> list[str]:
         return [r for r in run_ids if r not in self.held]
@@ -104,3 +109,14 @@ def test_only_unclaimed_runs_beyond_the_brokers_messages_count_as_lost() -> None
     assert r.reap() == 2 and sent == ["u0", "u1"]  # the oldest two lost their message
     r, sent = reaper(Store(unclaimed_rows=store.unclaimed_rows), Leases(), in_flight=5)
     assert r.reap() == 0 and sent == []  # a message for each: no storm
+
+
+def test_a_delivery_that_never_let_go_of_its_run_is_sent_again_whatever_its_status() -> None:
+    """A worker that died after a run's last commit: nothing in Postgres says the run
+    needs a worker (it is done), but its delivery never let go of it. Sent again once,
+    unless its lease is still held (a long step)."""
+    leases = Leases(lost=["done-then-died", "long-step", "also-stalled"], held={"long-step"})
+    store = Store(stalled_rows=[row("also-stalled")])
+    r, sent = reaper(store, leases)
+    assert r.reap() == 2 and sorted(sent) == ["also-stalled", "done-then-died"]
+    assert r.reap() == 0  # their messages are out

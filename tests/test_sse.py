@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-import cairn.steps.chat  # noqa: F401  (registers chat, as the worker and server do)
+import cairn.testing.demos.chat  # noqa: F401  (registers chat, as the worker and server do)
 from cairn.steps.model import ModelClient
 from cairn.store.events import RedisEvents
 from cairn.workers import loop
@@ -89,7 +89,13 @@ def test_a_reader_that_reconnects_with_last_event_id_misses_nothing_and_repeats_
         assert rest[-1]["data"]["kind"] == "run_ended"
         with http.stream("GET", f"/runs/{run_id}/events") as resp:
             whole = [m for m in _events(resp) if "id" in m]
+        # "0", which many SSE clients send to mean the start, is the start.
+        with http.stream("GET", f"/runs/{run_id}/events", headers={"Last-Event-ID": "0"}) as resp:
+            assert resp.status_code == 200
+            again = [m for m in _events(resp) if "id" in m]
     assert [m["id"] for m in first + rest] == [m["id"] for m in whole]
+    assert [m["id"] for m in again] == [m["id"] for m in whole]
+    assert whole[0]["data"]["kind"] == "step_started"  # the stream is whole: no gap
     text = "".join(m["data"]["data"]["text"] for m in whole if m["data"]["kind"] == "token")
     assert text == words
     # A step's own kind comes unnamed (an EventSource's onmessage), cairn's by name.

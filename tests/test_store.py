@@ -149,9 +149,10 @@ def test_rewritten_window_is_a_fresh_range(store: PgStore, sql) -> None:
 
 
 def test_ledger(store: PgStore) -> None:
+    cp = _run(store)
     assert store.was_done("k") == (False, None)
-    store.mark_done("k", "r1", {"id": 7})
-    store.mark_done("k", "r1", {"id": 8})  # first write wins
+    assert store.mark_done(cp, "k", {"id": 7})
+    assert store.mark_done(cp, "k", {"id": 8})  # first write wins
     assert store.was_done("k") == (True, {"id": 7})
 
 
@@ -215,13 +216,13 @@ def test_sweep_removes_only_old_terminal_runs(store: PgStore, sql) -> None:
         ("new-done", "done"),
     ):
         cp = _run(store, run_id)
+        assert store.mark_done(cp, f"k-{run_id}", None)
         store.save(
             dataclasses.replace(
                 cp, seq=1, status=status, window=({"role": "user", "content": "m"},)
             ),
             cp,
         )
-        store.mark_done(f"k-{run_id}", run_id, None)
     sql("UPDATE checkpoints SET updated_at = now() - interval '8 days' WHERE run_id LIKE 'old-%'")
     seen: list[int] = []
     assert store.sweep(older_than=7 * 24 * 3600, batch=1, progress=seen.append) == 2

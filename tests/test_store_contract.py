@@ -524,12 +524,26 @@ def test_an_ended_run_cannot_be_cancelled(any_store: CheckpointStore) -> None:
 
 # -- the ledger and the history --------------------------------------------------------
 def test_the_ledger_keeps_the_first_result(any_store: CheckpointStore) -> None:
+    cp = _running(any_store, epoch=3)
     assert any_store.was_done("k") == (False, None)
-    any_store.mark_done("k", "r1", {"id": 7}, epoch=3)
-    any_store.mark_done("k", "r1", {"id": 8}, epoch=4)  # first write wins
+    assert any_store.mark_done(cp, "k", {"id": 7})
+    assert any_store.claim("r1", 4) is not None
+    at_four = dataclasses.replace(cp, epoch=4)
+    assert any_store.mark_done(at_four, "k", {"id": 8})  # first write wins
     assert any_store.was_done("k") == (True, {"id": 7})
-    any_store.mark_done("k2", "r1", None)
+    assert any_store.mark_done(at_four, "k2", None)
     assert any_store.was_done("k2") == (True, None)  # a recorded None is not "not done"
+
+
+def test_a_done_mark_is_fenced_like_every_write_of_a_step(any_store: CheckpointStore) -> None:
+    cp = _running(any_store, epoch=1)
+    assert any_store.claim("r1", 2) is not None
+    assert not any_store.mark_done(cp, "k", {"by": "zombie"})  # the old owner: fenced
+    assert any_store.was_done("k") == (False, None)
+    at_two = dataclasses.replace(cp, epoch=2)
+    assert not any_store.mark_done(dataclasses.replace(at_two, seq=cp.seq + 1), "k", 1)
+    assert any_store.mark_done(at_two, "k", {"by": "owner"})
+    assert any_store.was_done("k") == (True, {"by": "owner"})
 
 
 def test_each_save_writes_one_history_row(any_store: CheckpointStore) -> None:
@@ -715,7 +729,7 @@ def test_the_sweep_removes_old_terminal_runs_with_everything_they_own(backend: B
             backend.elapse(8 * 86400)
         cp = _new(store, run_id)
         store.signal(run_id, "e", {}, "s-1")
-        store.mark_done(f"k-{run_id}", run_id, {"ok": True})
+        assert store.mark_done(cp, f"k-{run_id}", {"ok": True})
         assert store.record_call(cp, 0, Call(pos=0, name="tool", result=[run_id]))
         nxt = _advance(cp, window=(_msg("m"),))
         store.save(nxt, cp)
@@ -808,10 +822,14 @@ def test_an_intent_is_fenced_and_found_open_until_its_mark(any_store: Checkpoint
     at_two = dataclasses.replace(cp, epoch=2)
     assert any_store.record_intent(at_two, "k1") == ("open", None)
     assert any_store.record_intent(cp, "k2") == ("fenced", None)  # the old owner: fenced
-    any_store.mark_done("k1", "r1", {"ok": 1}, 1)  # the old owner's effect ran after all
-    assert any_store.record_intent(at_two, "k1") == ("done", {"ok": 1})
-    any_store.mark_done("k1", "r1", {"ok": 2}, 2)
-    assert any_store.was_done("k1") == (True, {"ok": 1})  # the first mark stays
+    # The old owner's effect ran after all, but its late mark is fenced: the outcome stays
+    # unknown to the new owner, whose reconcile (or an operator) settles it.
+    assert not any_store.mark_done(cp, "k1", {"ok": 1})
+    assert any_store.record_intent(at_two, "k1") == ("open", None)
+    assert any_store.mark_done(at_two, "k1", {"ok": 2})  # the reconciled outcome
+    assert any_store.record_intent(at_two, "k1") == ("done", {"ok": 2})
+    assert any_store.mark_done(at_two, "k1", {"ok": 3})
+    assert any_store.was_done("k1") == (True, {"ok": 2})  # the first mark stays
     assert any_store.open_intents("r1") == []  # type: ignore[attr-defined]
 
 

@@ -24,7 +24,7 @@ from cairn.store.db import Database
 from cairn.store.events import RedisEvents
 from cairn.store.lease import Leases
 from cairn.store.schedules import ScheduleStore
-from cairn.workers import broker, loop, metrics, schedules
+from cairn.workers import broker, celerylog, loop, metrics, schedules
 from cairn.workers.events import Outbox
 from cairn.workers.metrics import Metrics
 from cairn.workers.middleware import NONE, Chain, Middleware
@@ -70,6 +70,7 @@ class Runtime:
                             max_size=s.database_pool_size,
                             give_up_after=s.store_give_up_after,
                             prepare=s.database_prepare,
+                            hold=s.lease_ttl,
                         )
                     ),
                     leases=leases,
@@ -256,10 +257,10 @@ def fire_schedules(task: Task) -> int:
 
 
 def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Celery:
-    """The worker's Celery app. Imports the shipped workflows and settings.workflows, so
-    their steps are registered in every pool process. The loop's middleware: the metrics,
-    then settings.middleware (CAIRN_MIDDLEWARE), then `middleware`."""
-    registry.import_modules((*registry.SHIPPED, *settings.workflows))
+    """The worker's Celery app. Imports settings.workflows, so their steps are registered
+    in every pool process. The loop's middleware: the metrics, then settings.middleware
+    (CAIRN_MIDDLEWARE), then `middleware`."""
+    registry.import_modules(settings.workflows)
     # Loaded once here, before the pool forks: each pool process (and each replacement
     # of a killed one) would otherwise pay about a second of CPU for it.
     preload_sdk()
@@ -298,10 +299,8 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
     # A warm shutdown (SIGTERM) hands each run in hand back at its next step boundary,
     # so a deploy waits one step, not a run. Runs in the worker's main process.
     signals.worker_shutting_down.connect(runtime.stop, weak=False)
-    if settings.log_format == "json":
-        # Celery installs its own handlers (worker and beat): swap their formatters.
-        for setup in (signals.after_setup_logger, signals.after_setup_task_logger):
-            setup.connect(logs.use_json, weak=False, dispatch_uid="cairn.logs.use_json")
+    # Celery's routine lines at DEBUG; CAIRN_LOG_FORMAT=json for the whole process.
+    celerylog.setup(settings)
     app.task(name=broker.RUN_TASK, bind=True, max_retries=None, Request=RunRequest)(run_task)
     app.task(name=broker.REAP_TASK, bind=True)(reap)
     app.task(name=broker.SWEEP_TASK, bind=True)(sweep)

@@ -153,21 +153,24 @@ def encode(
     attempt: int | None = None,
     seq: int | None = None,
     ts: float | None = None,
+    origin: bool = False,
 ) -> str:
-    """An event as the stream keeps it, with its emit flag (see emit.lua)."""
-    blob = _JSON.encode(
-        {
-            "kind": kind,
-            "data": data,
-            "cursor": cursor,
-            "visit": visit,
-            "attempt": attempt,
-            "seq": seq,
-            "ts": time.time() if ts is None else ts,
-        }
-    )
+    """An event as the stream keeps it, with its emit flag (see emit.lua). origin: the
+    first event of a delivery of a run that has saved nothing yet; a stream whose first
+    entry is one holds the run from its beginning (store.events.is_origin)."""
+    event = {
+        "kind": kind,
+        "data": data,
+        "cursor": cursor,
+        "visit": visit,
+        "attempt": attempt,
+        "seq": seq,
+        "ts": time.time() if ts is None else ts,
+    }
+    if origin:
+        event["origin"] = True  # last: is_origin looks at the end of the text
     flag = "s" if kind in _AFTER_COMMIT else "g" if kind in RESERVED and kind != "token" else "f"
-    return flag + blob
+    return flag + _JSON.encode(event)
 
 
 def check(kind: str, data: Any, max_bytes: int) -> str:
@@ -206,7 +209,9 @@ class EventLog(Protocol):
 
     def info(self, run_id: str) -> StreamInfo | None: ...
 
-    def last(self, run_id: str) -> tuple[str, str] | None: ...
+    def claim(self, run_id: str, epoch: int, count: int, ttl: float) -> list[tuple[str, str]]: ...
+
+    def before(self, run_id: str, entry_id: str, count: int) -> list[tuple[str, str]]: ...
 
 
 def read_token(api_token: str, run_id: str) -> str:
@@ -278,7 +283,7 @@ class Outbox:
         self._cond = threading.Condition()
         self._lost: dict[str, tuple[str, int]] = {}  # run: (token, events dropped)
         self._over: set[str] = set()  # runs past their cap (their tokens are dropped)
-        self._fenced: collections.Counter[str] = collections.Counter()  # queued, per run
+        self._queued: collections.Counter[str] = collections.Counter()  # per run
         self._open: dict[str, _Pending] = {}  # each run's queued token event, still growing
         self._pid = 0
         self._idle = False  # the thread waits for events: the next put wakes it
@@ -299,8 +304,7 @@ class Outbox:
                 raise StoreUnavailable("the event outbox is full: Redis is slow or away")
             self._queue.append(_Pending(run_id, token, event, done))
             self._open.pop(run_id, None)  # a later delta must not jump over this event
-            if event[0] == "f":
-                self._fenced[run_id] += 1
+            self._queued[run_id] += 1
             self._start()
             if done is not None:
                 self._urgent += 1
@@ -324,7 +328,7 @@ class Outbox:
             p.text, p.where = [text], (*where, time.time())
             self._queue.append(p)
             self._open[run_id] = p
-            self._fenced[run_id] += 1
+            self._queued[run_id] += 1
             self._start()
             self._soon(self.linger)
 
@@ -341,16 +345,17 @@ class Outbox:
         return run_id in self._over
 
     def settle(self, run_id: str, timeout: float = 2.0) -> bool:
-        """Wait until the run's fenced events queued so far are sent (before its lease
-        goes, which would fence them); False on timeout."""
+        """Wait until the run's events queued so far are sent (before its lease goes, which
+        would fence them, and before another worker takes the run, which fences them by
+        epoch); False on timeout."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            if not self._fenced.get(run_id):
+            if not self._queued.get(run_id):
                 return True
             self._settling += 1  # the thread sends now instead of lingering
             self._cond.notify_all()
             try:
-                while self._fenced.get(run_id):
+                while self._queued.get(run_id):
                     left = deadline - time.monotonic()
                     if left <= 0:
                         return False
@@ -418,10 +423,9 @@ class Outbox:
         finally:
             with self._cond:
                 for p in batch:
-                    if p.event[0] == "f":
-                        self._fenced[p.run_id] -= 1
-                        if self._fenced[p.run_id] <= 0:
-                            del self._fenced[p.run_id]
+                    self._queued[p.run_id] -= 1
+                    if self._queued[p.run_id] <= 0:
+                        del self._queued[p.run_id]
                 self._cond.notify_all()
 
     def _write(self, batch: list[_Pending], lost: dict[str, tuple[str, int]]) -> None:
@@ -483,6 +487,7 @@ class Outbox:
             marker = encode("dropped", {"reason": f"over CAIRN_MAX_EVENTS={self.cap}"})
             with self._cond:
                 self._queue.appendleft(_Pending(run_id, token, marker, None))
+                self._queued[run_id] += 1
 
 
 def _segments(events: list[_Pending]) -> list[tuple[str, list[_Pending]]]:
@@ -506,10 +511,31 @@ def _segments(events: list[_Pending]) -> list[tuple[str, list[_Pending]]]:
 
 # -- reading ------------------------------------------------------------------------------
 
+# An event the stream did not give has an id of its own after the stream position it
+# stands at: "<position>~<k>" is the k-th event told from Postgres there (the `gap` is 0,
+# the durable record's events 1, 2, ...), "<position>~end" the run's end told from
+# Postgres. Given back as `after` (or Last-Event-ID), it resumes there: the record from
+# its k-th event, or nothing more after the end.
+_TOLD = "~"
+_END = "end"
+EVENT_ID = re.compile(r"0|\d{1,20}-\d{1,20}(?:~(?:\d{1,9}|end))?")
 
-def ended(run: Run) -> Event:
+
+def position(after: str | None) -> tuple[str | None, int | str | None]:
+    """An event id given back as `after`: (the stream position, None or how many events
+    were told from Postgres there, or "end"). None, "0" and "0-0" are the run's start."""
+    if after is None or after in ("0", _ANCHOR):
+        return None, None
+    pos, _, told = after.partition(_TOLD)
+    if not told:
+        return pos, None
+    return (None if pos == _ANCHOR else pos), (told if told == _END else int(told))
+
+
+def ended(run: Run, at: str = _ANCHOR) -> Event:
+    """How the run ended, told from Postgres at stream position `at`."""
     return Event(
-        _ANCHOR,
+        f"{at}{_TOLD}{_END}",
         "run_ended",
         {"status": str(run.status), "error": run.error, "cost_usd": run.cost_usd},
         run.cursor,
@@ -520,8 +546,9 @@ def ended(run: Run) -> Event:
 def durable(
     run: Run, history: list[dict[str, Any]], calls: list[dict[str, Any]], anchor: str
 ) -> list[Event]:
-    """The run's durable record as events, all with id anchor (the stream's position it
-    stands for): journaled model messages and calls, step outcomes, and how it ended."""
+    """The run's durable record as events told at stream position anchor, ids
+    "<anchor>~1", "~2"...: journaled model messages and calls, step outcomes, and how it
+    ended."""
     timed: list[tuple[float, int, Event]] = []
     for c in calls:
         at = c["created_at"].timestamp()
@@ -560,10 +587,10 @@ def durable(
     timed.sort(key=lambda t: (t[0], t[1]))
     out = [e for _, _, e in timed]
     if run.status in STOPPED:
-        out.append(dataclasses.replace(ended(run), id=anchor))
+        out.append(ended(run))
     elif run.status == RunStatus.WAITING:
         out.append(Event(anchor, "wait", {}, run.cursor, durable=True))
-    return out
+    return [dataclasses.replace(e, id=f"{anchor}{_TOLD}{i}") for i, e in enumerate(out, 1)]
 
 
 def message_data(message: dict[str, Any]) -> dict[str, Any]:
@@ -582,25 +609,75 @@ def message_data(message: dict[str, Any]) -> dict[str, Any]:
 def gap(
     info: StreamInfo | None, after: str | None, run: Run, history: list[dict[str, Any]]
 ) -> str | None:
-    """Why the stream cannot give every event after `after` (None: from the run's first),
-    or None when it can."""
+    """Why the stream cannot give every event after the stream position `after` (None:
+    from the run's first), or None when it can. Decided from the stream's own facts (its
+    first entry, its ids, what was trimmed), never by comparing clocks. history: the
+    run's step history, looked at only when there is no stream."""
     if info is None:
         # No stream: nothing emitted yet, or it expired or was lost with Redis's data.
         if after is None and not history and run.status not in STOPPED:
             return None
         return "the run's live events are gone (expired, or lost with Redis's data)"
-    behind = _key(after or _ANCHOR) < _key(info.first)
+    behind = after is None or _key(after) < _key(info.first)
     if behind and info.trimmed:
         return "the oldest live events were trimmed (CAIRN_EVENTS_MAXLEN) before they were read"
+    if after is None and not info.origin:
+        # Its first entry is not the run's first event: the stream was started again
+        # (Redis lost its data, or it expired), or its first events were dropped.
+        return "the live stream does not start at the run's beginning (Redis lost its data)"
     if behind and after is not None:
         return "the live stream was started again (Redis lost its data)"
-    if (
-        after is None
-        and history
-        and history[0]["ended_at"].timestamp() * 1000 < _key(info.first)[0]
-    ):
-        return "the live stream was started again (Redis lost its data)"
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Opening:
+    """Where a reader starts (opening()): the stream position to read on from; and before
+    that, a `gap` (why: its reason) and the durable record from its skip-th event, when
+    skip is not None; over: the reader has seen the run's end."""
+
+    pos: str | None
+    why: str | None = None
+    skip: int | None = None
+    over: bool = False
+
+    def told(
+        self, run: Run, history: list[dict[str, Any]], calls: list[dict[str, Any]]
+    ) -> tuple[list[Event], bool]:
+        """The events told from Postgres before the stream (history, calls: the run's),
+        and whether the reader then has the run's end (the record ends with it)."""
+        anchor = self.pos or _ANCHOR
+        first = [Event(f"{anchor}{_TOLD}0", "gap", {"reason": self.why})] if self.why else []
+        record = durable(run, history, calls, anchor)
+        return first + record[self.skip or 0 :], _ends(record)
+
+
+def opening(
+    run: Run,
+    info: StreamInfo | None,
+    after: str | None,
+    history: list[dict[str, Any]] | None,
+) -> Opening:
+    """Where a reader that saw the event id `after` starts. history: the run's step
+    history, needed only when there is no stream (info None)."""
+    pos, told = position(after)
+    if told == _END:
+        return Opening(pos, over=True)
+    if told is not None:
+        # In the middle of a record told at pos: go on with it, if the stream still serves
+        # what comes after pos (no stream: nothing came since).
+        why = gap(info, pos, run, []) if info is not None and pos is not None else None
+        if why is None:
+            return Opening(pos, skip=int(told))
+    else:
+        why = gap(info, pos, run, history or [])
+        if why is None:
+            return Opening(pos)
+    return Opening(info.last if info else (pos or _ANCHOR), why, 0)
+
+
+def _ends(events: list[Event]) -> bool:
+    return bool(events) and events[-1].kind == "run_ended"
 
 
 class RunSource(Protocol):
@@ -628,18 +705,16 @@ def follow(
     run = runs.get(run_id)
     if run is None:
         raise UnknownRun(f"no run {run_id!r}")
-    after = None if after == _ANCHOR else after  # "0-0": from the first, as None
-    pos = after
     info = log.info(run_id)
-    why = gap(info, after, run, runs.history(run_id) if after is None else [])
-    if why is not None:
-        anchor = info.last if info else (after or _ANCHOR)
-        yield Event(anchor, "gap", {"reason": why})
-        for e in durable(run, runs.history(run_id), runs.calls(run_id), anchor):
-            yield e
-            if e.kind == "run_ended":
-                return
-        pos = anchor
+    start = opening(run, info, after, runs.history(run_id) if info is None else None)
+    if start.over:
+        return
+    if start.skip is not None:
+        told, over = start.told(run, runs.history(run_id), runs.calls(run_id))
+        yield from told
+        if over:
+            return
+    pos = start.pos
     while until is None or time.monotonic() < until:
         block = idle if until is None else max(0.001, min(idle, until - time.monotonic()))
         entries = log.read(run_id, pos or _ANCHOR, block=block)
@@ -654,7 +729,7 @@ def follow(
             if run is not None and run.status in STOPPED:
                 # Its run_ended never reached the stream (lost, or written before Redis
                 # came back): say how it ended from Postgres.
-                yield dataclasses.replace(ended(run), id=pos or _ANCHOR)
+                yield ended(run, pos or _ANCHOR)
                 return
 
 
@@ -735,17 +810,17 @@ async def afollow_batches(
     run = await runs.get(run_id)
     if run is None:
         raise UnknownRun(f"no run {run_id!r}")
-    after = None if after == _ANCHOR else after
-    pos = after
     info = await log.info(run_id)
-    why = gap(info, after, run, await runs.history(run_id) if after is None else [])
-    if why is not None:
-        anchor = info.last if info else (after or _ANCHOR)
-        record = durable(run, await runs.history(run_id), await runs.calls(run_id), anchor)
-        yield [Event(anchor, "gap", {"reason": why}), *record]
-        if record and record[-1].kind == "run_ended":
+    start = opening(run, info, after, await runs.history(run_id) if info is None else None)
+    if start.over:
+        return
+    if start.skip is not None:
+        told, over = start.told(run, await runs.history(run_id), await runs.calls(run_id))
+        if told:
+            yield told
+        if over:
             return
-        pos = anchor
+    pos = start.pos
     sub = live(run_id, pos or _ANCHOR) if live is not None else _Own(log, run_id)
     read = Event.parse if parse else Event.unparsed
     failed = 0
@@ -773,7 +848,7 @@ async def afollow_batches(
                 continue
             run = await runs.get(run_id)
             if run is not None and run.status in STOPPED:
-                yield [dataclasses.replace(ended(run), id=pos or _ANCHOR)]
+                yield [ended(run, pos or _ANCHOR)]
                 return
             yield [Event(pos or _ANCHOR, "keepalive")]
     finally:

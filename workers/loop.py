@@ -41,6 +41,8 @@ from cairn.steps.registry import DONE, StepResult
 from cairn.steps.window import compact, grown_size, json_size
 from cairn.store.checkpoints import START, Attempt, Checkpoint
 from cairn.store.runs import Spawned
+from cairn.workers import runlog
+from cairn.workers.announce import Announcer
 from cairn.workers.inputs import check_input, check_run_id
 from cairn.workers.middleware import NONE, Chain
 from cairn.workers.settings import Settings
@@ -112,6 +114,7 @@ def run(run_id: str, deps: Deps) -> RunStatus:
 
 
 def _run(run_id: str, deps: Deps) -> RunStatus:
+    began = time.monotonic()
     try:
         lease, cp = _take(run_id, deps)
     except (IncompatibleCheckpoint, CorruptCheckpoint) as exc:
@@ -122,29 +125,46 @@ def _run(run_id: str, deps: Deps) -> RunStatus:
         deps.store.mark_unreadable(run_id, status, str(exc))
         return status
     status = cp.status
+    cut: BaseException | None = None  # what ended the delivery, if it raised
+    # This delivery's start and stop lines; it sees the steps' saves as a middleware.
+    seen = runlog.Delivery(cp, began)
     try:
         if status in IDLE:
             # A warm shutdown or a reaper race can deliver a finished run again; a queued
-            # run is sent when its key's slot frees.
-            logger.info("run %s is %s; nothing to do", run_id, status, extra=logs.at(cp, "stopped"))
+            # run is sent when its key's slot frees. A run that stopped is delivered again
+            # after a kill between its last commit and its events: the stream is told.
+            if status in STOPPED:
+                Announcer(deps.events, lease).take_over(cp, deps.store)
             return status
+        seen.started()
         lease.start_heartbeat()
-        status = _drive(cp, lease, deps)
+        status = _drive(
+            cp, lease, dataclasses.replace(deps, middleware=seen.around(deps.middleware))
+        )
         if status in STOPPED:
             _wake_parent(cp, deps)
             _send_admitted(cp, deps)
         return status
+    except BaseException as exc:
+        cut = exc
+        raise
     finally:
         if deps.events is not None:
             # What the run's steps emitted before their saves is fenced by this lease: send
             # it before the lease goes (a wait of a few ms at most: the outbox lingers 5).
             deps.events.settle(run_id, timeout=2.0)
         lease.release(ended=status in STOPPED)
+        seen.stopped(status, cut)
 
 
 def _drive(cp: Checkpoint, lease: HeldLease, deps: Deps) -> RunStatus:
     """run() once the run is leased and claimed: its steps, until it ends or waits."""
     store, settings, run_id = deps.store, deps.settings, cp.run_id
+    # The run's live events from this delivery. A run that has saved nothing yet may
+    # begin its stream here: its first event says so (readers from the start then know
+    # the stream holds the whole run).
+    fresh_run = cp.seq == (cp.forked_at or 0)
+    stream, claimed = Announcer(deps.events, lease, origin=fresh_run), cp
     try:
         if cp.cancel_reason is not None:
             raise Stop(RunStatus.CANCELLED, cp.cancel_reason)
@@ -152,6 +172,7 @@ def _drive(cp: Checkpoint, lease: HeldLease, deps: Deps) -> RunStatus:
         if waiting and cp.signal is None and not cp.wait_over:
             if (cp.wait_event or "").startswith("cairn.children:"):
                 _resend_children(cp, deps)
+            stream.take_over(claimed, store)  # its worker may have died before its events
             return RunStatus.WAITING  # woken for nothing: a duplicate message, another event
         if not waiting and cp.deliveries - cp.attempts > settings.max_deliveries:
             # Delivered again and again without a save or a recorded failure: the step
@@ -204,16 +225,17 @@ def _drive(cp: Checkpoint, lease: HeldLease, deps: Deps) -> RunStatus:
             where = f"{cp.cursor!r} (seq {cp.seq})"
             logger.warning("run %s: resuming at %s", run_id, where, extra=logs.at(cp, "resume"))
             deps.middleware.resumed(cp)
-        if deps.events is not None and (resumed or waiting):
+        if resumed or waiting:
+            stream.take_over(claimed, store)
             why = "worker lost" if resumed else "signal" if cp.signal else "timeout"
-            _resumed(cp, deps, why, lease)
+            stream.tell(cp, "resumed", {"reason": why})
         fresh = False  # the first step may be a replay; the ones after our own saves are not
         while cp.cursor != DONE and cp.status != RunStatus.WAITING:
             if deps.stopping():
                 raise HandOff(f"run {run_id}: worker shutting down at {cp.cursor!r}")
-            cp, fresh = _step(cp, flow, lease, deps, fresh), True
+            cp, fresh = _step(cp, flow, lease, deps, stream, fresh), True
         if cp.status == RunStatus.DONE:
-            _tell(deps, cp, "run_ended", {"status": "done", "error": None, "cost_usd": cp.cost_usd})
+            stream.ended(cp, RunStatus.DONE, None)
         return cp.status
     except Stop as exc:
         logger.warning(
@@ -221,16 +243,14 @@ def _drive(cp: Checkpoint, lease: HeldLease, deps: Deps) -> RunStatus:
         )
         at = exc.at or cp
         if store.end_attempt(at, exc.status, str(exc), exc.attempt) is not None:
-            ended = {"status": str(exc.status), "error": str(exc), "cost_usd": at.cost_usd}
-            _tell(deps, at, "run_ended", ended)
+            stream.ended(at, exc.status, str(exc))
         return exc.status
     except Interrupted:
         raise  # this delivery ends, the run does not: the task handles each kind
     except CairnError as exc:
         logger.error("run %s failed: %s", run_id, exc, extra=logs.at(cp, RunStatus.FAILED))
         if store.mark_failed(cp, str(exc)):
-            ended = {"status": "failed", "error": str(exc), "cost_usd": cp.cost_usd}
-            _tell(deps, cp, "run_ended", ended)
+            stream.ended(cp, RunStatus.FAILED, str(exc))
         return RunStatus.FAILED
 
 
@@ -291,7 +311,12 @@ def _acquire(run_id: str, floor: int, deps: Deps) -> HeldLease:
 
 
 def _step(
-    cp: Checkpoint, flow: registry.Workflow, lease: HeldLease, deps: Deps, fresh: bool = False
+    cp: Checkpoint,
+    flow: registry.Workflow,
+    lease: HeldLease,
+    deps: Deps,
+    stream: Announcer,
+    fresh: bool = False,
 ) -> Checkpoint:
     """Run the step at cp.cursor and save its checkpoint; returns the saved checkpoint.
     fresh: this worker saved the step before, so no journal can hold calls of this one."""
@@ -326,7 +351,7 @@ def _step(
     )
     try:
         if not fresh:  # after the first, step_saved's "next" says which step starts
-            _tell(deps, cp, "step_started", {}, lease)
+            stream.tell(cp, "step_started", {})
         middleware.before_step(cp)
         current = _current.set(ctx)
         try:
@@ -345,12 +370,12 @@ def _step(
             if not isinstance(exc, Transient):
                 raise  # another owner (Superseded), or any delivery outcome: the task's
             # The step's "not now": its Retry policy decides, as for any exception.
-            raise _retry_or_stop(cp, flow, exc, _with_key(attempt, ctx), deps) from exc
+            raise _retry_or_stop(cp, flow, exc, _with_key(attempt, ctx), deps, stream) from exc
         except Exception as exc:
             if (down := store.outage(exc)) is not None:  # the step's own ctx.db query
                 raise down from exc
             # Recorded on the run, whose checkpoint stays as it was before this step.
-            raise _retry_or_stop(cp, flow, exc, _with_key(attempt, ctx), deps) from exc
+            raise _retry_or_stop(cp, flow, exc, _with_key(attempt, ctx), deps, stream) from exc
         finally:
             _current.reset(current)
         nxt = _next(cp, flow, result, ctx, settings)
@@ -369,10 +394,7 @@ def _step(
     middleware.after_step(cp, started, saved=nxt)
     if spawned is not None:
         _send_children(spawned, deps)
-    if deps.events is not None:
-        _tell(deps, cp, "step_saved", {"next": nxt.cursor, "status": str(nxt.status)})
-        if nxt.status == RunStatus.WAITING and nxt.wait_event is not None:
-            _tell(deps, nxt, "wait", {"event": nxt.wait_event})
+    stream.step_saved(cp, nxt)
     if saved.cancel_reason is not None and nxt.cursor != DONE:
         raise Stop(RunStatus.CANCELLED, saved.cancel_reason, at=nxt)
     if saved.signalled:
@@ -432,37 +454,6 @@ def _await(step: Any) -> Any:
     return done.result()
 
 
-def _tell(deps: Deps, cp: Checkpoint, kind: str, data: Any, lease: HeldLease | None = None) -> None:
-    """One of the loop's own events, queued for the run's stream (the step does not wait).
-    lease: the fence of an event written before the step commits (step_started)."""
-    if deps.events is None:
-        return
-    from cairn.workers.events import encode
-
-    visit = cp.visits.get(cp.cursor, 0)
-    event = encode(kind, data, cursor=cp.cursor, visit=visit, attempt=cp.epoch, seq=cp.seq)
-    deps.events.put(cp.run_id, str(lease.token) if lease else "", event)
-
-
-def _resumed(cp: Checkpoint, deps: Deps, reason: str, lease: HeldLease) -> None:
-    """A run going on: after a wait, or after a lost worker, whose cut attempt (the last
-    one that wrote to the stream and did not end) readers must drop."""
-    assert deps.events is not None
-    if reason == "worker lost":
-        from cairn.workers.events import ENDS_ATTEMPT, Event
-
-        try:
-            last = deps.events.log.last(cp.run_id)
-        except StoreUnavailable:
-            last = None  # live events only: the run goes on without this one
-        if last is not None:
-            cut = Event.parse(*last)
-            if cut.kind not in ENDS_ATTEMPT and cut.attempt != cp.epoch:
-                where = {"cursor": cut.cursor, "visit": cut.visit, "attempt": cut.attempt}
-                _tell(deps, cp, "attempt_abandoned", where, lease)
-    _tell(deps, cp, "resumed", {"reason": reason}, lease)
-
-
 def _with_key(attempt: Attempt, ctx: Context) -> Attempt:
     return dataclasses.replace(attempt, effect_key=ctx.effect_key) if ctx.effect_key else attempt
 
@@ -473,6 +464,7 @@ def _retry_or_stop(
     exc: Exception,
     attempt: Attempt,
     deps: Deps,
+    stream: Announcer,
 ) -> CairnError:
     """What a step's exception becomes: a recorded retry (RetryLater), or the run failing
     (its policy does not retry this exception, or its attempts are spent)."""
@@ -497,7 +489,7 @@ def _retry_or_stop(
     delay = policy.delay(failed)
     if deps.store.end_attempt(cp, RunStatus.RUNNING, what, attempt, retry_in=delay) is None:
         return StaleWrite(cp.run_id, cp.seq, cp.epoch)
-    _tell(deps, cp, "retry", {"error": what, "attempt": failed + 1, "delay": delay})
+    stream.tell(cp, "retry", {"error": what, "attempt": failed + 1, "delay": delay})
     logger.warning(
         "run %s step %r: %s; attempt %d of %d in %.1fs",
         cp.run_id,

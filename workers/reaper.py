@@ -14,6 +14,11 @@ Invariants (each a reason a run is or is not sent):
 3. A message is lost only if more runs wait for one than the broker holds: the broker's
    count is read before and after the runs are listed and the larger kept, so a run
    taken meanwhile is never counted as lost by mistake.
+4. A delivery that took a run over a lease TTL ago, has no live lease and never let go
+   of it (keys.DELIVERIES) lost its worker, whatever the run's status: a run that is done
+   in Postgres but whose worker died before telling its stream is sent again too (its
+   delivery then finds it stopped and tells the stream). A run another worker took and
+   let go of meanwhile is sent once more at worst, which its lease makes harmless.
 """
 
 from __future__ import annotations
@@ -61,9 +66,17 @@ class Reaper:
         }
         for r in self._lost_messages():
             listed[r["run_id"]], window[r["run_id"]] = r, s.resend_window
+        # Deliveries that never let go of their run (invariant 4), whatever its status:
+        # a run done in Postgres whose worker died before its last events is among them.
+        for run_id in self.leases.lost_deliveries(s.lease_ttl):
+            window.setdefault(run_id, s.resend_window)
         unheld = self.leases.unheld(list(window))
-        still = store.unchanged([listed[r] for r in unheld])  # invariant 1
-        sent = [r for r in unheld if r in still and self.leases.mark_sent(r, window[r])]
+        still = store.unchanged([listed[r] for r in unheld if r in listed])  # invariant 1
+        sent = [
+            r
+            for r in unheld
+            if (r in still or r not in listed) and self.leases.mark_sent(r, window[r])
+        ]
         for run_id in sent:
             self.send(run_id)
         if sent:

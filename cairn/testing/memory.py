@@ -37,6 +37,7 @@ from cairn.store.checkpoints import (
     _checkpoint,
     appended,
 )
+from cairn.store.events import is_origin
 from cairn.store.keys import EPOCH_TTL
 from cairn.store.lease import LeaseToken
 from cairn.store.runs import Call, Run, Spawned, Wait
@@ -379,6 +380,7 @@ class MemoryStore:
                     cp.cost_usd - previous.cost_usd,
                     None,
                     stamp,
+                    cp.cursor,
                 )
             )
             consumed = row.signals.get(attempt.signal_id or "")
@@ -606,14 +608,18 @@ class MemoryStore:
             found = self._effects.get(key)
         return (True, json.loads(found[1])) if found and found[3] else (False, None)
 
-    def mark_done(self, key: str, run_id: str, result: Any, epoch: int = 0) -> None:
-        """Record that the effect of key ran, under epoch (over its intent); the first
-        mark stays."""
+    def mark_done(self, cp: Checkpoint, key: str, result: Any) -> bool:
+        """Record that the effect of key ran (over its intent), fenced like a save; the
+        first mark stays. False if fenced."""
         text = _dump(result)
         with self._lock:
+            row = self._rows.get(cp.run_id)
+            if row is None or row.seq != cp.seq or row.epoch > cp.epoch:
+                return False
             found = self._effects.get(key)
             if found is None or not found[3]:
-                self._effects[key] = (run_id, text, epoch, True)
+                self._effects[key] = (cp.run_id, text, cp.epoch, True)
+            return True
 
     def record_intent(self, cp: Checkpoint, key: str) -> tuple[str, Any]:
         """record_intent and intent_state of the SQL: written, open, done or fenced."""
@@ -865,6 +871,7 @@ class MemoryStore:
             "concurrency_key": row.concurrency_key,
             "priority": row.priority,
             "traceparent": row.traceparent,
+            "forked_at": None,  # the twin makes no forks
             "signal": _signal_of(*pending) if pending else None,
             "window": [
                 json.loads(row.window[i])
@@ -903,6 +910,7 @@ class MemoryStore:
         cost_usd: float,
         error: str | None,
         ended_at: dt.datetime,
+        next_cursor: str | None = None,
     ) -> dict[str, Any]:
         """One step_history row, as the history query selects it."""
         return {
@@ -917,6 +925,7 @@ class MemoryStore:
             "cost_usd": cost_usd,
             "effect_key": attempt.effect_key,
             "error": error,
+            "next_cursor": next_cursor,
         }
 
 
@@ -976,6 +985,7 @@ class MemoryLeases:
         self._leases: dict[str, tuple[LeaseToken, float]] = {}
         self._epochs: dict[str, tuple[int, float]] = {}
         self._sent: dict[str, tuple[bool, float]] = {}
+        self._deliveries: dict[str, float] = {}  # keys.DELIVERIES: run -> when taken
 
     def acquire(
         self, run_id: str, ttl: float, floor: int = 0, owner: LeaseToken | None = None
@@ -993,6 +1003,7 @@ class MemoryLeases:
             token = dataclasses.replace(owner, epoch=epoch)
             self._leases[run_id] = (token, now + ttl)
             self._sent.pop(run_id, None)
+            self._deliveries[run_id] = now
         return MemoryLease(self, run_id, token, ttl)
 
     def holder(self, run_id: str) -> LeaseToken | None:
@@ -1003,7 +1014,14 @@ class MemoryLeases:
 
     def break_dead(self, run_id: str, token: LeaseToken) -> bool:
         """Delete a lease whose owner is known dead, only if it is still token."""
-        return self._release(run_id, token, ended=False)
+        return self._release(run_id, token, ended=False, listed=True)
+
+    def lost_deliveries(self, older_than: float, limit: int = 10_000) -> list[str]:
+        """Runs a delivery took over older_than seconds ago and never let go of."""
+        with self._lock:
+            before = self._clock() - older_than
+            found = sorted((t, r) for r, t in self._deliveries.items() if t <= before)
+        return [r for _, r in found[:limit]]
 
     def unheld(self, run_ids: list[str]) -> list[str]:
         """The run ids whose lease is gone."""
@@ -1030,13 +1048,16 @@ class MemoryLeases:
                 return True
             return held
 
-    def _release(self, run_id: str, token: LeaseToken, ended: bool) -> bool:
-        """release.lua: compare and delete, never a successor's lease."""
+    def _release(self, run_id: str, token: LeaseToken, ended: bool, listed: bool = False) -> bool:
+        """release.lua: compare and delete, never a successor's lease; the delivery leaves
+        keys.DELIVERIES (listed: it stays, a dead owner's broken lease)."""
         with self._lock:
             held = _live(self._leases, run_id, self._clock())
             if held is None or str(held) != str(token):
                 return False
             del self._leases[run_id]
+            if not listed:
+                self._deliveries.pop(run_id, None)
             if ended:
                 self._epochs.pop(run_id, None)
             return True
@@ -1090,6 +1111,7 @@ class MemoryEvents:
         self._streams: dict[str, list[tuple[str, str]]] = {}
         self._added: dict[str, int] = {}  # entries ever added (XINFO's entries-added)
         self._counted: dict[str, int] = {}  # events counted toward the cap
+        self._newest: dict[str, int] = {}  # the newest epoch that wrote or claimed
         self._last: dict[str, tuple[int, int]] = {}
 
     def _id(self, run_id: str) -> str:
@@ -1106,11 +1128,15 @@ class MemoryEvents:
                 with self._leases._lock:
                     held = _live(self._leases._leases, run_id, self._leases._clock())
                 held_by = str(held) if held is not None else None
+                writer = LeaseToken.parse(token).epoch if token else 0
+                stale = writer < self._newest.get(run_id, 0)
                 ids: list[Any] = []
                 for raw in events:
                     flag, blob = raw[0], raw[1:]
-                    if (flag == "f" and held_by != token) or (
-                        flag == "g" and held_by is not None and held_by != token
+                    if (
+                        stale
+                        or (flag == "f" and held_by != token)
+                        or (flag == "g" and held_by is not None and held_by != token)
                     ):
                         ids.append(0)
                         continue
@@ -1125,6 +1151,7 @@ class MemoryEvents:
                     self._added[run_id] = self._added.get(run_id, 0) + 1
                     del stream[: max(0, len(stream) - maxlen)]
                     ids.append(entry[0])
+                    self._newest[run_id] = max(writer, self._newest.get(run_id, 0))
                 out.append(ids)
             self._cond.notify_all()
         return out
@@ -1149,17 +1176,27 @@ class MemoryEvents:
             if not stream:
                 return None
             trimmed = self._added[run_id] > len(stream)
-            return StreamInfo(first=stream[0][0], last=stream[-1][0], trimmed=trimmed)
+            origin = is_origin(stream[0][1])
+            return StreamInfo(stream[0][0], stream[-1][0], trimmed, origin)
 
-    def last(self, run_id: str) -> tuple[str, str] | None:
+    def claim(self, run_id: str, epoch: int, count: int, ttl: float) -> list[tuple[str, str]]:
+        """claim.lua: fence the stream at epoch, then its newest entries, newest first."""
         with self._cond:
-            stream = self._streams.get(run_id)
-            return stream[-1] if stream else None
+            self._newest[run_id] = max(epoch, self._newest.get(run_id, 0))
+            return list(reversed(self._streams.get(run_id, [])[-count:]))
+
+    def before(self, run_id: str, entry_id: str, count: int) -> list[tuple[str, str]]:
+        with self._cond:
+            at = _event_key(entry_id)
+            older = [e for e in self._streams.get(run_id, []) if _event_key(e[0]) < at]
+            return list(reversed(older[-count:]))
 
     def lose(self, run_id: str) -> None:
-        """Drop the run's stream, as an expiry or a Redis that lost its data would."""
+        """Drop the run's stream and its keys, as an expiry or a Redis that lost its data
+        would."""
         with self._cond:
-            self._streams.pop(run_id, None)
+            for kept in (self._streams, self._added, self._counted, self._newest):
+                kept.pop(run_id, None)
 
 
 def _event_key(entry_id: str) -> tuple[int, int]:

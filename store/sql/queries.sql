@@ -273,9 +273,9 @@ SELECT run.status, EXISTS (SELECT 1 FROM stored) AS stored FROM run;
 SELECT cancel_reason FROM checkpoints WHERE run_id = %(run_id)s;
 
 -- name: history
--- A run's step timeline, oldest first.
+-- A run's step timeline, oldest first (next_cursor: where a saved step went on).
 SELECT seq, cursor, visit, outcome, started_at, ended_at, worker, epoch, cost_usd,
-       effect_key, error
+       effect_key, error, next_cursor
   FROM step_history WHERE run_id = %(run_id)s ORDER BY id;
 
 -- name: was_done
@@ -283,11 +283,22 @@ SELECT result FROM effects WHERE key = %(key)s AND done;
 
 -- name: mark_done
 -- The effect ran: its done mark (over its intent, if it had one); the first mark stays.
-INSERT INTO effects AS e (key, run_id, result, epoch)
-VALUES (%(key)s, %(run_id)s, %(result)s, %(epoch)s)
-ON CONFLICT (key) DO UPDATE SET result = EXCLUDED.result, epoch = EXCLUDED.epoch, done = true
- WHERE NOT e.done
-RETURNING key;
+-- Fenced like every write a step makes: only while the run is at the step's seq and no
+-- newer epoch has claimed it (a zombie's late mark must not overwrite what an operator
+-- resolved, nor mark an effect the new owner reports unknown). `owned` false: fenced.
+WITH fence AS (
+    SELECT c.run_id FROM checkpoints c
+     WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s AND c.epoch <= %(epoch)s
+       FOR SHARE
+), marked AS (
+    INSERT INTO effects AS e (key, run_id, result, epoch)
+    SELECT %(key)s, fence.run_id, %(result)s, %(epoch)s FROM fence
+    ON CONFLICT (key) DO UPDATE SET result = EXCLUDED.result, epoch = EXCLUDED.epoch,
+                                    done = true
+     WHERE NOT e.done
+    RETURNING key
+)
+SELECT EXISTS (SELECT 1 FROM fence) AS owned, EXISTS (SELECT 1 FROM marked) AS marked;
 
 -- name: record_intent
 -- An at-most-once effect is about to run: its intent, fenced like a save (written only
@@ -298,6 +309,7 @@ INSERT INTO effects AS e (key, run_id, result, epoch, done)
 SELECT %(key)s, c.run_id, NULL, %(epoch)s, false
   FROM checkpoints c
  WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s AND c.epoch <= %(epoch)s
+   FOR SHARE OF c
 ON CONFLICT (key) DO UPDATE SET epoch = e.epoch
  WHERE e.epoch = EXCLUDED.epoch AND NOT e.done
 RETURNING key;
@@ -331,6 +343,14 @@ WITH marked AS (
 SELECT (SELECT count(*) FROM rearmed) AS rearmed,
        ARRAY(SELECT key FROM marked UNION ALL SELECT key FROM dropped) AS keys;
 
+-- name: hold
+-- In a step's own transaction (ctx.db), right before its fenced write (the save, a call's
+-- record) and its COMMIT: from here the transaction holds the run's row, and may sit idle
+-- (its process paused) for at most `hold` before the server ends it, so a claim waits no
+-- longer than that for a zombie. Not earlier: a step may keep ctx.db open across a long
+-- model call, holding nothing of cairn's.
+SELECT set_config('idle_in_transaction_session_timeout', %(hold)s, true);
+
 -- name: journal
 -- A step visit's recorded calls, in order: what its replay returns without calling.
 SELECT pos, name, result, error, cost_usd
@@ -348,6 +368,9 @@ SELECT cursor, visit, pos, name, result, error, cost_usd, created_at
 -- name: record_call
 -- One call's outcome, fenced like a save: written only while the run is at the step's
 -- seq and no newer epoch has claimed it, so a worker that lost the run records nothing.
+-- The fence is a share lock on the run's row (as every fenced write's): a claim waits for
+-- a record in flight, and a record that waited for a claim sees its epoch and writes
+-- nothing. A plain read would let a record whose check passed commit after the claim.
 -- A retry whose first try committed (the reply was lost on the way) meets its own row
 -- (same epoch, same name) and gets it back: recorded, not fenced.
 -- A record is progress: a step killed again and again while its journal grows is not
@@ -359,6 +382,7 @@ WITH recorded AS (
            %(error)s, %(cost_usd)s
       FROM checkpoints c
      WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s AND c.epoch <= %(epoch)s
+       FOR SHARE OF c
     ON CONFLICT (run_id, cursor, visit, pos) DO UPDATE SET epoch = j.epoch
      WHERE j.epoch = EXCLUDED.epoch AND j.name = EXCLUDED.name
     RETURNING j.run_id, j.pos
@@ -561,15 +585,13 @@ ON CONFLICT (thread_id, ns, checkpoint_id) DO UPDATE
 RETURNING checkpoint_id;
 
 -- name: graph_put_fenced
--- A checkpoint inside a cairn run: written only while the run's epoch is the writer's, and
--- only as the next checkpoint of its thread (its parent the latest, its id later), so a
--- worker that lost the run neither forks nor rewinds the thread.
+-- A checkpoint inside a cairn run (graph_fence has locked the run's row in this
+-- transaction): only as the next checkpoint of its thread (its parent the latest, its id
+-- later), so a worker that lost the run neither forks nor rewinds the thread.
 INSERT INTO graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, checkpoint,
                                versions, metadata, run_id, epoch)
 SELECT {{graph_row}}
- WHERE EXISTS (SELECT 1 FROM checkpoints c
-                WHERE c.run_id = %(run_id)s AND c.epoch = %(epoch)s)
-   AND (SELECT max(g.checkpoint_id) FROM graph_checkpoints g
+ WHERE (SELECT max(g.checkpoint_id) FROM graph_checkpoints g
          WHERE g.thread_id = %(thread_id)s AND g.ns = %(ns)s)
        IS NOT DISTINCT FROM %(parent_id)s::text
    AND (%(parent_id)s::text IS NULL OR %(checkpoint_id)s > %(parent_id)s)
@@ -583,8 +605,15 @@ SELECT 1 FROM graph_checkpoints
    AND run_id = %(run_id)s AND epoch = %(epoch)s;
 
 -- name: graph_fence
--- The run is still the writer's (its lease epoch): for a task's writes inside a run.
-SELECT 1 FROM checkpoints WHERE run_id = %(run_id)s AND epoch = %(epoch)s FOR SHARE;
+-- A put's or a task's writes inside a run: the run is still the writer's (its lease
+-- epoch), and stays so until this transaction ends. The first statement of the
+-- transaction, before anything is written: the share lock makes a claim wait for the
+-- writes in flight (and a put that waited for a claim finds the new epoch and writes
+-- nothing), so a zombie's late commit can neither fork the thread nor block the new owner
+-- on rows it holds. The transaction may then sit idle (its process paused) for at most
+-- `hold` before the server ends it, so a claim waits no longer than that for a zombie.
+SELECT set_config('idle_in_transaction_session_timeout', %(hold)s, true)
+  FROM checkpoints WHERE run_id = %(run_id)s AND epoch = %(epoch)s FOR SHARE;
 
 -- name: graph_put_write
 INSERT INTO graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob,

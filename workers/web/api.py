@@ -58,7 +58,7 @@ from cairn.steps import registry
 from cairn.store.events import AsyncRedisEvents
 from cairn.workers.broker import MAX_PRIORITY, MIN_PRIORITY
 from cairn.workers.client import Client
-from cairn.workers.events import RESERVED, Event, Hub, afollow_batches, read_token
+from cairn.workers.events import EVENT_ID, RESERVED, Event, Hub, afollow_batches, read_token
 from cairn.workers.inputs import LIMIT_MAX, RUN_ID_MAX, check_run_id
 from cairn.workers.settings import Settings
 from cairn.workers.web.openapi import (
@@ -109,10 +109,9 @@ class NewRun(BaseModel):
     """A run to start: the workflow's name and its input (a JSON object)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    workflow: str = Field(min_length=1, max_length=200, pattern=NO_NUL, examples=["invoice"])
-    input: dict[str, Any] = Field(
-        default_factory=dict, examples=[{"customer": "acme", "email": "ap@acme.test"}]
-    )
+    # The examples are the operation's (openapi.request_examples): one this server takes.
+    workflow: str = Field(min_length=1, max_length=200, pattern=NO_NUL)
+    input: dict[str, Any] = Field(default_factory=dict)
     run_id: str | None = Field(
         default=None,
         description="Your id for the run; the same id again is the same run. With an "
@@ -343,9 +342,6 @@ class Guard:
         return None
 
 
-EVENT_ID = re.compile(r"\d{1,20}-\d{1,20}")
-
-
 def _sse(event: Event) -> bytes:
     if event.kind == "keepalive":
         return format_sse_event(comment="keep-alive")
@@ -396,7 +392,7 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
             "CAIRN_API_TOKEN is not set: set it (e.g. `export CAIRN_API_TOKEN=$(openssl rand "
             "-hex 32)`) or pass --insecure-no-auth on a machine only you can reach"
         )
-    registry.import_modules((*registry.SHIPPED, *settings.workflows))
+    registry.import_modules(settings.workflows)
     otel.setup(settings, "cairn-web")  # CAIRN_TRACING: before the Client's, to name it
     # Postgres connections of this process: enough for the thread pool's busy requests.
     client = Client(settings=settings, pool_size=16)
@@ -619,7 +615,9 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
         stream gets a keep-alive comment every CAIRN_SSE_KEEPALIVE seconds."""
         for given in (last_event_id, after):
             if given is not None and not EVENT_ID.fullmatch(given):
-                raise InvalidInput(f"event id {given!r}: ids look like 1733312345678-0")
+                raise InvalidInput(
+                    f"event id {given!r}: ids look like 1733312345678-0 (0: from the start)"
+                )
         position = last_event_id if last_event_id is not None else after
         stream = afollow_batches(
             _Runs(client),

@@ -18,15 +18,19 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 from starlette.routing import Match
 
+from cairn.errors import InvalidInput
+from cairn.steps import registry
 from cairn.workers.inputs import RUN_ID_MAX
 
 # A run id's characters (cairn.workers.inputs.RUN_ID), anchored as JSON Schema wants. The
 # server checks them itself, for an error that says the rule in words.
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+=/-]*$"
 RUN_ID_SCHEMA: dict[str, Any] = {"pattern": RUN_ID_PATTERN, "maxLength": RUN_ID_MAX}
+# An event id (cairn.workers.events.EVENT_ID): a stream entry's, one told from Postgres
+# after it (~k, ~end), or 0 for the run's start (what many SSE clients send).
 EVENT_ID_SCHEMA: dict[str, Any] = {
-    "pattern": r"^\d{1,20}-\d{1,20}$",
-    "examples": ["1733312345678-0"],
+    "pattern": r"^(0|\d{1,20}-\d{1,20}(~(\d{1,9}|end))?)$",
+    "examples": ["1733312345678-0", "1733312345678-0~2", "0"],
 }
 # A signal's event: what check_event refuses (NUL, cairn's own names), as a pattern.
 EVENT_NAME_PATTERN = r"^(?!cairn\.)[^\x00]+$"
@@ -146,6 +150,46 @@ def errors(*codes: int, why: dict[int, str] | None = None) -> dict[int | str, di
     }
 
 
+def example_workflow() -> str:
+    """The workflow the request examples start: the first registered here whose input
+    may be {}, so "Try it out" works on this server; a placeholder if it has none (the
+    server's 422 then names the workflows it has)."""
+    for name in registry.names():
+        try:
+            registry.get(name).validate({})
+        except InvalidInput:
+            continue
+        return name
+    return "my-workflow"
+
+
+def request_examples(workflow: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """Each operation's request body example: every one a request the server takes
+    (tests/test_openapi.py sends each), whatever workflows it has."""
+    return {
+        ("post", "/runs"): {"workflow": workflow, "input": {}},
+        ("post", "/schedules"): {
+            "name": "nightly",
+            "workflow": workflow,
+            "input": {},
+            "cron": "0 3 * * *",
+        },
+        ("post", "/runs/replay"): {
+            "workflow": workflow,
+            "since": "2026-01-01T00:00:00Z",
+            "dry_run": True,
+        },
+        ("post", "/runs/{run_id}/cancel"): {"reason": "not needed any more"},
+        ("post", "/runs/{run_id}/fork"): {"at_seq": 1},
+        ("post", "/runs/{run_id}/rewind"): {"to_seq": 1},
+        ("post", "/runs/{run_id}/resolve"): {"done": True, "result": {"id": "ch_1"}},
+        ("post", "/runs/{run_id}/signals/{event}"): {
+            "payload": {"approved": True},
+            "signal_id": "approval-1",
+        },
+    }
+
+
 def document(app: FastAPI, *, open_paths: re.Pattern[str], no_store: frozenset[str]) -> None:
     """Have app.openapi() return the complete document. open_paths: reachable without the
     token; no_store: paths that answer without the Client (no 503)."""
@@ -162,6 +206,8 @@ def document(app: FastAPI, *, open_paths: re.Pattern[str], no_store: frozenset[s
                 ),
                 open_paths=open_paths,
                 no_store=no_store,
+                # Built at the first request: the workflows are all registered by then.
+                examples=request_examples(example_workflow()),
             )
         return app.openapi_schema
 
@@ -169,10 +215,15 @@ def document(app: FastAPI, *, open_paths: re.Pattern[str], no_store: frozenset[s
 
 
 def complete(
-    schema: dict[str, Any], *, open_paths: re.Pattern[str], no_store: frozenset[str]
+    schema: dict[str, Any],
+    *,
+    open_paths: re.Pattern[str],
+    no_store: frozenset[str],
+    examples: dict[tuple[str, str], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """FastAPI's document with the shared responses and the security scheme added, and
-    its own validation error model replaced by ErrorBody (what the handler answers)."""
+    """FastAPI's document with the shared responses, the security scheme and the request
+    examples added, and its own validation error model replaced by ErrorBody (what the
+    handler answers)."""
     components = schema.setdefault("components", {})
     models = components.setdefault("schemas", {})
     body = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -211,6 +262,8 @@ def complete(
             if "requestBody" in op:
                 for code in (400, 411, 413):
                     add(responses, code)
+                if (example := (examples or {}).get((method, path))) is not None:
+                    op["requestBody"]["content"]["application/json"]["example"] = example
             if op.get("parameters") or "requestBody" in op:
                 add(responses, 422, replace=True)
             if path not in no_store:

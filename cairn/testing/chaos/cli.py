@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from typing import Annotated
 
 import typer
@@ -12,18 +13,26 @@ import typer
 from cairn.testing.chaos.config import CHAOS_REDIS_DB
 from cairn.testing.chaos.report import print_report
 from cairn.testing.chaos.runner import run_chaos
-from cairn.testing.faults import BOUNDARIES
+from cairn.testing.faults import BOUNDARIES, CALL_BOUNDARIES
 
 Pool = enum.Enum("Pool", {"prefork": "prefork", "threads": "threads"}, type=str)
 
 
+# A step boundary, or a call point: a boundary around a journaled call and its position.
+_KILL = re.compile(
+    rf"(?P<run>.+):(?P<seq>\d+):(?P<point>{'|'.join(BOUNDARIES)}|(?:{'|'.join(CALL_BOUNDARIES)}):\d+)"
+)
+
+
 def _parse_kill(text: str) -> tuple[str, int, str]:
-    """RUN_ID:SEQ:BOUNDARY (a run id may itself contain colons)."""
-    run_id, _, rest = text.rpartition(":")
-    run_id, _, seq = run_id.rpartition(":")
-    if not run_id or not seq.isdigit() or rest not in BOUNDARIES:
-        raise ValueError(f"--kill wants RUN_ID:SEQ:BOUNDARY with BOUNDARY in {BOUNDARIES}")
-    return run_id, int(seq), rest
+    """RUN_ID:SEQ:BOUNDARY or RUN_ID:SEQ:CALL_BOUNDARY:POS (a run id may contain colons)."""
+    m = _KILL.fullmatch(text)
+    if m is None:
+        raise ValueError(
+            f"--kill wants RUN_ID:SEQ:BOUNDARY with BOUNDARY in {BOUNDARIES}, or "
+            f"RUN_ID:SEQ:{CALL_BOUNDARIES[0]}:POS ({CALL_BOUNDARIES[1]} too) for a journaled call"
+        )
+    return m["run"], int(m["seq"]), m["point"]
 
 
 def register(app: typer.Typer) -> None:
@@ -56,7 +65,11 @@ def register(app: typer.Typer) -> None:
         ] = 0.03,
         kill: Annotated[
             list[str] | None,
-            typer.Option("--kill", help="Also kill at RUN_ID:SEQ:BOUNDARY (repeatable)."),
+            typer.Option(
+                "--kill",
+                help="Also kill at RUN_ID:SEQ:BOUNDARY, or RUN_ID:SEQ:before_call:POS "
+                "(after_call too) around a step's POS-th journaled call (repeatable).",
+            ),
         ] = None,
         random_kills: Annotated[
             int | None,
@@ -66,6 +79,16 @@ def register(app: typer.Typer) -> None:
                 "whole worker). Default: runs/25, at least 2.",
             ),
         ] = None,
+        pauses: Annotated[
+            int,
+            typer.Option(
+                "--pauses",
+                min=0,
+                help="Also SIGSTOP this many times a process holding a run's lease (a pool "
+                "child; every 3rd or so a whole worker) for 1.5-2.5 lease TTLs, then SIGCONT "
+                "it: a zombie that wakes after another worker took its run over.",
+            ),
+        ] = 0,
         concurrency: Annotated[
             int, typer.Option("--concurrency", help="Pool processes (or threads) per worker.")
         ] = 2,
@@ -169,13 +192,16 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Kill workers at every step boundary while N runs work; report what broke."""
         from cairn.errors import CairnError
+        from cairn.workers.cli import _fail  # the one way cairn's commands report an error
 
         try:
             data = None if input is None else json.loads(input)
+        except json.JSONDecodeError as exc:
+            _fail(f'--input is not JSON ({exc}); pass an object like \'{{"topic": "t{{i}}"}}\'', 2)
+        try:
             points = [_parse_kill(k) for k in kill or []]
-        except (json.JSONDecodeError, ValueError) as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from None
+        except ValueError as exc:
+            _fail(exc, 2)
         try:
             report = run_chaos(
                 workflow,
@@ -186,6 +212,7 @@ def register(app: typer.Typer) -> None:
                 rate=rate,
                 kills=points,
                 random_kills=random_kills,
+                pauses=pauses,
                 concurrency=concurrency,
                 pool=pool.value,
                 lease_ttl=lease_ttl,
@@ -203,8 +230,7 @@ def register(app: typer.Typer) -> None:
                 quiet=as_json,
             )
         except CairnError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from None
+            _fail(exc, 2)
         if as_json:
             print(json.dumps(report, default=str))
         else:

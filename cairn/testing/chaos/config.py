@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cairn.store.admin import with_path
-from cairn.testing import fleet
+from cairn.testing import demos, fleet
 
 CHAOS_REDIS_DB = 13
 SENTINEL = "chaos:sentinel"
@@ -20,6 +20,13 @@ DEFAULT_INPUTS: dict[str, dict[str, Any]] = {
     "unkeyed": {"customer": "customer-{i}", "email": "billing{i}@example.com"},
     "agent": {"topic": "topic {i}", "email": "agent{i}@example.com"},
     "agent_async": {"topic": "topic {i}", "email": "agent{i}@example.com"},
+    # The stand-in streams the REPLY line's words, TOKEN_MS apart: a kill or a pause can
+    # land mid-answer.
+    "chat": {
+        "prompt": "REPLY: answer {i} comes back to the reader one word at a time\nTOKEN_MS: 5",
+        "email": "chat{i}@example.com",
+    },
+    "graph_agent": {"question": "Order {i} arrived broken.", "email": "support{i}@example.com"},
 }
 
 
@@ -61,7 +68,7 @@ class ChaosConfig:
     base_db: str  # the server the chaos database is created next to
     redis_url: str
     broker_url: str | None  # a RabbitMQ vhost, emptied at start (None: the Redis database)
-    modules: tuple[str, ...]
+    modules: tuple[str, ...]  # the workers' CAIRN_WORKFLOWS, a demo's module included
     keep: bool
     signals: bool  # invoice runs wait for a payment signal, which chaos sends
     cancel_rate: float  # share of runs cancelled while they run
@@ -71,6 +78,7 @@ class ChaosConfig:
     keys: int = 0  # runs spread over this many concurrency keys (0: none)
     key_limit: int = 1  # each key's runs at a time
     replay_failed: bool = False  # every run fails first (sends refused), then is replayed
+    pauses: int = 0  # SIGSTOPs past the lease TTL (a pool child, or a whole worker)
 
     def template(self) -> dict[str, Any]:
         """Each run's input before "{i}" is filled in."""
@@ -92,8 +100,9 @@ class ChaosConfig:
         args = []
         if self.input is not None:
             args += ["--input", json.dumps(self.input)]
-        if self.modules:
-            args += ["--workflows", ",".join(self.modules)]
+        given = [m for m in self.modules if m not in demos.MODULES]  # chaos adds those
+        if given:
+            args += ["--workflows", ",".join(given)]
         if self.concurrency != 2:
             args += ["--concurrency", str(self.concurrency)]
         if self.pool != "prefork":
@@ -106,6 +115,8 @@ class ChaosConfig:
             args += ["--keys", str(self.keys), "--key-limit", str(self.key_limit)]
         if self.replay_failed:
             args += ["--replay-failed"]
+        if self.pauses:
+            args += ["--pauses", str(self.pauses)]
         for run_id, seq, boundary in self.kills or []:
             args += ["--kill", f"{run_id}:{seq}:{boundary}"]
         return "".join(" " + shlex.quote(a) for a in args)

@@ -19,6 +19,35 @@ if TYPE_CHECKING:
     from cairn.store import Leases, PgStore, Run
 
 
+def holders(
+    store: PgStore, leases: Leases, procs: list[fleet.Proc], *, parents: bool = False
+) -> tuple[dict[int, list[Run]], dict[int, fleet.Proc]]:
+    """The runs worked on by the pid that holds their lease, and the crew's worker of each
+    pool child alive (with parents, of each worker's own pid too: a threads worker holds
+    its runs itself). A run in its first step is still pending: it counts too."""
+    running = {
+        r.run_id: r
+        for status in (RunStatus.RUNNING, RunStatus.PENDING)
+        for r in store.list_runs(status, limit=100_000)
+    }
+    held: dict[int, list[Run]] = defaultdict(list)
+    if not running:
+        return held, {}
+    for run_id, token in leases.holders(list(running)).items():
+        if token is not None:
+            held[token.pid].append(running[run_id])
+    live = [p for p in procs if p.alive() and p.name != "beat"]
+    owners = {pid: p for p in live for pid in p.children()}
+    if parents:
+        owners.update((p.pid, p) for p in live)
+    return held, owners
+
+
+def where(run: Run) -> str:
+    """The step a run is at, for the report (a run in its first step has no cursor yet)."""
+    return run.cursor or "its first step"
+
+
 def kill_from_outside(
     store: PgStore,
     leases: Leases,
@@ -27,14 +56,7 @@ def kill_from_outside(
     rng: random.Random,
 ) -> dict[str, Any] | None:
     """SIGKILL a random busy pool child (or the whole worker holding it)."""
-    running = {r.run_id: r for r in store.list_runs(RunStatus.RUNNING, limit=100_000)}
-    if not running:
-        return None
-    held: dict[int, list[Run]] = defaultdict(list)
-    for run_id, token in leases.holders(list(running)).items():
-        if token is not None:
-            held[token.pid].append(running[run_id])
-    owners = {pid: p for p in procs if p.alive() and p.name != "beat" for pid in p.children()}
+    held, owners = holders(store, leases, procs)
     busy = sorted(pid for pid in held if pid in owners)
     if not busy:
         return None
@@ -51,7 +73,7 @@ def kill_from_outside(
             "ts": now,
             "run_id": victims[0].run_id if victims else None,
             "runs": [r.run_id for r in victims],
-            "cursor": ",".join(r.cursor for r in victims),
+            "cursor": ",".join(where(r) for r in victims),
         }
     try:
         os.kill(pid, signal.SIGKILL)
@@ -63,7 +85,7 @@ def kill_from_outside(
         "pid": pid,
         "ts": now,
         "run_id": row.run_id,
-        "cursor": row.cursor,
+        "cursor": where(row),
         "seq": row.seq,
     }
 

@@ -1,6 +1,7 @@
 """What a chaos run recorded, turned into its report: per step (attempts, sends,
 deliveries, duplicates), per run (finished, failed, lost, resumed), kills per boundary and
-the time from each kill to the run continuing under another owner; and how it prints."""
+the time from each kill to the run continuing under another owner, pauses; and how it
+prints (with the graph forks and stream checks of chaos.record, which the runner adds)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from cairn.status import RunStatus
 from cairn.testing.chaos.history import check_history
+from cairn.testing.chaos.pauses import taken_over
 from cairn.testing.faults import BOUNDARIES, CALL_BOUNDARIES
 
 if TYPE_CHECKING:
@@ -152,9 +154,11 @@ def build_report(
     lifecycle: Lifecycle | None = None,
     model_requests: int | None = None,
     journaled: dict[str, int] | None = None,
+    pauses: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The report of one chaos run from what it recorded; report["ok"] is the verdict:
     every run finished, no effect delivered twice, no checkpoint went backwards."""
+    pauses = pauses or []
     done = [r for r in final if r["status"] == RunStatus.DONE]
     failed = [r for r in final if r["status"] == RunStatus.FAILED]
     cancelled = [r for r in final if r["status"] == RunStatus.CANCELLED]
@@ -190,7 +194,8 @@ def build_report(
             problems.append(
                 f"step {s['step']!r} delivered {s['duplicates']} duplicate effect(s) ({how})"
             )
-    model = _model_check(model_requests, journaled or {}, kills)
+    # A pause cuts a call short as a kill does: the zombie's answer is never recorded.
+    model = _model_check(model_requests, journaled or {}, kills + pauses)
     if model["excess"] > 0:
         problems.append(
             f"{model['requests']} model requests for {model['journaled']} journaled model "
@@ -227,6 +232,10 @@ def build_report(
         "kills": per_boundary,
         "kills_total": len(kills),
         "random_kills_planned": config.random_kills,
+        "pauses": len(pauses),
+        "pauses_whole_worker": sum(1 for p in pauses if p["kind"] == "whole_worker"),
+        "pauses_taken_over": taken_over(pauses, history),
+        "pause_log": pauses,
         "recovery": {
             "pool_child": {
                 "n": len(child),
@@ -274,7 +283,7 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
     if report["ok"]:
         out.print(
             "[bold green]OK[/]: every run finished, no effect delivered twice, "
-            "no checkpoint went backwards"
+            "no checkpoint went backwards, no graph forked, every stream told its steps"
         )
     else:
         out.print("[bold red]FAILED[/]:")
@@ -343,6 +352,7 @@ def _summary_table(report: dict[str, Any]) -> Any:
             _model_row(report.get("model") or {}),
         ),
         ("duplicate deliveries", str(report["duplicates"])),
+        *_record_rows(report),
         *_lifecycle_rows(report.get("lifecycle") or {}),
         *_replay_rows(report.get("replay_failed") or {}),
         (
@@ -356,6 +366,26 @@ def _summary_table(report: dict[str, Any]) -> Any:
     ):
         summary.add_row(label, value)
     return summary
+
+
+def _record_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+    whole = report.get("pauses_whole_worker", 0)
+    paused = f"{report.get('pauses', 0) - whole} / {whole} ({report.get('pauses_taken_over', 0)})"
+    rows = [("pauses: pool child / whole worker (taken over)", paused)]
+    if "graph" in report:
+        rows.append(("graph threads / forks", f"{report['graph']['threads']} / {report['forks']}"))
+    if "stream" in report:
+        st = report["stream"]
+        rows.append(
+            (
+                "streams checked / not as history / gone",
+                f"{st['runs']} / {st['mismatches']} / {st['gone']} (after {st['waited']:g}s)",
+            )
+        )
+        rows.append(
+            ("late step_saved / attempts abandoned", f"{st['late_step_saved']} / {st['abandoned']}")
+        )
+    return rows
 
 
 def _model_row(m: dict[str, Any]) -> str:

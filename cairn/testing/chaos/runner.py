@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from cairn.status import ACTIVE, RunStatus
 from cairn.testing import fleet
 from cairn.testing.chaos import keys as chaos_keys
+from cairn.testing.chaos import record as chaos_record
 from cairn.testing.chaos import replay as chaos_replay
 from cairn.testing.chaos.config import (
     SENTINEL,
@@ -30,6 +32,7 @@ from cairn.testing.chaos.history import (
 )
 from cairn.testing.chaos.kills import OutsideKiller
 from cairn.testing.chaos.lifecycle import Lifecycle
+from cairn.testing.chaos.pauses import Pauser
 from cairn.testing.chaos.report import build_report
 from cairn.testing.chaos.rig import Crew, chaos_mail, faulted_env
 from cairn.testing.faults import read_journal
@@ -52,6 +55,7 @@ def run_chaos(
     rate: float = 0.03,
     kills: list[tuple[str, int, str]] | None = None,
     random_kills: int | None = None,
+    pauses: int = 0,
     concurrency: int = 2,
     pool: str = "prefork",
     lease_ttl: float = 3.0,
@@ -73,7 +77,10 @@ def run_chaos(
     quiet: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the chaos experiment and return its report (report["ok"] is the verdict)."""
+    """Run the chaos experiment and return its report (report["ok"] is the verdict).
+
+    pauses: that many times, SIGSTOP a process holding a run's lease (a pool child, or
+    now and then a whole worker) for longer than lease_ttl, then SIGCONT it."""
     from rich.console import Console
 
     from cairn.workers.settings import Settings
@@ -104,13 +111,14 @@ def run_chaos(
         base_db=database_url or defaults.database_url,
         redis_url=redis_url or chaos_redis_url(defaults.redis_url),
         broker_url=broker_url,
-        modules=tuple(m.strip() for m in workflows.split(",") if m.strip()),
+        modules=_modules(workflow, workflows),
         keep=keep,
         signals=signals,
         cancel_rate=cancel_rate,
         keys=keys,
         key_limit=key_limit,
         replay_failed=replay_failed,
+        pauses=pauses,
         db_name=db_name,
         state=state_dir or STATE / db_name,
         quiet=quiet,
@@ -125,11 +133,31 @@ def run_chaos(
         experiment.close()
 
 
+def _modules(workflow: str, given: str) -> tuple[str, ...]:
+    """The modules the workers import, imported here too: those given, then the demo
+    module of a demo workflow none of them defines (`cairn chaos invoice` needs no
+    --workflows, and a user's own `invoice` is the one tested)."""
+    from cairn.errors import UnknownWorkflow
+    from cairn.steps import registry
+    from cairn.testing import demos
+
+    modules = tuple(m.strip() for m in given.split(",") if m.strip())
+    registry.import_modules(modules)
+    demo = demos.WORKFLOWS.get(workflow)
+    # The demo's module imported (here, by an earlier chaos run in this process) is what
+    # says the name registered is the demo's: a module of theirs taking it would collide.
+    if demo and demo not in modules and (registry.find(workflow) is None or demo in sys.modules):
+        if (missing := demos.missing_extra(workflow)) is not None:
+            raise UnknownWorkflow(missing)
+        modules += (demo,)
+        registry.import_modules((demo,))
+    return modules
+
+
 def _load_workflow(config: ChaosConfig) -> tuple[Workflow, list[dict[str, Any]]]:
-    """The workflow (its modules imported) and each run's validated input."""
+    """The workflow (its modules imported by _modules) and each run's validated input."""
     from cairn.steps import registry
 
-    registry.import_modules((*registry.SHIPPED, *config.modules))
     flow = registry.get(config.workflow)
     assert flow.first is not None, f"workflow {config.workflow!r} has no steps"
     template = config.template()
@@ -153,6 +181,7 @@ class _Experiment:
         self._crew: Crew | None = None
         self._db_url: str | None = None
         self._replayed: tuple[list[str], list[str], list[str]] = ([], [], [])
+        self._pauser = Pauser(config.seed, config.pauses, config.lease_ttl, say)
 
     def start(self) -> None:
         """A flushed Redis database, the chaos database, the stand-ins, the workers."""
@@ -225,6 +254,7 @@ class _Experiment:
             self._replayed = (failed, replayed, again)
         elapsed = time.monotonic() - started_at
         killer.join()
+        self._pauser.settle()  # one the deadline cut short: its zombie acts before the verdict
         return self._report(flow, killer, elapsed, depths, flushed, life, ids)
 
     def _watch(
@@ -251,7 +281,8 @@ class _Experiment:
                     bar,
                     completed=finished,
                     description=f"running {counts.get(RunStatus.RUNNING, 0)} · kills "
-                    f"{len(os.listdir(self._faults_dir / 'killed')) + len(killer.kills)}",
+                    f"{len(os.listdir(self._faults_dir / 'killed')) + len(killer.kills)}"
+                    f" · pauses {len(self._pauser.pauses)}",
                 )
                 if not flushed and not broker.exists(SENTINEL):
                     flushed = True
@@ -261,9 +292,11 @@ class _Experiment:
                     )
                 # Child runs count too: done when no run is left to work on.
                 active = sum(counts.get(s, 0) for s in ACTIVE)
-                if finished >= c.runs and not active:
+                # Not while a process is paused: the zombie's late writes are judged too.
+                if finished >= c.runs and not active and self._pauser.idle():
                     break
                 killer.tick(store, self._leases, self._crew.procs)
+                self._pauser.tick(store, self._leases, self._crew.procs)
                 if c.pool != "prefork":
                     self._crew.revive()
                 assert self._client is not None
@@ -321,7 +354,17 @@ class _Experiment:
             lifecycle=life,
             model_requests=int(self._model.stats()["requests"]),
             journaled=read_journal_counts(self._db_url),
+            pauses=self._pauser.pauses,
         )
+        # What Postgres and Redis hold, against each other: no graph thread forked, and
+        # every run's live stream tells the steps its history saved.
+        report["graph"], problems = chaos_record.forks(self._db_url)
+        report["forks"] = report["graph"]["forks"]
+        report["problems"] += problems
+        report["stream"], problems, notes = chaos_record.streams(self._db_url, c.redis_url)
+        report["stream_mismatches"] = report["stream"]["mismatches"]
+        report["problems"] += problems
+        report["warnings"] += notes
         if c.keys:
             report["keys"], problems = chaos_keys.verdict(self._db_url, c.key_limit)
             report["problems"] += problems
@@ -335,6 +378,7 @@ class _Experiment:
         """Kill the processes, stop the stand-ins, close clients, drop the database."""
         from cairn.errors import CairnError
 
+        self._pauser.resume()
         if self._crew is not None:
             self._crew.kill()
         for server in (self._mail, self._model):
