@@ -16,14 +16,15 @@ from psycopg.types.json import Jsonb
 
 from bench import flows
 from bench.common import measure
-from cairn import otel
+from cairn.core import tracing
+from cairn.core.settings import Settings
 from cairn.store import Database, Leases, PgStore, upgrade
 from cairn.store.events import RedisEvents
 from cairn.workers import broker, loop
-from cairn.workers.events import Outbox
 from cairn.workers.metrics import Metrics
 from cairn.workers.middleware import Chain
-from cairn.workers.settings import Settings
+from cairn.workers.outbox import Outbox
+from cairn.workers.tracing import Tracing
 
 # -- the floor -----------------------------------------------------------------------------
 FLOOR_DDL = """
@@ -172,7 +173,7 @@ class InProcess:
 
     def __init__(self, url: str, redis_url: str, tracer: Any = None, **settings: Any) -> None:
         self.tracer = tracer
-        traced = [otel.Tracing()] if tracer is not None else []
+        traced = [Tracing()] if tracer is not None else []
         self.settings = settings_for(url, redis_url, **settings)
         self.db = Database(url, give_up_after=self.settings.store_give_up_after)
         self.store = PgStore(self.db)
@@ -202,7 +203,7 @@ class InProcess:
         # warm the pool's connection so the timing is the loop, not the first connect
         self.db.one("position", {"run_id": run_id})
         if self.tracer is not None:
-            otel.use(self.tracer)
+            tracing.use(self.tracer)
 
         def go() -> str:
             # This process's CPU (all its threads) during the run: what tracing adds to a
@@ -217,7 +218,7 @@ class InProcess:
             elapsed, wal, status = measure(self.url, go)
         finally:
             if self.tracer is not None:
-                otel.use(None)
+                tracing.use(None)
         if status != "done":
             raise RuntimeError(f"cairn run {run_id} ended {status}")
         return elapsed, wal

@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from cairn.workers.settings import Settings
+from cairn.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = (

@@ -50,7 +50,7 @@ from bench.procs import CpuMeter, postgres_pids, redis_pids, worker_env
 if TYPE_CHECKING:
     from bench.common import Databases
     from bench.sections import Sizes
-    from cairn.workers.client import Client
+    from cairn.client.client import Client
 
 # Its own database: 1-12 and 17-44 are the test slots', 13-15 chaos', the demo's and the
 # bench's, 40 stream's.
@@ -334,10 +334,10 @@ def fanout(
 def _fleet_parts(
     dbs: Databases, redis_url: str, fs: FlowSizes, out: dict[str, Any], part: Any
 ) -> None:
+    from cairn.client.client import Client
+    from cairn.core.settings import Settings
     from cairn.store import upgrade
     from cairn.testing import fleet
-    from cairn.workers.client import Client
-    from cairn.workers.settings import Settings
 
     db_url = dbs.fresh("flow")
     upgrade(db_url)

@@ -146,8 +146,8 @@ def cairn_child(spec: dict[str, Any]) -> dict[str, Any]:
     import psycopg
 
     from bench.cairn_sys import InProcess, cairn_setup
-    from cairn.pydantic_ai import CairnDurability, workflow
-    from cairn.status import RunStatus
+    from cairn.contrib.pydantic_ai import CairnDurability, workflow
+    from cairn.core.status import RunStatus
     from cairn.workers import loop
 
     url, runs = spec["url"], int(spec["runs"])

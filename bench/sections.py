@@ -583,7 +583,7 @@ def _wait(pred: Any, timeout: float, what: str) -> Any:
 
 def _rabbitmq() -> str | None:
     """The bench's RabbitMQ vhost emptied of cairn's queues, or None if not reachable."""
-    from cairn.store.admin import reset_broker
+    from cairn.workers.broker import reset_broker
 
     url = bench_amqp()
     try:

@@ -125,10 +125,11 @@ def _await_ready(r: Any, key: str, timeout: float = 300) -> None:
 
 def produce(spec: dict[str, Any]) -> dict[str, Any]:
     """As a worker does: each run's lease held, its token events through the Outbox."""
+    from cairn.core.events import encode
+    from cairn.core.settings import Settings
     from cairn.store.events import RedisEvents
     from cairn.store.lease import Leases
-    from cairn.workers.events import Outbox, encode
-    from cairn.workers.settings import Settings
+    from cairn.workers.outbox import Outbox
 
     leases = Leases.from_url(spec["redis_url"])
     outbox = Outbox(RedisEvents(leases.client), Settings.from_env())
@@ -572,7 +573,7 @@ def latency(
 def _batch(client: Any, flow: str, runs: int, words: str, worker: Any) -> tuple[float, list[str]]:
     """The worker's CPU seconds while it does `runs` runs of flow; their ids."""
     from bench.procs import cpu_seconds
-    from cairn.status import RunStatus
+    from cairn.core.status import RunStatus
 
     tag = uuid.uuid4().hex[:8]
     ids = [f"{flow}-{tag}-{i}" for i in range(runs)]
@@ -615,10 +616,10 @@ def _tokens(redis_url: str, ids: list[str]) -> int:
 def worker_cpu(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
     """CPU of a threads worker per token event: streamed batches against plain ones."""
     from bench.procs import worker_env
+    from cairn.client.client import Client
+    from cairn.core.settings import Settings
     from cairn.store import upgrade
     from cairn.testing import fleet
-    from cairn.workers.client import Client
-    from cairn.workers.settings import Settings
 
     db_url = dbs.fresh("stream_cpu")
     upgrade(db_url)
@@ -700,10 +701,10 @@ def section(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
     """`python -m bench --only stream`: memory, latency against its floor, worker CPU.
     A part that fails leaves the others to run; the section then carries an `error`."""
     from bench.procs import worker_env
+    from cairn.client.client import Client
+    from cairn.core.settings import Settings
     from cairn.store import admin, upgrade
     from cairn.testing import fleet
-    from cairn.workers.client import Client
-    from cairn.workers.settings import Settings
 
     redis_url = redis_url.rsplit("/", 1)[0] + f"/{REDIS_DB}"
     admin.RedisDatabase(redis_url).flush()

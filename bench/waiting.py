@@ -32,10 +32,10 @@ from bench.procs import (
     redis_pids,
     rss_mb,
 )
+from cairn.client.client import Client
+from cairn.core.settings import Settings
 from cairn.store import admin, upgrade
 from cairn.testing import fleet
-from cairn.workers.client import Client
-from cairn.workers.settings import Settings
 
 if TYPE_CHECKING:
     from bench.sections import Sizes

@@ -24,10 +24,10 @@ import httpx
 import psycopg
 
 from bench.common import ROOT, Databases, bench_redis, median, pct, progress
+from cairn.client.client import Client
+from cairn.core.settings import Settings
 from cairn.store import admin, upgrade
 from cairn.testing import fleet
-from cairn.workers.client import Client
-from cairn.workers.settings import Settings
 
 
 def _hammer(clients: int, seconds: float, call: Callable[[int], None]) -> dict[str, float]:

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from cairn._lazy import loader
-from cairn.errors import (
+from cairn.core.errors import (
     BudgetExceeded,
     CairnError,
     CallFailed,
@@ -49,6 +48,7 @@ from cairn.errors import (
     WaitTimedOut,
     WindowTooLarge,
 )
+from cairn.core.lazy import loader
 
 # pyproject.toml holds the version; this reads the installed package's metadata when first
 # asked (importlib.metadata at import would cost every `import cairn` some 50 ms).
@@ -63,13 +63,13 @@ _LAZY = {
     "Child": "cairn.steps.registry",
     "DONE": "cairn.steps.registry",
     "Context": "cairn.steps.context",
-    "Event": "cairn.workers.events",
+    "Event": "cairn.core.events",
     "current": "cairn.steps.context",
-    "Client": "cairn.workers.client",
-    "AsyncClient": "cairn.workers.client",
-    "Run": "cairn.store.runs",
-    "RunStatus": "cairn.status",
-    "Settings": "cairn.workers.settings",
+    "Client": "cairn.client",
+    "AsyncClient": "cairn.client",
+    "Run": "cairn.core.records",
+    "RunStatus": "cairn.core.status",
+    "Settings": "cairn.core.settings",
     "Middleware": "cairn.workers.middleware",
     "Schedule": "cairn.store.schedules",
     "ScheduleConflict": "cairn.workers.schedules",
@@ -77,16 +77,16 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from cairn.status import RunStatus
+    from cairn.client.client import AsyncClient, Client
+    from cairn.core.events import Event
+    from cairn.core.records import Run
+    from cairn.core.settings import Settings
+    from cairn.core.status import RunStatus
     from cairn.steps.context import Context, current
     from cairn.steps.registry import DONE, Child, Retry, StepResult, Workflow, workflow
-    from cairn.store.runs import Run
     from cairn.store.schedules import Schedule
-    from cairn.workers.client import AsyncClient, Client
-    from cairn.workers.events import Event
     from cairn.workers.middleware import Middleware
     from cairn.workers.schedules import ScheduleConflict, UnknownSchedule
-    from cairn.workers.settings import Settings
 
 
 _load = loader("cairn", _LAZY, globals())

@@ -331,7 +331,7 @@ MUTANTS = [
     Mutant(
         "M34",
         "a LangGraph node's journaled calls share the step's journal places",
-        "cairn/langgraph.py",
+        "cairn/contrib/langgraph.py",
         '        return ctx.scope(_UNSAFE.sub("_", name)[:100])',
         "        return contextlib.nullcontext()",
         (f"{LG}::test_a_node_resumed_from_the_checkpoint_finds_its_own_journal_records",),
@@ -468,7 +468,7 @@ MUTANTS = [
     Mutant(
         "M47",
         "a stream started again mid-run serves a reader from the start as if whole",
-        "workers/events.py",
+        "cairn/client/events.py",
         "    if after is None and not info.origin:",
         "    if False:",
         (
@@ -489,7 +489,7 @@ MUTANTS = [
     Mutant(
         "M48",
         "a reader resuming inside the durable record gets it again from its start",
-        "workers/events.py",
+        "cairn/client/events.py",
         "            return Opening(pos, skip=int(told))",
         "            return Opening(pos, skip=0)",
         (

@@ -13,10 +13,10 @@ import logging
 import re
 import types
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, overload
 
-from cairn import logs, otel
-from cairn.errors import (
+from cairn.core import logs, tracing
+from cairn.core.errors import (
     BudgetExceeded,
     CairnError,
     CallFailed,
@@ -27,18 +27,37 @@ from cairn.errors import (
     StaleWrite,
     Transient,
 )
-from cairn.store.runs import Call, Run
+from cairn.core.records import Call, Run
 
 if TYPE_CHECKING:
+    from cairn.core.records import Checkpoint
     from cairn.steps.model import ModelClient
-    from cairn.store import Checkpoint
     from cairn.store.contract import CheckpointStore, HeldLease, StepTx
     from cairn.store.tx import Connection
-    from cairn.workers.events import Outbox
-    from cairn.workers.middleware import Chain
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class CallHooks(Protocol):
+    """What a step's context tells the worker around each journaled call it makes (the
+    worker's middleware chain, cairn.workers.middleware.Chain)."""
+
+    def before_call(self, cp: Checkpoint, name: str, pos: int) -> None: ...
+
+    def after_call(
+        self, cp: Checkpoint, name: str, pos: int, exception: BaseException | None = None
+    ) -> None: ...
+
+
+class EventSink(Protocol):
+    """Where a step's events go (the worker's outbox, cairn.workers.outbox.Outbox)."""
+
+    def put(self, run_id: str, token: str, event: str, wait: bool = False) -> str | None: ...
+
+    def put_token(self, run_id: str, token: str, text: str, where: tuple[Any, ...]) -> None: ...
+
+    def over_cap(self, run_id: str) -> bool: ...
 
 
 @dataclasses.dataclass
@@ -95,8 +114,8 @@ class Context:
         config: Any = None,
         retry_on: tuple[type[BaseException], ...] = (Transient,),
         fresh: bool = False,
-        hooks: Chain | None = None,
-        events: Outbox | None = None,
+        hooks: CallHooks | None = None,
+        events: EventSink | None = None,
     ) -> None:
         self.run_id = cp.run_id
         self.cursor = cp.cursor
@@ -155,7 +174,7 @@ class Context:
         or reserved kind, data not JSON or over CAIRN_MAX_EVENT_BYTES, or the run past
         CAIRN_MAX_EVENTS.
         """
-        from cairn.workers import events
+        from cairn.core import events
 
         limit = getattr(self.config, "max_event_bytes", 65_536)
         events.check(kind, data, limit)
@@ -182,7 +201,7 @@ class Context:
         return str(self._lease.token)
 
     def _event(self, kind: str, data: Any) -> str:
-        from cairn.workers.events import encode
+        from cairn.core.events import encode
 
         return encode(
             kind, data, cursor=self.cursor, visit=self.visit, attempt=self.epoch, seq=self.seq
@@ -217,7 +236,7 @@ class Context:
             frame.effect = key
         else:
             self._effect = key
-        otel.note(effect_key=key)  # on the step's span, or the call's
+        tracing.note(effect_key=key)  # on the step's span, or the call's
         return key
 
     @property
@@ -668,7 +687,7 @@ class Context:
             self._after_model(pos, exc)
             raise
         self._count(cost)
-        otel.model_answered(request, message, cost, stream)
+        tracing.model_answered(request, message, cost, stream)
         self._after_model(pos, None)
         return message, cost
 
@@ -686,7 +705,7 @@ class Context:
             self._after_model(pos, exc)
             raise
         self._count(cost)
-        otel.model_answered(request, message, cost, stream)
+        tracing.model_answered(request, message, cost, stream)
         self._after_model(pos, None)
         return message, cost
 
@@ -737,7 +756,7 @@ def _as_json(value: Any, what: str, text: bool = False) -> Any:
 
 
 def _shown(message: dict[str, Any]) -> dict[str, Any]:
-    from cairn.workers.events import message_data
+    from cairn.core.events import message_data
 
     return message_data(message)
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_delay
 from tenacity.wait import wait_random_exponential
 
-from cairn.errors import ModelUnavailable
+from cairn.core.errors import ModelUnavailable
 from cairn.steps.window import json_size
 
 if TYPE_CHECKING:

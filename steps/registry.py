@@ -10,8 +10,8 @@ import sys
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from cairn.errors import InvalidInput, Transient, UnknownWorkflow
-from cairn.store.runs import Wait
+from cairn.core.errors import InvalidInput, Transient, UnknownWorkflow
+from cairn.core.records import Wait
 
 if TYPE_CHECKING:
     from cairn.steps.context import Context
@@ -175,7 +175,7 @@ class Workflow:
         concurrency_limit: int = 1,
         renamed: Mapping[str, str] | None = None,
     ) -> None:
-        from cairn.workers.inputs import check_flow
+        from cairn.core.inputs import check_flow
 
         self.name = name
         # Defaults for an enqueue that does not say (by a Client that has this workflow

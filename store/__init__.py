@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cairn._lazy import loader
+from cairn.core.lazy import loader
 
 _LAZY = {
-    "CHECKPOINT_VERSION": "cairn.store.checkpoints",
-    "START": "cairn.store.checkpoints",
-    "TERMINAL": "cairn.status",
-    "Checkpoint": "cairn.store.checkpoints",
+    "CHECKPOINT_VERSION": "cairn.core.records",
+    "START": "cairn.core.records",
+    "TERMINAL": "cairn.core.status",
+    "Checkpoint": "cairn.core.records",
     "CheckpointStore": "cairn.store.contract",
     "PgStore": "cairn.store.checkpoints",
     "Database": "cairn.store.db",
@@ -22,17 +22,17 @@ _LAZY = {
     "Lease": "cairn.store.lease",
     "LeaseToken": "cairn.store.lease",
     "Leases": "cairn.store.lease",
-    "Run": "cairn.store.runs",
+    "Run": "cairn.core.records",
     "StepTransaction": "cairn.store.tx",
 }
 
 if TYPE_CHECKING:
-    from cairn.status import TERMINAL
-    from cairn.store.checkpoints import CHECKPOINT_VERSION, START, Checkpoint, PgStore
+    from cairn.core.records import CHECKPOINT_VERSION, START, Checkpoint, Run
+    from cairn.core.status import TERMINAL
+    from cairn.store.checkpoints import PgStore
     from cairn.store.contract import CheckpointStore
     from cairn.store.db import Database, upgrade
     from cairn.store.lease import Lease, Leases, LeaseToken
-    from cairn.store.runs import Run
     from cairn.store.tx import StepTransaction
 
 

@@ -70,17 +70,3 @@ class RedisDatabase:
 
     def close(self) -> None:
         self.client.close()
-
-
-def reset_broker(url: str) -> None:
-    """Delete cairn's queues, and Celery's delayed-delivery ones, on a RabbitMQ vhost:
-    what flushing a Redis database is to the tests, chaos and the bench. The workers
-    declare them again when they start."""
-    from kombu import Connection
-
-    from cairn.workers import broker
-
-    with Connection(url, connect_timeout=5) as conn:
-        channel = conn.channel()
-        for queue in (*broker.QUEUES, *broker.DELAYED_QUEUES):
-            channel.queue_delete(queue)  # RabbitMQ: deleting a missing queue is no error

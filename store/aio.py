@@ -21,10 +21,10 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from cairn.errors import StoreUnavailable
-from cairn.status import RunStatus
+from cairn.core.errors import StoreUnavailable
+from cairn.core.records import START, Run
+from cairn.core.status import RunStatus
 from cairn.store.checkpoints import (
-    START,
     conflict,
     create_params,
     fork_params,
@@ -35,7 +35,6 @@ from cairn.store.checkpoints import (
     settled,
 )
 from cairn.store.db import channel, translated
-from cairn.store.runs import Run
 from cairn.store.sql import QUERIES
 
 T = TypeVar("T")

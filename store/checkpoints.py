@@ -6,11 +6,11 @@ import dataclasses
 import datetime as dt
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
+from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
-from cairn.errors import (
+from cairn.core.errors import (
     CorruptCheckpoint,
     IncompatibleCheckpoint,
     InvalidInput,
@@ -21,109 +21,30 @@ from cairn.errors import (
     UnknownRun,
     WaitTimedOut,
 )
-from cairn.status import SETTLED, RunStatus
+from cairn.core.records import (
+    CHECKPOINT_VERSION,
+    START,
+    Attempt,
+    Call,
+    Checkpoint,
+    Message,
+    Run,
+    Saved,
+    Spawned,
+    Wait,
+)
+from cairn.core.status import SETTLED, RunStatus
 from cairn.store.db import Database, channel, outage, translated
-from cairn.store.runs import Call, Run, Spawned, Wait
 from cairn.store.sql import QUERIES
 from cairn.store.tx import StepTransaction
 
 if TYPE_CHECKING:
     from cairn.store.contract import StepTx
 
-# Bump when the persisted shape changes; a checkpoint of another version is refused.
-CHECKPOINT_VERSION = 1
-
 # Status counts: a reader folds the deltas itself past FOLD_AT rows (summing 10,000 takes
 # about 2 ms); a fold moves at most FOLD_BATCH rows per transaction.
 FOLD_AT = 10_000
 FOLD_BATCH = 50_000
-# The cursor of a run that no worker has started: the workflow's first step, resolved by
-# the worker, so an enqueuer needs only the workflow's name, not its code.
-START = ""
-
-
-class Message(TypedDict, total=False):
-    """One Anthropic MessageParam, stored as given."""
-
-    role: str
-    content: Any
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Checkpoint:
-    """The smallest thing from which a run can continue."""
-
-    run_id: str
-    workflow: str
-    input: dict[str, Any]
-    seq: int  # bumps on every save; the guard compares it
-    cursor: str  # the step that comes next; "done" ends
-    state: dict[str, Any]  # accumulated results
-    visits: dict[str, int]  # saved visits per cursor: half of the idempotency key
-    window: tuple[Message, ...]  # exactly what the model saw
-    win_start: int  # index of window[0] in window_messages
-    cost_usd: float
-    version: int = CHECKPOINT_VERSION
-    status: RunStatus = RunStatus.PENDING
-    error: str | None = None
-    epoch: int = 0  # fencing epoch of the lease that wrote it
-    resumes: int = 0
-    updated_at: dt.datetime | None = None
-    attempts: int = 0  # failed attempts of the step at cursor (a save resets it)
-    deliveries: int = 0  # claims since the last save (poison detection)
-    cancel_reason: str | None = None
-    max_cost_usd: float | None = None  # this run's cost cap (None: the workers' default)
-    # status waiting: the event awaited, and the cursor to take if the timeout comes first
-    wait_event: str | None = None
-    wait_timeout_cursor: str | None = None
-    flow_version: int | None = None  # the workflow version that wrote the state
-    parent_id: str | None = None  # a child run's parent (StepResult.spawn), never changed
-    depth: int = 0  # children between it and its first ancestor
-    concurrency_key: str | None = None  # holds one of its key's slots while it runs
-    priority: int = 0
-    traceparent: str | None = None  # the enqueuer's span (cairn.otel): deliveries go on its trace
-    forked_at: int | None = None  # a fork's first seq (its origin's), never changed
-    # Read with the row, never written: the wait's timeout has passed; the oldest signal
-    # of the awaited event not yet consumed ({"id", "payload"}).
-    wait_over: bool = dataclasses.field(default=False, compare=False)
-    signal: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
-    # Not stored: the window's compact-JSON size, carried from step to step so the size
-    # check costs the new messages, not the whole window. -1: not known yet.
-    window_bytes: int = dataclasses.field(default=-1, compare=False, repr=False)
-
-    @property
-    def win_end(self) -> int:
-        return self.win_start + len(self.window)
-
-    def evolve(self, **changes: Any) -> Checkpoint:
-        """dataclasses.replace, for the loop's once-a-step copy: replace re-runs __init__
-        over all 27 fields (twice the time); this copies the fields and sets the changed
-        ones. Checkpoint has no __post_init__ to skip, and a misspelt field still fails."""
-        if not changes.keys() <= _FIELDS:
-            raise TypeError(f"Checkpoint has no field {sorted(changes.keys() - _FIELDS)}")
-        new = object.__new__(Checkpoint)
-        new.__dict__.update(self.__dict__, **changes)
-        return new
-
-
-_FIELDS = frozenset(f.name for f in dataclasses.fields(Checkpoint))
-
-
-class Saved(NamedTuple):
-    """What a save learned: a cancel asked for, a signal already there for a new wait."""
-
-    cancel_reason: str | None
-    signalled: bool
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Attempt:
-    """One step attempt as the step history records it."""
-
-    started: float  # time.time() when the step began
-    worker: str = ""  # the lease owner (host:pid:nonce)
-    effect_key: str | None = None
-    signal_id: str | None = None  # the signal the step received (consumed by the save)
 
 
 def appended(previous: Checkpoint, cp: Checkpoint) -> tuple[int, list[Message]]:

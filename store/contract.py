@@ -14,10 +14,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from cairn.status import RunStatus
-    from cairn.store.checkpoints import Attempt, Checkpoint, Saved
+    from cairn.core.records import Attempt, Call, Checkpoint, Run, Saved, Spawned, Wait
+    from cairn.core.status import RunStatus
     from cairn.store.lease import LeaseToken
-    from cairn.store.runs import Call, Run, Spawned, Wait
     from cairn.store.tx import Connection
 
 

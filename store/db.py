@@ -22,7 +22,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from cairn.errors import StoreError, StoreUnavailable
+from cairn.core.errors import StoreError, StoreUnavailable
 from cairn.store.sql import QUERIES, migrations
 
 logger = logging.getLogger(__name__)

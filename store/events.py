@@ -16,9 +16,9 @@ import redis
 import redis.asyncio
 from redis.typing import KeyT, StreamIdT
 
+from cairn.core.records import StreamInfo
 from cairn.store import keys
 from cairn.store.lease import _script, translated
-from cairn.store.runs import StreamInfo
 
 # (run_id, the writer's lease token, its events as flag + JSON): one emit.lua call.
 Batch = tuple[str, str, Sequence[str]]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
-from cairn.store.checkpoints import CHECKPOINT_VERSION, START
+from cairn.core.records import CHECKPOINT_VERSION, START
 from cairn.store.db import Database, translated
 from cairn.store.sql import QUERIES as RUN_QUERIES
 from cairn.store.sql import _parse, sql_text

@@ -20,14 +20,14 @@ import psycopg
 import pytest
 import redis as redis_lib
 
+from cairn.client.client import Client
+from cairn.core.settings import Settings
 from cairn.steps import registry
 from cairn.steps.model import ModelClient
 from cairn.store import Database, Leases, PgStore, upgrade
 from cairn.testing import fleet
 from cairn.testing.standins import MailServer, ModelServer
 from cairn.workers import loop
-from cairn.workers.client import Client
-from cairn.workers.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE_DB = Settings.from_env().database_url
@@ -255,7 +255,7 @@ _vhosts = itertools.cycle(range(15 * SLOT + 1, 15 * SLOT + 13)[_MINE])
 def broker_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
     """None (the Redis URL is the broker), or with the parameter "amqp" a RabbitMQ vhost
     emptied of cairn's queues. RabbitMQ missing skips the test, except in CI."""
-    from cairn.store.admin import reset_broker
+    from cairn.workers.broker import reset_broker
 
     if getattr(request, "param", "redis") == "redis":
         yield None

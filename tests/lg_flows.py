@@ -11,7 +11,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
 import cairn
-from cairn.langgraph import CairnSaver, idempotency_key, node, workflow
+from cairn.contrib.langgraph import CairnSaver, idempotency_key, node, workflow
 
 
 class Refund(TypedDict, total=False):

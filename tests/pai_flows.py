@@ -20,7 +20,7 @@ from pydantic_ai.models.anthropic import AnthropicModel
 from pydantic_ai.providers.anthropic import AnthropicProvider
 
 import cairn
-from cairn.pydantic_ai import CairnDurability, workflow
+from cairn.contrib.pydantic_ai import CairnDurability, workflow
 
 PLAN = "lookup, notify, remember, lookup"  # four tools, five model requests a run
 REAL_API = "https://api.anthropic.com"

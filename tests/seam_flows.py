@@ -15,7 +15,7 @@ import httpx
 from langgraph.graph import END, START, StateGraph
 
 import cairn
-from cairn.langgraph import CairnSaver, idempotency_key, workflow
+from cairn.contrib.langgraph import CairnSaver, idempotency_key, workflow
 
 
 def _ran(state: dict[str, Any], node: str) -> None:

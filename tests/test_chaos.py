@@ -19,18 +19,20 @@ import typer
 from typer.testing import CliRunner
 
 import cairn.testing.demos.chat  # noqa: F401  (registers chat here, as a worker does)
-from cairn.status import RunStatus
+from cairn.core.events import Event, encode
+from cairn.core.settings import Settings
+from cairn.core.status import RunStatus
 from cairn.steps import DONE, Context, StepResult, workflow
 from cairn.steps.model import ModelClient
 from cairn.store import Leases, PgStore, keys
 from cairn.store.events import RedisEvents
+from cairn.cli import chaos as chaos_cli
 from cairn.testing import chaos, faults
 from cairn.testing.chaos import pauses, record
 from cairn.testing.faults import BOUNDARIES
 from cairn.workers import loop
-from cairn.workers.events import Event, Outbox, encode
 from cairn.workers.middleware import Chain, Middleware
-from cairn.workers.settings import Settings
+from cairn.workers.outbox import Outbox
 from tests.conftest import BASE_DB, both_brokers, via_pgbouncer
 
 # ---------------------------------------------------------------------------------------
@@ -287,7 +289,7 @@ def test_chaos_of_a_demo_whose_extra_is_missing_says_what_to_install(
 ) -> None:
     monkeypatch.setitem(sys.modules, "langgraph", None)  # import langgraph: ImportError
     app = typer.Typer()
-    chaos.register(app)
+    chaos_cli.register(app)
 
     @app.callback()
     def _root() -> None:
@@ -577,7 +579,7 @@ def test_unkeyed_effect_is_reported_as_the_step_that_duplicates(
     template_db: str, redis_url: str, tmp_path: Path
 ) -> None:
     app = typer.Typer()
-    chaos.register(app)
+    chaos_cli.register(app)
 
     @app.callback()
     def _root() -> None:

@@ -14,13 +14,13 @@ import pytest
 
 import cairn
 import tests.flows  # noqa: F401 (fanout, square, recursive)
-from cairn import errors
-from cairn.status import RunStatus
+from cairn.client.client import Client
+from cairn.core import errors
+from cairn.core.settings import Settings
+from cairn.core.status import RunStatus
 from cairn.testing import ManualClock, MemoryLeases, MemoryStore
 from cairn.workers import loop
-from cairn.workers.client import Client
 from cairn.workers.reaper import Reaper
-from cairn.workers.settings import Settings
 from tests.conftest import wait_for
 
 SETTINGS = Settings(
@@ -202,7 +202,7 @@ def test_a_child_of_an_unknown_workflow_fails_the_parent_and_spawns_nothing(
 
 
 def test_cairn_events_cannot_be_signalled_by_hand() -> None:
-    from cairn.workers.inputs import check_event
+    from cairn.core.inputs import check_event
 
     with pytest.raises(errors.InvalidInput, match="cairn's own"):
         check_event("cairn.children:3")

@@ -35,7 +35,7 @@ COMMANDS = [
 def _cairn(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "cairn.workers.cli", *args],
+        [sys.executable, "-m", "cairn.cli", *args],
         check=False,
         capture_output=True,
         text=True,
@@ -59,7 +59,7 @@ def test_every_command_has_help_with_its_options_and_their_variables(command: st
     import click
     from typer.main import get_command
 
-    from cairn.workers import cli
+    from cairn import cli
 
     cli._register_plugins()
     cmd = get_command(cli.app)
@@ -146,7 +146,7 @@ def test_json_of_enqueue_signal_cancel_and_the_time_filters(cli_env) -> None:
 
 
 def test_resolve_settles_an_unknown_run(cli_env, store: PgStore) -> None:
-    from cairn.status import RunStatus
+    from cairn.core.status import RunStatus
 
     store.create_run("u-1", "probe", {}, "one")
     cp = store.claim("u-1", 1)
@@ -166,7 +166,7 @@ def test_events_follows_a_run_as_text_and_as_json_lines(cli_env, settings, store
     from cairn.store.events import RedisEvents
     from cairn.store.lease import Leases
     from cairn.workers import loop
-    from cairn.workers.events import Outbox
+    from cairn.workers.outbox import Outbox
 
     store.create_run("ev-cli", "chat", {"prompt": "REPLY: one two three", "max_tokens": 9})
     leases = Leases.from_url(settings.redis_url)

@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 
 import tests.flows  # noqa: F401 (square)
-from cairn.errors import InvalidInput
-from cairn.status import RunStatus
+from cairn.client.client import Client
+from cairn.core.errors import InvalidInput
+from cairn.core.inputs import check_flow
+from cairn.core.settings import Settings
+from cairn.core.status import RunStatus
 from cairn.testing import ManualClock, MemoryLeases, MemoryStore
 from cairn.testing.chaos.keys import most_at_once
 from cairn.workers import broker, loop
-from cairn.workers.client import Client
-from cairn.workers.inputs import check_flow
-from cairn.workers.settings import Settings
 from tests.conftest import both_brokers, wait_for
 
 SETTINGS = Settings(

@@ -27,7 +27,7 @@ def test_demo_finishes_every_run_and_delivers_each_email_once(db_url: str, tmp_p
         "CAIRN_STATE_DIR": str(tmp_path),
     }
     port = fleet.free_port()
-    command = [sys.executable, "-m", "cairn.workers.cli", "demo", "--json", "--runs", "6"]
+    command = [sys.executable, "-m", "cairn.cli", "demo", "--json", "--runs", "6"]
     errors = tmp_path / "stderr.txt"
     with errors.open("w") as stderr:
         demo = subprocess.Popen(

@@ -25,9 +25,10 @@ import typer.main
 import yaml
 from typer.testing import CliRunner
 
+from cairn import cli
+from cairn.core.settings import Settings
 from cairn.testing import fleet
-from cairn.workers import broker, cli
-from cairn.workers.settings import Settings
+from cairn.workers import broker
 from tests.conftest import ROOT, both_brokers, wait_for
 
 DEPLOY = ROOT / "deploy"
@@ -133,7 +134,7 @@ def test_every_pod_migrates_first_and_takes_its_config_from_the_secret() -> None
 def test_the_telemetry_config_map_sets_only_known_settings_and_otel_variables() -> None:
     import dataclasses
 
-    from cairn.workers.settings import Settings
+    from cairn.core.settings import Settings
 
     (config,) = [d for d in _kind("ConfigMap") if d["metadata"]["name"] == "cairn-telemetry"]
     known = {f.metadata["env"] for f in dataclasses.fields(Settings)}

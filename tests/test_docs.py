@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from cairn.client.client import Client
 from cairn.testing import fleet
 from cairn.testing.standins import MailServer
-from cairn.workers.client import Client
 from tests import pages
 from tests.conftest import ROOT, wait_for
 from tests.test_readme import _env

@@ -16,18 +16,19 @@ import pytest
 import redis
 
 import cairn
-from cairn.errors import LeaseLost
-from cairn.status import RunStatus
+from cairn.client.client import Client
+from cairn.core.errors import LeaseLost
+from cairn.core.events import Event
+from cairn.core.settings import Settings
+from cairn.core.status import RunStatus
 from cairn.steps import Context, StepResult, workflow
 from cairn.steps.model import ModelClient
 from cairn.store import keys
 from cairn.store.events import RedisEvents
 from cairn.store.lease import Leases
 from cairn.workers import loop
-from cairn.workers.client import Client
-from cairn.workers.events import Event, Outbox
 from cairn.workers.middleware import Chain
-from cairn.workers.settings import Settings
+from cairn.workers.outbox import Outbox
 
 flow = workflow("events_flow")
 CRASH = {"armed": False}
@@ -171,7 +172,7 @@ def test_a_worker_that_lost_the_run_writes_no_event(
     assert lease is not None
     outbox = events_deps.events
     assert outbox is not None
-    from cairn.workers.events import encode
+    from cairn.core.events import encode
 
     assert outbox.put(run_id, str(lease.token), encode("mine", {}), wait=True)
     lease.release()
@@ -279,7 +280,7 @@ def test_a_streamed_answer_arrives_token_by_token_and_whole_after_a_crash(
 
 
 def test_a_batch_keeps_each_runs_order_across_fenced_and_unfenced_events() -> None:
-    from cairn.workers.events import _Pending, _segments
+    from cairn.workers.outbox import _Pending, _segments
 
     put = [
         ("a", "tok1", "g1"),
@@ -303,7 +304,7 @@ def test_a_burst_of_deltas_joins_while_queued_and_keeps_its_place(
 ) -> None:
     """Deltas that come faster than the outbox sends (a burst, Redis slow) become fewer
     token events, with the same text, never jumping over another event of the run."""
-    from cairn.workers.events import encode
+    from cairn.core.events import encode
 
     outbox = Outbox(RedisEvents(leases.client), settings, linger=0.05)
     lease = leases.acquire("burst", 30)
@@ -329,7 +330,7 @@ def test_the_outbox_thread_outlives_a_bug_in_a_batchs_answer(
 ) -> None:
     """One batch whose handling raises (here the log answers for fewer events than it got)
     fails its waiters with the error; the thread goes on and the next event is written."""
-    from cairn.workers.events import encode
+    from cairn.core.events import encode
 
     class Short(RedisEvents):
         broken = True

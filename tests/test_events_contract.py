@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from cairn.core.events import Event, encode
 from cairn.store.events import FENCED, OVER_CAP, RedisEvents
 from cairn.store.lease import Leases
 from cairn.testing import MemoryEvents, MemoryLeases
-from cairn.workers.events import Event, encode
 
 
 @pytest.fixture(params=["redis", "memory"])
@@ -139,10 +139,11 @@ def test_a_blocking_read_returns_when_an_event_comes(both) -> None:
 def test_a_run_on_the_in_memory_twins_streams_its_events() -> None:
     """What a user's own test does: the loop on MemoryStore, MemoryLeases, MemoryEvents."""
     import cairn
+    from cairn.client.events import follow
+    from cairn.core.settings import Settings
     from cairn.testing import ManualClock, MemoryStore
     from cairn.workers import loop
-    from cairn.workers.events import Outbox, follow
-    from cairn.workers.settings import Settings
+    from cairn.workers.outbox import Outbox
 
     flow = cairn.workflow("events_twin")
 

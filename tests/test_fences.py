@@ -21,11 +21,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from cairn.errors import StoreUnavailable
+from cairn.core.errors import StoreUnavailable
+from cairn.core.records import Call
 from cairn.store import Checkpoint, Database, PgStore
 from cairn.store.db import translated
 from cairn.store.graphs import Fence, GraphStore
-from cairn.store.runs import Call
 
 HELD = 4242  # the advisory lock a trigger waits on while the test holds it
 

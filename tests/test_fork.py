@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 import tests.flows  # noqa: F401 (loop: one keyed email a visit)
-from cairn.errors import InvalidInput, RunNotStopped, UnknownRun
-from cairn.status import RunStatus
+from cairn.client.client import Client
+from cairn.core.errors import InvalidInput, RunNotStopped, UnknownRun
+from cairn.core.status import RunStatus
 from cairn.steps import Context, StepResult, registry, workflow
 from cairn.store import PgStore
 from cairn.testing.standins import MailServer
 from cairn.workers import loop
-from cairn.workers.client import Client
 
 # a -> b -> c; c fails until the file named by input "fixed" exists.
 mend = workflow("mend")
@@ -282,7 +282,7 @@ def test_the_async_client_forks_rewinds_and_lists_forks(
 ) -> None:
     import asyncio
 
-    from cairn.workers.client import AsyncClient
+    from cairn.client.client import AsyncClient
 
     run_id = client.enqueue("loop", {"visits": 2})
     assert loop.run(run_id, deps) == RunStatus.DONE

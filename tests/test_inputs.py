@@ -14,9 +14,9 @@ import time
 import psycopg
 import pytest
 
-from cairn.errors import InvalidInput, StoreUnavailable
+from cairn.client.client import Client
+from cairn.core.errors import InvalidInput, StoreUnavailable
 from cairn.store.db import outage
-from cairn.workers.client import Client
 from tests.conftest import ROOT
 
 OK = {"customer": "acme", "email": "a@acme.test"}
@@ -52,7 +52,7 @@ def test_bad_input_to_the_client_is_refused_at_once(
 def _cairn(*args: str, env: dict[str, str], stdin: str | None = None):
     full = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **env}
     return subprocess.run(
-        [sys.executable, "-m", "cairn.workers.cli", *args],
+        [sys.executable, "-m", "cairn.cli", *args],
         input=stdin,
         capture_output=True,
         text=True,

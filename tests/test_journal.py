@@ -19,16 +19,16 @@ from typing import Any
 import pytest
 
 import cairn
-from cairn import errors
-from cairn.status import RunStatus
+from cairn.core import errors
+from cairn.core.records import Checkpoint
+from cairn.core.settings import Settings
+from cairn.core.status import RunStatus
 from cairn.steps import Context, StepResult, workflow
 from cairn.steps.model import ModelClient, text_of
-from cairn.store.checkpoints import Checkpoint
 from cairn.testing import ManualClock, MemoryLeases, MemoryStore
 from cairn.testing.standins import ModelServer
 from cairn.workers import loop
 from cairn.workers.middleware import Chain, Middleware
-from cairn.workers.settings import Settings
 
 SETTINGS = Settings(
     database_url="postgresql://unused.invalid/x", redis_url="redis://unused.invalid/0"

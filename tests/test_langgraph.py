@@ -17,16 +17,16 @@ from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
-from cairn import errors
-from cairn import langgraph as lg
-from cairn.langgraph import CairnSaver
-from cairn.status import RunStatus
+from cairn.contrib import langgraph as lg
+from cairn.contrib.langgraph import CairnSaver
+from cairn.core import errors
+from cairn.core.settings import Settings
+from cairn.core.status import RunStatus
 from cairn.steps import Context, StepResult, workflow
 from cairn.steps.context import current
 from cairn.store import Database
 from cairn.store.graphs import GraphStore
 from cairn.workers import loop
-from cairn.workers.settings import Settings
 from tests.conftest import BASE_DB, _with_db
 
 
@@ -542,9 +542,9 @@ lg.workflow("lg-said", _said_graph())
 def test_a_graphs_nodes_writes_and_chat_tokens_are_live_events(
     settings: Settings, deps: loop.Deps
 ) -> None:
+    from cairn.client.client import Client
     from cairn.store.events import RedisEvents
-    from cairn.workers.client import Client
-    from cairn.workers.events import Outbox
+    from cairn.workers.outbox import Outbox
 
     outbox = Outbox(RedisEvents(deps.leases.client), settings)
     live = dataclasses.replace(deps, events=outbox)

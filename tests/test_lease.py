@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from cairn.errors import LeaseLost
+from cairn.core.errors import LeaseLost
 from cairn.store import Leases, keys
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cairn import errors
+from cairn.core import errors
 from cairn.store import PgStore, keys
 from cairn.testing.standins import MailServer, ModelServer
 from cairn.workers import loop

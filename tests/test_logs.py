@@ -17,16 +17,16 @@ from typing import Any
 import pytest
 
 import tests.flows  # noqa: F401  (registers square)
-from cairn import logs
-from cairn.status import RunStatus
+from cairn.client.client import Client
+from cairn.core import logs
+from cairn.core.records import Checkpoint
+from cairn.core.settings import Settings
+from cairn.core.status import RunStatus
 from cairn.steps.context import Context
 from cairn.steps.registry import StepResult, workflow
 from cairn.store import Leases, PgStore
-from cairn.store.checkpoints import Checkpoint
 from cairn.testing import fleet
 from cairn.workers import celerylog, loop
-from cairn.workers.client import Client
-from cairn.workers.settings import Settings
 from tests.conftest import Server, wait_for
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cairn import errors
-from cairn.errors import (
+from cairn.core import errors
+from cairn.core.errors import (
     IncompatibleCheckpoint,
     InvalidInput,
     StaleWrite,

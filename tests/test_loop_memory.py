@@ -17,16 +17,16 @@ from typing import Any
 import pytest
 
 import cairn
-from cairn import errors
-from cairn.status import RunStatus
+from cairn.core import errors
+from cairn.core.records import START, Checkpoint
+from cairn.core.settings import Settings
+from cairn.core.status import RunStatus
 from cairn.steps import Context, StepResult, registry, workflow
-from cairn.store.checkpoints import START, Checkpoint
 from cairn.store.lease import LeaseToken
 from cairn.testing import ManualClock, MemoryLeases, MemoryStore
 from cairn.workers import loop
 from cairn.workers.middleware import Chain, Middleware
 from cairn.workers.reaper import Reaper
-from cairn.workers.settings import Settings
 
 # Constructing Settings connects to nothing; these URLs would fail if anything tried.
 SETTINGS = Settings(

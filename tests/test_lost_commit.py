@@ -10,12 +10,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from cairn.status import RunStatus
+from cairn.core.records import Call, Checkpoint
+from cairn.core.settings import Settings
+from cairn.core.status import RunStatus
 from cairn.store import Database, PgStore
-from cairn.store.checkpoints import Checkpoint
-from cairn.store.runs import Call
 from cairn.testing.proxy import CutProxy
-from cairn.workers.settings import Settings
 
 
 @pytest.fixture

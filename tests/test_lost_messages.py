@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from cairn.client.client import Client
 from cairn.store.admin import RedisDatabase
 from cairn.testing import fleet
 from cairn.workers import broker
-from cairn.workers.client import Client
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from cairn import errors
+from cairn.core import errors
 from cairn.store import Checkpoint
 from cairn.workers import metrics
 from cairn.workers.middleware import Chain, Middleware, load
@@ -92,4 +92,4 @@ def test_cairn_middleware_names_importable_middleware_subclasses() -> None:
     with pytest.raises(ValueError, match="module:Class"):
         load(["no_such_module_x:Thing"])
     with pytest.raises(TypeError, match="not a cairn Middleware"):
-        load(["cairn.workers.settings:Settings"])
+        load(["cairn.core.settings:Settings"])

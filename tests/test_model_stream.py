@@ -9,7 +9,7 @@ import httpx2
 import pytest
 from anthropic.types import Message
 
-from cairn.errors import ModelUnavailable
+from cairn.core.errors import ModelUnavailable
 from cairn.steps.model import ModelClient, cost_of, text_of
 from cairn.testing.standins import ModelServer
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cairn.status import RunStatus
-from cairn.workers.client import Client
+from cairn.client.client import Client
+from cairn.core.status import RunStatus
 from tests.conftest import Server
 
 SCHEMATHESIS = str(Path(sys.executable).with_name("schemathesis"))

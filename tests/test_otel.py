@@ -18,14 +18,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import tests.flows  # noqa: F401 (probe, square)
 from cairn import StepResult, otel, workflow
-from cairn.status import RunStatus
+from cairn.client.client import Client
+from cairn.core.settings import Settings
+from cairn.core.status import RunStatus
 from cairn.steps.context import Context
 from cairn.store import Leases, PgStore
 from cairn.testing.otlp import TraceReceiver
 from cairn.workers import loop
-from cairn.workers.client import Client
 from cairn.workers.middleware import Chain, Middleware
-from cairn.workers.settings import Settings
 from tests.conftest import holder_pid, step_log, wait_for
 
 
@@ -137,7 +137,7 @@ def test_a_requests_traceparent_reaches_the_run_through_the_api(
 ) -> None:
     from fastapi.testclient import TestClient
 
-    from cairn.workers.web.api import create_app
+    from cairn.web.api import create_app
 
     _, exporter = spans
     caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -220,7 +220,7 @@ def test_a_steps_own_spans_and_attributes_land_under_and_on_its_span(
     """The step's span is cairn's recorded one (not the SDK's Span), yet what a step does
     with the current span is kept: its attributes, checked as the SDK's span checks them,
     and a child span nested under it."""
-    from cairn._spans import RecordedSpan, Recorder
+    from cairn.core.spans import RecordedSpan, Recorder
 
     tracer, exporter = spans
     assert Recorder.of(tracer) is not None
@@ -330,7 +330,7 @@ def test_a_failed_step_records_its_exception_and_error_status(
 def test_a_recorded_span_with_no_span_above_it_starts_a_trace(spans: Any) -> None:
     from opentelemetry.context import Context
 
-    from cairn._spans import Recorder
+    from cairn.core.spans import Recorder
 
     tracer, exporter = spans
     recorder = Recorder.of(tracer)
@@ -360,7 +360,7 @@ class _NotTheSdks:
 def test_another_tracer_gets_the_same_spans_through_start_span(
     spans: Any, deps: loop.Deps, store: PgStore
 ) -> None:
-    from cairn._spans import Recorder
+    from cairn.core.spans import Recorder
 
     tracer, exporter = spans
     wrapped = _NotTheSdks(tracer)

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from cairn import errors, logs
+from cairn.core import errors, logs
+from cairn.core.settings import Settings
 from cairn.workers import loop
 from cairn.workers.app import run_task
-from cairn.workers.settings import Settings
 
 SETTINGS = Settings(defer_seconds=2.0, transient_retries=3)
 

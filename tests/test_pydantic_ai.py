@@ -25,15 +25,15 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import cairn
-from cairn import errors
-from cairn.pydantic_ai import APPROVAL, CairnDurability, stream_tokens, workflow
-from cairn.status import RunStatus
-from cairn.store.checkpoints import Checkpoint
+from cairn.contrib.pydantic_ai import APPROVAL, CairnDurability, stream_tokens, workflow
+from cairn.core import errors
+from cairn.core.records import Checkpoint
+from cairn.core.settings import Settings
+from cairn.core.status import RunStatus
 from cairn.testing import ManualClock, MemoryLeases, MemoryStore
 from cairn.testing.standins import ModelServer
 from cairn.workers import loop
 from cairn.workers.middleware import Chain, Middleware
-from cairn.workers.settings import Settings
 from tests import pai_flows
 
 # The Anthropic agent's stand-in: its client reads ANTHROPIC_BASE_URL at each request
@@ -328,7 +328,7 @@ def test_an_anthropic_agent_with_an_http_effect_and_a_db_write_survives_a_kill(
 
 
 def test_a_compacted_window_is_still_a_conversation_the_agent_can_go_on_with() -> None:
-    from cairn.pydantic_ai import messages_of
+    from cairn.contrib.pydantic_ai import messages_of
     from cairn.steps.window import compact
 
     clock = ManualClock()
@@ -385,8 +385,9 @@ workflow("pai-streamer", streamer)
 
 
 def test_an_agents_text_streams_as_token_events_and_a_replay_streams_nothing() -> None:
+    from cairn.client.events import follow
     from cairn.testing import MemoryEvents
-    from cairn.workers.events import Outbox, follow
+    from cairn.workers.outbox import Outbox
 
     clock = ManualClock()
     store, leases = MemoryStore(clock), MemoryLeases(clock)

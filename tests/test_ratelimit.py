@@ -13,13 +13,13 @@ import redis as redis_lib
 
 import cairn
 from bench import ratelimit as bench
-from cairn.errors import RetryLater
+from cairn.core.errors import RetryLater
+from cairn.core.settings import Settings
 from cairn.steps.model import ModelClient, RateLimited
 from cairn.store import Leases, PgStore
 from cairn.store.ratelimit import Limit, RateLimiter
 from cairn.testing.standins import ModelServer
 from cairn.workers import loop
-from cairn.workers.settings import Settings
 
 flow = cairn.workflow("ratelimit_ask")
 

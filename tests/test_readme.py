@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from cairn.client.client import Client
+from cairn.core.settings import markdown_table
 from cairn.testing import fleet
 from cairn.testing.standins import MailServer
-from cairn.workers.client import Client
-from cairn.workers.settings import markdown_table
 from tests import pages
 from tests.conftest import wait_for
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from cairn.status import RunStatus
+from cairn.core.settings import Settings
+from cairn.core.status import RunStatus
 from cairn.workers.reaper import Reaper
-from cairn.workers.settings import Settings
 
 SETTINGS = Settings(lease_ttl=4.0, lost_after=10.0, pending_after=300.0)
 

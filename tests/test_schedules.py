@@ -19,12 +19,12 @@ import httpx
 import pytest
 from click.testing import Result
 
-from cairn.errors import InvalidInput
+from cairn.client.client import Client
+from cairn.core.errors import InvalidInput
 from cairn.store import Leases, PgStore
 from cairn.store.schedules import ScheduleStore
 from cairn.testing import fleet
 from cairn.testing.standins import MailServer
-from cairn.workers.client import Client
 from cairn.workers.reaper import Reaper
 from cairn.workers.schedules import (
     MAX_CATCH_UP,
@@ -306,7 +306,7 @@ def test_the_async_client_manages_schedules_too(settings) -> None:
 def test_the_cli_adds_lists_pauses_resumes_and_removes(settings) -> None:
     from typer.testing import CliRunner
 
-    from cairn.workers import cli
+    from cairn import cli
 
     env = {"CAIRN_DATABASE_URL": settings.database_url, "CAIRN_WORKFLOWS": "tests.flows"}
 
@@ -315,7 +315,7 @@ def test_the_cli_adds_lists_pauses_resumes_and_removes(settings) -> None:
 
     # Once as a user runs it, a process of its own; then in this one (each start costs).
     added = subprocess.run(
-        [sys.executable, "-m", "cairn.workers.cli", "schedules", "add", "nightly", "loop"]
+        [sys.executable, "-m", "cairn.cli", "schedules", "add", "nightly", "loop"]
         + ["--cron", "0 3 * * *", "--input", '{"visits": 1}', "--catch-up", "skip", "--json"],
         env={**os.environ, "PYTHONPATH": str(ROOT), **env},
         capture_output=True,
@@ -348,7 +348,7 @@ def test_the_http_api(settings) -> None:
     from fastapi.testclient import TestClient
 
     import tests.flows  # noqa: F401  (the workflow "loop")
-    from cairn.workers.web.api import create_app
+    from cairn.web.api import create_app
 
     app = create_app(dataclasses.replace(settings, api_token="t0ken"))
     token = {"Authorization": "Bearer t0ken"}

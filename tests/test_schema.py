@@ -11,7 +11,7 @@ import subprocess
 
 import psycopg
 
-from cairn.status import RunStatus
+from cairn.core.status import RunStatus
 from cairn.store import upgrade
 from cairn.store.sql import sql_text
 from tests.conftest import BASE_DB

@@ -23,9 +23,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from cairn.client.client import Client
 from cairn.testing import fleet
 from cairn.testing.standins import MailServer
-from cairn.workers.client import Client
 from tests.conftest import LEASE_TTL, wait_for
 
 pytestmark = pytest.mark.slow

@@ -16,12 +16,13 @@ import httpx
 import pytest
 
 import cairn.testing.demos.chat  # noqa: F401  (registers chat, as the worker and server do)
+from cairn.client.client import Client
+from cairn.client.events import read_token
+from cairn.core.settings import Settings
 from cairn.steps.model import ModelClient
 from cairn.store.events import RedisEvents
 from cairn.workers import loop
-from cairn.workers.client import Client
-from cairn.workers.events import Outbox, read_token
-from cairn.workers.settings import Settings
+from cairn.workers.outbox import Outbox
 from tests.conftest import Server
 
 

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from cairn.errors import CorruptCheckpoint, IncompatibleCheckpoint, RunIdConflict, StaleWrite
-from cairn.status import STOPPED
+from cairn.core.errors import CorruptCheckpoint, IncompatibleCheckpoint, RunIdConflict, StaleWrite
+from cairn.core.status import STOPPED
 from cairn.steps.registry import DONE
 from cairn.store import CHECKPOINT_VERSION, Checkpoint, PgStore
 

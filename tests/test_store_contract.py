@@ -24,12 +24,17 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from cairn.errors import IncompatibleCheckpoint, LeaseLost, RunIdConflict, StaleWrite, StoreError
-from cairn.status import STOPPED, RunStatus
-from cairn.store.checkpoints import Attempt, Checkpoint
+from cairn.core.errors import (
+    IncompatibleCheckpoint,
+    LeaseLost,
+    RunIdConflict,
+    StaleWrite,
+    StoreError,
+)
+from cairn.core.records import Attempt, Call, Checkpoint, Run, Wait
+from cairn.core.status import STOPPED, RunStatus
 from cairn.store.contract import CheckpointStore, HeldLease, LeaseManager
 from cairn.store.lease import LeaseToken
-from cairn.store.runs import Call, Run, Wait
 from cairn.testing import ManualClock, MemoryLease, MemoryLeases, MemoryStore
 
 # Every timestamp Postgres stores, by table: moved back by the seconds that pass.
@@ -983,7 +988,7 @@ def test_memory_twins_have_every_method_of_the_contract(protocol: type, twin: ty
 # -- child runs ------------------------------------------------------------------------
 def _spawn(store: CheckpointStore, kids: int = 3, need: int = 3) -> tuple[Checkpoint, list[str]]:
     """r1 saves a step that spawns kids children and waits for need of them."""
-    from cairn.store.runs import Spawned
+    from cairn.core.records import Spawned
 
     cp = _running(store)
     ids = [f"r1.two.0.{i}" for i in range(kids)]
@@ -1005,7 +1010,7 @@ def _finish(store: CheckpointStore, run_id: str, status: RunStatus, epoch: int =
 
 
 def test_a_spawn_creates_its_children_with_the_save_and_once(any_store: CheckpointStore) -> None:
-    from cairn.store.runs import Spawned
+    from cairn.core.records import Spawned
 
     nxt, ids = _spawn(any_store)
     kids = any_store.children("r1")
@@ -1054,7 +1059,7 @@ def test_a_spawn_waiting_for_any_child_gathers_at_the_first(any_store: Checkpoin
 
 
 def test_cancelling_a_parent_cancels_its_children_and_theirs(any_store: CheckpointStore) -> None:
-    from cairn.store.runs import Spawned
+    from cairn.core.records import Spawned
 
     _, ids = _spawn(any_store, kids=2, need=2)
     busy = any_store.claim(ids[0], 1)  # a worker has the first child: it stops at its next step

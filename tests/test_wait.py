@@ -13,12 +13,12 @@ import httpx
 import pytest
 
 import cairn
-from cairn.errors import UnknownRun, WaitTimedOut
-from cairn.status import RunStatus
+from cairn.client.client import AsyncClient, Client
+from cairn.core.errors import UnknownRun, WaitTimedOut
+from cairn.core.settings import Settings
+from cairn.core.status import RunStatus
 from cairn.store import PgStore
 from cairn.testing import fleet
-from cairn.workers.client import AsyncClient, Client
-from cairn.workers.settings import Settings
 from tests import pages
 from tests.conftest import PGBOUNCER_PORT, wait_for
 

@@ -28,7 +28,7 @@ def api(serve: Callable[..., Server]) -> Iterator[httpx.Client]:
 def test_serve_refuses_to_start_without_a_token(worker_env: dict[str, str]) -> None:
     started = time.monotonic()
     out = subprocess.run(
-        [sys.executable, "-m", "cairn.workers.cli", "serve", "--port", str(fleet.free_port())],
+        [sys.executable, "-m", "cairn.cli", "serve", "--port", str(fleet.free_port())],
         check=False,
         env=worker_env,
         capture_output=True,
@@ -307,7 +307,7 @@ def test_a_postgres_outage_is_a_503_within_seconds(
 
 def _unknown(store: Any, run_id: str) -> str:
     """A run stopped as unknown: an at-most-once effect's intent without its mark."""
-    from cairn.status import RunStatus
+    from cairn.core.status import RunStatus
 
     store.create_run(run_id, "probe", {}, "one")
     cp = store.claim(run_id, 1)

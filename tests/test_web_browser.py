@@ -13,10 +13,10 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
-from cairn.status import RunStatus
+from cairn.client.client import Client
+from cairn.core.status import RunStatus
 from cairn.testing import fleet
 from cairn.workers import loop
-from cairn.workers.client import Client
 from tests.browser import ARTIFACTS, chromium
 from tests.conftest import Server, wait_for
 

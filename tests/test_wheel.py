@@ -99,7 +99,7 @@ def test_the_wheel_ships_py_typed_and_the_data_files_and_only_cairn(dist: Path) 
     assert {n.split("/")[0] for n in names} == {"cairn", f"cairn-{VERSION}.dist-info"}
     assert "cairn/py.typed" in names  # PEP 561: a user's type checker reads our hints
     assert {"cairn/store/sql/queries.sql", "cairn/store/lua/acquire.lua"} <= names
-    assert any(n.startswith("cairn/workers/web/templates/") for n in names)
+    assert any(n.startswith("cairn/web/templates/") for n in names)
     assert "cairn/testing/demos/invoice.py" in names  # `cairn demo` and `cairn chaos` load it
     with tarfile.open(next(dist.glob("cairn-*.tar.gz"))) as sdist:
         assert f"cairn-{VERSION}/cairn/py.typed" in sdist.getnames()
@@ -119,7 +119,7 @@ def test_a_plain_install_has_the_client_and_the_worker_but_no_server(
     done = _run(plain, "python", "-c", code, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [VERSION, "None", "None", "None"]
-    web = _run(plain, "python", "-c", "import cairn.workers.web.api", cwd=tmp_path)
+    web = _run(plain, "python", "-c", "import cairn.web.api", cwd=tmp_path)
     assert "pip install 'cairn[server]'" in web.stderr, web.stderr
     version = _run(plain, "cairn", "--version", cwd=tmp_path)
     assert version.stdout == f"cairn {VERSION}\n", version.stderr  # pyproject's, one place

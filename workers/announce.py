@@ -19,16 +19,16 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from cairn import logs
-from cairn.errors import StoreUnavailable
-from cairn.status import STOPPED, RunStatus
+from cairn.core import logs
+from cairn.core.errors import StoreUnavailable
+from cairn.core.events import ENDS_ATTEMPT, Event, encode, message_data
+from cairn.core.status import STOPPED, RunStatus
 from cairn.steps.registry import DONE
-from cairn.workers.events import ENDS_ATTEMPT, Event, encode, message_data
 
 if TYPE_CHECKING:
     from cairn.store import Checkpoint
     from cairn.store.contract import CheckpointStore, HeldLease
-    from cairn.workers.events import Outbox
+    from cairn.workers.outbox import Outbox
 
 logger = logging.getLogger(__name__)
 

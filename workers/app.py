@@ -14,8 +14,9 @@ from celery import Celery, Task, signals
 from celery.worker import state as worker_state
 from celery.worker.request import Request
 
-from cairn import logs, otel
-from cairn.errors import Deferred, HandOff, Interrupted, RetryLater, Superseded
+from cairn.core import logs, tracing
+from cairn.core.errors import Deferred, HandOff, Interrupted, RetryLater, Superseded
+from cairn.core.settings import Settings
 from cairn.steps import registry
 from cairn.steps.model import ModelClient, preload_sdk
 from cairn.store.checkpoints import PgStore
@@ -25,12 +26,12 @@ from cairn.store.events import RedisEvents
 from cairn.store.lease import Leases
 from cairn.store.schedules import ScheduleStore
 from cairn.workers import broker, celerylog, loop, metrics, schedules
-from cairn.workers.events import Outbox
 from cairn.workers.metrics import Metrics
 from cairn.workers.middleware import NONE, Chain, Middleware
 from cairn.workers.middleware import load as load_middleware
+from cairn.workers.outbox import Outbox
 from cairn.workers.reaper import Reaper
-from cairn.workers.settings import Settings
+from cairn.workers.tracing import Tracing
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +215,7 @@ def reap(task: Task) -> int:
     """Send again runs whose worker or message was lost (see cairn.workers.reaper)."""
     runtime: Runtime = task.app.cairn
     d = runtime.deps()
-    with otel.spanning("cairn.reap"):
+    with tracing.spanning("cairn.reap"):
         sent = Reaper(
             store=d.store,
             leases=d.leases,
@@ -224,21 +225,21 @@ def reap(task: Task) -> int:
                 (run_id,), queue=broker.RESUME
             ),
         ).reap()
-        otel.note(runs_sent=sent)
+        tracing.note(runs_sent=sent)
     return sent
 
 
 def sweep(task: Task) -> int:
     """Delete terminal runs older than CAIRN_RETENTION_SECONDS, 1,000 per transaction."""
     runtime: Runtime = task.app.cairn
-    with otel.spanning("cairn.sweep"):
+    with tracing.spanning("cairn.sweep"):
         deleted = runtime.deps().store.sweep(
             runtime.settings.retention,
             progress=lambda n: logger.info(
                 "sweep: %d runs deleted", n, extra=logs.run(None, "sweep", deleted=n)
             ),
         )
-        otel.note(runs_deleted=deleted)
+        tracing.note(runs_deleted=deleted)
     return deleted
 
 
@@ -250,9 +251,9 @@ def fire_schedules(task: Task) -> int:
         send=lambda run_id: run.apply_async((run_id,), queue=broker.RUNS),
         grace=max(schedules.GRACE, 3 * task.app.cairn.settings.schedule_tick),
     )
-    with otel.spanning("cairn.schedules.fire"):
+    with tracing.spanning("cairn.schedules.fire"):
         fired = firer.fire()
-        otel.note(runs_started=len(fired))
+        tracing.note(runs_started=len(fired))
     return len(fired)
 
 
@@ -289,7 +290,7 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
         },
     )
     # Tracing first: the other middleware's work falls inside the run's and step's spans.
-    traced = [otel.Tracing()] if otel.setup(settings, "cairn-worker") else []
+    traced = [Tracing()] if tracing.setup(settings, "cairn-worker") else []
     chain = Chain([*traced, Metrics(), *load_middleware(settings.middleware), *middleware])
     runtime = Runtime(settings, chain)
     runtime.send = lambda run_id, resume, priority: app.tasks[broker.RUN_TASK].apply_async(

@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cairn.workers.settings import Settings
+    from cairn.core.settings import Settings
 
 RUN_TASK = "cairn.run"
 REAP_TASK = "cairn.reap"
@@ -36,9 +36,6 @@ CONTROL = "cairn.control"
 QUEUES = (RUNS, HIGH, RESUME, CONTROL)
 RUN_QUEUES = (RUNS, HIGH, RESUME)
 assert sorted(QUEUES) == [CONTROL, RESUME, HIGH, RUNS], "the Redis priority order is by name"
-# Enqueue's priority= (and a workflow's): higher starts first. A positive one goes to the
-# high queue, ahead of the backlog; the whole number orders a concurrency key's queue.
-MIN_PRIORITY, MAX_PRIORITY = -100, 100
 
 # RabbitMQ only. A message delivered this many times more is dropped: the backstop for a
 # run that kills its worker before cairn counts the delivery. Above CAIRN_MAX_DELIVERIES
@@ -155,3 +152,15 @@ def conf(settings: Settings) -> dict[str, Any]:
         "task_default_exchange_type": "topic" if amqp else "direct",
         "task_routes": {REAP_TASK: {"queue": CONTROL}, SWEEP_TASK: {"queue": CONTROL}},
     }
+
+
+def reset_broker(url: str) -> None:
+    """Delete cairn's queues, and Celery's delayed-delivery ones, on a RabbitMQ vhost:
+    what flushing a Redis database is to the tests, chaos and the bench. The workers
+    declare them again when they start."""
+    from kombu import Connection
+
+    with Connection(url, connect_timeout=5) as conn:
+        channel = conn.channel()
+        for queue in (*QUEUES, *DELAYED_QUEUES):
+            channel.queue_delete(queue)  # RabbitMQ: deleting a missing queue is no error

@@ -25,9 +25,9 @@ from celery import signals
 from celery.app.trace import LOG_RECEIVED, LOG_RETRY, LOG_SUCCESS
 from celery.utils.log import get_multiprocessing_logger
 
-from cairn import logs
+from cairn.core import logs
+from cairn.core.settings import Settings
 from cairn.workers import broker, schedules
-from cairn.workers.settings import Settings
 
 logger = logging.getLogger(__name__)
 

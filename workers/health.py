@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cairn.errors import CairnError
+from cairn.core.errors import CairnError
 
 if TYPE_CHECKING:
-    from cairn.workers.settings import Settings
+    from cairn.core.settings import Settings
 
 
 def problems(settings: Settings) -> list[str]:

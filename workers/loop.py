@@ -15,8 +15,8 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from cairn import logs, otel
-from cairn.errors import (
+from cairn.core import logs, tracing
+from cairn.core.errors import (
     BudgetExceeded,
     CairnError,
     Cancelled,
@@ -33,24 +33,23 @@ from cairn.errors import (
     UnknownRun,
     WindowTooLarge,
 )
-from cairn.status import IDLE, STOPPED, RunStatus
+from cairn.core.inputs import check_input, check_run_id
+from cairn.core.records import START, Attempt, Checkpoint, Spawned
+from cairn.core.settings import Settings
+from cairn.core.status import IDLE, STOPPED, RunStatus
 from cairn.steps import registry
 from cairn.steps.context import Context
 from cairn.steps.context import _step as _current
 from cairn.steps.registry import DONE, StepResult
 from cairn.steps.window import compact, grown_size, json_size
-from cairn.store.checkpoints import START, Attempt, Checkpoint
-from cairn.store.runs import Spawned
 from cairn.workers import runlog
 from cairn.workers.announce import Announcer
-from cairn.workers.inputs import check_input, check_run_id
 from cairn.workers.middleware import NONE, Chain
-from cairn.workers.settings import Settings
 
 if TYPE_CHECKING:
     from cairn.steps.model import ModelClient
     from cairn.store.contract import CheckpointStore, HeldLease, LeaseManager
-    from cairn.workers.events import Outbox
+    from cairn.workers.outbox import Outbox
 
 logger = logging.getLogger(__name__)
 
@@ -520,7 +519,7 @@ def _spawned(cp: Checkpoint, spawn: registry.Spawn, visit: int, settings: Settin
         data = check_input(dict(child.input), settings.max_input_bytes)
         children.append((run_id, child.workflow, data))
     # Under the spawning step's span: each child's trace goes on from it.
-    return Spawned(tuple(children), spawn.need, depth, otel.traceparent())
+    return Spawned(tuple(children), spawn.need, depth, tracing.traceparent())
 
 
 def _send_children(spawned: Spawned, deps: Deps) -> None:

@@ -6,7 +6,7 @@
 `cairn worker` builds the same app from its options instead.
 """
 
+from cairn.core.settings import Settings
 from cairn.workers.app import create_app
-from cairn.workers.settings import Settings
 
 app = create_app(Settings.from_env())

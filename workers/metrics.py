@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess, start_http_server
 
-from cairn.errors import Deferred, HandOff, RetryLater, Superseded, Transient
+from cairn.core.errors import Deferred, HandOff, RetryLater, Superseded, Transient
 from cairn.workers.middleware import Middleware
 
 if TYPE_CHECKING:
-    from cairn.store import Checkpoint
+    from cairn.core.records import Checkpoint
 
 STEPS = Counter("cairn_steps_total", "Steps saved.", ["workflow", "step"])
 STEP_SECONDS = Histogram(

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from cairn.store import Checkpoint
+    from cairn.core.records import Checkpoint
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ SDK): the Docker HEALTHCHECK and the Kubernetes probes run it every few seconds.
 
 from celery import Celery
 
+from cairn.core.settings import Settings
 from cairn.workers import broker
-from cairn.workers.settings import Settings
 
 app = Celery("cairn")
 app.conf.update(broker.conf(Settings.from_env()))

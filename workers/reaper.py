@@ -28,12 +28,12 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from cairn import logs
-from cairn.status import RunStatus
+from cairn.core import logs
+from cairn.core.status import RunStatus
 
 if TYPE_CHECKING:
+    from cairn.core.settings import Settings
     from cairn.store.contract import CheckpointStore, LeaseManager
-    from cairn.workers.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from cairn import logs
-from cairn.status import RunStatus
+from cairn.core import logs
+from cairn.core.status import RunStatus
 from cairn.workers.middleware import Chain, Middleware
 
 if TYPE_CHECKING:

@@ -28,11 +28,11 @@ from typing import Any
 
 from cronsim import CronSim, CronSimError
 
-from cairn import logs
-from cairn.errors import CairnError, InvalidInput
+from cairn.core import logs
+from cairn.core.errors import CairnError, InvalidInput
+from cairn.core.inputs import check_input
 from cairn.steps import registry
 from cairn.store.schedules import Schedule, ScheduleStore
-from cairn.workers.inputs import check_input
 
 logger = logging.getLogger(__name__)
 

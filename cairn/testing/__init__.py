@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cairn._lazy import loader
+from cairn.core.lazy import loader
 
 _LAZY = {
     "ManualClock": "cairn.testing.memory",

@@ -19,12 +19,12 @@ from rich.console import Console
 from rich.table import Table
 
 import cairn.testing.demos.invoice  # noqa: F401  (registers invoice: inputs checked here)
-from cairn.status import RunStatus
+from cairn.client.client import Client
+from cairn.core.settings import Settings
+from cairn.core.status import RunStatus
 from cairn.store import Leases, admin, upgrade
 from cairn.testing import fleet
 from cairn.testing.standins import MailServer, ModelServer
-from cairn.workers.client import Client
-from cairn.workers.settings import Settings
 
 if TYPE_CHECKING:
     from cairn.store import Run

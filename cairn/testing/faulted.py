@@ -4,8 +4,8 @@ CAIRN_FAULTS.
 celery -A cairn.testing.faulted worker ...     (started by `cairn chaos`)
 """
 
+from cairn.core.settings import Settings
 from cairn.testing.faults import FaultHooks
 from cairn.workers.app import create_app
-from cairn.workers.settings import Settings
 
 app = create_app(Settings.from_env(), middleware=[FaultHooks.from_env()])

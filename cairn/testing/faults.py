@@ -42,7 +42,7 @@ from urllib.parse import quote
 from cairn.workers.middleware import Middleware
 
 if TYPE_CHECKING:
-    from cairn.store import Checkpoint
+    from cairn.core.records import Checkpoint
 
 BOUNDARIES = ("before_effect", "after_effect", "after_save")
 # Inside a step, around each journaled call made: before it, and after it returned but

@@ -172,7 +172,7 @@ def start_server(
     answer: a server in front of a dead Postgres is still up)."""
     import httpx
 
-    cmd = [sys.executable, "-m", "cairn.workers.cli", "serve", "--port", str(port), *args]
+    cmd = [sys.executable, "-m", "cairn.cli", "serve", "--port", str(port), *args]
     server = Proc(cmd, env, log, "serve")
 
     def answers() -> bool:

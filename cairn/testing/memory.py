@@ -25,22 +25,23 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
-from cairn.errors import CairnError, LeaseLost, RunIdConflict, StaleWrite, StoreError
-from cairn.status import ACTIVE, IDLE, REARMABLE, STOPPED, TERMINAL, RunStatus
-from cairn.store.checkpoints import (
+from cairn.core.errors import CairnError, LeaseLost, RunIdConflict, StaleWrite, StoreError
+from cairn.core.records import (
     CHECKPOINT_VERSION,
-    FOLD_BATCH,
     START,
     Attempt,
+    Call,
     Checkpoint,
+    Run,
     Saved,
-    _checkpoint,
-    appended,
+    Spawned,
+    Wait,
 )
+from cairn.core.status import ACTIVE, IDLE, REARMABLE, STOPPED, TERMINAL, RunStatus
+from cairn.store.checkpoints import FOLD_BATCH, _checkpoint, appended
 from cairn.store.events import is_origin
 from cairn.store.keys import EPOCH_TTL
 from cairn.store.lease import LeaseToken
-from cairn.store.runs import Call, Run, Spawned, Wait
 
 if TYPE_CHECKING:
     from cairn.store.contract import StepTx
@@ -1169,7 +1170,7 @@ class MemoryEvents:
             return newer()
 
     def info(self, run_id: str) -> Any:
-        from cairn.store.runs import StreamInfo
+        from cairn.core.records import StreamInfo
 
         with self._cond:
             stream = self._streams.get(run_id)

@@ -21,13 +21,13 @@ done by the deadline, an effect was delivered twice, or a checkpoint went backwa
 
 The package: config (options, defaults), history (the chaos database and its
 checkpoint_history checks), rig (mail stand-in, workers), kills (kills from outside),
-report (the report and how it prints), runner (run_chaos), cli (the command).
+report (the report and how it prints), runner (run_chaos); the command is
+cairn.cli.chaos.
 Importing it stays cheap: the heavy imports wait until chaos runs.
 """
 
 from __future__ import annotations
 
-from cairn.testing.chaos.cli import main, register
 from cairn.testing.chaos.config import (
     CHAOS_REDIS_DB,
     DEFAULT_INPUTS,
@@ -51,11 +51,9 @@ __all__ = [
     "check_history",
     "create_database",
     "drop_database",
-    "main",
     "percentile",
     "print_report",
     "recoveries",
-    "register",
     "run_chaos",
     "step_report",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cairn.status import RunStatus
+from cairn.core.status import RunStatus
 from cairn.store import admin
 
 HISTORY_SQL = """

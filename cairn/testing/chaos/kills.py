@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from cairn.status import RunStatus
+from cairn.core.status import RunStatus
 from cairn.testing import fleet
 
 if TYPE_CHECKING:

@@ -8,11 +8,11 @@ import random
 import time
 from typing import TYPE_CHECKING, Any
 
-from cairn.status import RunStatus
+from cairn.core.status import RunStatus
 
 if TYPE_CHECKING:
+    from cairn.client.client import Client
     from cairn.store import PgStore
-    from cairn.workers.client import Client
 
 
 class Lifecycle:

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from cairn.store import admin
 
 if TYPE_CHECKING:
+    from cairn.core.events import Event
     from cairn.store.events import RedisEvents
-    from cairn.workers.events import Event
 
 # Seconds the stream check waits for late events (a redelivered message's) once every run
 # stopped. A pool child's message comes back within a few seconds of its death (Celery's
@@ -96,7 +96,7 @@ def _step(s: Step) -> str:
 def read_stream(log: RedisEvents, run_id: str) -> list[Event] | None:
     """The run's whole stream, oldest first; None if it is gone or was trimmed (then it
     cannot be held against the history)."""
-    from cairn.workers.events import Event
+    from cairn.core.events import Event
 
     info = log.info(run_id)
     if info is None or info.trimmed:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from cairn.status import RunStatus
+from cairn.core.status import RunStatus
 from cairn.testing.chaos.history import check_history
 from cairn.testing.chaos.pauses import taken_over
 from cairn.testing.faults import BOUNDARIES, CALL_BOUNDARIES

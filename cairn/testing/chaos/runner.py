@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cairn.status import ACTIVE, RunStatus
+from cairn.core.status import ACTIVE, RunStatus
 from cairn.testing import fleet
 from cairn.testing.chaos import keys as chaos_keys
 from cairn.testing.chaos import record as chaos_record
@@ -40,9 +40,9 @@ from cairn.testing.faults import read_journal
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from cairn.client.client import Client
     from cairn.steps.registry import Workflow
     from cairn.store import PgStore
-    from cairn.workers.client import Client
 
 
 def run_chaos(
@@ -83,7 +83,7 @@ def run_chaos(
     now and then a whole worker) for longer than lease_ttl, then SIGCONT it."""
     from rich.console import Console
 
-    from cairn.workers.settings import Settings
+    from cairn.core.settings import Settings
 
     defaults = Settings.from_env()
     err = Console(stderr=True, quiet=quiet)
@@ -137,7 +137,7 @@ def _modules(workflow: str, given: str) -> tuple[str, ...]:
     """The modules the workers import, imported here too: those given, then the demo
     module of a demo workflow none of them defines (`cairn chaos invoice` needs no
     --workflows, and a user's own `invoice` is the one tested)."""
-    from cairn.errors import UnknownWorkflow
+    from cairn.core.errors import UnknownWorkflow
     from cairn.steps import registry
     from cairn.testing import demos
 
@@ -192,7 +192,7 @@ class _Experiment:
         if c.broker_url:
             from kombu import Connection
 
-            from cairn.store.admin import reset_broker
+            from cairn.workers.broker import reset_broker
 
             reset_broker(c.broker_url)
             self._amqp = Connection(c.broker_url, connect_timeout=5)
@@ -210,9 +210,9 @@ class _Experiment:
 
     def run(self, flow: Workflow, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """Enqueue the runs, watch (and kill) until they finish or the deadline, report."""
+        from cairn.client.client import Client
+        from cairn.core.settings import Settings
         from cairn.store import Leases
-        from cairn.workers.client import Client
-        from cairn.workers.settings import Settings
 
         c, crew = self.config, self._crew
         assert crew is not None and self._db_url is not None, "start() first"
@@ -376,7 +376,7 @@ class _Experiment:
 
     def close(self) -> None:
         """Kill the processes, stop the stand-ins, close clients, drop the database."""
-        from cairn.errors import CairnError
+        from cairn.core.errors import CairnError
 
         self._pauser.resume()
         if self._crew is not None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from cairn.errors import InvalidInput, Transient
+from cairn.core.errors import InvalidInput, Transient
 from cairn.steps.context import Context
 from cairn.steps.model import text_of
 from cairn.steps.registry import DONE, StepResult, workflow

@@ -24,8 +24,8 @@ from typing import Annotated, Any, TypedDict
 import httpx
 from langgraph.graph import END, START, StateGraph
 
-from cairn.errors import InvalidInput, Transient
-from cairn.langgraph import CairnSaver, node, workflow
+from cairn.contrib.langgraph import CairnSaver, node, workflow
+from cairn.core.errors import InvalidInput, Transient
 from cairn.steps.context import Context, current
 
 

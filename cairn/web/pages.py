@@ -21,10 +21,10 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from cairn import logs
-from cairn.status import STOPPED, RunStatus
-from cairn.store.runs import Run
-from cairn.workers.web.api import COOKIE
+from cairn.core import logs
+from cairn.core.records import Run
+from cairn.core.status import STOPPED, RunStatus
+from cairn.web.api import COOKIE
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")

@@ -43,8 +43,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cairn import __version__, logs, otel
-from cairn.errors import (
+from cairn import __version__
+from cairn.core import tracing
+from cairn.client.client import Client
+from cairn.client.events import EVENT_ID, afollow_batches, read_token
+from cairn.core import logs
+from cairn.core.errors import (
     CairnError,
     InvalidInput,
     RunIdConflict,
@@ -53,15 +57,14 @@ from cairn.errors import (
     UnknownRun,
     UnknownWorkflow,
 )
-from cairn.status import CANCEL_REASON, RunStatus
+from cairn.core.events import RESERVED, Event
+from cairn.core.inputs import LIMIT_MAX, MAX_PRIORITY, MIN_PRIORITY, RUN_ID_MAX, check_run_id
+from cairn.core.settings import Settings
+from cairn.core.status import CANCEL_REASON, RunStatus
 from cairn.steps import registry
 from cairn.store.events import AsyncRedisEvents
-from cairn.workers.broker import MAX_PRIORITY, MIN_PRIORITY
-from cairn.workers.client import Client
-from cairn.workers.events import EVENT_ID, RESERVED, Event, Hub, afollow_batches, read_token
-from cairn.workers.inputs import LIMIT_MAX, RUN_ID_MAX, check_run_id
-from cairn.workers.settings import Settings
-from cairn.workers.web.openapi import (
+from cairn.web.hub import Hub
+from cairn.web.openapi import (
     EVENT_ID_SCHEMA,
     EVENT_NAME_PATTERN,
     NO_NUL,
@@ -393,7 +396,7 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
             "-hex 32)`) or pass --insecure-no-auth on a machine only you can reach"
         )
     registry.import_modules(settings.workflows)
-    otel.setup(settings, "cairn-web")  # CAIRN_TRACING: before the Client's, to name it
+    tracing.setup(settings, "cairn-web")  # CAIRN_TRACING: before the Client's, to name it
     # Postgres connections of this process: enough for the thread pool's busy requests.
     client = Client(settings=settings, pool_size=16)
     auth = Auth(settings.api_token)
@@ -517,7 +520,7 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
                 raise InvalidInput("run_id and Idempotency-Key differ: send one, or the same")
             run_id = key
         registry.get(new.workflow)  # UnknownWorkflow (422) names the ones it knows
-        with otel.continuing(request.headers):  # a caller's traceparent: the run joins it
+        with tracing.continuing(request.headers):  # a caller's traceparent: the run joins it
             run_id = client.enqueue(
                 new.workflow, new.input, run_id=run_id, max_cost_usd=new.max_cost_usd,
                 concurrency_key=new.concurrency_key, concurrency_limit=new.concurrency_limit,
@@ -675,7 +678,7 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
     )
     def fork(run_id: str, body: Fork, request: Request) -> dict[str, Any]:
         """Start a new run from the step run_id saved at at_seq (run_id is not touched)."""
-        with otel.continuing(request.headers):
+        with tracing.continuing(request.headers):
             new = client.fork(
                 run_id, at_seq=body.at_seq, new_run_id=body.new_run_id,
                 input_patch=body.input_patch,
@@ -790,7 +793,7 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
         """The server's metrics in Prometheus' text format."""
         return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
 
-    from cairn.workers.web import pages, schedules
+    from cairn.web import pages, schedules
 
     pages.mount(app)
     schedules.mount(app)

@@ -191,8 +191,8 @@ def register(app: typer.Typer) -> None:
         ] = "",
     ) -> None:
         """Kill workers at every step boundary while N runs work; report what broke."""
-        from cairn.errors import CairnError
-        from cairn.workers.cli import _fail  # the one way cairn's commands report an error
+        from cairn.cli import _fail  # the one way cairn's commands report an error
+        from cairn.core.errors import CairnError
 
         try:
             data = None if input is None else json.loads(input)
@@ -237,15 +237,3 @@ def register(app: typer.Typer) -> None:
             print_report(report)
         if not report["ok"]:
             raise typer.Exit(1)
-
-
-def main() -> None:
-    """`python -m cairn.testing.chaos chaos ...`: the same command as `cairn chaos`."""
-    app = typer.Typer(add_completion=False)
-    register(app)
-
-    @app.callback()
-    def _root() -> None:  # keeps `chaos` a subcommand
-        pass
-
-    app()

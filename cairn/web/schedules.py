@@ -9,11 +9,11 @@ from fastapi import APIRouter, Body, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from cairn.client.client import Client
 from cairn.steps import registry
-from cairn.workers.client import Client
+from cairn.web.api import error
+from cairn.web.openapi import NO_NUL, WHOLE, errors
 from cairn.workers.schedules import ScheduleConflict, UnknownSchedule
-from cairn.workers.web.api import error
-from cairn.workers.web.openapi import NO_NUL, WHOLE, errors
 
 router = APIRouter(tags=["schedules"])
 UNKNOWN = {404: "No such schedule (unknown_schedule)."}

@@ -11,9 +11,12 @@ import json
 import re
 from typing import Any
 
-from cairn.errors import InvalidInput
+from cairn.core.errors import InvalidInput
 
 RUN_ID_MAX = 200
+# Enqueue's priority= (and a workflow's): higher starts first. A positive one goes to the
+# high queue, ahead of the backlog; the whole number orders a concurrency key's queue.
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=/-]*")
 RUN_ID_RULE = (
     f"1-{RUN_ID_MAX} characters: letters, digits and . _ : @ + = / -, starting with a "
@@ -84,8 +87,6 @@ def check_flow(
     """Enqueue's flow options: a concurrency key (a run id's characters: it travels in
     URLs and logs too), its limit (runs of the workflow with the key at a time), and a
     priority (higher starts first)."""
-    from cairn.workers.broker import MAX_PRIORITY, MIN_PRIORITY
-
     if concurrency_key is not None and not (
         isinstance(concurrency_key, str)
         and 1 <= len(concurrency_key) <= RUN_ID_MAX

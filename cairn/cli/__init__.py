@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cairn.status import CANCEL_REASON, RunStatus
+from cairn.core.status import CANCEL_REASON, RunStatus
 
 app = typer.Typer(
     help="Durable multi-step LLM agent runs on Celery + Postgres + Redis.",
@@ -104,7 +104,7 @@ Pool = enum.Enum("Pool", {"prefork": "prefork", "threads": "threads"}, type=str)
 
 def _settings(**options: Any) -> Any:
     """Settings.from_env() with the options that were given on top."""
-    from cairn.workers.settings import Settings
+    from cairn.core.settings import Settings
 
     workflows = options.pop("workflows", None)
     if workflows is not None:
@@ -118,7 +118,7 @@ def _settings(**options: Any) -> Any:
 
 
 def _client(settings: Any) -> Any:
-    from cairn.workers.client import Client
+    from cairn.client.client import Client
 
     return Client(settings=settings)
 
@@ -141,7 +141,7 @@ _UNREACHABLE = "; check CAIRN_DATABASE_URL and CAIRN_REDIS_URL (or --database-ur
 
 def _next_step(exc: Exception) -> str:
     """What to do about an error of this kind, when its message does not say."""
-    from cairn.errors import StoreUnavailable, UnknownRun
+    from cairn.core.errors import StoreUnavailable, UnknownRun
     from cairn.workers.schedules import UnknownSchedule
 
     if isinstance(exc, StoreUnavailable):
@@ -156,7 +156,7 @@ def _next_step(exc: Exception) -> str:
 def _known(workflow: str) -> None:
     """UnknownWorkflow unless workflow is registered in this process. For the name of one
     of cairn's demos, the message names its module: no process loads them unless told."""
-    from cairn.errors import UnknownWorkflow
+    from cairn.core.errors import UnknownWorkflow
     from cairn.steps import registry
     from cairn.testing import demos
 
@@ -265,7 +265,7 @@ def worker(
 def _celery_app(settings: Any, who: str) -> Any:
     """The worker's Celery app, once Postgres, Redis and the broker answer; else one line
     saying what is down (a beat would otherwise retry the broker for ever)."""
-    from cairn.errors import CairnError
+    from cairn.core.errors import CairnError
     from cairn.workers import health
     from cairn.workers.app import create_app
 
@@ -347,7 +347,7 @@ def enqueue(
         data = json.loads(input if input is not None else "{}")
     except json.JSONDecodeError as exc:
         _fail(f'input is not JSON ({exc}); pass an object like \'{{"customer": "acme"}}\'', 2)
-    from cairn.errors import CairnError
+    from cairn.core.errors import CairnError
     from cairn.steps import registry
 
     try:
@@ -455,7 +455,7 @@ def fork_cmd(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Start a new run from a step another run saved (the original is not touched)."""
-    from cairn.errors import CairnError
+    from cairn.core.errors import CairnError
 
     try:
         patch = json.loads(input_patch) if input_patch is not None else None
@@ -484,7 +484,7 @@ def rewind_cmd(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Move a stopped run back to a step it saved, in place, and send it on."""
-    from cairn.errors import CairnError
+    from cairn.core.errors import CairnError
 
     try:
         with _client(_settings(database_url=database_url)) as client:
@@ -527,7 +527,7 @@ def replay_cmd(
     """Replay a workflow's failed runs: each goes on from its last saved step."""
     from rich.progress import Progress
 
-    from cairn.errors import CairnError
+    from cairn.core.errors import CairnError
 
     statuses = tuple(status or [Replayable.failed])
     try:
@@ -564,7 +564,7 @@ def show(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Show one run: its checkpoint, its error, its window size and its step timeline."""
-    from cairn.errors import CairnError
+    from cairn.core.errors import CairnError
 
     client = _client(_settings(database_url=database_url))
     if as_json:
@@ -672,8 +672,8 @@ def events(
 ) -> None:
     """Follow a run's events live until it ends: model tokens as they are written, steps,
     retries, waits, what ctx.emit sent (see docs/guides/live-output.md)."""
-    from cairn.errors import CairnError
-    from cairn.workers.events import EVENT_ID
+    from cairn.client.events import EVENT_ID
+    from cairn.core.errors import CairnError
 
     if after is not None and not EVENT_ID.fullmatch(after):
         _fail(f"--after {after!r}: event ids look like 1733312345678-0 (0: from the start)", 2)
@@ -719,7 +719,7 @@ def signal(
         data = json.loads(payload)
     except json.JSONDecodeError as exc:
         _fail(f"payload is not JSON ({exc})", 2)
-    from cairn.errors import CairnError
+    from cairn.core.errors import CairnError
 
     settings = _settings(database_url=database_url, redis_url=redis_url)
     try:
@@ -796,7 +796,7 @@ def settings_cmd(
     """Show the settings in effect (from CAIRN_* variables and defaults)."""
     import dataclasses
 
-    from cairn.workers.settings import markdown_table
+    from cairn.core.settings import markdown_table
 
     if markdown:
         print(markdown_table())
@@ -837,7 +837,7 @@ def db_check(
 ) -> None:
     """Before a deploy: does this code (CAIRN_WORKFLOWS) have every step live runs stand
     at? Exit 1, naming each missing step and its runs, if not."""
-    from cairn.errors import CairnError
+    from cairn.core.errors import CairnError
     from cairn.steps import registry
 
     settings = _settings(database_url=database_url, workflows=workflows)
@@ -901,7 +901,7 @@ def db_upgrade(
     """Apply pending schema migrations (cairn's, then yours with --migrations)."""
     import time
 
-    from cairn.errors import StoreUnavailable
+    from cairn.core.errors import StoreUnavailable
     from cairn.store import upgrade
 
     url = _settings(database_url=database_url).database_url
@@ -953,7 +953,7 @@ def serve(
     import uvicorn
     from uvicorn.config import LOGGING_CONFIG
 
-    from cairn.workers.web.api import create_app
+    from cairn.web.api import create_app
 
     settings = _settings(
         web_host=host,
@@ -967,7 +967,7 @@ def serve(
     if settings.log_format == "json":
         import logging
 
-        from cairn import logs
+        from cairn.core import logs
 
         # One JSON handler on the root; uvicorn's loggers, left unconfigured, propagate to it.
         logging.basicConfig(level=settings.loglevel.upper(), force=True)
@@ -1081,7 +1081,7 @@ app.add_typer(schedules_app, name="schedules")
 
 def _schedule_call(settings: Any, call: Any) -> Any:
     """call(client), with a domain error as one line and exit status 2."""
-    from cairn.errors import CairnError
+    from cairn.core.errors import CairnError
 
     try:
         with _client(settings) as client:
@@ -1135,7 +1135,7 @@ def schedules_add(
     except json.JSONDecodeError as exc:
         _fail(f'--input is not JSON ({exc}); pass an object like \'{{"customer": "acme"}}\'', 2)
     settings = _settings(database_url=database_url, workflows=workflows)
-    from cairn.errors import CairnError
+    from cairn.core.errors import CairnError
     from cairn.steps import registry
 
     try:  # a typo fails here, not at every tick (as `cairn enqueue`)
@@ -1215,7 +1215,7 @@ def _register_plugins(argv: list[str] | None = None) -> None:
     }
     if first in ours:
         return
-    from cairn.testing import chaos
+    from cairn.cli import chaos
 
     chaos.register(app)
 
@@ -1240,7 +1240,7 @@ def _invoke() -> int:
     errors are: not click's boxed usage, not a traceback."""
     import click
 
-    from cairn.errors import CairnError
+    from cairn.core.errors import CairnError
 
     # typer raises its own copy of click's exceptions since it vendored click; before, click's.
     usage: tuple[type[Exception], ...] = (

@@ -18,11 +18,11 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 from starlette.routing import Match
 
-from cairn.errors import InvalidInput
+from cairn.core.errors import InvalidInput
+from cairn.core.inputs import RUN_ID_MAX
 from cairn.steps import registry
-from cairn.workers.inputs import RUN_ID_MAX
 
-# A run id's characters (cairn.workers.inputs.RUN_ID), anchored as JSON Schema wants. The
+# A run id's characters (cairn.core.inputs.RUN_ID), anchored as JSON Schema wants. The
 # server checks them itself, for an error that says the rule in words.
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+=/-]*$"
 RUN_ID_SCHEMA: dict[str, Any] = {"pattern": RUN_ID_PATTERN, "maxLength": RUN_ID_MAX}

@@ -19,7 +19,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cairn.store import Checkpoint
+    from cairn.core.records import Checkpoint
 
 try:  # the `otel` extra: without it, log lines carry no trace ids and cost nothing more
     from opentelemetry import trace as otel_trace

@@ -17,24 +17,24 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Self
 
-from cairn import otel
-from cairn.errors import CairnError, InvalidInput, StoreUnavailable, UnknownRun
-from cairn.status import CANCEL_REASON, STOPPED, RunStatus
+from cairn.core import tracing
+from cairn.core.errors import CairnError, InvalidInput, StoreUnavailable, UnknownRun
+from cairn.core.inputs import check_event, check_flow, check_input, check_run_id
+from cairn.core.records import Run
+from cairn.core.settings import Settings
+from cairn.core.status import CANCEL_REASON, STOPPED, RunStatus
 from cairn.steps import registry
 from cairn.store.checkpoints import PgStore
 from cairn.store.db import Database
-from cairn.store.runs import Run
 from cairn.store.schedules import AsyncScheduleStore, Schedule, ScheduleStore
 from cairn.workers import broker, health
 from cairn.workers import schedules as sched
-from cairn.workers.inputs import check_event, check_flow, check_input, check_run_id
-from cairn.workers.settings import Settings
 
 if TYPE_CHECKING:
     from celery import Celery
 
+    from cairn.core.events import Event
     from cairn.store.events import AsyncRedisEvents, RedisEvents
-    from cairn.workers.events import Event
 
 # Runs re-armed a transaction by Client.replay, each batch's messages sent after its commit:
 # a crash mid-replay leaves the rest failed (replay again), and a batch committed but not
@@ -71,7 +71,7 @@ class Client:
         )
         self.store = PgStore(db)
         self._sender = _Sender(self.settings)
-        otel.setup(self.settings, "cairn-client")  # CAIRN_TRACING: spans for enqueues
+        tracing.setup(self.settings, "cairn-client")  # CAIRN_TRACING: spans for enqueues
         self._event_log: RedisEvents | None = None  # Redis, on the first events()
 
     def __enter__(self) -> Self:
@@ -115,7 +115,7 @@ class Client:
         """
         run_id, data = _checked(self.settings, workflow, input, run_id)
         key, limit, prio = _flow(workflow, concurrency_key, concurrency_limit, priority)
-        with otel.enqueuing(workflow, run_id, concurrency_key=key, priority=prio) as trace:
+        with tracing.enqueuing(workflow, run_id, concurrency_key=key, priority=prio) as trace:
             created = self.store.create_run(
                 run_id, workflow, data, max_cost_usd=max_cost_usd, priority=prio,
                 concurrency_key=key, concurrency_limit=limit, traceparent=trace,
@@ -201,7 +201,7 @@ class Client:
         Raises UnknownRun, or InvalidInput when no checkpoint was saved at that seq."""
         at, patch = _checked_fork(self.settings, at_seq, input_patch)
         new = check_run_id(new_run_id) if new_run_id is not None else uuid.uuid4().hex
-        with otel.spanning(
+        with tracing.spanning(
             "cairn.fork", producer=True, run_id=new, forked_from=run_id, forked_at=at
         ) as trace:
             if self.store.fork(run_id, at, new, patch, trace):
@@ -272,7 +272,7 @@ class Client:
         run waiting for it wakes, a run that waits for it later finds it. The same
         signal_id twice is one signal (returns False the second time). Raises UnknownRun."""
         signal_id = _checked_signal(self.settings, event, payload, signal_id)
-        with otel.spanning("cairn.signal", run_id=run_id, event=event) as trace:
+        with tracing.spanning("cairn.signal", run_id=run_id, event=event) as trace:
             found = self.store.signal(run_id, event, payload, signal_id, trace)
         if found is None:
             raise UnknownRun(f"no run {run_id!r}")
@@ -322,7 +322,7 @@ class Client:
         it. A `gap` event means the live stream could not serve everything (trimmed,
         expired, lost with Redis): the run's durable record follows. Raises UnknownRun.
         timeout: stop after that many seconds even if the run goes on."""
-        from cairn.workers.events import follow
+        from cairn.client.events import follow
 
         until = None if timeout is None else time.monotonic() + timeout
         return follow(self, self._events(), run_id, after, until=until)
@@ -331,7 +331,7 @@ class Client:
         """A token that reads this run's events and nothing else, for a browser to pass
         as GET /runs/{id}/events?token= (an EventSource sends no Authorization header).
         Needs CAIRN_API_TOKEN, the server's."""
-        from cairn.workers.events import read_token
+        from cairn.client.events import read_token
 
         if not self.settings.api_token:
             raise InvalidInput("events_token needs CAIRN_API_TOKEN: the token cairn serve uses")
@@ -446,7 +446,7 @@ class AsyncClient:
         )
         self.store = AsyncPgStore(db)
         self._sender = _Sender(self.settings)
-        otel.setup(self.settings, "cairn-client")  # CAIRN_TRACING: spans for enqueues
+        tracing.setup(self.settings, "cairn-client")  # CAIRN_TRACING: spans for enqueues
         self._event_log: AsyncRedisEvents | None = None
 
     async def __aenter__(self) -> Self:
@@ -476,7 +476,7 @@ class AsyncClient:
         key, once a slot is free); its run id."""
         run_id, data = _checked(self.settings, workflow, input, run_id)
         key, limit, prio = _flow(workflow, concurrency_key, concurrency_limit, priority)
-        with otel.enqueuing(workflow, run_id, concurrency_key=key, priority=prio) as trace:
+        with tracing.enqueuing(workflow, run_id, concurrency_key=key, priority=prio) as trace:
             created = await self.store.create_run(
                 run_id, workflow, data, max_cost_usd=max_cost_usd, priority=prio,
                 concurrency_key=key, concurrency_limit=limit, traceparent=trace,
@@ -557,7 +557,7 @@ class AsyncClient:
         """Client.fork: a new run from the step run_id saved at at_seq; its id."""
         at, patch = _checked_fork(self.settings, at_seq, input_patch)
         new = check_run_id(new_run_id) if new_run_id is not None else uuid.uuid4().hex
-        with otel.spanning(
+        with tracing.spanning(
             "cairn.fork", producer=True, run_id=new, forked_from=run_id, forked_at=at
         ) as trace:
             if await self.store.fork(run_id, at, new, patch, trace):
@@ -613,7 +613,7 @@ class AsyncClient:
     ) -> bool:
         """Client.signal: a durable signal of `event`; False if signal_id was sent before."""
         signal_id = _checked_signal(self.settings, event, payload, signal_id)
-        with otel.spanning("cairn.signal", run_id=run_id, event=event) as trace:
+        with tracing.spanning("cairn.signal", run_id=run_id, event=event) as trace:
             found = await self.store.signal(run_id, event, payload, signal_id, trace)
         if found is None:
             raise UnknownRun(f"no run {run_id!r}")
@@ -647,7 +647,7 @@ class AsyncClient:
 
     async def events_token(self, run_id: str) -> str:
         """Client.events_token: a token that reads this run's events and nothing else."""
-        from cairn.workers.events import read_token
+        from cairn.client.events import read_token
 
         if not self.settings.api_token:
             raise InvalidInput("events_token needs CAIRN_API_TOKEN: the token cairn serve uses")
@@ -655,7 +655,7 @@ class AsyncClient:
 
     async def events(self, run_id: str, after: str | None = None) -> AsyncIterator[Event]:
         """Client.events for asyncio: `async for event in client.events(run_id)`."""
-        from cairn.workers.events import afollow
+        from cairn.client.events import afollow
 
         if self._event_log is None:
             from cairn.store.events import AsyncRedisEvents

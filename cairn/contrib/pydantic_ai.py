@@ -1,0 +1,325 @@
+"""pydantic-ai agents as cairn runs, on pydantic-ai's public durable-execution API.
+
+    from pydantic_ai import Agent
+    from cairn.pydantic_ai import CairnDurability, workflow
+
+    agent = Agent("anthropic:claude-haiku-4-5", name="support", capabilities=[CairnDurability()])
+    flow = workflow("support", agent)          # enqueue "support" with {"prompt": "..."}
+
+Inside a cairn step, every model request and tool call of the agent is one journaled
+call (`ctx.acall`): recorded in Postgres as it returns, fenced by the run's epoch, and
+returned from the journal when a kill makes the step run again, so a resumed run pays for
+none of the requests it already made and repeats none of its tools. Outside a cairn step
+the capability does nothing, as pydantic-ai's other durable backends do. Needs the extra:
+`pip install 'cairn[pydantic-ai]'`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import weakref
+from collections.abc import AsyncIterable, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+try:
+    from pydantic import TypeAdapter, ValidationError
+    from pydantic_ai.agent import AbstractAgent
+    from pydantic_ai.durable_exec import (
+        JSON_CODEC,
+        BaseDurabilityCapability,
+        DurabilityEngineSpec,
+        DurableOperationId,
+        JournalCallableOperationBackend,
+        ModelRequestId,
+        RoleBasedOperationConfig,
+    )
+    from pydantic_ai.messages import (
+        AgentStreamEvent,
+        ModelMessage,
+        ModelMessagesTypeAdapter,
+        PartDeltaEvent,
+        PartStartEvent,
+        TextPart,
+        TextPartDelta,
+    )
+    from pydantic_ai.tools import AgentDepsT, DeferredToolRequests, DeferredToolResults
+    from pydantic_core import to_jsonable_python
+except ImportError as exc:  # the optional extra is missing
+    raise ImportError(
+        f"cairn.pydantic_ai needs pydantic-ai ({exc}); install it with "
+        "pip install 'cairn[pydantic-ai]'"
+    ) from exc
+
+from cairn.core.errors import CairnError, InvalidInput
+from cairn.steps.context import Context, current
+from cairn.steps.model import cost_of
+from cairn.steps.registry import DONE, Retry, StepResult, Workflow
+from cairn.steps.registry import workflow as cairn_workflow
+
+__all__ = ["APPROVAL", "CairnDurability", "messages_of", "stream_tokens", "workflow"]
+
+APPROVAL = "approval"
+"""The signal a run of `workflow()` waits for when its agent deferred tool calls."""
+
+_MESSAGES: TypeAdapter[list[ModelMessage]] = ModelMessagesTypeAdapter
+_REQUESTS = TypeAdapter(DeferredToolRequests)
+_RESULTS = TypeAdapter(DeferredToolResults)
+_run_ids: weakref.WeakKeyDictionary[Context, int] = weakref.WeakKeyDictionary()
+
+
+def _model_cost(payload: Any) -> float:
+    """The cost of one recorded ModelResponse (JSON), by cairn's price table; a model
+    cairn does not list is priced as the dearest one, so cost is never under-counted."""
+    usage = payload.get("usage") or {} if isinstance(payload, dict) else {}
+    tokens = {
+        "input_tokens": usage.get("input_tokens", 0),
+        "output_tokens": usage.get("output_tokens", 0),
+        "cache_creation_input_tokens": usage.get("cache_write_tokens", 0),
+        "cache_read_input_tokens": usage.get("cache_read_tokens", 0),
+    }
+    name = payload.get("model_name") if isinstance(payload, dict) else None
+    return cost_of(name or "", _Usage(**tokens))
+
+
+@dataclass(frozen=True)
+class _Usage:
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
+
+
+class _Backend(JournalCallableOperationBackend[None]):
+    """Each durable unit pydantic-ai hands over (model request, tool call, ...) is one
+    journaled call of the step in hand, named by pydantic-ai's journal convention."""
+
+    async def execute(
+        self,
+        *,
+        operation_id: DurableOperationId,
+        name: str,
+        body: Callable[[], Awaitable[object]],
+        cache_key: tuple[object, ...],
+        config: None,
+    ) -> object:
+        ctx = current()
+        if ctx is None:  # not in a cairn step: nothing to record
+            return await body()
+        if isinstance(operation_id, ModelRequestId):
+
+            async def request() -> object:
+                payload = await body()
+                ctx.add_cost(_model_cost(payload))  # recorded with the call, counted once
+                return payload
+
+            # max_cost=0: a run already over its budget stops before the request.
+            return await ctx.acall(name, request, max_cost=0.0)
+        return await ctx.acall(name, body)
+
+
+@dataclass(init=False, kw_only=True)
+class CairnDurability(BaseDurabilityCapability[AgentDepsT]):
+    """Makes an agent durable inside a cairn step: attach it with `capabilities=[...]`.
+
+    Model requests, tool calls, tool-argument validation and whatever else pydantic-ai
+    routes through its durable backend become journaled calls of the step (`ctx.acall`),
+    keyed by run, step, visit, operation name and count. Inside a tool, `cairn.current()`
+    is the step's Context: `ctx.idempotency_key()` is that tool call's own key and
+    `ctx.db` a transaction that commits with the call's journal record.
+
+    Tool calls run one after another inside a run, so a replay starts them in the order
+    the journal holds (pydantic-ai's parallel tool calls have no fixed order).
+    """
+
+    engine_spec = DurabilityEngineSpec(
+        engine_name="cairn",
+        durable_unit_noun="journaled call",
+        durable_container_noun="run",
+        codec=JSON_CODEC,  # the journal holds JSON
+        wrapped_toolset_kinds=frozenset({"function", "mcp", "dynamic"}),
+        toolset_lifecycles={
+            "function": "enter-always",
+            "mcp": "enter-in-durable-unit",  # a unit runs in the step's own process
+            "dynamic": "enter-never",
+        },
+        # A toolset added per run was never wrapped: its calls would run again on replay.
+        unsupported_runtime_toolset_kinds=frozenset({"function", "mcp", "dynamic"}),
+        journal_discovery=True,
+        sequential_tools_in_durable_context=True,
+        tool_config_key=None,
+    )
+
+    @property
+    def in_durable_context(self) -> bool:
+        return current() is not None
+
+    def get_default_run_id(self) -> str | None:
+        ctx = current()
+        if ctx is None:
+            return None
+        # The n-th agent run of this step visit: the same on every replay of the visit.
+        n = _run_ids.get(ctx, 0)
+        _run_ids[ctx] = n + 1
+        return f"{ctx.run_id}:{ctx.cursor}:{ctx.visit}:{n}"
+
+    def get_default_conversation_id(self, run_id: str) -> str | None:
+        ctx = current()
+        return ctx.run_id if ctx is not None else None  # one cairn run, one conversation
+
+    async def get_run_start_time(self, run_id: str) -> dt.datetime | None:
+        ctx = current()
+        if ctx is None:
+            return None
+
+        def now() -> str:
+            return dt.datetime.now(dt.UTC).isoformat()
+
+        # Journaled, so a resumed run counts its timeout= from when it first started.
+        return dt.datetime.fromisoformat(await ctx.acall(f"{self.name}__run_start_time", now))
+
+    def get_durable_operation_backend(self) -> _Backend:
+        return _Backend(
+            agent_name=self.name,
+            default_model_id=self.default_model_id,
+            config=RoleBasedOperationConfig(model=None, event=None, capability=None, tool=None),
+        )
+
+
+async def stream_tokens(run_ctx: Any, events: AsyncIterable[AgentStreamEvent]) -> None:
+    """An event_stream_handler that puts the agent's text, as the model writes it, on the
+    run's live stream (`token` events: Client.events, GET /runs/{id}/events):
+
+        CairnDurability(event_stream_handler=stream_tokens)
+
+    pydantic-ai then makes each model request a streamed one, inside its journaled call;
+    a replay returns the recorded response and streams nothing again."""
+    async for event in events:
+        ctx = current()
+        if ctx is None:
+            continue
+        if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
+            if event.part.content:
+                ctx.token(event.part.content)
+        elif isinstance(event, PartDeltaEvent) and isinstance(event.delta, TextPartDelta):
+            ctx.token(event.delta.content_delta)
+
+
+def messages_of(window: Sequence[Mapping[str, Any]]) -> list[ModelMessage]:
+    """A run's window as pydantic-ai messages. A summary cairn's compaction put in place of
+    the oldest messages becomes a user prompt."""
+    out: list[dict[str, Any]] = []
+    for m in window:
+        if "kind" not in m and m.get("role") == "user":  # cairn's compaction summary
+            out.append(
+                {
+                    "kind": "request",
+                    "parts": [{"part_kind": "user-prompt", "content": str(m.get("content", ""))}],
+                }
+            )
+        else:
+            out.append(dict(m))
+    return _MESSAGES.validate_python(out)
+
+
+def _dump(messages: Sequence[ModelMessage]) -> list[dict[str, Any]]:
+    return _MESSAGES.dump_python(list(messages), mode="json")  # type: ignore[no-any-return]
+
+
+def _usage(before: Mapping[str, Any] | None, run: Any) -> dict[str, int]:
+    total = dict(before or {})
+    for field in ("requests", "tool_calls", "input_tokens", "output_tokens"):
+        total[field] = int(total.get(field, 0)) + int(getattr(run, field, 0) or 0)
+    return total
+
+
+def _validated(data: dict[str, Any]) -> dict[str, Any]:
+    prompt = data.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InvalidInput("a pydantic-ai run wants {'prompt': a non-empty string}")
+    return data
+
+
+def _results(payload: Any) -> DeferredToolResults:
+    """The approval signal's payload: {"approvals": {tool_call_id: true | false}, "calls":
+    {tool_call_id: result}}, as pydantic-ai's DeferredToolResults."""
+    if not isinstance(payload, dict) or not set(payload) <= {"approvals", "calls", "metadata"}:
+        raise ValueError(
+            "an approval signal wants {'approvals': {tool_call_id: true|false}, "
+            f"'calls': {{tool_call_id: result}}}}, not {payload!r:.200}"
+        )
+    try:
+        return _RESULTS.validate_python(payload)
+    except ValidationError as exc:
+        raise ValueError(f"approval signal: {exc}") from exc
+
+
+def workflow(
+    name: str,
+    agent: AbstractAgent[Any, Any],
+    *,
+    deps: Callable[[Context], Any] | None = None,
+    retry: Retry | None = None,
+    **options: Any,
+) -> Workflow:
+    """Register agent as the cairn workflow name: enqueue it with {"prompt": "..."}.
+
+    One step, "agent", awaits agent.run(prompt). The run's state is {"output": the agent's
+    output as JSON, "usage": ...} when done; the conversation is the run's window (saved
+    with the step, compacted as any window is), and its cost counts against the run's
+    budget. When the agent defers tool calls (output_type includes DeferredToolRequests:
+    tools with requires_approval=True, or raising CallDeferred), the run waits for the
+    signal "approval" holding no worker, with the pending calls in state["pending"]; the
+    signal's payload {"approvals": {tool_call_id: true|false}, "calls": {id: result}}
+    resumes it. deps(ctx): the agent's deps for this step, if it takes any.
+    """
+    if CairnDurability.from_agent(agent) is None:
+        raise CairnError(
+            f"agent {getattr(agent, 'name', None)!r} has no CairnDurability: build it with "
+            "Agent(..., capabilities=[cairn.pydantic_ai.CairnDurability()]) so its model "
+            "requests and tool calls are journaled"
+        )
+    flow = cairn_workflow(name, validate=_validated, **options)
+
+    @flow.step("agent", retry=retry)
+    async def run_agent(ctx: Context) -> StepResult:
+        history = messages_of(ctx.window)
+        prompt: str | None = None
+        deferred: DeferredToolResults | None = None
+        pending = ctx.state.get("pending")
+        if pending is not None:
+            try:
+                deferred = _results(ctx.signal)
+            except ValueError as exc:  # a bad signal loses nothing: wait for a good one
+                return StepResult.wait(
+                    APPROVAL, cursor="agent", state={"pending": pending, "rejected": str(exc)}
+                )
+        elif not history:
+            prompt = ctx.input["prompt"]
+        result = await agent.run(
+            prompt,
+            message_history=history or None,
+            deferred_tool_results=deferred,
+            deps=deps(ctx) if deps is not None else None,
+        )
+        window = [*ctx.window, *_dump(result.all_messages()[len(history) :])]
+        usage = _usage(ctx.state.get("usage"), result.usage)
+        if isinstance(result.output, DeferredToolRequests):
+            return StepResult.wait(
+                APPROVAL,
+                cursor="agent",
+                state={
+                    "pending": _REQUESTS.dump_python(result.output, mode="json"),
+                    "rejected": None,
+                    "usage": usage,
+                },
+                window=window,
+            )
+        output = to_jsonable_python(result.output)
+        return StepResult(
+            cursor=DONE,
+            state={"output": output, "pending": None, "rejected": None, "usage": usage},
+            window=window,
+        )
+
+    return flow

@@ -1,0 +1,200 @@
+"""The records every layer passes around, with no driver behind them: a run as a caller
+reads it (Run), its checkpoint as the loop carries it (Checkpoint), a journaled call, a
+step attempt, a wait, a spawn, a stream's facts."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any, NamedTuple, TypedDict
+
+from cairn.core.status import RunStatus
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Wait:
+    """A run parked until a signal of `event` arrives (or `timeout` seconds pass, and then
+    it goes on at `on_timeout`). Stored with the checkpoint: no worker holds the run."""
+
+    event: str
+    timeout: float | None = None
+    on_timeout: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Spawned:
+    """The children a save creates (StepResult.spawn, resolved by the loop): each one's
+    (run id, workflow, input), how many must stop before the parent goes on, and their
+    depth under their first ancestor."""
+
+    children: tuple[tuple[str, str, dict[str, Any]], ...]
+    need: int
+    depth: int
+    traceparent: str | None = None  # the spawning step's span: the children's traces go on
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Call:
+    """One journaled call inside a step (ctx.call, ctx.model): its place in the step's
+    visit, its name, and its outcome: the JSON it returned, or the permanent error it
+    raised ({"type", "module", "args", "message"}), and the cost it counted."""
+
+    pos: int
+    name: str
+    result: Any = None
+    error: dict[str, Any] | None = None
+    cost_usd: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Run:
+    """One run as `Client.get` and `Client.list` return it.
+
+    status: a cairn.RunStatus (pending, running, waiting for a signal, done, failed,
+    cancelled, budget_exceeded or incompatible). cursor: the step that comes next ("" before the first
+    step has been resolved by a worker). state: the result once done. window:
+    the model window, only when asked for (it can be large).
+    """
+
+    run_id: str
+    workflow: str
+    status: RunStatus
+    cursor: str
+    seq: int
+    cost_usd: float
+    resumes: int
+    error: str | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    input: Mapping[str, Any] | None = None
+    state: Mapping[str, Any] | None = None
+    window: tuple[dict[str, Any], ...] | None = None
+    parent_id: str | None = None  # a child run's parent (StepResult.spawn)
+    concurrency_key: str | None = None  # at most its key's limit of such runs at a time
+    priority: int = 0  # higher starts first (its key's queue, and the broker's)
+    traceparent: str | None = None  # W3C trace context of the span that enqueued it
+    forked_from: str | None = None  # a fork (Client.fork): the run it was forked from,
+    forked_at: int | None = None  # and the seq
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Run:
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in row.items() if k in names}
+        values["status"] = RunStatus(values["status"])
+        if values.get("window") is not None:
+            values["window"] = tuple(values["window"])
+        return cls(**values)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (timestamps as ISO 8601)."""
+        out = dataclasses.asdict(self)
+        out["status"] = str(self.status)
+        for key in ("created_at", "updated_at"):
+            out[key] = out[key].isoformat()
+        if out["window"] is None:
+            del out["window"]
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamInfo:
+    """A run's live event stream: its oldest and newest ids, and whether older entries
+    were trimmed away (MAXLEN)."""
+
+    first: str
+    last: str
+    trimmed: bool
+    origin: bool = False  # its first entry is the run's first event (is_origin)
+
+
+# Bump when the persisted shape changes; a checkpoint of another version is refused.
+CHECKPOINT_VERSION = 1
+
+# The cursor of a run that no worker has started: the workflow's first step, resolved by
+# the worker, so an enqueuer needs only the workflow's name, not its code.
+START = ""
+
+
+class Message(TypedDict, total=False):
+    """One Anthropic MessageParam, stored as given."""
+
+    role: str
+    content: Any
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Checkpoint:
+    """The smallest thing from which a run can continue."""
+
+    run_id: str
+    workflow: str
+    input: dict[str, Any]
+    seq: int  # bumps on every save; the guard compares it
+    cursor: str  # the step that comes next; "done" ends
+    state: dict[str, Any]  # accumulated results
+    visits: dict[str, int]  # saved visits per cursor: half of the idempotency key
+    window: tuple[Message, ...]  # exactly what the model saw
+    win_start: int  # index of window[0] in window_messages
+    cost_usd: float
+    version: int = CHECKPOINT_VERSION
+    status: RunStatus = RunStatus.PENDING
+    error: str | None = None
+    epoch: int = 0  # fencing epoch of the lease that wrote it
+    resumes: int = 0
+    updated_at: dt.datetime | None = None
+    attempts: int = 0  # failed attempts of the step at cursor (a save resets it)
+    deliveries: int = 0  # claims since the last save (poison detection)
+    cancel_reason: str | None = None
+    max_cost_usd: float | None = None  # this run's cost cap (None: the workers' default)
+    # status waiting: the event awaited, and the cursor to take if the timeout comes first
+    wait_event: str | None = None
+    wait_timeout_cursor: str | None = None
+    flow_version: int | None = None  # the workflow version that wrote the state
+    parent_id: str | None = None  # a child run's parent (StepResult.spawn), never changed
+    depth: int = 0  # children between it and its first ancestor
+    concurrency_key: str | None = None  # holds one of its key's slots while it runs
+    priority: int = 0
+    traceparent: str | None = None  # the enqueuer's span (cairn.otel): deliveries go on its trace
+    forked_at: int | None = None  # a fork's first seq (its origin's), never changed
+    # Read with the row, never written: the wait's timeout has passed; the oldest signal
+    # of the awaited event not yet consumed ({"id", "payload"}).
+    wait_over: bool = dataclasses.field(default=False, compare=False)
+    signal: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
+    # Not stored: the window's compact-JSON size, carried from step to step so the size
+    # check costs the new messages, not the whole window. -1: not known yet.
+    window_bytes: int = dataclasses.field(default=-1, compare=False, repr=False)
+
+    @property
+    def win_end(self) -> int:
+        return self.win_start + len(self.window)
+
+    def evolve(self, **changes: Any) -> Checkpoint:
+        """dataclasses.replace, for the loop's once-a-step copy: replace re-runs __init__
+        over all 27 fields (twice the time); this copies the fields and sets the changed
+        ones. Checkpoint has no __post_init__ to skip, and a misspelt field still fails."""
+        if not changes.keys() <= _FIELDS:
+            raise TypeError(f"Checkpoint has no field {sorted(changes.keys() - _FIELDS)}")
+        new = object.__new__(Checkpoint)
+        new.__dict__.update(self.__dict__, **changes)
+        return new
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(Checkpoint))
+
+
+class Saved(NamedTuple):
+    """What a save learned: a cancel asked for, a signal already there for a new wait."""
+
+    cancel_reason: str | None
+    signalled: bool
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Attempt:
+    """One step attempt as the step history records it."""
+
+    started: float  # time.time() when the step began
+    worker: str = ""  # the lease owner (host:pid:nonce)
+    effect_key: str | None = None
+    signal_id: str | None = None  # the signal the step received (consumed by the save)
