@@ -146,13 +146,13 @@ def cairn_child(spec: dict[str, Any]) -> dict[str, Any]:
     import psycopg
 
     from bench.cairn_sys import InProcess, cairn_setup
-    from cairn.contrib.pydantic_ai import CairnDurability, workflow
     from cairn.core.status import RunStatus
+    from cairn.pydantic_ai import CairnDurability, agent_workflow
     from cairn.workers import loop
 
     url, runs = spec["url"], int(spec["runs"])
     cairn_setup(url)
-    workflow(FLOW, make_agent("bench_pai", [CairnDurability()]))  # once in this process
+    agent_workflow(FLOW, make_agent("bench_pai", [CairnDurability()]))  # once in this process
     plain = make_agent("bench_pai_plain", [])
     inproc = InProcess(url, spec["redis_url"])
     store, deps = inproc.store, inproc.deps

@@ -11,7 +11,9 @@
     with cairn.Client() as client:           # CAIRN_DATABASE_URL / CAIRN_BROKER_URL
         run_id = client.enqueue("greet", {"name": "Ada"})
 
-Names are loaded on first use, so `import cairn` stays cheap for a web app: it imports
+`cairn.__all__` is what a workflow author or a web app calls or catches; the errors of
+cairn's own control flow (a delivery deferred, retried, handed off) stay in
+cairn.core.errors. Names are loaded on first use, so `import cairn` stays cheap for a web app: it imports
 neither Celery's worker, the anthropic SDK, prometheus_client, typer nor rich.
 """
 
@@ -24,29 +26,21 @@ from cairn.core.errors import (
     CairnError,
     CallFailed,
     Cancelled,
-    CorruptCheckpoint,
-    Deferred,
     EventRefused,
-    HandOff,
-    IncompatibleCheckpoint,
-    Interrupted,
     InvalidInput,
     JournalDiverged,
     LeaseLost,
     ModelUnavailable,
     MultipleEffects,
     OutcomeUnknown,
-    RetryLater,
     RunIdConflict,
     RunNotStopped,
-    StaleWrite,
+    StepStopped,
     StoreUnavailable,
-    Superseded,
     Transient,
     UnknownRun,
     UnknownWorkflow,
     WaitTimedOut,
-    WindowTooLarge,
 )
 from cairn.core.lazy import loader
 
@@ -63,6 +57,7 @@ _LAZY = {
     "Child": "cairn.steps.registry",
     "DONE": "cairn.steps.registry",
     "Context": "cairn.steps.context",
+    "text_of": "cairn.steps.model",
     "Event": "cairn.core.events",
     "current": "cairn.steps.context",
     "Client": "cairn.client",
@@ -83,6 +78,7 @@ if TYPE_CHECKING:
     from cairn.core.settings import Settings
     from cairn.core.status import RunStatus
     from cairn.steps.context import Context, current
+    from cairn.steps.model import text_of
     from cairn.steps.registry import DONE, Child, Retry, StepResult, Workflow, workflow
     from cairn.store.schedules import Schedule
     from cairn.workers.middleware import Middleware
@@ -115,13 +111,8 @@ __all__ = [
     "Child",
     "Client",
     "Context",
-    "CorruptCheckpoint",
-    "Deferred",
     "Event",
     "EventRefused",
-    "HandOff",
-    "IncompatibleCheckpoint",
-    "Interrupted",
     "InvalidInput",
     "JournalDiverged",
     "LeaseLost",
@@ -130,7 +121,6 @@ __all__ = [
     "MultipleEffects",
     "OutcomeUnknown",
     "Retry",
-    "RetryLater",
     "Run",
     "RunIdConflict",
     "RunNotStopped",
@@ -138,17 +128,16 @@ __all__ = [
     "Schedule",
     "ScheduleConflict",
     "Settings",
-    "StaleWrite",
     "StepResult",
+    "StepStopped",
     "StoreUnavailable",
-    "Superseded",
     "Transient",
     "UnknownRun",
     "UnknownSchedule",
     "UnknownWorkflow",
     "WaitTimedOut",
-    "WindowTooLarge",
     "Workflow",
     "current",
+    "text_of",
     "workflow",
 ]

@@ -476,6 +476,24 @@ MUTANTS = [
         ),
     ),
     Mutant(
+        "M50",
+        "a cancel is an Exception: a step's `except Exception` swallows it and goes on",
+        "cairn/core/errors.py",
+        "class Cancelled(StepStopped):",
+        "class Cancelled(CairnError):",
+        ("tests/test_loop_memory.py::test_a_cancel_is_not_swallowed_by_a_steps_except_exception",),
+    ),
+    Mutant(
+        "M51",
+        "a lost lease is an Exception: a zombie's `except Exception` goes on making calls",
+        "cairn/core/errors.py",
+        "class Superseded(StepStopped):",
+        "class Superseded(Interrupted):",
+        (
+            "tests/test_loop_memory.py::test_a_lost_lease_is_not_swallowed_by_a_steps_except_exception",
+        ),
+    ),
+    Mutant(
         "M49",
         "the reaper ignores a delivery that never let go of its run (a done run's stream untold)",
         "workers/reaper.py",

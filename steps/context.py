@@ -13,7 +13,7 @@ import logging
 import re
 import types
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, TypeVar, cast, overload
 
 from cairn.core import logs, tracing
 from cairn.core.errors import (
@@ -375,7 +375,7 @@ class Context:
         token = self._enter(name, pos, n)
         try:
             result = fn(*args, **kwargs)
-        except Exception as exc:
+        except BaseException as exc:  # a stop (lost lease, cancel) too: the frame ends
             self._failed(pos, name, exc, token)
             raise
         return self._returned(pos, name, result, token)  # type: ignore[no-any-return]
@@ -424,7 +424,7 @@ class Context:
             result = fn(*args, **kwargs)
             if inspect.isawaitable(result):
                 result = await result
-        except Exception as exc:
+        except BaseException as exc:
             self._failed(pos, name, exc, token)
             raise
         return self._returned(pos, name, result, token)  # type: ignore[no-any-return]
@@ -456,7 +456,9 @@ class Context:
                 self._afford(max_cost, f"ctx.call({name!r})")
         return pos, n, recorded
 
-    def _failed(self, pos: int, name: str, exc: Exception, token: contextvars.Token[Any]) -> None:
+    def _failed(
+        self, pos: int, name: str, exc: BaseException, token: contextvars.Token[Any]
+    ) -> None:
         frame = _frame.get()
         _frame.reset(token)
         tx = frame.tx if frame else None
@@ -571,10 +573,11 @@ class Context:
         assert v.records is not None
         v.records[call.pos] = call
 
-    def _recordable(self, exc: Exception) -> bool:
+    def _recordable(self, exc: BaseException) -> TypeGuard[Exception]:
         """A permanent error of the call itself: not cairn's own (cancel, budget, lost
-        lease, Transient), not one the step's policy retries, not our store going down."""
-        return not (
+        lease, Transient), not one the step's policy retries, not our store going down,
+        not an interrupt of the process."""
+        return isinstance(exc, Exception) and not (
             isinstance(exc, (CairnError, *self._retry_on)) or self._store.outage(exc) is not None
         )
 
@@ -683,7 +686,7 @@ class Context:
                 message, cost = self._stream(request, pos)
             else:
                 message, cost = self._model.create(**request)
-        except Exception as exc:
+        except BaseException as exc:
             self._after_model(pos, exc)
             raise
         self._count(cost)
@@ -701,7 +704,7 @@ class Context:
                 message, cost = await asyncio.to_thread(self._stream, request, pos)
             else:
                 message, cost = await asyncio.to_thread(self._model.create, **request)
-        except Exception as exc:
+        except BaseException as exc:
             self._after_model(pos, exc)
             raise
         self._count(cost)
@@ -724,7 +727,7 @@ class Context:
 
         return stream(on_text, on_restart, **request)  # type: ignore[no-any-return]
 
-    def _after_model(self, pos: int | None, exc: Exception | None) -> None:
+    def _after_model(self, pos: int | None, exc: BaseException | None) -> None:
         if pos is not None and self._hooks is not None:
             self._hooks.after_call(self._cp, "model", pos, exc)
 

@@ -11,7 +11,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
 import cairn
-from cairn.contrib.langgraph import CairnSaver, idempotency_key, node, workflow
+from cairn.langgraph import CairnSaver, graph_workflow, idempotency_key, node
 
 
 class Refund(TypedDict, total=False):
@@ -34,7 +34,7 @@ builder.add_node("send", send)
 builder.add_edge(START, "approve")
 builder.add_edge("approve", "send")
 builder.add_edge("send", END)
-flow = workflow("lg_refund", builder.compile(checkpointer=CairnSaver()))
+flow = graph_workflow("lg_refund", builder.compile(checkpointer=CairnSaver()))
 
 
 # A tool-calling agent as a graph: "agent" asks the model (ctx.model, journaled), "tools"
@@ -127,4 +127,4 @@ support.add_node("tools", tools)
 support.add_edge(START, "agent")
 support.add_conditional_edges("agent", _route)
 support.add_edge("tools", "agent")
-support_flow = workflow("lg_support", support.compile(checkpointer=CairnSaver()))
+support_flow = graph_workflow("lg_support", support.compile(checkpointer=CairnSaver()))

@@ -20,7 +20,7 @@ from pydantic_ai.models.anthropic import AnthropicModel
 from pydantic_ai.providers.anthropic import AnthropicProvider
 
 import cairn
-from cairn.contrib.pydantic_ai import CairnDurability, workflow
+from cairn.pydantic_ai import CairnDurability, agent_workflow
 
 PLAN = "lookup, notify, remember, lookup"  # four tools, five model requests a run
 REAL_API = "https://api.anthropic.com"
@@ -130,7 +130,7 @@ def remember(fact: str) -> str:
     return key
 
 
-flow = workflow("pai_support", agent)
+flow = agent_workflow("pai_support", agent)
 
 
 # A refund needs a person's approval: the run waits for the "approval" signal.
@@ -150,4 +150,4 @@ def refund(order: str) -> str:
     return f"refunded {order}"
 
 
-refunds = workflow("pai_refunds", approver)
+refunds = agent_workflow("pai_refunds", approver)

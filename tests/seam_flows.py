@@ -15,7 +15,7 @@ import httpx
 from langgraph.graph import END, START, StateGraph
 
 import cairn
-from cairn.contrib.langgraph import CairnSaver, idempotency_key, workflow
+from cairn.langgraph import CairnSaver, graph_workflow, idempotency_key
 
 
 def _ran(state: dict[str, Any], node: str) -> None:
@@ -70,8 +70,8 @@ def _graph(schema: type) -> Any:
     return builder.compile(checkpointer=CairnSaver())
 
 
-workflow("lg_mail", _graph(Mail))
-workflow("lg_mail_list", _graph(MailWithNotes))
+graph_workflow("lg_mail", _graph(Mail))
+graph_workflow("lg_mail_list", _graph(MailWithNotes))
 
 
 # A streaming run of three steps: each streams a model answer and emits its own event.

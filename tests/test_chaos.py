@@ -19,6 +19,7 @@ import typer
 from typer.testing import CliRunner
 
 import cairn.testing.demos.chat  # noqa: F401  (registers chat here, as a worker does)
+from cairn.cli import chaos as chaos_cli
 from cairn.core.events import Event, encode
 from cairn.core.settings import Settings
 from cairn.core.status import RunStatus
@@ -26,7 +27,6 @@ from cairn.steps import DONE, Context, StepResult, workflow
 from cairn.steps.model import ModelClient
 from cairn.store import Leases, PgStore, keys
 from cairn.store.events import RedisEvents
-from cairn.cli import chaos as chaos_cli
 from cairn.testing import chaos, faults
 from cairn.testing.chaos import pauses, record
 from cairn.testing.faults import BOUNDARIES

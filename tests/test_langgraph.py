@@ -18,10 +18,10 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
 from cairn.contrib import langgraph as lg
-from cairn.contrib.langgraph import CairnSaver
 from cairn.core import errors
 from cairn.core.settings import Settings
 from cairn.core.status import RunStatus
+from cairn.langgraph import CairnSaver
 from cairn.steps import Context, StepResult, workflow
 from cairn.steps.context import current
 from cairn.store import Database

@@ -845,3 +845,54 @@ def test_the_reaper_sends_again_a_run_whose_worker_died(
     clock.advance(SETTINGS.lease_ttl)
     assert reaper.reap() == 1 and sent == [run_id]
     assert reaper.reap() == 0 and sent == [run_id]  # one message out per run
+
+
+# A step that keeps going whatever its calls raise: it catches Exception around each.
+greedy = workflow("greedy_step")
+STOPPERS: dict[str, Any] = {}  # run id -> what the first call does to the run
+
+
+@greedy.step()
+def keep_going(ctx: Context) -> StepResult:
+    for i in range(3):
+        try:
+            ctx.call(f"send{i}", _send, ctx.run_id, i)
+        except Exception:  # noqa: BLE001, S112 (the very pattern the stop must survive)
+            continue
+    return StepResult(cursor=cairn.DONE)
+
+
+def _send(run_id: str, i: int) -> int:
+    calls[run_id].append(i)
+    if i == 0:
+        STOPPERS.pop(run_id)()
+    return i
+
+
+def test_a_cancel_is_not_swallowed_by_a_steps_except_exception(
+    store: MemoryStore, deps: loop.Deps
+) -> None:
+    """Cancelled is a StepStopped, not an Exception: the step that catches Exception around
+    its calls still stops before its next effect, and the run ends cancelled."""
+    run_id = _start(store, "greedy_step")
+    STOPPERS[run_id] = lambda: store.cancel(run_id, "stop it")
+    assert loop.run(run_id, deps) == RunStatus.CANCELLED
+    assert calls[run_id] == [0]  # the second and third sends never happened
+
+
+def test_a_lost_lease_is_not_swallowed_by_a_steps_except_exception(
+    store: MemoryStore, leases: MemoryLeases, clock: ManualClock, deps: loop.Deps
+) -> None:
+    """A worker paused past its lease inside a call (another took the run meanwhile) makes
+    no further call, whatever the step catches: LeaseLost ends the delivery."""
+    run_id = _start(store, "greedy_step")
+
+    def paused_past_the_lease() -> None:
+        clock.advance(SETTINGS.lease_ttl + 1)
+        assert leases.acquire(run_id, SETTINGS.lease_ttl) is not None  # another worker
+
+    STOPPERS[run_id] = paused_past_the_lease
+    with pytest.raises(errors.LeaseLost):
+        loop.run(run_id, deps)
+    assert calls[run_id] == [0]
+    assert not isinstance(errors.LeaseLost(run_id, "x"), Exception)

@@ -25,11 +25,11 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import cairn
-from cairn.contrib.pydantic_ai import APPROVAL, CairnDurability, stream_tokens, workflow
 from cairn.core import errors
 from cairn.core.records import Checkpoint
 from cairn.core.settings import Settings
 from cairn.core.status import RunStatus
+from cairn.pydantic_ai import APPROVAL, CairnDurability, agent_workflow, stream_tokens
 from cairn.testing import ManualClock, MemoryLeases, MemoryStore
 from cairn.testing.standins import ModelServer
 from cairn.workers import loop
@@ -135,7 +135,7 @@ def notify(note: str) -> str:
     return key
 
 
-workflow("pai-helper", helper)
+agent_workflow("pai-helper", helper)
 
 NAMES = [
     "helper__model.request",
@@ -186,7 +186,7 @@ def test_outside_a_cairn_step_the_capability_does_nothing() -> None:
 def test_an_agent_without_the_capability_is_refused_at_once() -> None:
     plain = Agent(FunctionModel(_script), name="plain")
     with pytest.raises(errors.CairnError, match=r"capabilities=\[cairn.pydantic_ai"):
-        workflow("pai-plain", plain)
+        agent_workflow("pai-plain", plain)
 
 
 def test_a_run_over_its_budget_stops_before_the_next_request(deps: loop.Deps) -> None:
@@ -228,7 +228,7 @@ def refund(cents: int) -> str:
     return f"refunded {cents}"
 
 
-workflow("pai-approver", approver)
+agent_workflow("pai-approver", approver)
 
 
 def test_a_tool_that_needs_approval_waits_for_a_signal_holding_no_worker(
@@ -328,7 +328,7 @@ def test_an_anthropic_agent_with_an_http_effect_and_a_db_write_survives_a_kill(
 
 
 def test_a_compacted_window_is_still_a_conversation_the_agent_can_go_on_with() -> None:
-    from cairn.contrib.pydantic_ai import messages_of
+    from cairn.pydantic_ai import messages_of
     from cairn.steps.window import compact
 
     clock = ManualClock()
@@ -381,7 +381,7 @@ streamer = Agent(
     name="streamer",
     capabilities=[CairnDurability(event_stream_handler=stream_tokens)],
 )
-workflow("pai-streamer", streamer)
+agent_workflow("pai-streamer", streamer)
 
 
 def test_an_agents_text_streams_as_token_events_and_a_replay_streams_nothing() -> None:

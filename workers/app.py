@@ -15,7 +15,7 @@ from celery.worker import state as worker_state
 from celery.worker.request import Request
 
 from cairn.core import logs, tracing
-from cairn.core.errors import Deferred, HandOff, Interrupted, RetryLater, Superseded
+from cairn.core.errors import Deferred, HandOff, Interrupted, RetryLater, StepStopped
 from cairn.core.settings import Settings
 from cairn.steps import registry
 from cairn.steps.model import ModelClient, preload_sdk
@@ -184,7 +184,7 @@ def run_task(task: Task, run_id: str) -> str:
         logger.warning("%s; handing it back to the queue", exc, extra=logs.run(run_id, "hand_off"))
         task.apply_async((run_id,), queue=broker.RESUME)
         return "handed_off"
-    except Superseded as exc:
+    except StepStopped as exc:  # Superseded, or a stop no branch of the loop took
         # Another worker owns the run now: it will finish it. Do nothing more.
         logger.warning("run %s: stopped, %s", run_id, exc, extra=logs.run(run_id, "superseded"))
         return "lost"

@@ -464,7 +464,7 @@ def _retry_or_stop(
     attempt: Attempt,
     deps: Deps,
     stream: Announcer,
-) -> CairnError:
+) -> CairnError | StaleWrite:
     """What a step's exception becomes: a recorded retry (RetryLater), or the run failing
     (its policy does not retry this exception, or its attempts are spent)."""
     what = f"{type(exc).__name__}: {exc}"

@@ -60,10 +60,10 @@ from cairn.steps.registry import workflow as cairn_workflow
 from cairn.store.db import Database
 from cairn.store.graphs import Blob, Fence, GraphStore
 
-__all__ = ["RESUME", "CairnSaver", "idempotency_key", "node", "workflow"]
+__all__ = ["RESUME", "CairnSaver", "graph_workflow", "idempotency_key", "node", "workflow"]
 
 RESUME = "resume"
-"""The signal a run of `workflow()` waits for when its graph called interrupt()."""
+"""The signal a run of `graph_workflow()` waits for when its graph called interrupt()."""
 
 _INLINE = (str, int, float, bool)  # small values ride in the checkpoint row itself
 _KNOWN_LISTS = 512  # list channels remembered for appends, most recently used
@@ -363,7 +363,9 @@ class CairnSaver(BaseCheckpointSaver[int]):
         await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
 
 
-def workflow(name: str, graph: Any, *, retry: Retry | None = None, **options: Any) -> Workflow:
+def graph_workflow(
+    name: str, graph: Any, *, retry: Retry | None = None, **options: Any
+) -> Workflow:
     """Register a compiled graph as the cairn workflow name: enqueue it with the graph's
     input; the run is one invocation of the graph on thread run_id, on the fleet.
 
@@ -423,6 +425,9 @@ def workflow(name: str, graph: Any, *, retry: Retry | None = None, **options: An
 
     return flow
 
+
+# Its name until 0.1: `cairn.workflow` is the step API's; this one registers a graph.
+workflow = graph_workflow
 
 _MODES = ("values", "updates", "custom", "messages")
 

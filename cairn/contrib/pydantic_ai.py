@@ -1,10 +1,10 @@
 """pydantic-ai agents as cairn runs, on pydantic-ai's public durable-execution API.
 
     from pydantic_ai import Agent
-    from cairn.pydantic_ai import CairnDurability, workflow
+    from cairn.pydantic_ai import CairnDurability, agent_workflow
 
     agent = Agent("anthropic:claude-haiku-4-5", name="support", capabilities=[CairnDurability()])
-    flow = workflow("support", agent)          # enqueue "support" with {"prompt": "..."}
+    flow = agent_workflow("support", agent)    # enqueue "support" with {"prompt": "..."}
 
 Inside a cairn step, every model request and tool call of the agent is one journaled
 call (`ctx.acall`): recorded in Postgres as it returns, fenced by the run's epoch, and
@@ -57,10 +57,17 @@ from cairn.steps.model import cost_of
 from cairn.steps.registry import DONE, Retry, StepResult, Workflow
 from cairn.steps.registry import workflow as cairn_workflow
 
-__all__ = ["APPROVAL", "CairnDurability", "messages_of", "stream_tokens", "workflow"]
+__all__ = [
+    "APPROVAL",
+    "CairnDurability",
+    "agent_workflow",
+    "messages_of",
+    "stream_tokens",
+    "workflow",
+]
 
 APPROVAL = "approval"
-"""The signal a run of `workflow()` waits for when its agent deferred tool calls."""
+"""The signal a run of `agent_workflow()` waits for when its agent deferred tool calls."""
 
 _MESSAGES: TypeAdapter[list[ModelMessage]] = ModelMessagesTypeAdapter
 _REQUESTS = TypeAdapter(DeferredToolRequests)
@@ -254,7 +261,7 @@ def _results(payload: Any) -> DeferredToolResults:
         raise ValueError(f"approval signal: {exc}") from exc
 
 
-def workflow(
+def agent_workflow(
     name: str,
     agent: AbstractAgent[Any, Any],
     *,
@@ -323,3 +330,7 @@ def workflow(
         )
 
     return flow
+
+
+# Its name until 0.1: `cairn.workflow` is the step API's; this one registers an agent.
+workflow = agent_workflow

@@ -3,15 +3,20 @@
 CairnError
 ├── Interrupted         this delivery of the run ends; the run does not (never fails it)
 │   ├── Transient       retry later (StoreUnavailable, ModelUnavailable; raise it from a step)
-│   ├── Superseded      another worker has the run: stop at once (LeaseLost, StaleWrite)
 │   ├── Deferred        another live worker holds the run's lease: try again later
 │   ├── RetryLater      a step failed and its Retry policy runs it again after a delay
 │   └── HandOff         give the run back to the queue (worker stopping, signal already in)
 └── the rest            permanent: the run (or the call) fails with the message
                         (JournalDiverged, CallFailed, MultipleEffects, ...)
 
-The loop lets every Interrupted through to the run task, which handles each kind; a new
-kind is still handled (retried with backoff, as Transient) before anyone writes its branch.
+StepStopped (a BaseException, as KeyboardInterrupt is: a step's `except Exception` around
+its calls does not swallow it and go on making effects)
+├── Superseded          another worker has the run: stop at once (LeaseLost, StaleWrite)
+└── Cancelled           the run was cancelled: no further effect
+
+The loop lets every Interrupted, and Superseded, through to the run task, which handles
+each kind; a new kind of Interrupted is still handled (retried with backoff, as
+Transient) before anyone writes its branch.
 """
 
 from __future__ import annotations
@@ -40,8 +45,15 @@ class ModelUnavailable(Transient):
     """The model API kept answering 429/5xx/overloaded, or could not be reached."""
 
 
-class Superseded(Interrupted):
-    """Another worker owns the run now: touch nothing more, it will finish the run."""
+class StepStopped(BaseException):
+    """The step must stop here, whatever its own code catches: this worker lost the run, or
+    the run was cancelled. Not an Exception, so a step that wraps its calls in `except
+    Exception` (to retry them, to log and go on) cannot keep running after it."""
+
+
+class Superseded(StepStopped):
+    """Another worker owns the run now: touch nothing more, it will finish the run. The
+    delivery ends; the run does not (the run task lets it go)."""
 
     run_id: str
 
@@ -130,8 +142,8 @@ class WindowTooLarge(CairnError):
     """The model window is still over the size limit after compaction."""
 
 
-class Cancelled(CairnError):
-    """The run was cancelled: it performs no further effect."""
+class Cancelled(StepStopped):
+    """The run was cancelled: it performs no further effect (the run stops as cancelled)."""
 
 
 class BudgetExceeded(CairnError):

@@ -97,6 +97,20 @@ class Run:
         return out
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunFilter:
+    """Which runs a list shows (Client.list, every store's list_runs): newest first,
+    filtered by status, workflow and creation time [since, until), `limit` at a time;
+    `after`: the last run id of the previous page (keyset paging)."""
+
+    status: RunStatus | None = None
+    limit: int = 50
+    workflow: str | None = None
+    after: str | None = None
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+
+
 @dataclasses.dataclass(frozen=True)
 class StreamInfo:
     """A run's live event stream: its oldest and newest ids, and whether older entries

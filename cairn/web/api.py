@@ -44,10 +44,9 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cairn import __version__
-from cairn.core import tracing
 from cairn.client.client import Client
 from cairn.client.events import EVENT_ID, afollow_batches, read_token
-from cairn.core import logs
+from cairn.core import logs, tracing
 from cairn.core.errors import (
     CairnError,
     InvalidInput,

@@ -24,8 +24,8 @@ from typing import Annotated, Any, TypedDict
 import httpx
 from langgraph.graph import END, START, StateGraph
 
-from cairn.contrib.langgraph import CairnSaver, node, workflow
 from cairn.core.errors import InvalidInput, Transient
+from cairn.langgraph import CairnSaver, graph_workflow, node
 from cairn.steps.context import Context, current
 
 
@@ -121,4 +121,4 @@ graph.add_node("tools", tools)
 graph.add_edge(START, "agent")
 graph.add_conditional_edges("agent", _route)
 graph.add_edge("tools", "agent")
-flow = workflow("graph_agent", graph.compile(checkpointer=CairnSaver()), validate=_validate)
+flow = graph_workflow("graph_agent", graph.compile(checkpointer=CairnSaver()), validate=_validate)
