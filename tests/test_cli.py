@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,15 +16,20 @@ from tests.conftest import ROOT
 
 BIN = Path(sys.executable).parent
 
+# The operations on runs, under `cairn runs`; the first six were top-level commands once.
+OLD_SPELLINGS = ["enqueue", "show", "events", "signal", "cancel", "resolve"]
+OPERATIONS = ["list", *OLD_SPELLINGS, "fork", "rewind", "replay"]
+
 COMMANDS = [
     "worker",
     "beat",
-    "enqueue",
+    "serve",
     "runs",
-    "show",
-    "cancel",
-    "signal",
-    "events",
+    *(f"runs {op}" for op in OPERATIONS),
+    *OLD_SPELLINGS,
+    "schedules",
+    "schedules add",
+    "settings",
     "db",
     "db upgrade",
     "demo",
@@ -227,3 +233,68 @@ def test_a_users_workflows_may_take_the_demos_names(
     finally:
         worker.kill()
     assert "already registered" not in worker.text()
+
+
+def _listed(help_text: str) -> set[str]:
+    """The commands a --help lists: the first word of each row of its Commands box."""
+    box = help_text.split("Commands", 1)[1] if "Commands" in help_text else ""
+    return set(re.findall(r"^│ (\S+) ", box, re.MULTILINE))
+
+
+def test_runs_help_lists_every_operation_and_the_root_help_the_group_only() -> None:
+    runs = _cairn("runs", "--help")
+    assert runs.returncode == 0, runs.stderr
+    assert _listed(runs.stdout) == set(OPERATIONS)
+    assert "--status" in runs.stdout  # `cairn runs` alone still lists, with its filters
+    root = _cairn("--help").stdout
+    assert "runs" in _listed(root)
+    assert not _listed(root) & set(OLD_SPELLINGS)  # the old spellings are hidden
+
+
+@pytest.mark.parametrize("old", OLD_SPELLINGS)
+def test_an_old_spelling_takes_the_same_arguments_and_options(old: str) -> None:
+    def usage(*argv: str) -> list[str]:
+        done = _cairn(*argv, "--help")
+        assert done.returncode == 0, done.stderr
+        return [line.rstrip() for line in done.stdout.splitlines()]
+
+    assert usage(old) == [
+        line.replace(f"cairn runs {old}", f"cairn {old}") for line in usage("runs", old)
+    ]
+
+
+def test_the_old_spellings_print_what_the_new_ones_do(cli_env, store: PgStore) -> None:
+    data = json.dumps({"customer": "acme", "email": "a@example.com"})
+    enqueued = [
+        _cairn(*where, "invoice", data, "--run-id", "al-1", "--json", env=cli_env)
+        for where in (["runs", "enqueue"], ["enqueue"])
+    ]
+    assert [e.stdout for e in enqueued] == ['{"run_id": "al-1"}\n'] * 2
+    # Each twice first where the first call changes the run: the pair compared sees one state.
+    _cairn("runs", "signal", "al-1", "payment", "{}", "--id", "s-1", env=cli_env)
+    _cairn("runs", "cancel", "al-1", env=cli_env)
+    for argv in (
+        ["show", "al-1"],
+        ["show", "al-1", "--json"],
+        ["events", "al-1", "--json", "--timeout", "1"],
+        ["signal", "al-1", "payment", "{}", "--id", "s-1", "--json"],
+        ["cancel", "al-1"],
+        ["resolve", "al-1", "--not-done"],
+        ["show", "no-such-run"],
+    ):
+        new = _cairn("runs", *argv, env=cli_env)
+        old = _cairn(*argv, env=cli_env)
+        assert (old.returncode, old.stdout, old.stderr) == (
+            new.returncode,
+            new.stdout,
+            new.stderr,
+        ), argv
+        assert new.stdout or new.stderr, argv  # something to compare
+
+
+def test_runs_list_is_runs(cli_env, store: PgStore) -> None:
+    store.create_run("l-1", "probe", {}, "one")
+    for flags in ([], ["--json"], ["--json", "--status", "pending", "--limit", "1"]):
+        listed = _cairn("runs", "list", *flags, env=cli_env)
+        assert listed.returncode == 0 and "l-1" in listed.stdout, listed.stderr
+        assert listed.stdout == _cairn("runs", *flags, env=cli_env).stdout

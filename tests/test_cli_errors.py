@@ -96,7 +96,7 @@ CASES = [
     ("replay-bad-since", ["runs", "replay", "mine", "--since", "soon"], {}, ["'--since'"]),
     ("replay-unreachable", ["runs", "replay", "mine", "--since", "2026-01-01"],
      {"CAIRN_DATABASE_URL": NOWHERE}, ["unreachable", "CAIRN_DATABASE_URL"]),
-    # one run
+    # one run, by the names it had before `cairn runs` (hidden, for one release)
     ("show-unknown-run", ["show", "nope"], {}, ["no run 'nope'", "cairn runs"]),
     ("show-json-unknown-run", ["show", "nope", "--json"], {}, ["no run 'nope'", "cairn runs"]),
     ("show-unreachable", ["show", "nope"], {"CAIRN_DATABASE_URL": NOWHERE},
@@ -118,6 +118,22 @@ CASES = [
     ("resolve-malformed-result", ["resolve", "nope", "--done", "--result", "{x"], {},
      ["--result is not JSON"]),
     ("resolve-missing-done", ["resolve", "nope"], {}, ["--done", "--help"]),
+    # the same under `cairn runs`, where they are listed (the spellings above are hidden)
+    ("runs-enqueue-missing-argument", ["runs", "enqueue"], {},
+     ["Missing argument", "cairn runs enqueue --help"]),
+    ("runs-enqueue-unknown-workflow", ["runs", "enqueue", "nope", "{}"], {},
+     ["unknown workflow 'nope'", "CAIRN_WORKFLOWS"]),
+    ("runs-list-bad-limit", ["runs", "list", "--limit", "0"], {},
+     ["'--limit'", "cairn runs list --help"]),
+    ("runs-show-unknown-run", ["runs", "show", "nope"], {}, ["no run 'nope'", "cairn runs"]),
+    ("runs-events-bad-after", ["runs", "events", "nope", "--after", "garbage"], {},
+     ["--after 'garbage'", "1733312345678-0"]),
+    ("runs-signal-malformed-payload", ["runs", "signal", "nope", "payment", "{x"], {},
+     ["payload is not JSON"]),
+    ("runs-cancel-unknown-run", ["runs", "cancel", "nope"], {}, ["no run 'nope'", "cairn runs"]),
+    ("runs-resolve-missing-done", ["runs", "resolve", "nope"], {},
+     ["--done", "cairn runs resolve --help"]),
+    ("runs-unknown-subcommand", ["runs", "nosuch"], {}, ["No such command", "cairn runs --help"]),
     # db
     ("db-check-missing-module", ["db", "check", "--workflows", "nosuchmod"], {},
      ["cannot be imported", "PYTHONPATH"]),
