@@ -2,17 +2,23 @@
 every phase (examples, coverage, fuzzing, stateful), run against a real `cairn serve` on
 loopback, finds nothing the document does not say: no server error, no undocumented
 status, content type or header, no request the document calls valid refused, and none it
-calls invalid accepted."""
+calls invalid accepted. And the document itself is pinned (tests/openapi.json): it
+changes only when someone means it to."""
 
 from __future__ import annotations
 
+import difflib
+import json
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cairn.client.client import Client
+from cairn.core.settings import Settings
 from cairn.core.status import RunStatus
 from tests.conftest import Server
 
@@ -111,3 +117,36 @@ def test_each_request_example_of_the_document_is_one_the_server_takes(
             url = path.format(run_id=run_id, event="approval")
             answer = http.request(method, url, json=example)
             assert answer.status_code == status, (path, example, answer.text)
+
+
+PINNED = Path(__file__).with_name("openapi.json")
+
+
+def test_the_document_is_the_one_pinned(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Every path, operation, parameter, body, response, schema and example of
+    /openapi.json, key order aside, as tests/openapi.json holds them: what callers and
+    generated clients depend on does not move with a refactoring of the server. Left out:
+    the version (each release's) and the examples' workflow (the server's first that
+    takes {}, so whatever this process has registered)."""
+    from fastapi.testclient import TestClient
+
+    from cairn.web import openapi
+    from cairn.web.api import create_app
+
+    monkeypatch.setattr(openapi, "example_workflow", lambda: "my-workflow")
+    with TestClient(create_app(settings, insecure_no_auth=True)) as http:
+        served = http.get("/openapi.json").json()
+    del served["info"]["version"]
+    text = json.dumps(served, sort_keys=True, indent=1) + "\n"
+    pinned = PINNED.read_text()
+    if text != pinned:
+        (tmp_path / "openapi.json").write_text(text)
+        diff = difflib.unified_diff(
+            pinned.splitlines(keepends=True), text.splitlines(keepends=True), "pinned", "served"
+        )
+        pytest.fail(
+            f"/openapi.json is not tests/openapi.json; if the change is meant, pin it: "
+            f"cp {tmp_path / 'openapi.json'} {PINNED}\n" + "".join(diff)[:20000]
+        )

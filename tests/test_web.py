@@ -205,6 +205,17 @@ def test_bad_requests_get_a_clear_error_and_write_nothing(
             error = response.json()["error"]
             assert error["type"] == kind, (what, error)
             assert words in error["message"], (what, error)
+        # A wrong method: Allow names the path's methods, whichever router holds them.
+        for method, path, methods in (
+            ("DELETE", "/runs", "GET, POST"),
+            ("PUT", "/runs/replay", "POST"),
+            ("PUT", "/schedules", "GET, POST"),
+            ("GET", "/schedules/x", "DELETE"),
+        ):
+            wrong = http.request(method, path)
+            assert wrong.status_code == 405, (method, path, wrong.text)
+            assert wrong.headers["allow"] == methods, (method, path, wrong.headers)
+            assert wrong.json()["error"]["type"] == "method_not_allowed"
     assert sql("SELECT count(*) FROM runs") == [(0,)]
 
 

@@ -4,150 +4,21 @@ shape, and every rule a request must follow, so /openapi.json is the API's refer
 
 A route declares what is its own (its 404 and 409, its models); what every route shares
 is added here, once, from the one place that causes it: the guard's 401/403/411/413,
-request validation's 400/422, the Client's 503.
+request validation's 400/422, the Client's 503. The shapes themselves are in
+cairn.web.models and cairn.web.errors.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import re
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
-from starlette.routing import Match
 
 from cairn.core.errors import InvalidInput
-from cairn.core.inputs import RUN_ID_MAX
 from cairn.steps import registry
-
-# A run id's characters (cairn.core.inputs.RUN_ID), anchored as JSON Schema wants. The
-# server checks them itself, for an error that says the rule in words.
-RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+=/-]*$"
-RUN_ID_SCHEMA: dict[str, Any] = {"pattern": RUN_ID_PATTERN, "maxLength": RUN_ID_MAX}
-# An event id (cairn.workers.events.EVENT_ID): a stream entry's, one told from Postgres
-# after it (~k, ~end), or 0 for the run's start (what many SSE clients send).
-EVENT_ID_SCHEMA: dict[str, Any] = {
-    "pattern": r"^(0|\d{1,20}-\d{1,20}(~(\d{1,9}|end))?)$",
-    "examples": ["1733312345678-0", "1733312345678-0~2", "0"],
-}
-# A signal's event: what check_event refuses (NUL, cairn's own names), as a pattern.
-EVENT_NAME_PATTERN = r"^(?!cairn\.)[^\x00]+$"
-# One Server-Sent Event of GET /runs/{run_id}/events (OpenAPI 3.1: `schema` is one event).
-SSE_EVENT: dict[str, Any] = {
-    "type": "object",
-    "required": ["data"],
-    "properties": {
-        "event": {
-            "type": "string",
-            "description": "cairn's own kinds by name (run_ended, gap, ...); a step's own "
-            "events come unnamed, their kind in data.",
-        },
-        "data": {
-            "type": "string",
-            "contentMediaType": "application/json",
-            "description": "The event as JSON: id, kind, data, cursor, visit, attempt, seq, "
-            "ts, durable.",
-        },
-        "id": {"type": "string", "description": "Resume after it: Last-Event-ID or ?after=."},
-        "retry": {"type": "integer"},
-    },
-}
-
-# The largest whole number every JSON parser reads exactly (a double's 53 bits): a bound
-# for counts and seqs that a fuzzer's 2**63 + 1 cannot round past.
-WHOLE_MAX = 2**53
-# A string without NUL, which no Postgres text can hold.
-NO_NUL = r"^[^\x00]*$"
-
-
-def _whole(value: Any) -> Any:
-    # JSON Schema's integer: 3 and 3.0 (strict int would refuse 3.0), never "3" nor true.
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-WHOLE = BeforeValidator(_whole)  # after the int's own Field, for them to reach the schema
-_ISO = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]")
-
-
-def _iso(value: Any) -> Any:
-    # pydantic would take 0.5 as a Unix time: a date-time is a string that looks like one.
-    if isinstance(value, dt.datetime):
-        return value
-    if isinstance(value, str) and _ISO.match(value):
-        return dt.datetime.fromisoformat(value)  # ValueError: pydantic's 422
-    raise ValueError("a date-time is an RFC 3339 string, e.g. 2026-12-04T19:45:00Z")
-
-
-def _utc(when: dt.datetime) -> dt.datetime:
-    # A time sent without a zone is UTC: the server's zone is not the caller's.
-    return when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)
-
-
-Timestamp = Annotated[
-    dt.datetime,
-    BeforeValidator(_iso),
-    AfterValidator(_utc),
-    Field(description="RFC 3339, e.g. 2026-12-04T19:45:00Z (without an offset: UTC)."),
-]
-
-
-class ErrorDetail(BaseModel):
-    """What went wrong: a kind to branch on and a sentence for a person."""
-
-    type: str = Field(
-        description="What kind of error, in snake_case: unknown_run, run_id_conflict, "
-        "invalid_request, ...",
-        examples=["unknown_run"],
-    )
-    message: str = Field(description="What went wrong, and what to do about it.")
-
-
-class ErrorBody(BaseModel):
-    """Every error the API answers, whatever its status."""
-
-    error: ErrorDetail
-
-
-# The default description of each status; a route may say more of its own.
-WHY: dict[int, str] = {
-    400: "The body is not JSON (invalid_json).",
-    401: "No API token, or not this server's (unauthorized).",
-    403: "A page session's write without `X-Cairn-Page: 1` (forbidden).",
-    404: "No such run (unknown_run).",
-    409: "The request conflicts with the run as it is now.",
-    411: "A chunked body without Content-Length (length_required).",
-    413: "The body is larger than CAIRN_MAX_INPUT_BYTES plus 64 KiB (body_too_large).",
-    422: "The request breaks a rule of this document (invalid_request), or one of the "
-    "server's own: an input its workflow refuses, or over CAIRN_MAX_INPUT_BYTES, or with "
-    "NUL in a string (invalid_input); an unknown workflow (unknown_workflow).",
-    503: "Postgres or the broker is away: retry after Retry-After seconds.",
-}
-_HEADERS: dict[int, dict[str, Any]] = {
-    401: {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
-    503: {
-        "Retry-After": {
-            "description": "Seconds to wait before retrying.",
-            "required": True,
-            "schema": {"type": "integer"},
-        }
-    },
-}
-
-
-def errors(*codes: int, why: dict[int, str] | None = None) -> dict[int | str, dict[str, Any]]:
-    """A route's own error responses, for its `responses=`: each an ErrorBody."""
-    return {
-        code: {
-            "model": ErrorBody,
-            "description": (why or {}).get(code, WHY[code]),
-            **({"headers": _HEADERS[code]} if code in _HEADERS else {}),
-        }
-        for code in codes
-    }
+from cairn.web.errors import HEADERS, WHY, ErrorBody
 
 
 def example_workflow() -> str:
@@ -235,8 +106,8 @@ def complete(
         given = responses.get(str(code))
         if given is None or (replace and "ErrorBody" not in str(given)):
             responses[str(code)] = {"description": WHY[code], "content": error}
-            if code in _HEADERS:
-                responses[str(code)]["headers"] = _HEADERS[code]
+            if code in HEADERS:
+                responses[str(code)]["headers"] = HEADERS[code]
 
     components["securitySchemes"] = {
         "bearer": {
@@ -284,13 +155,3 @@ def _not_null(param: dict[str, Any]) -> None:
         (kind,) = [k for k in kinds if k != {"type": "null"}]
         del schema["anyOf"]
         param["schema"] = {**kind, **schema}
-
-
-def allowed(routes: list[Any], scope: Any) -> list[str]:
-    """The methods of the path a 405 was for: those of the matching routes with the fewest
-    parameters, so POST /runs/replay does not advertise GET /runs/{run_id}'s GET."""
-    matching = [
-        r for r in routes if getattr(r, "methods", None) and r.matches(scope)[0] != Match.NONE
-    ]
-    fewest = min((len(r.param_convertors) for r in matching), default=0)
-    return sorted({m for r in matching if len(r.param_convertors) == fewest for m in r.methods})

@@ -1,10 +1,5 @@
-"""The pages: a runs table with counts by status, and a run with its step timeline.
-
-Server-rendered (Jinja2). The live part of each page is one template that the page's
-script fetches again with ?partial=1 every second while something can still change, so
-there is one renderer, no client-side templates and no build step. The run page's Live
-panel is the exception, outside that part: its script follows GET /runs/{id}/events and
-shows model text token by token, which a refresh every second could not.
+"""What the pages show, worked out: the Jinja2 templates with their filters, the run's
+timeline laid out, a call's outcome cut to a line (the routes are cairn.web.routers.pages).
 """
 
 from __future__ import annotations
@@ -14,19 +9,14 @@ import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode
 
-from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from cairn.core import logs
 from cairn.core.records import Run
 from cairn.core.status import STOPPED, RunStatus
-from cairn.web.api import COOKIE
 
 HERE = Path(__file__).parent
+STATIC = HERE / "static"  # the pages' CSS and JS, served at /static
 templates = Jinja2Templates(directory=HERE / "templates")
 STATUSES = tuple(RunStatus)
 # A gap between two steps longer than this, on the same worker, is drawn as a pause.
@@ -155,99 +145,6 @@ def timeline(run: Run, steps: list[dict[str, Any]], now: dt.datetime) -> dict[st
     }
 
 
-def mount(app: FastAPI) -> None:
-    """Add the pages and their static files to the API's app."""
-    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
-
-    @app.get("/", include_in_schema=False)
-    def home() -> RedirectResponse:
-        return RedirectResponse("/ui/runs", status_code=303)
-
-    @app.get("/login", include_in_schema=False)
-    def login_form(request: Request, next: str = "/ui/runs", failed: bool = False) -> Response:
-        return templates.TemplateResponse(
-            request, "login.html", {"next": _local(next), "failed": failed}
-        )
-
-    @app.post("/login", include_in_schema=False)
-    async def login(request: Request) -> Response:
-        form = parse_qs((await request.body()).decode(errors="replace"))
-        target = _local(form.get("next", ["/ui/runs"])[0])
-        session = request.app.state.auth.login(form.get("token", [""])[0])
-        if session is None:
-            return RedirectResponse(
-                f"/login?{urlencode({'next': target, 'failed': 1})}", status_code=303
-            )
-        response = RedirectResponse(target, status_code=303)
-        response.set_cookie(COOKIE, session, httponly=True, samesite="strict")
-        return response
-
-    @app.get("/logout", include_in_schema=False)
-    def logout() -> Response:
-        response = RedirectResponse("/login", status_code=303)
-        response.delete_cookie(COOKIE)
-        return response
-
-    @app.get("/ui/runs", include_in_schema=False)
-    def runs_page(
-        request: Request,
-        status: str | None = None,
-        workflow: str | None = None,
-        cursor: str | None = None,
-        partial: bool = False,
-    ) -> HTMLResponse:
-        client = request.app.state.client
-        status = RunStatus(status) if status in STATUSES else None
-        workflow = workflow or None
-        limit = 50
-        runs = client.list(status, limit, workflow=workflow, after=cursor)
-        counts = client.counts()
-        context = {
-            "runs": runs,
-            "counts": counts,
-            "total": sum(counts.values()),
-            "statuses": STATUSES,
-            "status": status,
-            "workflow": workflow or "",
-            "cursor": cursor,
-            "next_cursor": runs[-1].run_id if len(runs) == limit else None,
-            "query": lambda **kw: _query(**{"status": status, "workflow": workflow, **kw}),
-            # Only the first page moves: later pages would shift under the reader.
-            "live": cursor is None,
-        }
-        name = "_runs_live.html" if partial else "runs.html"
-        return templates.TemplateResponse(request, name, context)
-
-    @app.get("/ui/runs/{run_id}", include_in_schema=False)
-    def run_page(request: Request, run_id: str, partial: bool = False) -> HTMLResponse:
-        client = request.app.state.client
-        run = client.get(run_id)
-        if run is None:
-            return templates.TemplateResponse(
-                request, "missing.html", {"run_id": run_id}, status_code=404
-            )
-        steps = client.history(run_id)
-        now = dt.datetime.now(dt.UTC)
-        # A run enqueued untraced has the trace its traced deliveries derive from its id.
-        trace_id = logs.trace_id_of(run.traceparent) or f"{logs.run_trace(run.run_id)[0]:032x}"
-        context = {
-            "run": run,
-            "steps": steps,
-            "calls": [_call_row(c) for c in client.calls(run_id)],
-            "children": client.children(run_id),
-            "forks": client.forks(run_id),
-            "line": timeline(run, steps, now),
-            "live": run.status not in STOPPED,
-            "took": ((run.updated_at if run.status in STOPPED else now) - run.created_at),
-            "state_json": json.dumps(run.state, indent=2, default=str),
-            "input_json": json.dumps(run.input, indent=2, default=str),
-            "trace_id": trace_id,
-            "trace_url": trace_url(request.app.state.settings.trace_url_template, trace_id),
-        }
-        name = "_run_live.html" if partial else "run.html"
-        return templates.TemplateResponse(request, name, context)
-
-
 def trace_url(template: str | None, trace_id: str | None) -> str | None:
     """A trace in the tracing UI (CAIRN_TRACE_URL_TEMPLATE), or None: no template, or a
     run enqueued without tracing (no trace id)."""
@@ -257,17 +154,8 @@ def trace_url(template: str | None, trace_id: str | None) -> str | None:
     return template.replace("{trace_id}", trace_id)
 
 
-def _call_row(call: dict[str, Any]) -> dict[str, Any]:
+def call_row(call: dict[str, Any]) -> dict[str, Any]:
     """A journaled call as the run page lists it: its outcome cut to one line."""
     outcome = call["error"] if call["error"] is not None else call["result"]
     text = json.dumps(outcome, default=str)
     return {**call, "outcome": text if len(text) <= 240 else text[:239] + "…"}
-
-
-def _local(target: str) -> str:
-    """Only a path on this server: a login must not bounce the browser elsewhere."""
-    return target if target.startswith("/") and not target.startswith("//") else "/ui/runs"
-
-
-def _query(**params: Any) -> str:
-    return urlencode({k: v for k, v in params.items() if v})

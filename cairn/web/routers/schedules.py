@@ -1,45 +1,29 @@
-"""The HTTP API's schedules: thin over the app's Client, behind the same guard as /runs."""
+"""/schedules: workflows started on a clock, thin over the app's Client, behind the same
+guard as /runs."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, FastAPI, Request, Response
+from fastapi import APIRouter, Body, Response
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
 
-from cairn.client.client import Client
 from cairn.steps import registry
-from cairn.web.api import error
-from cairn.web.openapi import NO_NUL, WHOLE, errors
+from cairn.web.deps import ClientDep
+from cairn.web.errors import error, errors
+from cairn.web.models import NewSchedule
 from cairn.workers.schedules import ScheduleConflict, UnknownSchedule
 
 router = APIRouter(tags=["schedules"])
 UNKNOWN = {404: "No such schedule (unknown_schedule)."}
 
 
-class NewSchedule(BaseModel):
-    """A workflow started on a clock: a cron expression (UTC) or every N seconds."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    # The whole request's example is the operation's (openapi.request_examples).
-    name: str = Field(min_length=1, max_length=100, pattern=NO_NUL, examples=["nightly"])
-    workflow: str = Field(min_length=1, max_length=200, pattern=NO_NUL)
-    input: dict[str, Any] = Field(default_factory=dict)
-    cron: str | None = Field(default=None, max_length=200, pattern=NO_NUL, examples=["0 3 * * *"])
-    every: Annotated[int, Field(ge=1, lt=2**31), WHOLE] | None = Field(
-        default=None, description="Seconds between ticks (or cron)."
-    )
-    catch_up: Literal["latest", "all", "skip"] = "latest"
-    replace: bool = Field(default=False, description="Overwrite a schedule of that name.")
-
-
-def _answer(request: Request, call: Callable[[Client], Any], status: int = 200) -> Any:
-    """call(client), its schedule as JSON; a missing or conflicting schedule as the API's
-    error shape (404, 409)."""
+def _answer(call: Callable[[], Any], status: int = 200) -> Any:
+    """call()'s schedule as JSON; a missing or conflicting schedule as the API's error
+    shape (404, 409)."""
     try:
-        found = call(request.app.state.client)
+        found = call()
     except UnknownSchedule as exc:
         return error(404, "unknown_schedule", str(exc))
     except ScheduleConflict as exc:
@@ -48,9 +32,9 @@ def _answer(request: Request, call: Callable[[Client], Any], status: int = 200) 
 
 
 @router.get("/schedules")
-def list_schedules(request: Request) -> dict[str, Any]:
+def list_schedules(client: ClientDep) -> dict[str, Any]:
     """Every schedule, by name: its timing, catch-up policy, next tick and last one fired."""
-    return {"schedules": [s.to_json() for s in request.app.state.client.schedules()]}
+    return {"schedules": [s.to_json() for s in client.schedules()]}
 
 
 @router.post(
@@ -68,13 +52,12 @@ def list_schedules(request: Request) -> dict[str, Any]:
         },
     ),
 )
-def add_schedule(request: Request, new: Annotated[NewSchedule, Body()]) -> Any:
+def add_schedule(new: Annotated[NewSchedule, Body()], client: ClientDep) -> Any:
     """Add a schedule; each tick starts one run, `sched:<name>:<UTC tick>`. The same
     definition again returns it; another under the name is 409 unless replace is true."""
     registry.get(new.workflow)  # UnknownWorkflow (422) names the ones it knows
     return _answer(
-        request,
-        lambda c: c.add_schedule(
+        lambda: client.add_schedule(
             new.name,
             new.workflow,
             new.input,
@@ -88,27 +71,22 @@ def add_schedule(request: Request, new: Annotated[NewSchedule, Body()]) -> Any:
 
 
 @router.post("/schedules/{name}/pause", responses=errors(404, why=UNKNOWN))
-def pause_schedule(request: Request, name: str) -> Any:
+def pause_schedule(name: str, client: ClientDep) -> Any:
     """Stop firing it until resumed."""
-    return _answer(request, lambda c: c.pause_schedule(name))
+    return _answer(lambda: client.pause_schedule(name))
 
 
 @router.post("/schedules/{name}/resume", responses=errors(404, why=UNKNOWN))
-def resume_schedule(request: Request, name: str) -> Any:
+def resume_schedule(name: str, client: ClientDep) -> Any:
     """Fire it again from its next tick after now (ticks while paused are not fired)."""
-    return _answer(request, lambda c: c.resume_schedule(name))
+    return _answer(lambda: client.resume_schedule(name))
 
 
 @router.delete(
     "/schedules/{name}", status_code=204, response_model=None, responses=errors(404, why=UNKNOWN)
 )
-def remove_schedule(request: Request, name: str) -> Response:
+def remove_schedule(name: str, client: ClientDep) -> Response:
     """Delete it; the runs it started stay."""
-    if not request.app.state.client.remove_schedule(name):
+    if not client.remove_schedule(name):
         return error(404, "unknown_schedule", f"no schedule {name!r}")
     return Response(status_code=204)
-
-
-def mount(app: FastAPI) -> None:
-    """Add the schedules' routes to the API's app."""
-    app.include_router(router)

@@ -1,0 +1,50 @@
+"""What the routes share, as FastAPI dependencies: the objects create_app puts on
+app.state, one of each per app (the Client, the settings, the event hub, the token, the
+metrics)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from cairn.client.client import Client
+from cairn.core.settings import Settings
+from cairn.web.auth import Auth
+from cairn.web.hub import Hub
+from cairn.web.metrics import Metrics
+
+# Each is async: FastAPI would run a plain def in its thread pool, a hop per request to
+# read an attribute.
+
+
+async def _client(request: Request) -> Client:
+    client: Client = request.app.state.client
+    return client
+
+
+async def _settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+async def _hub(request: Request) -> Hub:
+    hub: Hub = request.app.state.hub
+    return hub
+
+
+async def _auth(request: Request) -> Auth:
+    auth: Auth = request.app.state.auth
+    return auth
+
+
+async def _metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.app.state.metrics
+    return metrics
+
+
+ClientDep = Annotated[Client, Depends(_client)]
+SettingsDep = Annotated[Settings, Depends(_settings)]
+HubDep = Annotated[Hub, Depends(_hub)]
+AuthDep = Annotated[Auth, Depends(_auth)]
+MetricsDep = Annotated[Metrics, Depends(_metrics)]
