@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 
 from bench.common import Databases, median, pct, progress
-from cairn.store import Database, PgStore, upgrade
+from cairn.store import Database, PgStore, RunFilter, upgrade
 from cairn.store.sql import QUERIES, migrations
 
 # Where the counts start: the generator writes the schema before it, as an existing
@@ -247,7 +247,12 @@ def million(dbs: Databases, redis_url: str, sz: Any) -> dict[str, Any]:
                     label,
                     "interactive",
                     lambda p=p: store.list_runs(
-                        p["status"], p["limit"], workflow=p["workflow"], after=p["after"]
+                        RunFilter(
+                            status=p["status"],
+                            limit=p["limit"],
+                            workflow=p["workflow"],
+                            after=p["after"],
+                        )
                     ),
                     "list_runs_by_status" if p["status"] else "list_runs",
                     p,

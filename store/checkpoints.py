@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import time
@@ -29,12 +30,14 @@ from cairn.core.records import (
     Checkpoint,
     Message,
     Run,
+    RunFilter,
     Saved,
     Spawned,
     Wait,
 )
 from cairn.core.status import SETTLED, RunStatus
 from cairn.store.db import Database, channel, outage, translated
+from cairn.store.schedules import ScheduleStore
 from cairn.store.sql import QUERIES
 from cairn.store.tx import StepTransaction
 
@@ -76,24 +79,9 @@ def settled(run_id: str, run: Run | None, timeout: float | None, deadline: float
     return left
 
 
-def list_query(
-    status: RunStatus | None,
-    limit: int,
-    workflow: str | None,
-    after: str | None,
-    since: dt.datetime | None,
-    until: dt.datetime | None,
-) -> tuple[str, dict[str, Any]]:
+def list_query(which: RunFilter) -> tuple[str, dict[str, Any]]:
     """The named query and parameters of a page of runs."""
-    params = {
-        "status": status,
-        "limit": limit,
-        "workflow": workflow,
-        "after": after,
-        "since": since,
-        "until": until,
-    }
-    return ("list_runs_by_status" if status else "list_runs"), params
+    return ("list_runs_by_status" if which.status else "list_runs"), dataclasses.asdict(which)
 
 
 def conflict(run_id: str, row: dict[str, Any]) -> None:
@@ -227,7 +215,8 @@ def _checkpoint(row: dict[str, Any]) -> Checkpoint:
 
 
 class PgStore:
-    """CheckpointStore, Ledger and run queries on one Database."""
+    """CheckpointStore (store/contract.py: the loop's, the operator's and maintenance's
+    operations) on one Database."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -299,6 +288,14 @@ class PgStore:
         assert row is not None
         now: dt.datetime = row["now"]
         return now
+
+    def ping(self) -> None:
+        """Raise StoreUnavailable unless Postgres answers (within the give-up time)."""
+        self.db.one("ping")
+
+    def schedule_store(self) -> ScheduleStore:
+        """The schedules table on this database."""
+        return ScheduleStore(self.db)
 
     def replay(
         self,
@@ -600,6 +597,20 @@ class PgStore:
                     return run  # type: ignore[return-value]
                 heard(min(poll, left))
 
+    async def wait_async(self, run_id: str, timeout: float | None = None, poll: float = 2.0) -> Run:
+        """wait() for asyncio: LISTEN on an async connection of its own, so no thread is
+        held while the run goes on; each look is a short get() in a worker thread."""
+        from cairn.store.aio import listening
+
+        deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
+        async with listening(self.db, channel(run_id)) as heard:
+            while True:
+                run = await asyncio.to_thread(self.get, run_id)
+                left = settled(run_id, run, timeout, deadline)
+                if left is None:
+                    return run  # type: ignore[return-value]
+                await heard(min(poll, left))
+
     # -- journal ---------------------------------------------------------------------
     def journal(self, run_id: str, cursor: str, visit: int) -> list[Call]:
         """The calls recorded for the step's visit, in order."""
@@ -641,20 +652,15 @@ class PgStore:
         return row is not None
 
     # -- queries for the CLI, the reaper and the sweep -------------------------------
-    def list_runs(
-        self,
-        status: RunStatus | None = None,
-        limit: int = 50,
-        *,
-        workflow: str | None = None,
-        after: str | None = None,
-        since: dt.datetime | None = None,
-        until: dt.datetime | None = None,
-    ) -> list[Run]:
+    def list_runs(self, which: RunFilter | None = None) -> list[Run]:
         """Runs newest first, created in [since, until); after: the last run id of the
-        previous page."""
-        query, params = list_query(status, limit, workflow, after, since, until)
+        previous page (None: the first 50 of all)."""
+        query, params = list_query(which or RunFilter())
         return [Run.from_row(r) for r in self.db.all(query, params)]
+
+    def live_cursors(self) -> list[dict[str, Any]]:
+        """Where runs that may still go on stand: {workflow, cursor, runs} (live_cursors)."""
+        return self.db.all("live_cursors")
 
     def counts(self) -> dict[str, dict[str, Any]]:
         """Runs per status ({status: {"n": ...}}), exact, from a few rows however many

@@ -1,22 +1,41 @@
 """The store contract: what the loop, Context, the reaper, the Client and the web API call
-on a checkpoint store and on the leases (LangGraph's BaseCheckpointSaver, in small).
+on a checkpoint store and on the leases (LangGraph's BaseCheckpointSaver, in small), split
+by audience:
+
+- RunStore: the loop's and Context's, per delivery and per step, each write fenced;
+- AdminStore: the operator's (Client, the web API, the CLI): create, read, cancel, signal,
+  fork, rewind, replay, resolve, wait;
+- Maintenance: the reaper's and the sweep's;
+- Schedules: the schedules table (Client.add_schedule, the firer);
+- CheckpointStore: all of the first three, what a backend is.
 
 `PgStore` and the Redis `Leases` implement it, and so do their in-memory twins in
-`cairn.testing` (`MemoryStore`, `MemoryLeases`); tests/test_store_contract.py runs one
-suite against both, so the twins cannot drift from the real thing. The loop, Context and
-the reaper are typed against these protocols, never against a backend.
+`cairn.testing` (`MemoryStore`, `MemoryLeases`, `MemorySchedules`);
+tests/test_store_contract.py runs one suite against both, so the twins cannot drift from
+the real thing. The loop, Context, the reaper and the Client are typed against these
+protocols, never against a backend.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from cairn.core.records import Attempt, Call, Checkpoint, Run, Saved, Spawned, Wait
+    from cairn.core.records import (
+        Attempt,
+        Call,
+        Checkpoint,
+        Run,
+        RunFilter,
+        Saved,
+        Spawned,
+        Wait,
+    )
     from cairn.core.status import RunStatus
     from cairn.store.lease import LeaseToken
+    from cairn.store.schedules import Schedule
     from cairn.store.tx import Connection
 
 
@@ -35,10 +54,10 @@ class StepTx(Protocol):
         """Roll back what was not committed and give the connection back."""
 
 
-class CheckpointStore(Protocol):
-    """Runs and their checkpoints; every write that changes a run is fenced by its epoch."""
+class RunStore(Protocol):
+    """The loop's and Context's store: a delivery's claim, a step's guarded save, its
+    journal and ledger; every write fenced by the run's epoch."""
 
-    # -- the loop and Context ---------------------------------------------------------
     def load(self, run_id: str) -> Checkpoint | None:
         """The run's checkpoint with its live window, or None: no such run."""
 
@@ -100,7 +119,11 @@ class CheckpointStore(Protocol):
     def outage(self, exc: BaseException) -> Exception | None:
         """The Transient error for a store error raised inside a step, else None."""
 
-    # -- the Client and the web API -----------------------------------------------------
+
+class AdminStore(Protocol):
+    """The operator's store (the Client, the web API, the CLI): runs created, read,
+    cancelled, signalled, forked, rewound, replayed, resolved and waited for."""
+
     def create_run(
         self,
         run_id: str,
@@ -121,22 +144,22 @@ class CheckpointStore(Protocol):
         """The key's runs admitted and not sent yet, each (run id, priority), marked sent:
         the caller sends them (each run is returned to one caller)."""
 
-    def get(self, run_id: str) -> Run | None:
-        """The run without its window."""
-
-    def children(self, run_id: str, seq: int | None = None, limit: int = 10_000) -> list[Run]:
-        """The run's children (of the spawn saved at seq, or all), in their spawn's order."""
-
     def gathered(self, run_id: str) -> bool:
         """Whether the run waits for a spawn that has gathered: its signal is unconsumed."""
 
-    def signal(
-        self, run_id: str, event: str, payload: Any, signal_id: str, traceparent: str | None = None
-    ) -> tuple[RunStatus, bool] | None:
-        """Store a signal: (the run's status, whether it was new), or None: no such run."""
+    # -- reading ----------------------------------------------------------------------
+    def get(self, run_id: str) -> Run | None:
+        """The run without its window."""
 
-    def cancel(self, run_id: str, reason: str) -> RunStatus | None:
-        """Ask the run to stop; its status now, or None."""
+    def load_row(self, run_id: str) -> dict[str, Any] | None:
+        """The run's checkpoint as stored (load's columns, the window and forked_from
+        with them), unparsed: a reader that must not refuse a row this code cannot load."""
+
+    def list_runs(self, which: RunFilter | None = None) -> list[Run]:
+        """Runs newest first, a keyset page at a time (None: the first 50)."""
+
+    def counts(self) -> dict[str, dict[str, Any]]:
+        """Runs per status ({status: {"n": ...}}), the statuses that have runs."""
 
     def history(self, run_id: str) -> list[dict[str, Any]]:
         """The run's step attempts, oldest first."""
@@ -144,22 +167,84 @@ class CheckpointStore(Protocol):
     def calls(self, run_id: str, limit: int = 500) -> list[dict[str, Any]]:
         """The run's journaled calls, oldest first."""
 
-    def list_runs(
+    def children(self, run_id: str, seq: int | None = None, limit: int = 10_000) -> list[Run]:
+        """The run's children (of the spawn saved at seq, or all), in their spawn's order."""
+
+    def forks(self, run_id: str) -> list[Run]:
+        """The runs forked from run_id, oldest first."""
+
+    def open_intents(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's at-most-once effects whose outcome is unknown: {key, epoch, ...}."""
+
+    def live_cursors(self) -> list[dict[str, Any]]:
+        """Where runs that may still go on stand: {workflow, cursor, runs}, by workflow
+        and cursor (a deploy must have these steps)."""
+
+    def clock(self) -> dt.datetime:
+        """The store's time now: what updated_at is compared with."""
+
+    def ping(self) -> None:
+        """Raise StoreUnavailable unless the store answers."""
+
+    def wait(self, run_id: str, timeout: float | None = None, poll: float = 2.0) -> Run:
+        """The run once it is stopped or waiting (cairn.status.SETTLED), looking again at
+        least every poll seconds. Raises UnknownRun, or WaitTimedOut after timeout
+        seconds (None: no limit)."""
+
+    async def wait_async(self, run_id: str, timeout: float | None = None, poll: float = 2.0) -> Run:
+        """wait() for asyncio, holding no thread while it waits."""
+
+    # -- changing ---------------------------------------------------------------------
+    def cancel(self, run_id: str, reason: str) -> RunStatus | None:
+        """Ask the run to stop; its status now, or None."""
+
+    def signal(
+        self, run_id: str, event: str, payload: Any, signal_id: str, traceparent: str | None = None
+    ) -> tuple[RunStatus, bool] | None:
+        """Store a signal: (the run's status, whether it was new), or None: no such run."""
+
+    def fork(
         self,
-        status: RunStatus | None = None,
-        limit: int = 50,
+        origin: str,
+        at: int,
+        run_id: str,
+        patch: dict[str, Any] | None = None,
+        traceparent: str | None = None,
+    ) -> bool:
+        """Create run_id, pending, from the checkpoint origin saved at seq `at` (its input
+        patched, its cost at 0); False if run_id existed (unchanged). Raises UnknownRun, or
+        InvalidInput when origin saved no checkpoint at that seq."""
+
+    def rewind(self, run_id: str, at: int) -> int:
+        """Move the stopped run back to the checkpoint it saved at seq `at`, in place, at a
+        new seq and with visits past every visit it made; its new seq. Raises UnknownRun,
+        InvalidInput (no checkpoint at that seq) or RunNotStopped."""
+
+    def replay(
+        self,
+        workflow: str,
+        statuses: tuple[RunStatus, ...],
+        since: dt.datetime,
+        until: dt.datetime,
+        limit: int,
         *,
-        workflow: str | None = None,
-        after: str | None = None,
-        since: dt.datetime | None = None,
-        until: dt.datetime | None = None,
+        dry_run: bool = False,
     ) -> list[Run]:
-        """Runs newest first, a keyset page at a time."""
+        """Re-arm up to limit of the workflow's runs that stopped in one of the statuses
+        in [since, until) at their cursor, oldest first; each as it stopped (dry_run: only
+        which). The caller sends them."""
 
-    def counts(self) -> dict[str, dict[str, Any]]:
-        """Runs per status."""
+    def resolve(self, run_id: str, done: bool, result: Any = None) -> tuple[bool, list[str]]:
+        """Settle the run's unknown effects (done, with result; or not: they run again),
+        and re-arm it if it stopped as unknown: (re-armed, the keys settled)."""
 
-    # -- the reaper and the sweep -------------------------------------------------------
+    def schedule_store(self) -> Schedules:
+        """The schedules kept beside these runs (a fired tick's runs are created here)."""
+
+
+class Maintenance(Protocol):
+    """The reaper's and the sweep's: runs that look abandoned, and old ones to delete."""
+
     def stalled(self, pending_after: float, running_after: float) -> list[dict[str, Any]]:
         """Runs that look abandoned: {run_id, status, epoch, updated_at}."""
 
@@ -179,6 +264,49 @@ class CheckpointStore(Protocol):
         progress: Callable[[int], None] | None = None,
     ) -> int:
         """Delete terminal runs older than older_than seconds; how many went."""
+
+
+class CheckpointStore(RunStore, AdminStore, Maintenance, Protocol):
+    """A whole backend: what PgStore and MemoryStore are, and what a worker's loop, its
+    reaper and a Client are given."""
+
+
+class Schedules(Protocol):
+    """The schedules table: what Client.add_schedule and its kin change, and what the
+    firer reads and fires (store/sql/schedules.sql)."""
+
+    def add(self, schedule: Schedule, *, replace: bool = False) -> Schedule | None:
+        """Insert (or with replace, overwrite) the schedule; None if the name was taken."""
+
+    def get(self, name: str) -> Schedule | None:
+        """The schedule of that name, or None."""
+
+    def list_schedules(self) -> list[Schedule]:
+        """Every schedule, by name."""
+
+    def pause(self, name: str) -> Schedule | None:
+        """Stop firing it; None: no such schedule."""
+
+    def resume(self, current: Schedule, next_at: dt.datetime) -> Schedule | None:
+        """Unpause at next_at; None if it was not paused (or was replaced meanwhile)."""
+
+    def remove(self, name: str) -> bool:
+        """Delete it; False if there was none."""
+
+    def due(self, now: dt.datetime, limit: int) -> list[Schedule]:
+        """The active schedules whose next tick has come, oldest first."""
+
+    def fire(
+        self,
+        schedule: Schedule,
+        next_at: dt.datetime,
+        runs: Sequence[tuple[str, dt.datetime]],
+        *,
+        before_commit: Callable[[], None] | None = None,
+    ) -> list[str] | None:
+        """Move next_at from the tick the schedule was read at, and create the runs
+        ((run_id, tick) pairs), at once; the run ids created, or None if next_at had moved
+        (another firer fired it; or it was paused, replaced or removed)."""
 
 
 class HeldLease(Protocol):

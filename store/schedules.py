@@ -13,17 +13,14 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from psycopg.types.json import Jsonb
 
 from cairn.core.records import CHECKPOINT_VERSION, START
-from cairn.store.db import Database, translated
+from cairn.store.db import Database
 from cairn.store.sql import QUERIES as RUN_QUERIES
 from cairn.store.sql import _parse, sql_text
-
-if TYPE_CHECKING:
-    from cairn.store.aio import AsyncDatabase
 
 QUERIES = _parse(sql_text("schedules.sql"))
 
@@ -79,7 +76,8 @@ class Schedule:
 
 
 class ScheduleStore:
-    """The schedules table over a cairn Database (a worker's, or a Client's)."""
+    """Schedules (store/contract.py) in the schedules table, over a cairn Database (a
+    worker's, or a Client's: PgStore.schedule_store())."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -165,43 +163,3 @@ class ScheduleStore:
             return created
 
         return self.db.retry(attempt)
-
-
-class AsyncScheduleStore:
-    """ScheduleStore's Client half over psycopg's async pool (AsyncClient)."""
-
-    def __init__(self, db: AsyncDatabase) -> None:
-        self.db = db
-
-    async def _run(self, name: str, params: dict[str, Any], many: bool = False) -> Any:
-        await self.db.open()
-
-        async def attempt() -> Any:
-            with translated(self.db.url):
-                async with self.db.pool.connection() as conn:
-                    cur = await conn.execute(QUERIES[name], params)
-                    return await (cur.fetchall() if many else cur.fetchone())
-
-        return await self.db.retry(attempt)
-
-    async def add(self, schedule: Schedule, *, replace: bool = False) -> Schedule | None:
-        row = await self._run("replace_schedule" if replace else "add_schedule", schedule.params())
-        return Schedule.from_row(row) if row else None
-
-    async def get(self, name: str) -> Schedule | None:
-        row = await self._run("get_schedule", {"name": name})
-        return Schedule.from_row(row) if row else None
-
-    async def list_schedules(self) -> list[Schedule]:
-        return [Schedule.from_row(r) for r in await self._run("list_schedules", {}, many=True)]
-
-    async def pause(self, name: str) -> Schedule | None:
-        row = await self._run("pause_schedule", {"name": name})
-        return Schedule.from_row(row) if row else None
-
-    async def resume(self, current: Schedule, next_at: dt.datetime) -> Schedule | None:
-        row = await self._run("resume_schedule", {**current.params(), "next_at": next_at})
-        return Schedule.from_row(row) if row else None
-
-    async def remove(self, name: str) -> bool:
-        return await self._run("remove_schedule", {"name": name}) is not None

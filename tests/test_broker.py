@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from celery import Celery
 from kombu import Connection
 from kombu.transport.native_delayed_delivery import (
     bind_queue_to_native_delayed_delivery_exchange,
@@ -45,28 +46,32 @@ def test_a_message_that_keeps_coming_back_is_dropped_at_the_delivery_limit(
 def test_in_flight_counts_ready_and_delayed_run_messages_but_not_the_reapers(
     client, settings
 ) -> None:
-    app = client.producer
-    with app.connection_for_write() as conn:  # what each worker does at start
-        declare_native_delayed_delivery_exchanges_and_queues(conn, "quorum")
-        for queue in broker.queues(settings):
-            queue(conn.default_channel).declare()
-            bind_queue_to_native_delayed_delivery_exchange(conn, queue)
-    assert broker.in_flight(app) == 0
-    client.enqueue("invoice", OK)
-    # A deferred run's retry, as the run task sends it: under a second is rounded up.
-    app.send_task(
-        broker.RUN_TASK,
-        args=[f"later-{uuid.uuid4().hex[:6]}"],
-        queue=broker.RESUME,
-        countdown=broker.delay(settings, 0.5),
-    )
-    app.send_task(broker.REAP_TASK)  # routed to the control queue: not a run
-    assert _ready(settings, broker.CONTROL) == 1
-    assert _ready(settings, broker.RESUME) == 0  # parked in a delayed-delivery queue
-    assert broker.in_flight(app) == 2
-    # and then delivered where it was sent
-    wait_for(lambda: _ready(settings, broker.RESUME) == 1, 10, "the delayed message")
-    assert broker.in_flight(app) == 2
+    app = Celery("test-producer")  # the Client hands out no Celery app: the test's own
+    app.conf.update(broker.conf(settings))
+    try:
+        with app.connection_for_write() as conn:  # what each worker does at start
+            declare_native_delayed_delivery_exchanges_and_queues(conn, "quorum")
+            for queue in broker.queues(settings):
+                queue(conn.default_channel).declare()
+                bind_queue_to_native_delayed_delivery_exchange(conn, queue)
+        assert broker.in_flight(app) == 0
+        client.enqueue("invoice", OK)
+        # A deferred run's retry, as the run task sends it: under a second is rounded up.
+        app.send_task(
+            broker.RUN_TASK,
+            args=[f"later-{uuid.uuid4().hex[:6]}"],
+            queue=broker.RESUME,
+            countdown=broker.delay(settings, 0.5),
+        )
+        app.send_task(broker.REAP_TASK)  # routed to the control queue: not a run
+        assert _ready(settings, broker.CONTROL) == 1
+        assert _ready(settings, broker.RESUME) == 0  # parked in a delayed-delivery queue
+        assert broker.in_flight(app) == 2
+        # and then delivered where it was sent
+        wait_for(lambda: _ready(settings, broker.RESUME) == 1, 10, "the delayed message")
+        assert broker.in_flight(app) == 2
+    finally:
+        app.close()
 
 
 def test_redis_keeps_its_visibility_timeout_and_rabbitmq_gets_confirms(settings) -> None:

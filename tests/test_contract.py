@@ -1,18 +1,37 @@
-"""PgStore and the Redis leases implement the contract the loop is typed against, method
-for method and parameter for parameter (a method added to one and not the other fails)."""
+"""PgStore, ScheduleStore and the Redis leases implement the contract the loop, the reaper
+and the Client are typed against, method for method and parameter for parameter, async
+where the contract is (a method added to one and not the other fails). The contract is
+split by audience (store/contract.py); CheckpointStore is all of the run store's."""
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import pytest
 
 from cairn.store import Lease, Leases, PgStore
-from cairn.store.contract import CheckpointStore, HeldLease, LeaseManager
+from cairn.store.contract import (
+    AdminStore,
+    CheckpointStore,
+    HeldLease,
+    LeaseManager,
+    Maintenance,
+    RunStore,
+    Schedules,
+)
+from cairn.store.schedules import ScheduleStore
 
 
-def _methods(protocol: type) -> list[str]:
-    return [n for n, v in vars(protocol).items() if not n.startswith("_") and callable(v)]
+def contract_methods(protocol: type) -> dict[str, Callable[..., Any]]:
+    """The protocol's methods, its bases' included (CheckpointStore is three audiences)."""
+    found: dict[str, Callable[..., Any]] = {}
+    for cls in reversed(protocol.__mro__):
+        if cls in (object, Protocol) or not getattr(cls, "_is_protocol", False):
+            continue
+        found.update({n: v for n, v in vars(cls).items() if not n.startswith("_") and callable(v)})
+    return found
 
 
 def _params(fn: object) -> list[str]:
@@ -21,16 +40,29 @@ def _params(fn: object) -> list[str]:
 
 @pytest.mark.parametrize(
     ("protocol", "impl"),
-    [(CheckpointStore, PgStore), (LeaseManager, Leases), (HeldLease, Lease)],
+    [
+        (CheckpointStore, PgStore),
+        (Schedules, ScheduleStore),
+        (LeaseManager, Leases),
+        (HeldLease, Lease),
+    ],
 )
 def test_the_implementation_has_every_method_of_the_contract(protocol: type, impl: type) -> None:
-    for name in _methods(protocol):
-        wanted = _params(getattr(protocol, name))
+    for name, fn in contract_methods(protocol).items():
+        wanted = _params(fn)
         found = _params(getattr(impl, name))
         assert found[: len(wanted)] == wanted, f"{impl.__name__}.{name}{found} vs {wanted}"
+        both = inspect.iscoroutinefunction(fn), inspect.iscoroutinefunction(getattr(impl, name))
+        assert both[0] == both[1], f"{impl.__name__}.{name}: async in one, not the other"
 
 
-def test_the_contract_names_what_the_loop_calls_on_the_store() -> None:
-    assert {"claim", "save", "end_attempt", "mark_unreadable", "outage"} <= set(
-        _methods(CheckpointStore)
-    )
+def test_the_contract_is_split_by_audience_and_covers_every_operation() -> None:
+    loop = set(contract_methods(RunStore))
+    admin = set(contract_methods(AdminStore))
+    upkeep = set(contract_methods(Maintenance))
+    assert {"claim", "save", "end_attempt", "mark_unreadable", "outage", "journal"} <= loop
+    assert {"fork", "rewind", "replay", "forks", "wait", "wait_async", "resolve"} <= admin
+    assert {"open_intents", "calls", "list_runs", "load_row", "schedule_store"} <= admin
+    assert {"stalled", "unclaimed", "unchanged", "sweep", "fold_counts"} <= upkeep
+    assert not (loop & admin or loop & upkeep or admin & upkeep)  # each spelled once
+    assert set(contract_methods(CheckpointStore)) == loop | admin | upkeep

@@ -294,7 +294,7 @@ def test_the_async_client_forks_rewinds_and_lists_forks(
         async with AsyncClient(settings=settings) as aclient:
             new = await aclient.fork(run_id, at_seq=1, input_patch={"visits": 3})
             back = await aclient.rewind(run_id, to_seq=1)
-            since = await aclient.store.clock() - dt.timedelta(minutes=5)
+            since = aclient.store.clock() - dt.timedelta(minutes=5)
             listed = await aclient.replay("mend", since=since, dry_run=True)
             replayed = await aclient.replay("mend", since=since)
             return new, back, await aclient.forks(run_id), listed, replayed

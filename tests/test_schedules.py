@@ -22,7 +22,6 @@ from click.testing import Result
 from cairn.client.client import Client
 from cairn.core.errors import InvalidInput
 from cairn.store import Leases, PgStore
-from cairn.store.schedules import ScheduleStore
 from cairn.testing import fleet
 from cairn.testing.standins import MailServer
 from cairn.workers.reaper import Reaper
@@ -40,7 +39,7 @@ SECOND = dt.timedelta(seconds=1)
 
 def _firer(client: Client, sent: list[str] | None = None) -> Firer:
     return Firer(
-        store=ScheduleStore(client.store.db), send=(sent if sent is not None else []).append
+        store=client.store.schedule_store(), send=(sent if sent is not None else []).append
     )
 
 

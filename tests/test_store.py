@@ -10,7 +10,8 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from cairn.core.errors import CorruptCheckpoint, IncompatibleCheckpoint, RunIdConflict, StaleWrite
-from cairn.core.status import STOPPED
+from cairn.core.records import RunFilter
+from cairn.core.status import STOPPED, RunStatus
 from cairn.steps.registry import DONE
 from cairn.store import CHECKPOINT_VERSION, Checkpoint, PgStore
 
@@ -300,10 +301,11 @@ def test_runs_listed_by_status_page_newest_first_like_the_whole_list(store: PgSt
         "UPDATE runs SET created_at = now() - make_interval(secs => 10 - split_part(run_id, '-', 2)::int)"
     )
     sql("UPDATE checkpoints c SET created_at = r.created_at FROM runs r WHERE r.run_id = c.run_id")
-    everything = [r.run_id for r in store.list_runs(limit=100)]
-    failed = [r.run_id for r in store.list_runs("failed", limit=100)]
+    everything = [r.run_id for r in store.list_runs(RunFilter(limit=100))]
+    failed = [r.run_id for r in store.list_runs(RunFilter(status=RunStatus.FAILED, limit=100))]
     assert failed == [r for r in everything if r in ("s-1", "s-3", "s-5")] == ["s-5", "s-3", "s-1"]
-    page1 = store.list_runs("failed", limit=2)
-    page2 = store.list_runs("failed", limit=2, after=page1[-1].run_id)
+    page1 = store.list_runs(RunFilter(status=RunStatus.FAILED, limit=2))
+    page2 = store.list_runs(RunFilter(status=RunStatus.FAILED, limit=2, after=page1[-1].run_id))
     assert [r.run_id for r in page1 + page2] == failed
-    assert store.list_runs("running") == [] and len(store.list_runs("pending")) == 4
+    assert store.list_runs(RunFilter(status=RunStatus.RUNNING)) == []
+    assert len(store.list_runs(RunFilter(status=RunStatus.PENDING))) == 4

@@ -1,6 +1,7 @@
 """The store contract, one suite for every implementation: PgStore on a fresh Postgres
-database and the in-memory MemoryStore; the Redis Leases and MemoryLeases (LangGraph's
-conformance suite for its savers, in small). A twin that drifts from the real thing
+database and the in-memory MemoryStore, every operation of each audience (the loop's, the
+operator's: forks, rewinds, replays, resolves, waits; maintenance's; the schedules); the
+Redis Leases and MemoryLeases (LangGraph's conformance suite for its savers, in small). A twin that drifts from the real thing
 fails here. `-k memory` runs the twins' half, which needs no service.
 
 Time passes through `Backend.elapse`: the twin's clock moves on; in Postgres every stored
@@ -10,10 +11,12 @@ timestamps with now() and with each other only).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import inspect
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -26,16 +29,23 @@ from hypothesis import strategies as st
 
 from cairn.core.errors import (
     IncompatibleCheckpoint,
+    InvalidInput,
     LeaseLost,
     RunIdConflict,
+    RunNotStopped,
     StaleWrite,
     StoreError,
+    UnknownRun,
+    WaitTimedOut,
 )
-from cairn.core.records import Attempt, Call, Checkpoint, Run, Wait
+from cairn.core.records import Attempt, Call, Checkpoint, Run, RunFilter, Wait
 from cairn.core.status import STOPPED, RunStatus
-from cairn.store.contract import CheckpointStore, HeldLease, LeaseManager
+from cairn.store.contract import CheckpointStore, HeldLease, LeaseManager, Schedules
 from cairn.store.lease import LeaseToken
-from cairn.testing import ManualClock, MemoryLease, MemoryLeases, MemoryStore
+from cairn.store.schedules import Schedule
+from cairn.testing import ManualClock, MemoryLease, MemoryLeases, MemorySchedules, MemoryStore
+from tests.conftest import PGBOUNCER_PORT
+from tests.test_contract import contract_methods
 
 # Every timestamp Postgres stores, by table: moved back by the seconds that pass.
 _TIMESTAMPS = {
@@ -577,24 +587,29 @@ def test_runs_are_listed_newest_first_a_keyset_page_at_a_time(backend: Backend) 
         if i % 2:
             store.end_attempt(cp, RunStatus.FAILED, "x")
         backend.elapse(1)
-    everything = [r.run_id for r in store.list_runs(limit=100)]
-    assert everything == ["r5", "r4", "r3", "r2", "r1", "r0"]
-    page1 = store.list_runs(limit=4)
-    page2 = store.list_runs(limit=4, after=page1[-1].run_id)
-    assert [r.run_id for r in page1 + page2] == everything
-    assert [r.run_id for r in store.list_runs(RunStatus.FAILED)] == ["r5", "r3", "r1"]
-    failed1 = store.list_runs(RunStatus.FAILED, limit=2)
-    failed2 = store.list_runs(RunStatus.FAILED, limit=2, after=failed1[-1].run_id)
-    assert [r.run_id for r in failed1 + failed2] == ["r5", "r3", "r1"]
-    assert [r.run_id for r in store.list_runs(workflow="other")] == ["r3", "r0"]
-    assert [r.run_id for r in store.list_runs(RunStatus.PENDING, workflow="probe")] == ["r4", "r2"]
-    assert store.list_runs(RunStatus.RUNNING) == []
+
+    def ids(**which: Any) -> list[str]:
+        return [r.run_id for r in store.list_runs(RunFilter(**which))]
+
+    everything = ids(limit=100)
+    assert (
+        everything == ["r5", "r4", "r3", "r2", "r1", "r0"] == [r.run_id for r in store.list_runs()]
+    )
+    page1 = ids(limit=4)
+    assert page1 + ids(limit=4, after=page1[-1]) == everything
+    assert ids(status=RunStatus.FAILED) == ["r5", "r3", "r1"]
+    failed1 = ids(status=RunStatus.FAILED, limit=2)
+    failed2 = ids(status=RunStatus.FAILED, limit=2, after=failed1[-1])
+    assert failed1 + failed2 == ["r5", "r3", "r1"]
+    assert ids(workflow="other") == ["r3", "r0"]
+    assert ids(status=RunStatus.PENDING, workflow="probe") == ["r4", "r2"]
+    assert ids(status=RunStatus.RUNNING) == []
     middle = store.get("r3")
     assert middle is not None
-    assert [r.run_id for r in store.list_runs(since=middle.created_at)] == ["r5", "r4", "r3"]
-    assert [r.run_id for r in store.list_runs(until=middle.created_at)] == ["r2", "r1", "r0"]
-    assert store.list_runs(after="no-such-run") == []
-    listed = store.list_runs(limit=1)[0]
+    assert ids(since=middle.created_at) == ["r5", "r4", "r3"]
+    assert ids(until=middle.created_at) == ["r2", "r1", "r0"]
+    assert ids(after="no-such-run") == []
+    listed = store.list_runs(RunFilter(limit=1))[0]
     assert (listed.status, listed.cursor) == ("failed", "one")
     assert listed.input is None and listed.state is None  # a list shows no payloads
 
@@ -821,7 +836,7 @@ def test_an_intent_is_fenced_and_found_open_until_its_mark(any_store: Checkpoint
     # The same writer again (its first try committed, the reply was lost): still its own.
     assert any_store.record_intent(cp, "k1") == ("written", None)
     assert any_store.was_done("k1") == (False, None)  # an intent is not a done mark
-    assert any_store.open_intents("r1")[0]["key"] == "k1"  # type: ignore[attr-defined]
+    assert any_store.open_intents("r1")[0]["key"] == "k1"
     # A newer owner finds it open: the outcome is unknown.
     assert any_store.claim("r1", 2) is not None
     at_two = dataclasses.replace(cp, epoch=2)
@@ -835,7 +850,7 @@ def test_an_intent_is_fenced_and_found_open_until_its_mark(any_store: Checkpoint
     assert any_store.record_intent(at_two, "k1") == ("done", {"ok": 2})
     assert any_store.mark_done(at_two, "k1", {"ok": 3})
     assert any_store.was_done("k1") == (True, {"ok": 2})  # the first mark stays
-    assert any_store.open_intents("r1") == []  # type: ignore[attr-defined]
+    assert any_store.open_intents("r1") == []
 
 
 # -- a step's transaction --------------------------------------------------------------
@@ -970,17 +985,22 @@ def test_memory_twins_follow_the_given_clock() -> None:
 
 @pytest.mark.parametrize(
     ("protocol", "twin"),
-    [(CheckpointStore, MemoryStore), (LeaseManager, MemoryLeases), (HeldLease, MemoryLease)],
+    [
+        (CheckpointStore, MemoryStore),
+        (Schedules, MemorySchedules),
+        (LeaseManager, MemoryLeases),
+        (HeldLease, MemoryLease),
+    ],
 )
 def test_memory_twins_have_every_method_of_the_contract(protocol: type, twin: type) -> None:
     # As tests/test_contract.py asks of PgStore and the Redis leases: a method added to
     # the contract and not to a twin fails here before any behaviour is compared.
-    for name, fn in vars(protocol).items():
-        if name.startswith("_") or not callable(fn):
-            continue
+    for name, fn in contract_methods(protocol).items():
         wanted = [p for p in inspect.signature(fn).parameters if p != "self"]
         found = [p for p in inspect.signature(getattr(twin, name)).parameters if p != "self"]
         assert found[: len(wanted)] == wanted, f"{twin.__name__}.{name}{found} vs {wanted}"
+        both = inspect.iscoroutinefunction(fn), inspect.iscoroutinefunction(getattr(twin, name))
+        assert both[0] == both[1], f"{twin.__name__}.{name}: async in one, not the other"
     lease = MemoryLeases().acquire("r1", ttl=10)
     assert lease is not None and all(hasattr(lease, a) for a in ("run_id", "epoch", "token"))
 
@@ -1167,3 +1187,311 @@ def test_a_higher_limit_admits_at_once_and_an_idle_key_is_forgotten(
     # No slot held, none queued: the key is gone, and comes back with the next enqueue's
     # limit.
     assert _keyed(any_store, "e", limit=1) == "pending" and _keyed(any_store, "f") == "queued"
+
+
+# -- the operator's: forks, rewinds, replays, resolves, waits -----------------------------
+def _three_steps(store: CheckpointStore, run_id: str = "r1") -> list[Checkpoint]:
+    """run_id claimed at epoch 1 and run to the end: one -> two -> three -> done, a message
+    and 0.25 a step; the step at seq 2 leaves the state as it was. Its checkpoints, seq 0-3."""
+    _new(store, run_id)
+    claimed = store.claim(run_id, 1)
+    assert claimed is not None
+    saved = [claimed]
+    for cursor, state in (("two", {"a": 1}), ("three", {"a": 1}), ("done", {"a": 1, "c": 3})):
+        prev = saved[-1]
+        nxt = _advance(
+            prev,
+            cursor=cursor,
+            state=state,
+            visits={**prev.visits, prev.cursor: prev.visits.get(prev.cursor, 0) + 1},
+            window=(*prev.window, _msg(cursor)),
+            cost_usd=prev.cost_usd + 0.25,
+            status=RunStatus.DONE if cursor == "done" else RunStatus.RUNNING,
+        )
+        store.save(nxt, prev)
+        saved.append(nxt)
+    return saved
+
+
+def test_a_fork_is_a_new_run_from_a_saved_step_and_leaves_its_origin(
+    any_store: CheckpointStore,
+) -> None:
+    _three_steps(any_store)
+    before = (_get(any_store, "r1"), any_store.history("r1"))
+    assert any_store.fork("r1", 2, "f1", {"y": True}) is True
+    cp = _load(any_store, "f1")
+    assert (cp.seq, cp.cursor, cp.status, cp.epoch) == (2, "three", "pending", 0)
+    assert (cp.state, cp.visits) == ({"a": 1}, {"one": 1, "two": 1})  # as of seq 1's save
+    assert (cp.window, cp.win_start) == ((_msg("two"), _msg("three")), 0)
+    assert (cp.input, cp.cost_usd, cp.forked_at) == ({"x": 1, "y": True}, 0.0, 2)
+    run = _get(any_store, "f1")
+    assert (run.forked_from, run.forked_at, run.workflow) == ("r1", 2, "probe")
+    row = any_store.load_row("f1")
+    assert row is not None and (row["forked_from"], row["forked_at"]) == ("r1", 2)
+    [mark] = any_store.history("f1")
+    assert (mark["seq"], mark["cursor"], mark["visit"], mark["outcome"]) == (
+        1,
+        "three",
+        0,
+        "forked",
+    )
+    assert (mark["worker"], mark["epoch"], mark["next_cursor"]) == ("client", 0, "three")
+    assert mark["error"] == "forked from r1 at seq 2"
+    assert [(f.run_id, f.forked_from, f.forked_at) for f in any_store.forks("r1")] == [
+        ("f1", "r1", 2)
+    ]
+    assert (_get(any_store, "r1"), any_store.history("r1")) == before  # untouched
+    # The same new run id again is the same fork; a fork of a fork starts from its mark.
+    assert any_store.fork("r1", 1, "f1") is False and _load(any_store, "f1").seq == 2
+    assert any_store.fork("f1", 2, "f2") is True
+    assert (_load(any_store, "f2").cursor, _load(any_store, "f2").state) == ("three", {"a": 1})
+    assert [f.run_id for f in any_store.forks("f1")] == ["f2"] and any_store.forks("f2") == []
+    # A fork goes on as any run does: its seq grows from the fork's.
+    claimed = any_store.claim("f1", 1)
+    assert claimed is not None
+    any_store.save(_advance(claimed, cursor="done", status=RunStatus.DONE), claimed)
+    assert _get(any_store, "f1").seq == 3
+    with pytest.raises(UnknownRun):
+        any_store.fork("nope", 1, "f3")
+    with pytest.raises(InvalidInput, match="saved no checkpoint at seq 9"):
+        any_store.fork("r1", 9, "f3")
+    assert any_store.get("f3") is None
+
+
+def test_a_stopped_run_rewound_goes_on_from_a_saved_step_with_new_visits(
+    any_store: CheckpointStore,
+) -> None:
+    done = _three_steps(any_store)[-1]
+    assert any_store.rewind("r1", 1) == 4  # seq only grows
+    cp = _load(any_store, "r1")
+    assert (cp.seq, cp.cursor, cp.status, cp.error, cp.epoch) == (4, "two", "pending", None, 1)
+    assert (cp.state, cp.window, cp.cost_usd) == ({"a": 1}, (_msg("two"),), 0.75)  # cost stays
+    assert cp.visits == {"one": 1, "two": 1, "three": 1}  # past every visit it made
+    mark = any_store.history("r1")[-1]
+    assert (mark["seq"], mark["cursor"], mark["outcome"], mark["epoch"]) == (3, "two", "rewound", 1)
+    assert mark["error"] == "rewound to seq 1"
+    with pytest.raises(StaleWrite):  # the old timeline's writer is fenced
+        any_store.save(_advance(done), done)
+    with pytest.raises(RunNotStopped, match="r1 is pending"):
+        any_store.rewind("r1", 1)
+    with pytest.raises(UnknownRun):
+        any_store.rewind("nope", 1)
+    claimed = any_store.claim("r1", 2)
+    assert claimed is not None
+    any_store.save(_advance(claimed, cursor="done", status=RunStatus.DONE), claimed)
+    with pytest.raises(InvalidInput, match="saved no checkpoint at seq 7"):
+        any_store.rewind("r1", 7)
+    assert any_store.rewind("r1", 4) == 6  # back to the rewound step: its mark's checkpoint
+    again = _load(any_store, "r1")
+    assert (again.cursor, again.visits["two"]) == ("two", 2)  # its visit 1 is used now
+
+
+def test_a_rewound_failed_run_with_a_key_takes_a_free_slot_or_queues(
+    any_store: CheckpointStore,
+) -> None:
+    assert _keyed(any_store, "k1") == "pending"
+    claimed = any_store.claim("k1", 1)
+    assert claimed is not None
+    nxt = _advance(claimed, cursor="two", visits={"one": 1})
+    any_store.save(nxt, claimed)
+    any_store.end_attempt(nxt, RunStatus.FAILED, "broken", Attempt(started=0.0))
+    assert _keyed(any_store, "k2") == "pending"  # the slot k1 gave back
+    any_store.rewind("k1", 1)
+    assert _statuses(any_store, "k1", "k2") == ["queued", "pending"]
+    _finish(any_store, "k2", RunStatus.DONE)
+    assert _statuses(any_store, "k1") == ["pending"]
+
+
+def test_replay_rearms_the_runs_that_failed_since_a_time_once_oldest_first(
+    backend: Backend,
+) -> None:
+    store = backend.store
+    _new(store, "r0")
+    _finish(store, "r0", RunStatus.FAILED)
+    backend.elapse(7200)
+    for r in ("r1", "r2", "r3", "r4"):
+        _new(store, r)
+    _new(store, "r5", "other")
+    for r, status in (("r1", "failed"), ("r3", "failed"), ("r2", "failed"), ("r4", "done")):
+        _finish(store, r, RunStatus(status))
+    _finish(store, "r5", RunStatus.FAILED)
+    now = store.clock()
+    assert now.tzinfo is not None
+    since, failed = now - dt.timedelta(hours=1), (RunStatus.FAILED,)
+    listed = store.replay("probe", failed, since, now, 10, dry_run=True)
+    assert [r.run_id for r in listed] == ["r1", "r3", "r2"]  # by when they stopped
+    assert {(r.status, r.cursor) for r in listed} == {("failed", "one")}
+    assert _statuses(store, "r1", "r2", "r3") == ["failed"] * 3  # a dry run writes nothing
+    batch = store.replay("probe", failed, since, now, 2)
+    assert [(r.run_id, r.status) for r in batch] == [("r1", "failed"), ("r3", "failed")]
+    rearmed = _load(store, "r1")
+    assert (rearmed.status, rearmed.error, rearmed.attempts, rearmed.cursor) == (
+        "pending", None, 0, "one",
+    )  # fmt: skip
+    assert [r.run_id for r in store.replay("probe", failed, since, now, 10)] == ["r2"]
+    assert store.replay("probe", failed, since, now, 10) == []  # each run once
+    _finish(store, "r1", RunStatus.FAILED, epoch=2)  # fails again after the replay began
+    assert store.replay("probe", failed, since, now, 10) == []
+    assert _statuses(store, "r0", "r5") == ["failed", "failed"]  # too old; another workflow
+    with pytest.raises(InvalidInput, match="failed or incompatible runs, not done"):
+        store.replay("probe", (RunStatus.DONE,), since, now, 10)
+
+
+def test_an_unknown_outcome_resolved_done_or_not_and_the_run_goes_on(
+    any_store: CheckpointStore,
+) -> None:
+    cp = _running(any_store)
+    assert any_store.record_intent(cp, "k1") == ("written", None)
+    assert any_store.record_intent(cp, "k2") == ("written", None)
+    first, second = any_store.open_intents("r1")
+    assert (first["key"], first["epoch"], second["key"]) == ("k1", 1, "k2")
+    assert first["created_at"] <= second["created_at"]
+    any_store.end_attempt(cp, RunStatus.UNKNOWN, "outcome lost", Attempt(started=0.0))
+    rearmed, keys = any_store.resolve("r1", True, {"sent": 1})
+    assert rearmed is True and sorted(keys) == ["k1", "k2"]
+    assert any_store.was_done("k2") == (True, {"sent": 1}) and any_store.open_intents("r1") == []
+    run = _load(any_store, "r1")
+    assert (run.status, run.error, run.attempts, run.cursor) == ("pending", None, 0, "two")
+    assert any_store.resolve("r1", True) == (False, [])  # again: nothing to settle
+    other = _running(any_store, "r2")
+    assert any_store.record_intent(other, "k3") == ("written", None)
+    any_store.end_attempt(other, RunStatus.UNKNOWN, "outcome lost", Attempt(started=0.0))
+    assert any_store.resolve("r2", False) == (True, ["k3"])  # not done: the intent goes
+    assert any_store.was_done("k3") == (False, None) and any_store.open_intents("r2") == []
+    again = any_store.claim("r2", 2)
+    assert again is not None and any_store.record_intent(again, "k3") == ("written", None)
+
+
+def test_wait_returns_a_settled_run_and_times_out_clearly(any_store: CheckpointStore) -> None:
+    cp = _running(any_store)
+    with pytest.raises(WaitTimedOut, match="r1 is still running at 'two'"):
+        any_store.wait("r1", timeout=0.2)
+    with pytest.raises(UnknownRun):
+        any_store.wait("nope", timeout=1)
+    with pytest.raises(WaitTimedOut):
+        asyncio.run(any_store.wait_async("r1", timeout=0.2))
+    _wait(any_store, cp, Wait(event="go"))
+    assert any_store.wait("r1", timeout=5).status == "waiting"  # parked: settled
+    run = asyncio.run(any_store.wait_async("r1", timeout=5))
+    assert (run.status, run.input, run.state) == ("waiting", {"x": 1}, {})
+
+
+@pytest.mark.skipif(bool(PGBOUNCER_PORT), reason="PgBouncer passes no notifications")
+@pytest.mark.parametrize("waiter", ["sync", "async"])
+def test_wait_is_woken_by_the_change_not_by_looking_again(
+    any_store: CheckpointStore, waiter: str
+) -> None:
+    cp = _running(any_store)
+    later = threading.Timer(0.3, lambda: any_store.mark_failed(cp, "boom"))
+    started = time.monotonic()
+    later.start()
+    try:
+        if waiter == "sync":
+            run = any_store.wait("r1", timeout=20, poll=30)  # a look every 30 s: too slow
+        else:
+            run = asyncio.run(any_store.wait_async("r1", timeout=20, poll=30))
+    finally:
+        later.join()
+    assert (run.status, run.error) == ("failed", "boom")
+    assert time.monotonic() - started < 3
+
+
+def test_the_operators_reads_of_runs(any_store: CheckpointStore) -> None:
+    _running(any_store)
+    row = any_store.load_row("r1")
+    assert row is not None and (row["run_id"], row["status"], row["cursor"]) == (
+        "r1", "running", "two",
+    )  # fmt: skip
+    assert (row["seq"], row["window"], row["input"], row["forked_from"]) == (1, [], {"x": 1}, None)
+    assert any_store.load_row("nope") is None
+    other = _running(any_store, "r2")
+    _wait(any_store, other, Wait(event="go", timeout=60, on_timeout="late"))
+    _new(any_store, "r3")
+    _finish(any_store, "r3", RunStatus.DONE)
+    _new(any_store, "r4")
+    _finish(any_store, "r4", RunStatus.FAILED)
+    any_store.create_run("r5", "other", {})  # its first step is not known yet
+    live = sorted((r["workflow"], r["cursor"], r["runs"]) for r in any_store.live_cursors())
+    assert live == [
+        ("other", "", 1), ("probe", "late", 1), ("probe", "one", 1), ("probe", "settle", 1),
+        ("probe", "two", 1),
+    ]  # fmt: skip
+    now = any_store.clock()
+    assert now.tzinfo is not None and abs((now - dt.datetime.now(dt.UTC)).total_seconds()) < 60
+    assert now >= _get(any_store, "r5").updated_at  # after every write so far
+    assert any_store.ping() is None
+
+
+# -- schedules -----------------------------------------------------------------------------
+T = dt.datetime(2030, 1, 1, 3, 0, tzinfo=dt.UTC)
+HOUR = dt.timedelta(hours=1)
+
+
+def _schedule(name: str = "nightly", **changes: Any) -> Schedule:
+    fields: dict[str, Any] = {
+        "name": name, "workflow": "probe", "input": {"n": 1}, "cron": None, "every": 3600,
+        "catch_up": "latest", "paused": False, "next_at": T,
+    }  # fmt: skip
+    return Schedule(**{**fields, **changes})
+
+
+def test_schedules_are_added_replaced_paused_resumed_and_removed(
+    any_store: CheckpointStore,
+) -> None:
+    s = any_store.schedule_store()
+    added = s.add(_schedule(paused=True))  # an added schedule is active
+    assert added is not None and (added.name, added.input, added.next_at) == (
+        "nightly",
+        {"n": 1},
+        T,
+    )
+    assert (added.paused, added.last_fired_at, added.every) == (False, None, 3600)
+    assert added.created_at is not None and s.get("nightly") == added
+    assert s.add(_schedule(input={"n": 2})) is None  # the name is taken
+    # Replaced: a new timing takes its own next tick; the same timing keeps the old one.
+    moved = s.add(_schedule(every=7200, next_at=T + HOUR), replace=True)
+    assert moved is not None and (moved.every, moved.next_at) == (7200, T + HOUR)
+    assert s.pause("nightly") is not None
+    kept = s.add(_schedule(every=7200, next_at=T + 5 * HOUR, input={"n": 3}), replace=True)
+    assert kept is not None and (kept.next_at, kept.input, kept.paused) == (
+        T + HOUR,
+        {"n": 3},
+        True,
+    )
+    assert s.resume(_schedule(every=60), T + 2 * HOUR) is None  # replaced meanwhile
+    resumed = s.resume(kept, T + 2 * HOUR)
+    assert resumed is not None and (resumed.paused, resumed.next_at) == (False, T + 2 * HOUR)
+    assert s.resume(kept, T + 3 * HOUR) is None  # not paused
+    for name in ("b", "a"):
+        s.add(_schedule(name))
+    assert [x.name for x in s.list_schedules()] == ["a", "b", "nightly"]
+    assert s.remove("nightly") is True and s.remove("nightly") is False
+    assert s.get("nightly") is None and s.pause("nightly") is None
+
+
+def test_a_due_schedule_fires_its_ticks_runs_once(any_store: CheckpointStore) -> None:
+    s = any_store.schedule_store()
+    for name, at in (("x", T), ("later", T + 2 * HOUR), ("off", T)):
+        s.add(_schedule(name, next_at=at))
+    s.pause("off")
+    [due] = s.due(T + HOUR, 10)
+    assert due.name == "x" and s.due(T - HOUR, 10) == []
+    made = s.fire(due, T + 2 * HOUR, [("sched:x:1", T), ("sched:x:2", T + HOUR)])
+    assert made == ["sched:x:1", "sched:x:2"]
+    run = _get(any_store, "sched:x:1")
+    assert (run.workflow, run.input, run.status, run.cursor) == ("probe", {"n": 1}, "pending", "")
+    fired = s.get("x")
+    assert fired is not None and (fired.next_at, fired.last_fired_at) == (T + 2 * HOUR, T + HOUR)
+    assert s.fire(due, T + 3 * HOUR, [("sched:x:9", T)]) is None  # another firer moved it
+    again = s.fire(fired, T + 3 * HOUR, [("sched:x:2", T + HOUR), ("sched:x:3", T + 2 * HOUR)])
+    assert again == ["sched:x:3"]  # a run id made before is left as it is
+
+    def crash() -> None:
+        raise RuntimeError("killed before the commit")
+
+    current = s.get("x")
+    assert current is not None
+    with pytest.raises(RuntimeError):
+        s.fire(current, T + 4 * HOUR, [("sched:x:4", T + 3 * HOUR)], before_commit=crash)
+    assert s.get("x") == current and any_store.get("sched:x:4") is None  # nothing of it
+    assert s.fire(_schedule("off"), T + HOUR, [("sched:off:1", T)]) is None  # paused

@@ -1,8 +1,15 @@
 """Client and AsyncClient: what a web app uses to start runs, read them and wait for
 them. Enqueues by workflow name.
 
-They need neither the workflows' code nor Celery's worker: they write the run to Postgres
-and send one message naming the run. Celery is imported on the first enqueue.
+They need neither the workflows' code nor Celery's worker: they write the run to the
+store (Postgres, or any store of the contract: cairn.testing.MemoryStore in a test) and
+send one message naming the run. Celery is imported on the first enqueue.
+
+One implementation: AsyncClient is Client's face for asyncio. Each of its methods runs
+Client's in a worker thread (asyncio.to_thread, as DBOS's enqueue_async does), made from
+Client's own (`_threaded`), so the two cannot drift; only wait (LISTEN/NOTIFY on an async
+connection) and events (asyncio Redis reads) are asyncio's own, as they hold no thread
+while they wait. tests/test_client_parity.py checks the two faces method by method.
 """
 
 from __future__ import annotations
@@ -11,30 +18,38 @@ import asyncio
 import builtins  # `list` in a Client's annotations is its method
 import dataclasses
 import datetime as dt
+import functools
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Any, Self
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import TYPE_CHECKING, Any, Concatenate, NoReturn, ParamSpec, Self, TypeVar
 
 from cairn.core import tracing
 from cairn.core.errors import CairnError, InvalidInput, StoreUnavailable, UnknownRun
 from cairn.core.inputs import check_event, check_flow, check_input, check_run_id
-from cairn.core.records import Run
+from cairn.core.records import Run, RunFilter
 from cairn.core.settings import Settings
 from cairn.core.status import CANCEL_REASON, STOPPED, RunStatus
 from cairn.steps import registry
 from cairn.store.checkpoints import PgStore
 from cairn.store.db import Database
-from cairn.store.schedules import AsyncScheduleStore, Schedule, ScheduleStore
+from cairn.store.schedules import Schedule
 from cairn.workers import broker, health
 from cairn.workers import schedules as sched
 
 if TYPE_CHECKING:
     from celery import Celery
 
+    from cairn.client.events import AsyncEventLog
     from cairn.core.events import Event
+    from cairn.core.records import StreamInfo
+    from cairn.store.contract import CheckpointStore
     from cairn.store.events import AsyncRedisEvents, RedisEvents
+    from cairn.workers.outbox import EventLog
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # Runs re-armed a transaction by Client.replay, each batch's messages sent after its commit:
 # a crash mid-replay leaves the rest failed (replay again), and a batch committed but not
@@ -50,6 +65,15 @@ class Client:
             print(client.get(run_id).status)
 
     URLs not given come from the environment (Settings.from_env()).
+
+    Args:
+        store: the runs' store (any of the contract, store/contract.py); default: a
+            PgStore on the database URL, with a pool of pool_size connections.
+        send: how a run's message is sent, send(run_id, priority); default: Celery's
+            producer on the broker URL, for a PgStore. A test on cairn.testing.MemoryStore
+            passes cairn.testing.LocalWorker's, which runs the runs in process.
+        events: where the runs' live events are read (Client.events); default: Redis at
+            the Redis URL. A LocalWorker's `events` in a test.
     """
 
     def __init__(
@@ -59,20 +83,30 @@ class Client:
         *,
         settings: Settings | None = None,
         pool_size: int = 4,
+        store: CheckpointStore | None = None,
+        send: Callable[[str, int], None] | None = None,
+        events: EventLog | None = None,
     ) -> None:
         base = settings or Settings.from_env()
         self.settings = base.with_options(database_url=database_url, broker_url=broker_url)
         s = self.settings
-        db = Database(
-            s.database_url,
-            max_size=pool_size,
-            give_up_after=s.client_give_up_after,
-            prepare=s.database_prepare,
-        )
-        self.store = PgStore(db)
-        self._sender = _Sender(self.settings)
+        self._db: Database | None = None  # made here, so closed here
+        if store is None:
+            self._db = Database(
+                s.database_url,
+                max_size=pool_size,
+                give_up_after=s.client_give_up_after,
+                prepare=s.database_prepare,
+            )
+            store = PgStore(self._db)
+        self.store: CheckpointStore = store
+        # Celery's producer only for runs a fleet reads from Postgres; any other store
+        # has no broker unless given one.
+        self._sender = _Sender(s) if send is None and isinstance(store, PgStore) else None
+        self._send = send or (self._sender.send if self._sender else _no_broker)
         tracing.setup(self.settings, "cairn-client")  # CAIRN_TRACING: spans for enqueues
-        self._event_log: RedisEvents | None = None  # Redis, on the first events()
+        self._event_log = events
+        self._redis_log: RedisEvents | None = None  # Redis, on the first events()
 
     def __enter__(self) -> Self:
         return self
@@ -81,10 +115,14 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self.store.db.close()
-        self._sender.close()
-        if self._event_log is not None:
-            self._event_log.close()
+        """Close what this Client opened: its pool, its producer, its Redis reader (a
+        store or an event log it was given stays open)."""
+        if self._db is not None:
+            self._db.close()
+        if self._sender is not None:
+            self._sender.close()
+        if self._redis_log is not None:
+            self._redis_log.close()
 
     def enqueue(
         self,
@@ -139,7 +177,7 @@ class Client:
     def send(self, run_id: str, *, priority: int = 0) -> None:
         """Put one message for run_id on the broker (the run must exist), on the queue
         of its priority."""
-        self._sender.send(run_id, priority)
+        self._send(run_id, priority)
 
     def get(self, run_id: str, *, window: bool = False) -> Run | None:
         """The run's status, cursor, state (its result once done), error and cost; the
@@ -162,9 +200,10 @@ class Client:
     ) -> list[Run]:
         """Runs, newest first, filtered by status, workflow and creation time [since,
         until); pass the last run id of a page as `after` for the next page."""
-        return self.store.list_runs(
-            status, limit, workflow=workflow, after=after, since=since, until=until
+        which = RunFilter(
+            status=status, limit=limit, workflow=workflow, after=after, since=since, until=until
         )
+        return self.store.list_runs(which)
 
     def counts(self) -> dict[RunStatus, int]:
         """How many runs are in each status."""
@@ -337,26 +376,26 @@ class Client:
             raise InvalidInput("events_token needs CAIRN_API_TOKEN: the token cairn serve uses")
         return read_token(self.settings.api_token, run_id)
 
-    def _events(self) -> RedisEvents:
-        if self._event_log is None:
+    def _events(self) -> EventLog:
+        if self._event_log is not None:
+            return self._event_log
+        if self._redis_log is None:
             from cairn.store.events import RedisEvents
 
-            self._event_log = RedisEvents.from_url(self.settings.redis_url)
-        return self._event_log
+            self._redis_log = RedisEvents.from_url(self.settings.redis_url)
+        return self._redis_log
 
     def problems(self) -> builtins.list[str]:
         """One line per service (Postgres, the broker) that does not answer within
         CAIRN_CLIENT_GIVE_UP_AFTER; empty when both do."""
         found = []
         try:
-            self.store.db.one("ping")
+            self.store.ping()
         except CairnError as exc:
             found.append(str(exc))
-        return found + health.broker_problems(self.settings)
-
-    @property
-    def producer(self) -> Celery:
-        return self._sender.producer
+        if self._sender is not None:  # a send given is the caller's to check
+            found += health.broker_problems(self.settings)
+        return found
 
     def add_schedule(
         self,
@@ -389,40 +428,61 @@ class Client:
             ScheduleConflict: the name holds another definition and replace is False.
         """
         wanted = _checked_schedule(self.settings, name, workflow, input, cron, every, catch_up)
-        store = ScheduleStore(self.store.db)
+        store = self.store.schedule_store()
         stored = store.add(wanted, replace=replace)
         return sched.added(wanted, stored, None if stored else store.get(name))
 
     def schedules(self) -> builtins.list[Schedule]:
         """Every schedule, by name."""
-        return ScheduleStore(self.store.db).list_schedules()
+        return self.store.schedule_store().list_schedules()
 
     def pause_schedule(self, name: str) -> Schedule:
         """Stop firing the schedule until resumed. Raises UnknownSchedule."""
-        return _known(name, ScheduleStore(self.store.db).pause(name))
+        return _known(name, self.store.schedule_store().pause(name))
 
     def resume_schedule(self, name: str) -> Schedule:
         """Fire the schedule again from its next tick after now (ticks while it was
         paused are not fired). Resuming an active schedule changes nothing. Raises
         UnknownSchedule."""
-        store = ScheduleStore(self.store.db)
+        store = self.store.schedule_store()
         current = _known(name, store.get(name))
         resumed = store.resume(current, sched.timing(current).after(_now()))
         return resumed or _known(name, store.get(name))
 
     def remove_schedule(self, name: str) -> bool:
         """Delete the schedule (its runs stay); False if there was none."""
-        return ScheduleStore(self.store.db).remove(name)
+        return self.store.schedule_store().remove(name)
+
+
+def _threaded(
+    method: Callable[Concatenate[Client, P], R],
+) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, R]]:
+    """AsyncClient's face of a Client method: its parameters, docstring and behaviour,
+    the call made in a worker thread so the event loop never blocks on the store or the
+    broker (contextvars go along: a caller's trace context reaches the enqueue's span)."""
+
+    async def threaded(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return await asyncio.to_thread(method, self.sync, *args, **kwargs)
+
+    # inspect.signature follows __wrapped__: the parameters are Client's, written once.
+    functools.update_wrapper(threaded, method, assigned=("__module__", "__name__", "__doc__"))
+    threaded.__qualname__ = f"AsyncClient.{method.__name__}"
+    return threaded
 
 
 class AsyncClient:
-    """Client for asyncio apps (FastAPI, aiohttp): every method of Client, awaited, over
-    psycopg's async pool. The broker's client is synchronous, so a send runs in a worker
-    thread: the event loop never blocks on it.
+    """Client for asyncio apps (FastAPI, aiohttp): every method of Client, awaited, with
+    the same parameters, over a Client of its own (`sync`). A call runs in a worker thread,
+    so the event loop never blocks on Postgres or the broker; wait listens for its run's
+    notification on an async connection and events reads Redis with asyncio, holding no
+    thread while they wait.
 
         async with cairn.AsyncClient() as client:
             run_id = await client.enqueue("invoice", {"customer": "acme", "email": "a@acme.test"})
             run = await client.wait(run_id, timeout=30)
+
+    Its arguments are Client's (store=, send=, events= too); pool_size is the Client's
+    pool, shared by the calls in flight.
     """
 
     def __init__(
@@ -432,22 +492,22 @@ class AsyncClient:
         *,
         settings: Settings | None = None,
         pool_size: int = 10,
+        store: CheckpointStore | None = None,
+        send: Callable[[str, int], None] | None = None,
+        events: EventLog | None = None,
     ) -> None:
-        from cairn.store.aio import AsyncDatabase, AsyncPgStore
-
-        base = settings or Settings.from_env()
-        self.settings = base.with_options(database_url=database_url, broker_url=broker_url)
-        s = self.settings
-        db = AsyncDatabase(
-            s.database_url,
-            max_size=pool_size,
-            give_up_after=s.client_give_up_after,
-            prepare=s.database_prepare,
+        self.sync = Client(
+            database_url,
+            broker_url,
+            settings=settings,
+            pool_size=pool_size,
+            store=store,
+            send=send,
+            events=events,
         )
-        self.store = AsyncPgStore(db)
-        self._sender = _Sender(self.settings)
-        tracing.setup(self.settings, "cairn-client")  # CAIRN_TRACING: spans for enqueues
-        self._event_log: AsyncRedisEvents | None = None
+        self.settings, self.store = self.sync.settings, self.sync.store
+        self._event_log: AsyncEventLog | None = None
+        self._redis_log: AsyncRedisEvents | None = None
 
     async def __aenter__(self) -> Self:
         return self
@@ -456,263 +516,89 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
-        await self.store.db.close()
-        await asyncio.to_thread(self._sender.close)
-        if self._event_log is not None:
-            await self._event_log.close()
+        """Client.close, and the asyncio Redis reader's connections."""
+        await asyncio.to_thread(self.sync.close)
+        if self._redis_log is not None:
+            await self._redis_log.close()
 
-    async def enqueue(
-        self,
-        workflow: str,
-        input: dict[str, Any] | None = None,
-        *,
-        run_id: str | None = None,
-        max_cost_usd: float | None = None,
-        concurrency_key: str | None = None,
-        concurrency_limit: int | None = None,
-        priority: int | None = None,
-    ) -> str:
-        """Client.enqueue: record the run and send it to the workers (with a concurrency
-        key, once a slot is free); its run id."""
-        run_id, data = _checked(self.settings, workflow, input, run_id)
-        key, limit, prio = _flow(workflow, concurrency_key, concurrency_limit, priority)
-        with tracing.enqueuing(workflow, run_id, concurrency_key=key, priority=prio) as trace:
-            created = await self.store.create_run(
-                run_id, workflow, data, max_cost_usd=max_cost_usd, priority=prio,
-                concurrency_key=key, concurrency_limit=limit, traceparent=trace,
-            )  # fmt: skip
-            if key is None:
-                await self.send(run_id, priority=prio)
-            elif not await self._send_admitted(workflow, key, run_id) and not created:
-                run = await self.get(run_id)
-                if run is not None and run.status == RunStatus.PENDING:
-                    await self.send(run_id, priority=run.priority)
-        return run_id
-
-    async def _send_admitted(self, workflow: str, key: str, run_id: str | None = None) -> bool:
-        sent = False
-        for admitted, prio in await self.store.admitted(workflow, key):
-            await self.send(admitted, priority=prio)
-            sent = sent or admitted == run_id
-        return sent
-
-    async def send(self, run_id: str, *, priority: int = 0) -> None:
-        """Put one message for run_id on the broker, from a worker thread."""
-        await asyncio.to_thread(self._sender.send, run_id, priority)
-
-    async def get(self, run_id: str, *, window: bool = False) -> Run | None:
-        """Client.get: the run (its model window too with window=True), or None."""
-        run = await self.store.get(run_id)
-        if run is None or not window:
-            return run
-        row = await self.store.load_row(run_id)
-        return dataclasses.replace(run, window=tuple(row["window"]) if row else ())
-
-    async def list(
-        self,
-        status: RunStatus | None = None,
-        limit: int = 50,
-        *,
-        workflow: str | None = None,
-        after: str | None = None,
-        since: dt.datetime | None = None,
-        until: dt.datetime | None = None,
-    ) -> list[Run]:
-        """Client.list: runs newest first, a keyset page at a time."""
-        return await self.store.list_runs(
-            status, limit, workflow=workflow, after=after, since=since, until=until
-        )
-
-    async def counts(self) -> dict[RunStatus, int]:
-        """How many runs are in each status."""
-        rows = await self.store.counts()
-        return {RunStatus(status): int(row["n"]) for status, row in rows.items()}
-
-    async def cancel(self, run_id: str, reason: str = CANCEL_REASON) -> Run | None:
-        """Client.cancel: stop a run (a running one at its next step boundary)."""
-        await self.store.cancel(run_id, reason)
-        run = await self.get(run_id)
-        if (
-            run is not None
-            and run.parent_id is not None
-            and await self.store.gathered(run.parent_id)
-        ):
-            await self.send(run.parent_id)
-        if run is not None and run.concurrency_key is not None:
-            await self._send_admitted(run.workflow, run.concurrency_key)
-        return run
-
-    async def children(self, run_id: str) -> builtins.list[Run]:
-        """Client.children: the run's child runs, in their spawns' order."""
-        return await self.store.children(run_id)
-
-    async def fork(
-        self,
-        run_id: str,
-        *,
-        at_seq: int,
-        new_run_id: str | None = None,
-        input_patch: dict[str, Any] | None = None,
-    ) -> str:
-        """Client.fork: a new run from the step run_id saved at at_seq; its id."""
-        at, patch = _checked_fork(self.settings, at_seq, input_patch)
-        new = check_run_id(new_run_id) if new_run_id is not None else uuid.uuid4().hex
-        with tracing.spanning(
-            "cairn.fork", producer=True, run_id=new, forked_from=run_id, forked_at=at
-        ) as trace:
-            if await self.store.fork(run_id, at, new, patch, trace):
-                await self.send(new)
-        return new
-
-    async def rewind(self, run_id: str, *, to_seq: int) -> Run:
-        """Client.rewind: a stopped run moved back to the step it saved at to_seq."""
-        at, _ = _checked_fork(self.settings, to_seq, None)
-        await self.store.rewind(run_id, at)
-        await self.send(run_id)
-        run = await self.get(run_id)
-        assert run is not None
-        return run
-
-    async def forks(self, run_id: str) -> builtins.list[Run]:
-        """Client.forks: the runs forked from run_id, oldest first."""
-        return await self.store.forks(run_id)
-
-    async def replay(
-        self,
-        workflow: str,
-        *,
-        since: dt.datetime,
-        until: dt.datetime | None = None,
-        status: RunStatus | str | tuple[RunStatus | str, ...] = RunStatus.FAILED,
-        limit: int | None = None,
-        dry_run: bool = False,
-        progress: Callable[[int], None] | None = None,
-    ) -> builtins.list[Run]:
-        """Client.replay: the workflow's runs that failed since a time, each re-armed at its
-        last saved step and sent (dry_run: only which)."""
-        statuses, since, until, limit = _checked_replay(status, since, until, limit)
-        until = until or await self.store.clock()
-        if dry_run:
-            return await self.store.replay(workflow, statuses, since, until, limit, dry_run=True)
-        replayed: list[Run] = []
-        while len(replayed) < limit:
-            batch = await self.store.replay(
-                workflow, statuses, since, until, min(REPLAY_BATCH, limit - len(replayed))
-            )
-            if not batch:
-                break
-            for run in batch:
-                await self.send(run.run_id, priority=run.priority)
-            replayed += batch
-            if progress is not None:
-                progress(len(replayed))
-        return replayed
-
-    async def signal(
-        self, run_id: str, event: str, payload: Any = None, *, signal_id: str | None = None
-    ) -> bool:
-        """Client.signal: a durable signal of `event`; False if signal_id was sent before."""
-        signal_id = _checked_signal(self.settings, event, payload, signal_id)
-        with tracing.spanning("cairn.signal", run_id=run_id, event=event) as trace:
-            found = await self.store.signal(run_id, event, payload, signal_id, trace)
-        if found is None:
-            raise UnknownRun(f"no run {run_id!r}")
-        status, stored = found
-        if stored and status not in STOPPED:
-            await self.send(run_id)
-        return stored
-
-    async def resolve(self, run_id: str, *, done: bool, result: Any = None) -> Run:
-        """Client.resolve: settle a run stopped as unknown; it goes on at its cursor."""
-        check_input({"result": result}, self.settings.max_input_bytes)
-        rearmed, _ = await self.store.resolve(run_id, done, result)
-        run = await self.get(run_id)
-        if run is None:
-            raise UnknownRun(f"no run {run_id!r}")
-        if rearmed:
-            await self.send(run_id)
-        return run
+    enqueue = _threaded(Client.enqueue)
+    send = _threaded(Client.send)
+    get = _threaded(Client.get)
+    list = _threaded(Client.list)
+    counts = _threaded(Client.counts)
+    cancel = _threaded(Client.cancel)
+    children = _threaded(Client.children)
+    fork = _threaded(Client.fork)
+    rewind = _threaded(Client.rewind)
+    forks = _threaded(Client.forks)
+    replay = _threaded(Client.replay)
+    signal = _threaded(Client.signal)
+    resolve = _threaded(Client.resolve)
+    history = _threaded(Client.history)
+    calls = _threaded(Client.calls)
+    events_token = _threaded(Client.events_token)
+    problems = _threaded(Client.problems)
+    add_schedule = _threaded(Client.add_schedule)
+    schedules = _threaded(Client.schedules)
+    pause_schedule = _threaded(Client.pause_schedule)
+    resume_schedule = _threaded(Client.resume_schedule)
+    remove_schedule = _threaded(Client.remove_schedule)
 
     async def wait(self, run_id: str, timeout: float | None = 60.0) -> Run:
-        """Client.wait: the run once stopped or waiting, woken by LISTEN/NOTIFY."""
-        return await self.store.wait(run_id, timeout)
+        """Client.wait for asyncio: the run once stopped or waiting for a signal, woken by
+        LISTEN/NOTIFY on an async connection (no thread held while it waits). Raises
+        UnknownRun, or cairn.WaitTimedOut after timeout seconds (None: no limit)."""
+        return await self.store.wait_async(run_id, timeout)
 
-    async def history(self, run_id: str) -> builtins.list[dict[str, Any]]:
-        """Client.history: the run's step timeline, oldest first."""
-        return await self.store.history(run_id)
-
-    async def calls(self, run_id: str, limit: int = 500) -> builtins.list[dict[str, Any]]:
-        """Client.calls: the run's journaled calls, oldest first."""
-        return await self.store.calls(run_id, limit)
-
-    async def events_token(self, run_id: str) -> str:
-        """Client.events_token: a token that reads this run's events and nothing else."""
-        from cairn.client.events import read_token
-
-        if not self.settings.api_token:
-            raise InvalidInput("events_token needs CAIRN_API_TOKEN: the token cairn serve uses")
-        return read_token(self.settings.api_token, run_id)
-
-    async def events(self, run_id: str, after: str | None = None) -> AsyncIterator[Event]:
-        """Client.events for asyncio: `async for event in client.events(run_id)`."""
+    async def events(
+        self, run_id: str, after: str | None = None, *, timeout: float | None = None
+    ) -> AsyncIterator[Event]:
+        """Client.events for asyncio: `async for event in client.events(run_id)`, read
+        from Redis with asyncio; timeout: stop after that many seconds even if the run
+        goes on."""
         from cairn.client.events import afollow
 
-        if self._event_log is None:
-            from cairn.store.events import AsyncRedisEvents
-
-            self._event_log = AsyncRedisEvents(self.settings.redis_url)
-        async for event in afollow(self, self._event_log, run_id, after):
+        until = None if timeout is None else time.monotonic() + timeout
+        async for event in afollow(self, self._events(), run_id, after, until=until):
             if event.kind != "keepalive":
                 yield event
 
-    async def problems(self) -> builtins.list[str]:
-        """Client.problems: one line per service that does not answer in time."""
-        found = []
-        try:
-            await self.store.db.one("ping")
-        except CairnError as exc:
-            found.append(str(exc))
-        return found + await asyncio.to_thread(health.broker_problems, self.settings)
+    def _events(self) -> AsyncEventLog:
+        if self._event_log is None:
+            given = self.sync._event_log
+            if given is not None:
+                self._event_log = _InThreads(given)
+            else:
+                from cairn.store.events import AsyncRedisEvents
 
-    @property
-    def producer(self) -> Celery:
-        return self._sender.producer
+                self._event_log = self._redis_log = AsyncRedisEvents(self.settings.redis_url)
+        return self._event_log
 
-    async def add_schedule(
-        self,
-        name: str,
-        workflow: str,
-        input: dict[str, Any] | None = None,
-        *,
-        cron: str | None = None,
-        every: int | None = None,
-        catch_up: str = "latest",
-        replace: bool = False,
-    ) -> Schedule:
-        """Client.add_schedule: start `workflow` on a clock, one run per tick."""
-        wanted = _checked_schedule(self.settings, name, workflow, input, cron, every, catch_up)
-        store = AsyncScheduleStore(self.store.db)
-        stored = await store.add(wanted, replace=replace)
-        return sched.added(wanted, stored, None if stored else await store.get(name))
 
-    async def schedules(self) -> builtins.list[Schedule]:
-        """Client.schedules: every schedule, by name."""
-        return await AsyncScheduleStore(self.store.db).list_schedules()
+class _InThreads:
+    """An event log given to the Client (a LocalWorker's MemoryEvents), read from asyncio:
+    each read in a worker thread."""
 
-    async def pause_schedule(self, name: str) -> Schedule:
-        """Client.pause_schedule: stop firing it until resumed."""
-        return _known(name, await AsyncScheduleStore(self.store.db).pause(name))
+    def __init__(self, log: EventLog) -> None:
+        self.log = log
 
-    async def resume_schedule(self, name: str) -> Schedule:
-        """Client.resume_schedule: fire it again from its next tick after now."""
-        store = AsyncScheduleStore(self.store.db)
-        current = _known(name, await store.get(name))
-        resumed = await store.resume(current, sched.timing(current).after(_now()))
-        return resumed or _known(name, await store.get(name))
+    async def read_many(
+        self, after: dict[str, str], count: int = 500, block: float | None = None
+    ) -> dict[str, builtins.list[tuple[str, str]]]:
+        return {
+            run_id: await asyncio.to_thread(self.log.read, run_id, at, count, block)
+            for run_id, at in after.items()
+        }
 
-    async def remove_schedule(self, name: str) -> bool:
-        """Client.remove_schedule: delete it (its runs stay); False if there was none."""
-        return await AsyncScheduleStore(self.store.db).remove(name)
+    async def info(self, run_id: str) -> StreamInfo | None:
+        return await asyncio.to_thread(self.log.info, run_id)
+
+
+def _no_broker(run_id: str, priority: int = 0) -> NoReturn:
+    raise CairnError(
+        f"run {run_id} is recorded but this Client has no broker to send it to: its store "
+        "is not a PgStore; pass send= (in a test, cairn.testing.LocalWorker's send)"
+    )
 
 
 class _Sender:
@@ -727,6 +613,7 @@ class _Sender:
 
     @property
     def producer(self) -> Celery:
+        """Celery's app, made on first use (the Client never hands it out)."""
         with self._lock:
             if self._producer is None:
                 from celery import Celery

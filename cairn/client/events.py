@@ -296,12 +296,15 @@ async def afollow(
     *,
     idle: float = 5.0,
     live: Callable[[str, str], Live] | None = None,
+    until: float | None = None,
 ) -> AsyncIterator[Event]:
     """follow() for asyncio. live(run_id, position) subscribes to the run's entries (the
     web server's Hub shares one XREAD among all its readers); by default each reader
     blocks on its own read. Yields Event(kind="keepalive") after idle seconds without
-    any, so a server can write its keep-alive."""
-    async for batch in afollow_batches(runs, log, run_id, after, idle=idle, live=live):
+    any, so a server can write its keep-alive. until: a time.monotonic() deadline after
+    which the iterator ends (None: none)."""
+    batches = afollow_batches(runs, log, run_id, after, idle=idle, live=live, until=until)
+    async for batch in batches:
         for event in batch:
             yield event
 
@@ -315,10 +318,11 @@ async def afollow_batches(
     idle: float = 5.0,
     live: Callable[[str, str], Live] | None = None,
     parse: bool = True,
+    until: float | None = None,
 ) -> AsyncGenerator[list[Event], None]:
     """afollow() a read at a time: a server writes each list in one go. parse=False:
     events read from the stream carry their kind and raw JSON only (data None), for a
-    server that passes them on as they are."""
+    server that passes them on as they are. until: as afollow's."""
     run = await runs.get(run_id)
     if run is None:
         raise UnknownRun(f"no run {run_id!r}")
@@ -337,9 +341,10 @@ async def afollow_batches(
     read = Event.parse if parse else Event.unparsed
     failed = 0
     try:
-        while True:
+        while until is None or time.monotonic() < until:
+            block = idle if until is None else max(0.001, min(idle, until - time.monotonic()))
             try:
-                entries = await sub.wait(pos or BEFORE_ALL, idle)
+                entries = await sub.wait(pos or BEFORE_ALL, block)
                 failed = 0
             except StoreUnavailable:
                 failed += 1

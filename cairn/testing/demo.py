@@ -20,6 +20,7 @@ from rich.table import Table
 
 import cairn.testing.demos.invoice  # noqa: F401  (registers invoice: inputs checked here)
 from cairn.client.client import Client
+from cairn.core.records import RunFilter
 from cairn.core.settings import Settings
 from cairn.core.status import RunStatus
 from cairn.store import Leases, admin, upgrade
@@ -113,7 +114,9 @@ def run_demo(
             bar = progress.add_task("", total=runs)
             deadline = time.monotonic() + 240
             while time.monotonic() < deadline:
-                rows = {r.run_id: r for r in store.list_runs(limit=10_000) if r.run_id in ids}
+                rows = {
+                    r.run_id: r for r in store.list_runs(RunFilter(limit=10_000)) if r.run_id in ids
+                }
                 finished = sum(
                     r.status in (RunStatus.DONE, RunStatus.FAILED) for r in rows.values()
                 )
@@ -129,7 +132,7 @@ def run_demo(
                 _maybe_kill(kills, active, leases, procs, env, stamp, err, mail)
                 time.sleep(0.05)
         elapsed = time.monotonic() - started
-        rows = {r.run_id: r for r in store.list_runs(limit=10_000) if r.run_id in ids}
+        rows = {r.run_id: r for r in store.list_runs(RunFilter(limit=10_000)) if r.run_id in ids}
         (ledger_rows,) = admin.execute(
             settings.database_url,
             "SELECT count(*) AS n FROM invoice_ledger WHERE run_id = ANY(%s)",

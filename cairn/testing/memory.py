@@ -9,20 +9,25 @@ Postgres, Redis or Celery (procrastinate's InMemoryConnector, LangGraph's InMemo
     clock.advance(3600)                                  # and then the timeout has passed
 
 Each MemoryStore method follows its named query in store/sql/queries.sql clause by clause
-(the guard, the claim's fence, what a save writes and answers), and MemoryLeases follows
+(the guard, the claim's fence, what a save writes and answers, a fork's and a rewind's
+snapshot), MemorySchedules follows store/sql/schedules.sql, and MemoryLeases follows
 store/lua/*.lua. tests/test_store_contract.py runs one suite against these and against
-PgStore and the Redis Leases: a twin that drifts fails there, not in production.
+PgStore, ScheduleStore and the Redis Leases: a twin that drifts fails there, not in
+production. The whole of the store contract is here, so `cairn.Client(store=MemoryStore())`
+is the real Client with no service (cairn.testing.LocalWorker runs what it enqueues).
 Where a twin cannot be the real thing (ctx.db has no database) it says so loudly.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from cairn.core.errors import CairnError, LeaseLost, RunIdConflict, StaleWrite, StoreError
@@ -33,15 +38,25 @@ from cairn.core.records import (
     Call,
     Checkpoint,
     Run,
+    RunFilter,
     Saved,
     Spawned,
     Wait,
 )
 from cairn.core.status import ACTIVE, IDLE, REARMABLE, STOPPED, TERMINAL, RunStatus
-from cairn.store.checkpoints import FOLD_BATCH, _checkpoint, appended
+from cairn.store.checkpoints import (
+    FOLD_BATCH,
+    _checkpoint,
+    appended,
+    forked,
+    replay_params,
+    rewound,
+    settled,
+)
 from cairn.store.events import is_origin
 from cairn.store.keys import EPOCH_TTL
 from cairn.store.lease import LeaseToken
+from cairn.store.schedules import Schedule
 
 if TYPE_CHECKING:
     from cairn.store.contract import StepTx
@@ -86,6 +101,19 @@ class _Signal:
     traceparent: str | None = None
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Snap:
+    """What a step_history row keeps of the checkpoint its step saved (the snapshot
+    fragment's columns): where a fork or a rewind goes on from."""
+
+    visits: str  # JSON
+    win_start: int
+    win_end: int
+    total_cost: float
+    flow_version: int | None
+    state: str | None  # JSON; None: unchanged by the step (an older row has it)
+
+
 @dataclasses.dataclass(kw_only=True)
 class _Row:
     """One run: its `runs` row and its `checkpoints` row (one each per run), and the rows
@@ -124,9 +152,13 @@ class _Row:
     concurrency_limit: int | None = None
     priority: int = 0
     traceparent: str | None = None
+    forked_from: str | None = None  # a fork: its origin, and the seq it was forked at
+    forked_at: int | None = None
     window: dict[int, str] = dataclasses.field(default_factory=dict)  # window_messages
     signals: dict[str, _Signal] = dataclasses.field(default_factory=dict)
-    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # step_history
+    # step_history: each row as the history query selects it, and the checkpoint it saved
+    # (a fork's or a rewind's snapshot; None for an attempt that saved nothing)
+    history: list[tuple[dict[str, Any], _Snap | None]] = dataclasses.field(default_factory=list)
     # journal: (cursor, visit, pos) -> (the call with its result and error as JSON text, epoch)
     journal: dict[tuple[str, int, int], tuple[Call, int]] = dataclasses.field(default_factory=dict)
 
@@ -149,16 +181,36 @@ class _NoTransaction:
         """Nothing to give back."""
 
 
+class _Changes:
+    """The store's lock. Leaving it wakes whoever waits for a run to settle (wait), as the
+    status trigger's NOTIFY does in Postgres; a waiter looks again under the lock."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition(threading.Lock())
+
+    def __enter__(self) -> None:
+        self.cond.acquire()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.cond.notify_all()
+        self.cond.release()
+
+
 class MemoryStore:
     """CheckpointStore in dicts under one lock, with the SQL's semantics; `clock` (seconds,
-    as time.time) stands for Postgres's now(), so a test can move time."""
+    as time.time) stands for Postgres's now(), so a test can move time. Give it to
+    cairn.Client(store=...) to drive the real Client without a service
+    (cairn.testing.LocalWorker runs what it enqueues)."""
 
     def __init__(self, clock: Clock = time.time) -> None:
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = _Changes()
         self._rows: dict[str, _Row] = {}
-        # key: (run_id, result as JSON text, epoch, done: False while only an intent)
-        self._effects: dict[str, tuple[str, str, int, bool]] = {}
+        # key: (run_id, result as JSON text, epoch, done: False while only an intent,
+        # created_at)
+        self._effects: dict[str, tuple[str, str, int, bool, dt.datetime]] = {}
         # gathers: (parent, spawn seq) -> [need, fired]
         self._gathers: dict[tuple[str, int], list[Any]] = {}
         # concurrency keys: (workflow, key) -> limit; run -> [workflow, key, sent] for the
@@ -168,6 +220,7 @@ class MemoryStore:
         self._queued: dict[str, tuple[str, str, int, int]] = {}
         self._queue_n = 0
         self._last = dt.datetime.min.replace(tzinfo=dt.UTC)
+        self._schedules = MemorySchedules(self)
 
     def _now(self) -> dt.datetime:
         """The clock's time: what reads compare with, and what deadlines count from."""
@@ -210,21 +263,11 @@ class MemoryStore:
             if concurrency_key is not None:  # create_keyed_run's upsert of the key
                 self._keys[(workflow, concurrency_key)] = concurrency_limit
             if row is None:  # create_run
-                row = self._rows[run_id] = _Row(
-                    run_id=run_id,
-                    workflow=workflow,
-                    input=text,
-                    max_cost_usd=max_cost_usd,
-                    created_at=stamp,
-                    cursor=cursor,
-                    state="{}",
-                    version=CHECKPOINT_VERSION,
-                    updated_at=stamp,
-                    priority=priority,
-                    traceparent=traceparent,
-                    concurrency_key=concurrency_key,
+                row = self._new_row(
+                    run_id, workflow, text, stamp, cursor, max_cost_usd,
+                    priority=priority, traceparent=traceparent, concurrency_key=concurrency_key,
                     concurrency_limit=concurrency_limit if concurrency_key is not None else None,
-                )
+                )  # fmt: skip
                 if concurrency_key is not None:
                     row.status = RunStatus.QUEUED
                     self._enqueue(row)
@@ -246,6 +289,31 @@ class MemoryStore:
                 row.retry_at, row.updated_at = None, stamp
                 self._rearmed(row)
             return False
+
+    def _new_row(
+        self,
+        run_id: str,
+        workflow: str,
+        input: str,
+        stamp: dt.datetime,
+        cursor: str = START,
+        max_cost_usd: float | None = None,
+        **columns: Any,
+    ) -> _Row:
+        """create_run's insert (under the lock): the run at seq 0, pending."""
+        row = self._rows[run_id] = _Row(
+            run_id=run_id,
+            workflow=workflow,
+            input=input,
+            max_cost_usd=max_cost_usd,
+            created_at=stamp,
+            cursor=cursor,
+            state="{}",
+            version=CHECKPOINT_VERSION,
+            updated_at=stamp,
+            **columns,
+        )
+        return row
 
     def admitted(self, workflow: str, key: str) -> list[tuple[str, int]]:
         """The key's runs admitted and not sent yet, each (run id, priority), marked sent."""
@@ -298,13 +366,14 @@ class MemoryStore:
         """The run without its window."""
         with self._lock:
             row = self._rows.get(run_id)
-            if row is None:
-                return None
-            return Run(
-                **self._listed(row),
-                input=json.loads(row.input),
-                state=json.loads(row.state),
-                traceparent=row.traceparent,
+            return self._run(row) if row is not None else None
+
+    def load_row(self, run_id: str) -> dict[str, Any] | None:
+        """The run's checkpoint as `load` selects it, unparsed (forked_from with it)."""
+        with self._lock:
+            row = self._rows.get(run_id)
+            return (
+                {**self._columns(row, self._now()), "forked_from": row.forked_from} if row else None
             )
 
     def load(self, run_id: str) -> Checkpoint | None:
@@ -370,20 +439,29 @@ class MemoryStore:
             row.wait_timeout_cursor = wait.on_timeout if wait else None
             for i, text in enumerate(texts):  # appended: the new tail, or a fresh range
                 row.window[first_idx + i] = text
-            row.history.append(
-                self._history(
-                    cp.seq - 1,
-                    previous.cursor,
-                    previous.visits.get(previous.cursor, 0),
-                    "saved",
-                    attempt,
-                    cp.epoch,
-                    cp.cost_usd - previous.cost_usd,
-                    None,
-                    stamp,
-                    cp.cursor,
-                )
+            # The state only when the step changed it (the SQL's state_changed)
+            changed = cp.state != previous.state or previous.seq == 0
+            snap = _Snap(
+                visits=visits,
+                win_start=cp.win_start,
+                win_end=cp.win_end,
+                total_cost=cp.cost_usd,
+                flow_version=cp.flow_version,
+                state=state if changed else None,
             )
+            shown = self._history(
+                cp.seq - 1,
+                previous.cursor,
+                previous.visits.get(previous.cursor, 0),
+                "saved",
+                attempt,
+                cp.epoch,
+                cp.cost_usd - previous.cost_usd,
+                None,
+                stamp,
+                cp.cursor,
+            )
+            row.history.append((shown, snap))
             consumed = row.signals.get(attempt.signal_id or "")
             if attempt.signal_id is not None and consumed is not None:
                 row.signals[attempt.signal_id] = dataclasses.replace(consumed, consumed_seq=cp.seq)
@@ -490,11 +568,10 @@ class MemoryStore:
         if attempt is not None:
             outcome = "retry" if retry_in is not None else str(status)
             visit = cp.visits.get(cp.cursor, 0)
-            row.history.append(
-                self._history(
-                    cp.seq, cp.cursor, visit, outcome, attempt, cp.epoch, 0.0, error[:4000], stamp
-                )
+            shown = self._history(
+                cp.seq, cp.cursor, visit, outcome, attempt, cp.epoch, 0.0, error[:4000], stamp
             )
+            row.history.append((shown, None))
         return row.attempts
 
     def mark_failed(self, cp: Checkpoint, error: str, attempt: Attempt | None = None) -> bool:
@@ -590,7 +667,7 @@ class MemoryStore:
         """The run's step attempts, oldest first."""
         with self._lock:
             row = self._rows.get(run_id)
-            return [dict(h) for h in row.history] if row else []
+            return [dict(h) for h, _ in row.history] if row else []
 
     def calls(self, run_id: str, limit: int = 500) -> list[dict[str, Any]]:
         """The run's journaled calls, oldest first (calls in SQL)."""
@@ -601,6 +678,205 @@ class MemoryStore:
                 for (cursor, visit, _), (call, _) in (row.journal.items() if row else ())
             ]
         return found[:limit]
+
+    # -- forks, rewinds, replays, waits ------------------------------------------------
+    def fork(
+        self,
+        origin: str,
+        at: int,
+        run_id: str,
+        patch: dict[str, Any] | None = None,
+        traceparent: str | None = None,
+    ) -> bool:
+        """Create run_id, pending, from the checkpoint origin saved at seq `at` (fork in
+        the SQL): its input patched, its state, cursor, visits and window there, its cost
+        at 0, a `forked` mark in its history. False if run_id existed (unchanged). Raises
+        UnknownRun, or InvalidInput when origin saved no checkpoint at that seq."""
+        extra = json.loads(_dump(patch or {}))
+        with self._lock:
+            src = self._rows.get(origin)
+            found = self._snapshot(src, at) if src is not None else None
+            made = src is not None and found is not None and run_id not in self._rows
+            if made:
+                assert src is not None and found is not None
+                cursor, snap = found
+                stamp = self._stamp()
+                row = self._new_row(
+                    run_id, src.workflow, _dump({**json.loads(src.input), **extra}), stamp,
+                    cursor, src.max_cost_usd, priority=src.priority, traceparent=traceparent,
+                    forked_from=origin, forked_at=at, seq=at, visits=snap.visits,
+                    win_start=snap.win_start, win_end=snap.win_end,
+                    flow_version=snap.flow_version,
+                )  # fmt: skip
+                row.state = snap.state or "{}"
+                row.window = {
+                    i: src.window[i] for i in range(snap.win_start, snap.win_end) if i in src.window
+                }
+                mark = self._history(
+                    at - 1, cursor, 0, "forked", Attempt(started=stamp.timestamp(), worker="client"),
+                    0, 0.0, f"forked from {origin} at seq {at}", stamp, cursor,
+                )  # fmt: skip
+                row.history.append((mark, dataclasses.replace(snap, total_cost=0.0)))
+            answer = {
+                "origin_found": src is not None,
+                "found": found is not None,
+                "run_id": run_id if made else None,
+            }
+        return forked(answer, origin, at)
+
+    def rewind(self, run_id: str, at: int) -> int:
+        """Move the stopped run back to the checkpoint it saved at seq `at`, in place (rewind
+        in the SQL): at a new seq, its visits past every visit it ever made of each step,
+        its cost kept, a `rewound` mark in its history; its new seq. Raises UnknownRun,
+        InvalidInput (no checkpoint at that seq), or RunNotStopped."""
+        with self._lock:
+            row = self._rows.get(run_id)
+            found = self._snapshot(row, at) if row is not None else None
+            answer: dict[str, Any] = {
+                "status": row.status if row is not None else None,
+                "found": found is not None,
+                "seq": None,
+            }
+            if row is not None and found is not None and row.status in STOPPED:
+                cursor, snap = found
+                used: dict[str, int] = {}  # each step's next unused visit
+                steps = [(h["cursor"], h["visit"]) for h, _ in row.history]
+                for step, visit in steps + [(c, v) for c, v, _ in row.journal]:
+                    used[step] = max(used.get(step, 0), visit + 1)
+                kept = json.loads(snap.visits)
+                visits = {k: max(kept.get(k, 0), used.get(k, 0)) for k in {*kept, *used}}
+                old, stamp = row.status, self._stamp()
+                row.seq, row.cursor, row.state = row.seq + 1, cursor, snap.state or "{}"
+                row.visits, row.win_start, row.win_end = _dump(visits), snap.win_start, snap.win_end
+                row.flow_version, row.status, row.error = snap.flow_version, RunStatus.PENDING, None
+                row.attempts, row.deliveries, row.retry_at, row.cancel_reason = 0, 0, None, None
+                row.wait_event = row.wait_until = row.wait_timeout_cursor = None
+                row.updated_at = stamp
+                mark = self._history(
+                    row.seq - 1, cursor, 0, "rewound",
+                    Attempt(started=stamp.timestamp(), worker="client"), row.epoch, 0.0,
+                    f"rewound to seq {at}", stamp, cursor,
+                )  # fmt: skip
+                moved = dataclasses.replace(snap, visits=row.visits, total_cost=row.cost_usd)
+                row.history.append((mark, moved))
+                if old in REARMABLE or old == RunStatus.UNKNOWN:  # cairn_run_rearmed
+                    self._rearmed(row)
+                answer["seq"] = row.seq
+        return rewound(answer, run_id, at)
+
+    def replay(
+        self,
+        workflow: str,
+        statuses: tuple[RunStatus, ...],
+        since: dt.datetime,
+        until: dt.datetime,
+        limit: int,
+        *,
+        dry_run: bool = False,
+    ) -> list[Run]:
+        """Re-arm up to limit of the workflow's runs that stopped in one of the statuses in
+        [since, until) (by their last change), oldest first, each as it stopped (replay
+        in the SQL); dry_run: only which."""
+        replay_params(workflow, statuses, since, until, limit)  # the same refusals
+        with self._lock:
+            picked = sorted(
+                (
+                    r
+                    for r in self._rows.values()
+                    if r.status in statuses
+                    and r.workflow == workflow
+                    and since <= r.updated_at < until
+                ),
+                key=lambda r: (r.updated_at, r.run_id),
+            )[:limit]
+            out = [Run(**self._listed(r)) for r in picked]
+            if not dry_run:
+                for r in picked:
+                    r.status, r.error, r.attempts, r.deliveries = RunStatus.PENDING, None, 0, 0
+                    r.retry_at, r.updated_at = None, self._stamp()
+                    self._rearmed(r)
+            return out
+
+    def forks(self, run_id: str) -> list[Run]:
+        """The runs forked from run_id, oldest first."""
+        with self._lock:
+            found = sorted(
+                (r for r in self._rows.values() if r.forked_from == run_id),
+                key=lambda r: (r.created_at, r.run_id),
+            )
+            keep = ("parent_id", "concurrency_key", "priority")  # not among forks' columns
+            return [
+                Run(
+                    **{k: v for k, v in self._listed(r).items() if k not in keep},
+                    forked_from=r.forked_from,
+                    forked_at=r.forked_at,
+                )
+                for r in found
+            ]
+
+    def clock(self) -> dt.datetime:
+        """The clock's time now, and after every write so far (as clock_timestamp() is
+        after every commit): a clock a test holds still moves writes a microsecond on."""
+        with self._lock:
+            return self._stamp()
+
+    def ping(self) -> None:
+        """Always answers: nothing to reach."""
+
+    def wait(self, run_id: str, timeout: float | None = None, poll: float = 2.0) -> Run:
+        """The run once it is stopped or waiting (cairn.status.SETTLED), woken by any
+        change to the store (its lock's release) and looking again every poll seconds.
+        Raises UnknownRun, or WaitTimedOut after timeout seconds (real ones, not the
+        clock's; None: no limit)."""
+        deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
+        cond = self._lock.cond
+        with cond:  # the bare condition: a waiter's looks wake no other waiter
+            while True:
+                row = self._rows.get(run_id)
+                run = self._run(row) if row is not None else None
+                left = settled(run_id, run, timeout, deadline)
+                if left is None:
+                    assert run is not None
+                    return run
+                cond.wait(min(poll, left))
+
+    async def wait_async(self, run_id: str, timeout: float | None = None, poll: float = 2.0) -> Run:
+        """wait() in a worker thread."""
+        return await asyncio.to_thread(self.wait, run_id, timeout, poll)
+
+    def live_cursors(self) -> list[dict[str, Any]]:
+        """Where runs that may still go on stand (live_cursors in the SQL): {workflow,
+        cursor, runs}, a waiting run's timeout cursor too."""
+        live = ACTIVE | REARMABLE | {RunStatus.UNKNOWN}
+        counted: dict[tuple[str, str], int] = {}
+        with self._lock:
+            for r in self._rows.values():
+                if r.status not in live:
+                    continue
+                for cursor in (r.cursor, r.wait_timeout_cursor):
+                    if cursor is not None:
+                        counted[(r.workflow, cursor)] = counted.get((r.workflow, cursor), 0) + 1
+        return [{"workflow": w, "cursor": c, "runs": n} for (w, c), n in sorted(counted.items())]
+
+    def schedule_store(self) -> MemorySchedules:
+        """The schedules kept beside these runs."""
+        return self._schedules
+
+    def _snapshot(self, row: _Row, at: int) -> tuple[str, _Snap] | None:
+        """The snapshot fragment: the checkpoint the run saved at seq `at` (the latest
+        history row that saved it, or a fork's or a rewind's mark), with the state as of
+        then (the last row up to it that changed it): (its cursor, the snapshot)."""
+        for i in range(len(row.history) - 1, -1, -1):
+            shown, snap = row.history[i]
+            if snap is None or shown["seq"] != at - 1 or shown["next_cursor"] is None:
+                continue
+            if shown["outcome"] not in ("saved", "forked", "rewound"):
+                continue
+            state = next(
+                (s.state for _, s in reversed(row.history[: i + 1]) if s and s.state), None
+            )
+            return shown["next_cursor"], dataclasses.replace(snap, state=state)
+        return None
 
     # -- ledger ----------------------------------------------------------------------
     def was_done(self, key: str) -> tuple[bool, Any]:
@@ -619,7 +895,8 @@ class MemoryStore:
                 return False
             found = self._effects.get(key)
             if found is None or not found[3]:
-                self._effects[key] = (cp.run_id, text, cp.epoch, True)
+                made = found[4] if found is not None else self._stamp()
+                self._effects[key] = (cp.run_id, text, cp.epoch, True, made)
             return True
 
     def record_intent(self, cp: Checkpoint, key: str) -> tuple[str, Any]:
@@ -631,7 +908,7 @@ class MemoryStore:
             if found is None:
                 if fenced:
                     return "fenced", None
-                self._effects[key] = (cp.run_id, "null", cp.epoch, False)
+                self._effects[key] = (cp.run_id, "null", cp.epoch, False, self._stamp())
                 return "written", None
             if found[3]:
                 return "done", json.loads(found[1])
@@ -640,13 +917,13 @@ class MemoryStore:
             return "open", None
 
     def open_intents(self, run_id: str) -> list[dict[str, Any]]:
-        """The run's effects with an intent and no mark."""
+        """The run's effects with an intent and no mark: {key, epoch, created_at}, oldest
+        first."""
         with self._lock:
-            return [
-                {"key": k, "epoch": v[2]}
-                for k, v in sorted(self._effects.items())
-                if v[0] == run_id and not v[3]
+            found = [
+                (v[4], k, v[2]) for k, v in self._effects.items() if v[0] == run_id and not v[3]
             ]
+        return [{"key": k, "epoch": e, "created_at": t} for t, k, e in sorted(found)]
 
     def resolve(self, run_id: str, done: bool, result: Any = None) -> tuple[bool, list[str]]:
         """Settle the run's unknown effects and re-arm it if it stopped as unknown."""
@@ -655,8 +932,8 @@ class MemoryStore:
             keys = [k for k, v in sorted(self._effects.items()) if v[0] == run_id and not v[3]]
             for k in keys:
                 if done:
-                    run, _, epoch, _ = self._effects[k]
-                    self._effects[k] = (run, text, epoch, True)
+                    run, _, epoch, _, made = self._effects[k]
+                    self._effects[k] = (run, text, epoch, True, made)
                 else:
                     del self._effects[k]
             row = self._rows.get(run_id)
@@ -703,35 +980,28 @@ class MemoryStore:
             return True
 
     # -- queries for the CLI, the reaper and the sweep -------------------------------
-    def list_runs(
-        self,
-        status: RunStatus | None = None,
-        limit: int = 50,
-        *,
-        workflow: str | None = None,
-        after: str | None = None,
-        since: dt.datetime | None = None,
-        until: dt.datetime | None = None,
-    ) -> list[Run]:
+    def list_runs(self, which: RunFilter | None = None) -> list[Run]:
         """Runs newest first, created in [since, until); after: the last run id of the
         previous page (an unknown one ends the list, as the SQL's keyset does)."""
+        w = which or RunFilter()
         with self._lock:
             rows: Iterable[_Row] = self._rows.values()
-            if after is not None:
-                mark = self._rows.get(after)
+            if w.after is not None:
+                mark = self._rows.get(w.after)
                 if mark is None:
                     return []
-                rows = [r for r in rows if (r.created_at, r.run_id) < (mark.created_at, after)]
+                at = (mark.created_at, w.after)
+                rows = [r for r in rows if (r.created_at, r.run_id) < at]
             found = [
                 r
                 for r in rows
-                if (status is None or r.status == status)
-                and (workflow is None or r.workflow == workflow)
-                and (since is None or r.created_at >= since)
-                and (until is None or r.created_at < until)
+                if (w.status is None or r.status == w.status)
+                and (w.workflow is None or r.workflow == w.workflow)
+                and (w.since is None or r.created_at >= w.since)
+                and (w.until is None or r.created_at < w.until)
             ]
             found.sort(key=lambda r: (r.created_at, r.run_id), reverse=True)
-            return [Run(**self._listed(r)) for r in found[:limit]]
+            return [Run(**self._listed(r)) for r in found[: w.limit]]
 
     def counts(self) -> dict[str, dict[str, Any]]:
         """Runs per status ({status: {"n": ...}}), the statuses that have runs."""
@@ -872,7 +1142,7 @@ class MemoryStore:
             "concurrency_key": row.concurrency_key,
             "priority": row.priority,
             "traceparent": row.traceparent,
-            "forked_at": None,  # the twin makes no forks
+            "forked_at": row.forked_at,
             "signal": _signal_of(*pending) if pending else None,
             "window": [
                 json.loads(row.window[i])
@@ -880,6 +1150,18 @@ class MemoryStore:
                 if i in row.window
             ],
         }
+
+    @classmethod
+    def _run(cls, row: _Row) -> Run:
+        """The run as get_run selects it."""
+        return Run(
+            **cls._listed(row),
+            input=json.loads(row.input),
+            state=json.loads(row.state),
+            traceparent=row.traceparent,
+            forked_from=row.forked_from,
+            forked_at=row.forked_at,
+        )
 
     @staticmethod
     def _listed(row: _Row) -> dict[str, Any]:
@@ -928,6 +1210,119 @@ class MemoryStore:
             "error": error,
             "next_cursor": next_cursor,
         }
+
+
+class MemorySchedules:
+    """Schedules in a dict, beside a MemoryStore (a fired tick's runs are created in it),
+    as store/sql/schedules.sql keeps them: MemoryStore.schedule_store() gives it."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+        self._rows: dict[str, Schedule] = {}
+
+    def add(self, schedule: Schedule, *, replace: bool = False) -> Schedule | None:
+        """Insert (or with replace, overwrite) the schedule; None if the name was taken.
+        Replaced, it keeps its paused state, and its next tick if the timing is the same."""
+        data = json.loads(_dump(dict(schedule.input)))  # a copy, as jsonb keeps it
+        with self._store._lock:
+            old = self._rows.get(schedule.name)
+            if old is not None and not replace:
+                return None
+            if old is None:
+                new = dataclasses.replace(
+                    schedule,
+                    input=data,
+                    paused=False,
+                    last_fired_at=None,
+                    created_at=self._store._stamp(),
+                )
+            else:
+                same = (old.cron, old.every) == (schedule.cron, schedule.every)
+                new = dataclasses.replace(
+                    old,
+                    workflow=schedule.workflow,
+                    input=data,
+                    catch_up=schedule.catch_up,
+                    cron=schedule.cron,
+                    every=schedule.every,
+                    next_at=old.next_at if same else schedule.next_at,
+                )
+            self._rows[schedule.name] = new
+            return new
+
+    def get(self, name: str) -> Schedule | None:
+        """The schedule of that name, or None."""
+        with self._store._lock:
+            return self._rows.get(name)
+
+    def list_schedules(self) -> list[Schedule]:
+        """Every schedule, by name."""
+        with self._store._lock:
+            return [self._rows[n] for n in sorted(self._rows)]
+
+    def pause(self, name: str) -> Schedule | None:
+        """Stop firing it; None: no such schedule."""
+        with self._store._lock:
+            return self._set(name, paused=True)
+
+    def resume(self, current: Schedule, next_at: dt.datetime) -> Schedule | None:
+        """Unpause at next_at; None if it was not paused, or its timing is not current's
+        (replaced meanwhile)."""
+        with self._store._lock:
+            row = self._rows.get(current.name)
+            if (
+                row is None
+                or not row.paused
+                or (row.cron, row.every) != (current.cron, current.every)
+            ):
+                return None
+            return self._set(current.name, paused=False, next_at=next_at)
+
+    def remove(self, name: str) -> bool:
+        """Delete it; False if there was none."""
+        with self._store._lock:
+            return self._rows.pop(name, None) is not None
+
+    def due(self, now: dt.datetime, limit: int) -> list[Schedule]:
+        """The active schedules whose next tick has come, oldest first."""
+        with self._store._lock:
+            found = [s for s in self._rows.values() if not s.paused and s.next_at <= now]
+        return sorted(found, key=lambda s: (s.next_at, s.name))[:limit]
+
+    def fire(
+        self,
+        schedule: Schedule,
+        next_at: dt.datetime,
+        runs: Sequence[tuple[str, dt.datetime]],
+        *,
+        before_commit: Callable[[], None] | None = None,
+    ) -> list[str] | None:
+        """Move next_at from the tick the schedule was read at (a compare-and-set) and
+        create the runs, at once; the run ids created (an existing one is left as it is),
+        or None if next_at had moved, or it was paused or removed. before_commit raising
+        leaves nothing, as a rolled-back transaction does."""
+        fired = max((tick for _, tick in runs), default=None)
+        store = self._store
+        with store._lock:
+            row = self._rows.get(schedule.name)
+            if row is None or row.paused or row.next_at != schedule.next_at:
+                return None
+            if before_commit is not None:
+                before_commit()
+            self._set(row.name, next_at=next_at, last_fired_at=fired or row.last_fired_at)
+            created = []
+            for run_id, _ in runs:
+                if run_id not in store._rows:
+                    store._new_row(run_id, row.workflow, _dump(dict(row.input)), store._stamp())
+                    created.append(run_id)
+            return created
+
+    def _set(self, name: str, **changes: Any) -> Schedule | None:
+        row = self._rows.get(name)
+        if row is None:
+            return None
+        self._rows[name] = dataclasses.replace(row, **changes)
+        return self._rows[name]
 
 
 class MemoryLease:

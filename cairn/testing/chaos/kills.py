@@ -12,15 +12,16 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from cairn.core.records import RunFilter
 from cairn.core.status import RunStatus
 from cairn.testing import fleet
 
 if TYPE_CHECKING:
-    from cairn.store import Leases, PgStore, Run
+    from cairn.store import CheckpointStore, Leases, Run
 
 
 def holders(
-    store: PgStore, leases: Leases, procs: list[fleet.Proc], *, parents: bool = False
+    store: CheckpointStore, leases: Leases, procs: list[fleet.Proc], *, parents: bool = False
 ) -> tuple[dict[int, list[Run]], dict[int, fleet.Proc]]:
     """The runs worked on by the pid that holds their lease, and the crew's worker of each
     pool child alive (with parents, of each worker's own pid too: a threads worker holds
@@ -28,7 +29,7 @@ def holders(
     running = {
         r.run_id: r
         for status in (RunStatus.RUNNING, RunStatus.PENDING)
-        for r in store.list_runs(status, limit=100_000)
+        for r in store.list_runs(RunFilter(status=status, limit=100_000))
     }
     held: dict[int, list[Run]] = defaultdict(list)
     if not running:
@@ -49,7 +50,7 @@ def where(run: Run) -> str:
 
 
 def kill_from_outside(
-    store: PgStore,
+    store: CheckpointStore,
     leases: Leases,
     procs: list[fleet.Proc],
     whole: bool,
@@ -113,7 +114,7 @@ class OutsideKiller:
         self._next = time.monotonic() + self._rng.uniform(1.0, 3.0)
         self.kills: list[dict[str, Any]] = []
 
-    def tick(self, store: PgStore, leases: Leases, procs: list[fleet.Proc]) -> None:
+    def tick(self, store: CheckpointStore, leases: Leases, procs: list[fleet.Proc]) -> None:
         """Kill now if a kill is due (and there is a busy pool child to kill)."""
         if len(self.kills) >= self._planned or time.monotonic() < self._next:
             return

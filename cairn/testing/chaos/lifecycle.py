@@ -8,11 +8,12 @@ import random
 import time
 from typing import TYPE_CHECKING, Any
 
+from cairn.core.records import RunFilter
 from cairn.core.status import RunStatus
 
 if TYPE_CHECKING:
     from cairn.client.client import Client
-    from cairn.store import PgStore
+    from cairn.store import CheckpointStore
 
 
 class Lifecycle:
@@ -33,8 +34,8 @@ class Lifecycle:
         for run_id in sorted(self._early - self._to_cancel):
             self._signal(client, run_id)
 
-    def tick(self, client: Client, store: PgStore) -> None:
-        runs = {r.run_id: r.status for r in store.list_runs(limit=100_000)}
+    def tick(self, client: Client, store: CheckpointStore) -> None:
+        runs = {r.run_id: r.status for r in store.list_runs(RunFilter(limit=100_000))}
         for run_id, status in runs.items():
             if run_id in self._to_cancel and run_id not in self.cancelled_at:
                 # A fast run may never be seen running: one already waiting is cancelled

@@ -20,7 +20,7 @@ from cairn.testing import fleet
 from cairn.testing.chaos.kills import holders, where
 
 if TYPE_CHECKING:
-    from cairn.store import Leases, PgStore
+    from cairn.store import CheckpointStore, Leases
 
 # After the last pause ends, the runs are not judged before this many seconds: time for
 # the zombie to wake and try its writes (each refused within milliseconds).
@@ -44,7 +44,7 @@ class Pauser:
         self._settled = 0.0  # when the last pause's zombie has had time to act
         self.pauses: list[dict[str, Any]] = []
 
-    def tick(self, store: PgStore, leases: Leases, procs: list[fleet.Proc]) -> None:
+    def tick(self, store: CheckpointStore, leases: Leases, procs: list[fleet.Proc]) -> None:
         """End the pause in effect if it is over; else start one if one is due."""
         now = time.monotonic()
         if self._paused is not None:
@@ -75,7 +75,9 @@ class Pauser:
         self.resume()
         time.sleep(max(0.0, self._settled - time.monotonic()))
 
-    def _pause(self, store: PgStore, leases: Leases, procs: list[fleet.Proc], whole: bool) -> None:
+    def _pause(
+        self, store: CheckpointStore, leases: Leases, procs: list[fleet.Proc], whole: bool
+    ) -> None:
         held, owners = holders(store, leases, procs, parents=True)
         busy = sorted(pid for pid in held if pid in owners)
         if not busy:

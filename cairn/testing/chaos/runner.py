@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from cairn.client.client import Client
     from cairn.steps.registry import Workflow
-    from cairn.store import PgStore
+    from cairn.store import CheckpointStore
 
 
 def run_chaos(
@@ -258,7 +258,7 @@ class _Experiment:
         return self._report(flow, killer, elapsed, depths, flushed, life, ids)
 
     def _watch(
-        self, store: PgStore, killer: OutsideKiller, life: Lifecycle
+        self, store: CheckpointStore, killer: OutsideKiller, life: Lifecycle
     ) -> tuple[list[int], bool]:
         """Until every run has finished or the deadline: show progress, sample the queue
         depth, kill from outside. Returns the depths and whether Redis was flushed."""
