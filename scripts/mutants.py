@@ -106,7 +106,7 @@ MUTANTS = [
     Mutant(
         "M7",
         "no lease check before a model call",
-        "steps/context.py",
+        "steps/modelcalls.py",
         "        self.ensure_owner()\n        if self._cap is not None:",
         "        if self._cap is not None:",
         (f"{ZOMBIE}[prefork-two]", f"{ZOMBIE}[threads-two]"),
@@ -247,7 +247,7 @@ MUTANTS = [
     Mutant(
         "M25",
         "the journal is ignored on replay (calls are made again)",
-        "steps/context.py",
+        "steps/journal.py",
         "            v.records = {c.pos: c for c in self._store.journal(",
         "            v.records = {} if True else {c.pos: c for c in self._store.journal(",
         (
@@ -364,7 +364,7 @@ MUTANTS = [
         "M37",
         "a stopped run with a concurrency key does not send the key's next run",
         "workers/loop.py",
-        "            _send_admitted(cp, deps)\n",
+        "            flow_control.send_admitted(cp, deps)\n",
         "\n",
         (
             "tests/test_concurrency.py::test_a_keys_runs_are_sent_one_at_a_time_each_once_as_slots_free",

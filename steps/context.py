@@ -1,33 +1,27 @@
-"""What a step sees: the run's position, its state and window, and effect helpers."""
+"""What a step sees: the run's position, its state and window, and effect helpers. The
+journaled calls are cairn.steps.journal's part of it, the model calls
+cairn.steps.modelcalls'."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import contextvars
-import dataclasses
-import importlib
-import inspect
-import json
 import logging
-import re
 import types
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, TypeVar, cast, overload
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from cairn.core import logs, tracing
 from cairn.core.errors import (
     BudgetExceeded,
-    CairnError,
-    CallFailed,
     Cancelled,
-    JournalDiverged,
     MultipleEffects,
     OutcomeUnknown,
     StaleWrite,
     Transient,
 )
-from cairn.core.records import Call, Run
+from cairn.core.records import Run
+from cairn.steps.journal import Journal, JournaledCalls
+from cairn.steps.modelcalls import ModelCalls
 
 if TYPE_CHECKING:
     from cairn.core.records import Checkpoint
@@ -60,38 +54,9 @@ class EventSink(Protocol):
     def over_cap(self, run_id: str) -> bool: ...
 
 
-@dataclasses.dataclass
-class _Frame:
-    """The journaled call running in this thread or asyncio task: its key, the effect key
-    it asked for, and the cost counted inside it. A context variable, not an attribute, so
-    calls awaited side by side (asyncio.gather) each keep their own."""
-
-    ctx: Context
-    key: str
-    pos: int = -1  # its place in the journal: the `call` of the tokens streamed inside it
-    effect: str | None = None
-    cost: float = 0.0
-    tx: StepTx | None = None  # ctx.db inside the call: committed with its record
-
-
-_SHOWN_BYTES = 4096  # a call's result goes into its `call` event up to this size
-_SCOPE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")  # it goes into keys, as step names do
 _UNKNOWN = object()  # an at-most-once effect's intent without its mark
 
-_frame: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar("cairn_call", default=None)
 _step: contextvars.ContextVar[Context | None] = contextvars.ContextVar("cairn_step", default=None)
-_scope: contextvars.ContextVar[str | None] = contextvars.ContextVar("cairn_scope", default=None)
-
-
-@dataclasses.dataclass
-class _Journal:
-    """The journal of a step visit, or of one scope in it (a LangGraph task, say): its
-    records, read at its first call, and its counters of calls and of calls per name."""
-
-    cursor: str  # the step's, or "<step>/<scope>"
-    records: dict[int, Call] | None
-    calls: int = 0
-    per_name: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def current() -> Context | None:
@@ -101,7 +66,7 @@ def current() -> Context | None:
     return _step.get()
 
 
-class Context:
+class Context(JournaledCalls, ModelCalls):
     """One step's view of its run. Built by the loop for every step attempt."""
 
     def __init__(
@@ -144,7 +109,7 @@ class Context:
         # The journal of this visit, read at the first journaled call (a step that follows
         # this worker's own save is fresh: nobody can have recorded calls for it).
         self._fresh = fresh
-        self._journals: dict[str, _Journal] = {}  # by cursor: the step's, and its scopes'
+        self._journals: dict[str, Journal] = {}  # by cursor: the step's, and its scopes'
 
     @property
     def epoch(self) -> int:
@@ -345,153 +310,6 @@ class Context:
             return key, True, result
         return key, False, _UNKNOWN if state == "open" else None
 
-    # -- journaled calls -------------------------------------------------------------
-    def call(
-        self,
-        name: str,
-        fn: Callable[..., T],
-        /,
-        *args: Any,
-        max_cost: float | None = None,
-        **kwargs: Any,
-    ) -> T:
-        """fn(*args, **kwargs), made at most once per (run, cursor, visit, name, n-th call
-        of name) and journaled: a replay of this step returns the recorded result instead.
-
-        The result must be JSON (dicts, lists, strings, numbers, bools, None); the first
-        run returns what a replay will, the JSON copy. A permanent error (one the step's
-        Retry policy does not retry) is recorded and replays as the same error; Transient
-        and cairn's own errors are not recorded, so the call runs again. Inside fn,
-        ctx.idempotency_key() is this call's own key (one keyed effect per call), and
-        ctx.add_cost() counts toward what the call records. max_cost: the most it may
-        cost, checked against the run's budget first.
-
-        A replay must make its calls in the same order: one that asks for another name at
-        a recorded position stops the run with JournalDiverged.
-        """
-        pos, n, recorded = self._begin(name, max_cost)
-        if recorded is not None:
-            return self._replay(recorded)  # type: ignore[no-any-return]
-        token = self._enter(name, pos, n)
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:  # a stop (lost lease, cancel) too: the frame ends
-            self._failed(pos, name, exc, token)
-            raise
-        return self._returned(pos, name, result, token)  # type: ignore[no-any-return]
-
-    # Two signatures: from `Callable[..., Awaitable[T] | T]` alone a type checker cannot
-    # tell T of a coroutine function (mypy infers Never).
-    @overload
-    async def acall(
-        self,
-        name: str,
-        fn: Callable[..., Awaitable[T]],
-        /,
-        *args: Any,
-        max_cost: float | None = None,
-        **kwargs: Any,
-    ) -> T: ...
-
-    @overload
-    async def acall(
-        self,
-        name: str,
-        fn: Callable[..., T],
-        /,
-        *args: Any,
-        max_cost: float | None = None,
-        **kwargs: Any,
-    ) -> T: ...
-
-    async def acall(
-        self,
-        name: str,
-        fn: Callable[..., Awaitable[T] | T],
-        /,
-        *args: Any,
-        max_cost: float | None = None,
-        **kwargs: Any,
-    ) -> T:
-        """ctx.call for async code: awaits fn(*args, **kwargs) if it returns an awaitable.
-        Calls awaited side by side (asyncio.gather) take their places in the order they
-        start, so a replay that starts them in the same order finds each one's record."""
-        pos, n, recorded = self._begin(name, max_cost)
-        if recorded is not None:
-            return self._replay(recorded)  # type: ignore[no-any-return]
-        token = self._enter(name, pos, n)
-        try:
-            result = fn(*args, **kwargs)
-            if inspect.isawaitable(result):
-                result = await result
-        except BaseException as exc:
-            self._failed(pos, name, exc, token)
-            raise
-        return self._returned(pos, name, result, token)  # type: ignore[no-any-return]
-
-    def _enter(self, name: str, pos: int, n: int) -> contextvars.Token[Any]:
-        if self._hooks is not None:
-            self._hooks.before_call(self._cp, name, pos)
-        cursor = self._scoped().cursor
-        key = f"cairn:{self.run_id}:{cursor}:{self.visit}:{name}:{n}"
-        return _frame.set(_Frame(self, key, pos))
-
-    def _inside(self) -> _Frame | None:
-        frame = _frame.get()
-        return frame if frame is not None and frame.ctx is self else None
-
-    def _begin(self, name: str, max_cost: float | None) -> tuple[int, int, Call | None]:
-        """A call's place, and its record if an earlier attempt made it; else the checks
-        before making it."""
-        if self._inside() is not None:
-            raise CairnError(
-                f"ctx.call({name!r}) inside ctx.call of run {self.run_id}: calls do not nest; "
-                "make them one after the other"
-            )
-        pos, n = self._position(name)
-        recorded = self._recorded(pos, name)
-        if recorded is None:
-            self.ensure_owner()
-            if max_cost is not None:
-                self._afford(max_cost, f"ctx.call({name!r})")
-        return pos, n, recorded
-
-    def _failed(
-        self, pos: int, name: str, exc: BaseException, token: contextvars.Token[Any]
-    ) -> None:
-        frame = _frame.get()
-        _frame.reset(token)
-        tx = frame.tx if frame else None
-        try:
-            if self._hooks is not None:
-                self._hooks.after_call(self._cp, name, pos, exc)
-            if self._recordable(exc):
-                cost = frame.cost if frame else 0.0
-                error = _error_of(exc)
-                self._record(Call(pos=pos, name=name, error=error, cost_usd=cost), tx)
-                self._tell("call", {"call": pos, "name": name, "error": error["message"]})
-        finally:
-            if tx is not None:
-                tx.close()  # what the record did not commit is rolled back
-
-    def _returned(self, pos: int, name: str, result: Any, token: contextvars.Token[Any]) -> Any:
-        frame = _frame.get()
-        _frame.reset(token)
-        tx = frame.tx if frame else None
-        try:
-            if self._hooks is not None:
-                self._hooks.after_call(self._cp, name, pos)
-            value, raw = _as_json(result, f"ctx.call({name!r})", text=True)
-            cost = frame.cost if frame else 0.0
-            self._record(Call(pos=pos, name=name, result=value, cost_usd=cost), tx)
-            if self._events is not None:
-                shown = value if len(raw) <= _SHOWN_BYTES else {"truncated": len(raw)}
-                self._tell("call", {"call": pos, "name": name, "result": shown})
-        finally:
-            if tx is not None:
-                tx.close()
-        return value
-
     def add_cost(self, usd: float) -> None:
         """Count usd (a call to another provider, a paid API) toward the run's budget: the
         next ctx.model or ctx.call(..., max_cost=) is checked against it."""
@@ -503,83 +321,6 @@ class Context:
         self.cost_usd += usd
         if (frame := self._inside()) is not None:
             frame.cost += usd  # recorded with the call, so its replay counts it
-
-    @contextlib.contextmanager
-    def scope(self, name: str) -> Iterator[None]:
-        """Journal the calls made inside under a scope of their own: their places count
-        from 0 in the scope, their records and keys carry "<step>/<name>". For code that a
-        replay may resume part way through, so that the calls it skips do not shift the
-        places of the rest: a LangGraph node (cairn.langgraph.node) resumed from its graph's
-        checkpoint. The name must be the same on every replay of the visit."""
-        if not _SCOPE_NAME.fullmatch(name):
-            raise ValueError(f"scope {name!r}: use ASCII letters, digits, . _ -")
-        token = _scope.set(name)
-        try:
-            yield
-        finally:
-            _scope.reset(token)
-
-    def _scoped(self) -> _Journal:
-        scope = _scope.get()
-        cursor = self.cursor if scope is None else f"{self.cursor}/{scope}"
-        journal = self._journals.get(cursor)
-        if journal is None:
-            # A step that follows this worker's own save is fresh: nobody recorded its calls.
-            journal = self._journals[cursor] = _Journal(cursor, {} if self._fresh else None)
-        return journal
-
-    @property
-    def _calls(self) -> int:
-        """Journaled calls made (or replayed) so far in this attempt, outside scopes."""
-        journal = self._journals.get(self.cursor)
-        return journal.calls if journal else 0
-
-    def _position(self, name: str) -> tuple[int, int]:
-        """This call's place in the visit (or scope), and its number among the calls of
-        name."""
-        journal = self._scoped()
-        pos, n = journal.calls, journal.per_name.get(name, 0)
-        journal.calls, journal.per_name[name] = pos + 1, n + 1
-        return pos, n
-
-    def _recorded(self, pos: int, name: str) -> Call | None:
-        v = self._scoped()
-        if v.records is None:
-            v.records = {c.pos: c for c in self._store.journal(self.run_id, v.cursor, self.visit)}
-        call = v.records.get(pos)
-        if call is None:
-            return None
-        if call.name != name:
-            raise JournalDiverged(
-                f"step {self.cursor!r} of run {self.run_id}: call {pos} is {name!r} in this "
-                f"attempt but the journal recorded {call.name!r} there; a step must make its "
-                "journaled calls in the same order every time (branch on recorded results, "
-                "not on the clock or randomness)"
-            )
-        return call
-
-    def _replay(self, call: Call) -> Any:
-        self.cost_usd += call.cost_usd  # counted once: the attempt that paid never saved
-        if call.error is not None:
-            raise _rebuilt(call.error)
-        return call.result
-
-    def _record(self, call: Call, tx: StepTx | None = None) -> None:
-        v = self._scoped()
-        at = self._cp if v.cursor == self.cursor else dataclasses.replace(self._cp, cursor=v.cursor)
-        if not self._store.record_call(at, self.visit, call, tx):
-            # Another worker claimed the run: what this call did is not ours to keep.
-            raise StaleWrite(self.run_id, self.seq, self._lease.epoch)
-        assert v.records is not None
-        v.records[call.pos] = call
-
-    def _recordable(self, exc: BaseException) -> TypeGuard[Exception]:
-        """A permanent error of the call itself: not cairn's own (cancel, budget, lost
-        lease, Transient), not one the step's policy retries, not our store going down,
-        not an interrupt of the process."""
-        return isinstance(exc, Exception) and not (
-            isinstance(exc, (CairnError, *self._retry_on)) or self._store.outage(exc) is not None
-        )
 
     def _afford(self, worst: float, what: str) -> None:
         if self._cap is None:
@@ -619,179 +360,3 @@ class Context:
         """Give the connection back; an uncommitted transaction is rolled back."""
         if self._tx is not None:
             self._tx.close()
-
-    # -- model -----------------------------------------------------------------------
-    def model(self, *, stream: bool = False, **request: Any) -> Any:
-        """messages.create through the anthropic SDK, retried, journaled (a replay of the
-        step returns the recorded message, uncalled); its cost is counted once.
-
-        stream=True: through the SDK's streaming API, each text delta a `token` event on
-        the run's stream as it arrives (cost from the final usage). Either way the whole
-        answer is a `message` event once journaled, and again when a replay returns it."""
-        if self._model is None:
-            raise RuntimeError("no model client configured for this worker")
-        if self._inside() is not None:  # part of the call's own result: not journaled apart
-            return self._ask(request, stream=stream)[0]
-        pos, _ = self._position("model")
-        recorded = self._recorded(pos, "model")
-        if recorded is not None:
-            return self._replayed_message(pos, recorded)
-        try:
-            message, cost = self._ask(request, pos, stream)
-        except Exception as exc:
-            self._model_failed(pos, exc)
-            raise
-        return self._answered(pos, message, cost)
-
-    async def amodel(self, *, stream: bool = False, **request: Any) -> Any:
-        """ctx.model for async steps: the same journal, checks and events; the SDK call
-        runs in a worker thread, so the step's event loop goes on with its other tasks."""
-        if self._model is None:
-            raise RuntimeError("no model client configured for this worker")
-        if self._inside() is not None:
-            return (await self._aask(request, None, stream))[0]
-        pos, _ = self._position("model")
-        recorded = self._recorded(pos, "model")
-        if recorded is not None:
-            return self._replayed_message(pos, recorded)
-        try:
-            message, cost = await self._aask(request, pos, stream)
-        except Exception as exc:
-            self._model_failed(pos, exc)
-            raise
-        return self._answered(pos, message, cost)
-
-    def _replayed_message(self, pos: int, recorded: Call) -> Any:
-        assert self._model is not None
-        message = _decode(self._model, self._replay(recorded))
-        if self._events is not None and isinstance(recorded.result, dict):
-            self._tell("message", {"call": pos, **_shown(recorded.result), "replayed": True})
-        return message
-
-    def _answered(self, pos: int, message: Any, cost: float) -> Any:
-        encoded = _encode(self._model, message)
-        self._record(Call(pos=pos, name="model", result=encoded, cost_usd=cost))
-        if self._events is not None and isinstance(encoded, dict):
-            self._tell("message", {"call": pos, **_shown(encoded), "cost_usd": cost})
-        return message
-
-    def _ask(
-        self, request: dict[str, Any], pos: int | None = None, stream: bool = False
-    ) -> tuple[Any, float]:
-        """The model call itself (pos: its journal place; None inside a ctx.call)."""
-        assert self._model is not None
-        self._check_model(request, pos)
-        try:
-            if stream:
-                message, cost = self._stream(request, pos)
-            else:
-                message, cost = self._model.create(**request)
-        except BaseException as exc:
-            self._after_model(pos, exc)
-            raise
-        self._count(cost)
-        tracing.model_answered(request, message, cost, stream)
-        self._after_model(pos, None)
-        return message, cost
-
-    async def _aask(
-        self, request: dict[str, Any], pos: int | None = None, stream: bool = False
-    ) -> tuple[Any, float]:
-        assert self._model is not None
-        self._check_model(request, pos)
-        try:
-            if stream:
-                message, cost = await asyncio.to_thread(self._stream, request, pos)
-            else:
-                message, cost = await asyncio.to_thread(self._model.create, **request)
-        except BaseException as exc:
-            self._after_model(pos, exc)
-            raise
-        self._count(cost)
-        tracing.model_answered(request, message, cost, stream)
-        self._after_model(pos, None)
-        return message, cost
-
-    def _stream(self, request: dict[str, Any], pos: int | None) -> tuple[Any, float]:
-        stream = getattr(self._model, "stream", None)
-        if stream is None:
-            raise RuntimeError(f"{type(self._model).__name__} cannot stream: it has no stream()")
-        call = pos if pos is not None else -1  # -1: inside a ctx.call, not journaled apart
-
-        def on_text(text: str) -> None:
-            self._delta(call, text)
-
-        def on_restart() -> None:
-            self._lease.ensure()  # a retry is a new request: only while the run is ours
-            self._tell("model_restart", {"call": call})
-
-        return stream(on_text, on_restart, **request)  # type: ignore[no-any-return]
-
-    def _after_model(self, pos: int | None, exc: BaseException | None) -> None:
-        if pos is not None and self._hooks is not None:
-            self._hooks.after_call(self._cp, "model", pos, exc)
-
-    def _model_failed(self, pos: int, exc: Exception) -> None:
-        if self._recordable(exc):  # a request the API refuses: refused again on replay
-            self._record(Call(pos=pos, name="model", error=_error_of(exc)))
-
-    def _check_model(self, request: dict[str, Any], pos: int | None) -> None:
-        assert self._model is not None
-        # A model call costs money and shapes the run: a worker that lost the run must not
-        # make one (a process resumed after SIGSTOP finds out here), nor a cancelled run.
-        self.ensure_owner()
-        if self._cap is not None:
-            self._afford(self._model.worst_cost(**request), "the next model call")
-        if pos is not None and self._hooks is not None:
-            self._hooks.before_call(self._cp, "model", pos)
-
-
-def _as_json(value: Any, what: str, text: bool = False) -> Any:
-    """value's JSON copy: what a replay will return (text: and its JSON text)."""
-    try:
-        raw = json.dumps(value, allow_nan=False)
-        return (json.loads(raw), raw) if text else json.loads(raw)
-    except (TypeError, ValueError) as exc:
-        raise CairnError(
-            f"{what} returned {type(value).__name__}, which cannot be journaled ({exc}); "
-            "return JSON: dicts, lists, strings, numbers, bools or None"
-        ) from exc
-
-
-def _shown(message: dict[str, Any]) -> dict[str, Any]:
-    from cairn.core.events import message_data
-
-    return message_data(message)
-
-
-def _encode(model: Any, message: Any) -> Any:
-    encode = getattr(model, "encode", None)
-    return encode(message) if encode else _as_json(message, "the model client")
-
-
-def _decode(model: Any, data: Any) -> Any:
-    decode = getattr(model, "decode", None)
-    return decode(data) if decode else data
-
-
-def _error_of(exc: Exception) -> dict[str, Any]:
-    """A permanent error as the journal keeps it: enough to raise it again."""
-    try:
-        args = json.loads(json.dumps(exc.args))
-    except (TypeError, ValueError):
-        args = None
-    kind = type(exc)
-    return {"type": kind.__qualname__, "module": kind.__module__, "args": args, "message": str(exc)}
-
-
-def _rebuilt(error: dict[str, Any]) -> Exception:
-    """The recorded error, as its own class where that can be rebuilt from its args."""
-    try:
-        kind = importlib.import_module(error["module"])
-        for part in error["type"].split("."):
-            kind = getattr(kind, part)
-        if isinstance(kind, type) and issubclass(kind, Exception) and error["args"] is not None:
-            return kind(*error["args"])
-    except Exception:  # a class that moved, or that wants other arguments
-        logger.debug("could not rebuild %s", error["type"], exc_info=True)
-    return CallFailed(error["type"], error["message"])

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextvars
 import dataclasses
 import inspect
 import logging
-import os
-import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from cairn.core import logs, tracing
+from cairn.core import logs
 from cairn.core.errors import (
     BudgetExceeded,
     CairnError,
@@ -33,8 +28,7 @@ from cairn.core.errors import (
     UnknownRun,
     WindowTooLarge,
 )
-from cairn.core.inputs import check_input, check_run_id
-from cairn.core.records import START, Attempt, Checkpoint, Spawned
+from cairn.core.records import START, Attempt, Checkpoint
 from cairn.core.settings import Settings
 from cairn.core.status import IDLE, STOPPED, RunStatus
 from cairn.steps import registry
@@ -42,7 +36,7 @@ from cairn.steps.context import Context
 from cairn.steps.context import _step as _current
 from cairn.steps.registry import DONE, StepResult
 from cairn.steps.window import compact, grown_size, json_size
-from cairn.workers import runlog
+from cairn.workers import asyncsteps, flow_control, runlog
 from cairn.workers.announce import Announcer
 from cairn.workers.middleware import NONE, Chain
 
@@ -141,8 +135,8 @@ def _run(run_id: str, deps: Deps) -> RunStatus:
             cp, lease, dataclasses.replace(deps, middleware=seen.around(deps.middleware))
         )
         if status in STOPPED:
-            _wake_parent(cp, deps)
-            _send_admitted(cp, deps)
+            flow_control.wake_parent(cp, deps)
+            flow_control.send_admitted(cp, deps)
         return status
     except BaseException as exc:
         cut = exc
@@ -158,68 +152,26 @@ def _run(run_id: str, deps: Deps) -> RunStatus:
 
 def _drive(cp: Checkpoint, lease: HeldLease, deps: Deps) -> RunStatus:
     """run() once the run is leased and claimed: its steps, until it ends or waits."""
-    store, settings, run_id = deps.store, deps.settings, cp.run_id
+    store, run_id = deps.store, cp.run_id
     # The run's live events from this delivery. A run that has saved nothing yet may
     # begin its stream here: its first event says so (readers from the start then know
     # the stream holds the whole run).
     fresh_run = cp.seq == (cp.forked_at or 0)
     stream, claimed = Announcer(deps.events, lease, origin=fresh_run), cp
     try:
-        if cp.cancel_reason is not None:
-            raise Stop(RunStatus.CANCELLED, cp.cancel_reason)
         waiting = cp.status == RunStatus.WAITING
-        if waiting and cp.signal is None and not cp.wait_over:
-            if (cp.wait_event or "").startswith("cairn.children:"):
-                _resend_children(cp, deps)
+        if _idle_wake(cp, deps):
             stream.take_over(claimed, store)  # its worker may have died before its events
-            return RunStatus.WAITING  # woken for nothing: a duplicate message, another event
-        if not waiting and cp.deliveries - cp.attempts > settings.max_deliveries:
-            # Delivered again and again without a save or a recorded failure: the step
-            # kills its process (OOM, segfault). Stop delivering it.
-            raise Stop(
-                RunStatus.FAILED,
-                f"poison: delivered {cp.deliveries} times without finishing step "
-                f"{cp.cursor or '(first)'!r} (CAIRN_MAX_DELIVERIES={settings.max_deliveries})",
-            )
+            return RunStatus.WAITING
+        _refuse_poison(cp, deps.settings)
         # A crash resume: the run was running, or a worker claimed it (our claim is not its
         # first) and died in its first step. (A waiting run was saved and released on
         # purpose; a failed run enqueued again starts its deliveries afresh.)
         resumed = cp.status == RunStatus.RUNNING or (
             cp.status == RunStatus.PENDING and cp.deliveries > 1
         )
-        timed_out = waiting and cp.signal is None
         flow = registry.get(cp.workflow)
-        state = cp.state
-        if cp.flow_version is not None and cp.flow_version != flow.version:
-            upgraded = flow.upgrade(cp.state, cp.flow_version)
-            if upgraded is None:
-                raise Stop(
-                    RunStatus.INCOMPATIBLE,
-                    f"run {run_id}: state saved by {flow.name!r} version {cp.flow_version}; "
-                    f"this code is version {flow.version} and has no migration for it",
-                )
-            logger.warning(
-                "run %s: state migrated from version %d",
-                run_id,
-                cp.flow_version,
-                extra=logs.at(cp, "state_migrated", to_version=flow.version),
-            )
-            state = upgraded
-        # The enqueuer may not have the workflow's code: its input is checked, and its
-        # first step found, here (validators are pure, so every delivery agrees).
-        cp = dataclasses.replace(
-            cp,
-            input=flow.validate(cp.input),
-            state=state,
-            flow_version=flow.version,
-            # A step renamed since the run saved its cursor goes on under its new name.
-            cursor=(flow.first or DONE)
-            if cp.cursor == START
-            else flow.current((cp.wait_timeout_cursor or cp.cursor) if timed_out else cp.cursor),
-            epoch=lease.epoch,
-            status=RunStatus.RUNNING,
-            resumes=cp.resumes + int(resumed),
-        )
+        cp = _going_on(cp, flow, lease, resumed)
         if resumed:
             where = f"{cp.cursor!r} (seq {cp.seq})"
             logger.warning("run %s: resuming at %s", run_id, where, extra=logs.at(cp, "resume"))
@@ -251,6 +203,69 @@ def _drive(cp: Checkpoint, lease: HeldLease, deps: Deps) -> RunStatus:
         if store.mark_failed(cp, str(exc)):
             stream.ended(cp, RunStatus.FAILED, str(exc))
         return RunStatus.FAILED
+
+
+def _idle_wake(cp: Checkpoint, deps: Deps) -> bool:
+    """A waiting run woken for nothing (a duplicate message, another event's): True, and
+    a parent waiting for its spawn sends the children no worker took. Raises Stop for a
+    run that was cancelled."""
+    if cp.cancel_reason is not None:
+        raise Stop(RunStatus.CANCELLED, cp.cancel_reason)
+    if cp.status != RunStatus.WAITING or cp.signal is not None or cp.wait_over:
+        return False
+    if (cp.wait_event or "").startswith("cairn.children:"):
+        flow_control.resend_children(cp, deps)
+    return True
+
+
+def _refuse_poison(cp: Checkpoint, settings: Settings) -> None:
+    """Delivered again and again without a save or a recorded failure: the step kills its
+    process (OOM, segfault). Stop delivering it."""
+    if cp.status != RunStatus.WAITING and cp.deliveries - cp.attempts > settings.max_deliveries:
+        raise Stop(
+            RunStatus.FAILED,
+            f"poison: delivered {cp.deliveries} times without finishing step "
+            f"{cp.cursor or '(first)'!r} (CAIRN_MAX_DELIVERIES={settings.max_deliveries})",
+        )
+
+
+def _going_on(
+    cp: Checkpoint, flow: registry.Workflow, lease: HeldLease, resumed: bool
+) -> Checkpoint:
+    """The claimed checkpoint as this delivery goes on from it: its state upgraded to the
+    workflow's version, its input checked and its cursor resolved (the enqueuer may not
+    have the workflow's code; validators are pure, so every delivery agrees), at this
+    lease's epoch. Raises Stop (incompatible) for state no migration reads."""
+    state = cp.state
+    if cp.flow_version is not None and cp.flow_version != flow.version:
+        upgraded = flow.upgrade(cp.state, cp.flow_version)
+        if upgraded is None:
+            raise Stop(
+                RunStatus.INCOMPATIBLE,
+                f"run {cp.run_id}: state saved by {flow.name!r} version {cp.flow_version}; "
+                f"this code is version {flow.version} and has no migration for it",
+            )
+        logger.warning(
+            "run %s: state migrated from version %d",
+            cp.run_id,
+            cp.flow_version,
+            extra=logs.at(cp, "state_migrated", to_version=flow.version),
+        )
+        state = upgraded
+    timed_out = cp.status == RunStatus.WAITING and cp.signal is None
+    return dataclasses.replace(
+        cp,
+        input=flow.validate(cp.input),
+        state=state,
+        flow_version=flow.version,
+        # A step renamed since the run saved its cursor goes on under its new name.
+        cursor=(flow.first or DONE)
+        if cp.cursor == START
+        else flow.current((cp.wait_timeout_cursor or cp.cursor) if timed_out else cp.cursor),
+        epoch=lease.epoch,
+        status=RunStatus.RUNNING,
+        resumes=cp.resumes + int(resumed),
+    )
 
 
 def _take(run_id: str, deps: Deps) -> tuple[HeldLease, Checkpoint]:
@@ -320,16 +335,7 @@ def _step(
     """Run the step at cp.cursor and save its checkpoint; returns the saved checkpoint.
     fresh: this worker saved the step before, so no journal can hold calls of this one."""
     settings, store, middleware = deps.settings, deps.store, deps.middleware
-    fn = flow.steps.get(cp.cursor)
-    if fn is None:  # removed by a deploy: this code cannot go on with the run
-        raise Stop(
-            RunStatus.INCOMPATIBLE,
-            f"workflow {flow.name!r} has no step {cp.cursor!r}: it was renamed or removed. "
-            f"Declare workflow({flow.name!r}, renamed={{{cp.cursor!r}: 'its new name'}}) or "
-            "deploy code that has it, then enqueue the run again",
-        )
-    if cp.seq >= flow.max_steps:
-        raise CairnError(f"run {cp.run_id} passed max_steps={flow.max_steps} without finishing")
+    fn = _step_function(cp, flow)
     lease.ensure()
     started = time.perf_counter()
     attempt = Attempt(
@@ -352,35 +358,11 @@ def _step(
         if not fresh:  # after the first, step_saved's "next" says which step starts
             stream.tell(cp, "step_started", {})
         middleware.before_step(cp)
-        current = _current.set(ctx)
-        try:
-            result: Any = fn(ctx)  # whatever it is: _next checks it is a StepResult
-            if inspect.iscoroutine(result):  # an async def step
-                result = _await(result)
-        except StoreUnavailable:
-            raise  # our own store is down: the task retries, bounded
-        except Cancelled as exc:
-            raise Stop(RunStatus.CANCELLED, str(exc), _with_key(attempt, ctx)) from exc
-        except BudgetExceeded as exc:
-            raise Stop(RunStatus.BUDGET_EXCEEDED, str(exc), _with_key(attempt, ctx)) from exc
-        except OutcomeUnknown as exc:
-            raise Stop(RunStatus.UNKNOWN, str(exc), _with_key(attempt, ctx)) from exc
-        except Interrupted as exc:
-            if not isinstance(exc, Transient):
-                raise  # another owner (Superseded), or any delivery outcome: the task's
-            # The step's "not now": its Retry policy decides, as for any exception.
-            raise _retry_or_stop(cp, flow, exc, _with_key(attempt, ctx), deps, stream) from exc
-        except Exception as exc:
-            if (down := store.outage(exc)) is not None:  # the step's own ctx.db query
-                raise down from exc
-            # Recorded on the run, whose checkpoint stays as it was before this step.
-            raise _retry_or_stop(cp, flow, exc, _with_key(attempt, ctx), deps, stream) from exc
-        finally:
-            _current.reset(current)
+        result = _call(fn, ctx, cp, flow, attempt, deps, stream)
         nxt = _next(cp, flow, result, ctx, settings)
         wait, spawned = result.waits_for, None
         if result.spawns is not None:
-            spawned = _spawned(cp, result.spawns, ctx.visit, settings)
+            spawned = flow_control.spawned(cp, result.spawns, ctx.visit, settings)
             wait = dataclasses.replace(wait, event=nxt.wait_event)
         middleware.after_effect(cp)
         lease.ensure()  # last chance to stop before a write that would be fenced anyway
@@ -392,7 +374,7 @@ def _step(
         ctx.close()
     middleware.after_step(cp, started, saved=nxt)
     if spawned is not None:
-        _send_children(spawned, deps)
+        flow_control.send_children(spawned, deps.send)
     stream.step_saved(cp, nxt)
     if saved.cancel_reason is not None and nxt.cursor != DONE:
         raise Stop(RunStatus.CANCELLED, saved.cancel_reason, at=nxt)
@@ -401,56 +383,58 @@ def _step(
     return nxt
 
 
-_loop_lock = threading.Lock()
-_shared_loop: asyncio.AbstractEventLoop | None = None
+def _step_function(cp: Checkpoint, flow: registry.Workflow) -> Callable[[Context], Any]:
+    """The function of the step at cp.cursor; Stop (incompatible) if this code lacks it."""
+    fn = flow.steps.get(cp.cursor)
+    if fn is None:  # removed by a deploy: this code cannot go on with the run
+        raise Stop(
+            RunStatus.INCOMPATIBLE,
+            f"workflow {flow.name!r} has no step {cp.cursor!r}: it was renamed or removed. "
+            f"Declare workflow({flow.name!r}, renamed={{{cp.cursor!r}: 'its new name'}}) or "
+            "deploy code that has it, then enqueue the run again",
+        )
+    if cp.seq >= flow.max_steps:
+        raise CairnError(f"run {cp.run_id} passed max_steps={flow.max_steps} without finishing")
+    return fn
 
 
-def _event_loop() -> asyncio.AbstractEventLoop:
-    """This process's one event loop for async steps, on a daemon thread of its own,
-    started at the first async step. One loop, not one per pool thread: async clients
-    kept in module globals (pydantic-ai's model, an httpx.AsyncClient) hold connections
-    that belong to the loop that opened them, and a second loop reusing one fails."""
-    global _shared_loop
-    with _loop_lock:
-        if _shared_loop is None or _shared_loop.is_closed():
-            loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="cairn-async-steps", daemon=True).start()
-            _shared_loop = loop
-        return _shared_loop
-
-
-def _forget_loop() -> None:
-    global _shared_loop
-    _shared_loop = None  # a forked pool child starts its own (the thread did not follow)
-
-
-os.register_at_fork(after_in_child=_forget_loop)
-
-
-def _await(step: Any) -> Any:
-    """Run an async step's coroutine on the process's event loop and wait for it. The
-    pool thread blocks here while the loop runs this step beside other async steps; the
-    step's task runs in this thread's context as it is now, so it sees cairn.current()."""
-    loop = _event_loop()
+def _call(
+    fn: Callable[[Context], Any],
+    ctx: Context,
+    cp: Checkpoint,
+    flow: registry.Workflow,
+    attempt: Attempt,
+    deps: Deps,
+    stream: Announcer,
+) -> Any:
+    """The step function's result (whatever it is: _next checks it is a StepResult), or
+    what its exception means for the run: a stop, a recorded retry, this delivery's end."""
+    current = _current.set(ctx)
     try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop:
-        raise RuntimeError("an async step cannot be run from inside cairn's own event loop")
-    done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-    async def run() -> None:
-        try:
-            result = await step
-        except BaseException as exc:  # noqa: BLE001 (all of it goes to the waiting thread,
-            done.set_exception(exc)  # SystemExit too: raised in the loop, it would stop it)
-        else:
-            done.set_result(result)
-
-    context = contextvars.copy_context()
-    loop.call_soon_threadsafe(lambda: loop.create_task(run(), context=context))
-    return done.result()
+        result: Any = fn(ctx)
+        if inspect.iscoroutine(result):  # an async def step
+            result = asyncsteps.wait_for(result)
+        return result
+    except StoreUnavailable:
+        raise  # our own store is down: the task retries, bounded
+    except Cancelled as exc:
+        raise Stop(RunStatus.CANCELLED, str(exc), _with_key(attempt, ctx)) from exc
+    except BudgetExceeded as exc:
+        raise Stop(RunStatus.BUDGET_EXCEEDED, str(exc), _with_key(attempt, ctx)) from exc
+    except OutcomeUnknown as exc:
+        raise Stop(RunStatus.UNKNOWN, str(exc), _with_key(attempt, ctx)) from exc
+    except Interrupted as exc:
+        if not isinstance(exc, Transient):
+            raise  # any delivery outcome but "not now": the task's
+        # The step's "not now": its Retry policy decides, as for any exception.
+        raise _retry_or_stop(cp, flow, exc, _with_key(attempt, ctx), deps, stream) from exc
+    except Exception as exc:
+        if (down := deps.store.outage(exc)) is not None:  # the step's own ctx.db query
+            raise down from exc
+        # Recorded on the run, whose checkpoint stays as it was before this step.
+        raise _retry_or_stop(cp, flow, exc, _with_key(attempt, ctx), deps, stream) from exc
+    finally:
+        _current.reset(current)
 
 
 def _with_key(attempt: Attempt, ctx: Context) -> Attempt:
@@ -500,93 +484,6 @@ def _retry_or_stop(
         extra=logs.at(cp, "retry", attempt=failed + 1, delay=delay),
     )
     return RetryLater(cp.run_id, delay)
-
-
-def _spawned(cp: Checkpoint, spawn: registry.Spawn, visit: int, settings: Settings) -> Spawned:
-    """A step's spawn as the save writes it: each child's run id (the parent's, the step's
-    cursor and visit, the child's key: a replay makes the same ones) and checked input."""
-    depth = cp.depth + 1
-    if depth > settings.max_spawn_depth:
-        raise CairnError(
-            f"run {cp.run_id}: a spawn at depth {depth}, over CAIRN_MAX_SPAWN_DEPTH="
-            f"{settings.max_spawn_depth} (does a workflow spawn itself without end?)"
-        )
-    children = []
-    for i, child in enumerate(spawn.children):
-        registry.get(child.workflow)  # UnknownWorkflow: the run fails, nothing is spawned
-        key = child.key if child.key is not None else str(i)
-        run_id = check_run_id(f"{cp.run_id}.{cp.cursor}.{visit}.{key}")
-        data = check_input(dict(child.input), settings.max_input_bytes)
-        children.append((run_id, child.workflow, data))
-    # Under the spawning step's span: each child's trace goes on from it.
-    return Spawned(tuple(children), spawn.need, depth, tracing.traceparent())
-
-
-def _send_children(spawned: Spawned, deps: Deps) -> None:
-    """One message per child, after the save that made them. A crash before the last is
-    sent loses nothing: the reaper sends a run that waits for a message it never got."""
-    if deps.send is None:
-        return
-    for run_id, _, _ in spawned.children:
-        deps.send(run_id, False, 0)
-
-
-def _resend_children(cp: Checkpoint, deps: Deps) -> None:
-    """A parent waiting for its spawn, delivered again (its worker may have died between
-    the spawn's save and the children's messages): send the children no worker has
-    taken, each at most once per resend window."""
-    if deps.send is None:
-        return
-    seq = int((cp.wait_event or "").rpartition(":")[2])
-    window = deps.settings.resend_window
-    sent = 0
-    for kid in deps.store.children(cp.run_id, seq):
-        if kid.status == RunStatus.PENDING and deps.leases.mark_sent(kid.run_id, window):
-            deps.send(kid.run_id, False, 0)
-            sent += 1
-    if sent:
-        logger.info(
-            "run %s: sent %d child run(s) no worker has taken",
-            cp.run_id,
-            sent,
-            extra=logs.at(cp, "children_resent", n=sent),
-        )
-
-
-def _wake_parent(cp: Checkpoint, deps: Deps) -> None:
-    """A child stopped: if that gathered its parent's spawn, send the parent a message.
-    The reaper sends it too if this is lost (a waiting run with a signal unconsumed)."""
-    if cp.parent_id is None or deps.send is None:
-        return
-    try:
-        if deps.store.gathered(cp.parent_id):
-            deps.send(cp.parent_id, True, 0)
-    except Exception:  # the child's end is saved; the reaper wakes the parent
-        logger.warning(
-            "run %s: its parent %s was not woken; the reaper will",
-            cp.run_id,
-            cp.parent_id,
-            exc_info=True,
-            extra=logs.at(cp, "wake_failed"),
-        )
-
-
-def _send_admitted(cp: Checkpoint, deps: Deps) -> None:
-    """A run with a concurrency key stopped: its slot went, in the same transaction, to
-    the key's next queued run; send that one. The reaper sends it if this is lost (a
-    pending run whose message never came)."""
-    if cp.concurrency_key is None or deps.send is None:
-        return
-    try:
-        for run_id, priority in deps.store.admitted(cp.workflow, cp.concurrency_key):
-            deps.send(run_id, False, priority)
-    except Exception:  # the stop is saved; the reaper sends the next run
-        logger.warning(
-            "run %s: the next run of its concurrency key was not sent; the reaper will",
-            cp.run_id,
-            exc_info=True,
-            extra=logs.at(cp, "admit_failed"),
-        )
 
 
 def _next(

@@ -1,0 +1,368 @@
+"""Journaled calls: ctx.call and ctx.acall, each made at most once per place in a step
+visit and recorded (fenced like a save), so a replay after a crash returns the record
+instead of calling again; scopes for code a replay may resume part way through."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import importlib
+import inspect
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar, overload
+
+from cairn.core.errors import CairnError, CallFailed, JournalDiverged, StaleWrite
+from cairn.core.records import Call
+
+if TYPE_CHECKING:
+    from cairn.core.records import Checkpoint
+    from cairn.steps.context import CallHooks, EventSink
+    from cairn.steps.model import ModelClient
+    from cairn.store.contract import CheckpointStore, HeldLease, StepTx
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+SHOWN_BYTES = 4096  # a call's result goes into its `call` event up to this size
+_SCOPE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")  # it goes into keys, as step names do
+
+
+@dataclasses.dataclass
+class _Frame:
+    """The journaled call running in this thread or asyncio task: its key, the effect key
+    it asked for, and the cost counted inside it. A context variable, not an attribute, so
+    calls awaited side by side (asyncio.gather) each keep their own."""
+
+    ctx: StepParts
+    key: str
+    pos: int = -1  # its place in the journal: the `call` of the tokens streamed inside it
+    effect: str | None = None
+    cost: float = 0.0
+    tx: StepTx | None = None  # ctx.db inside the call: committed with its record
+
+
+@dataclasses.dataclass
+class Journal:
+    """The journal of a step visit, or of one scope in it (a LangGraph task, say): its
+    records, read at its first call, and its counters of calls and of calls per name."""
+
+    cursor: str  # the step's, or "<step>/<scope>"
+    records: dict[int, Call] | None
+    calls: int = 0
+    per_name: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def as_json(value: Any, what: str, text: bool = False) -> Any:
+    """value's JSON copy: what a replay will return (text: and its JSON text)."""
+    try:
+        raw = json.dumps(value, allow_nan=False)
+        return (json.loads(raw), raw) if text else json.loads(raw)
+    except (TypeError, ValueError) as exc:
+        raise CairnError(
+            f"{what} returned {type(value).__name__}, which cannot be journaled ({exc}); "
+            "return JSON: dicts, lists, strings, numbers, bools or None"
+        ) from exc
+
+
+def error_of(exc: Exception) -> dict[str, Any]:
+    """A permanent error as the journal keeps it: enough to raise it again."""
+    try:
+        args = json.loads(json.dumps(exc.args))
+    except (TypeError, ValueError):
+        args = None
+    kind = type(exc)
+    return {"type": kind.__qualname__, "module": kind.__module__, "args": args, "message": str(exc)}
+
+
+def _rebuilt(error: dict[str, Any]) -> Exception:
+    """The recorded error, as its own class where that can be rebuilt from its args."""
+    try:
+        kind = importlib.import_module(error["module"])
+        for part in error["type"].split("."):
+            kind = getattr(kind, part)
+        if isinstance(kind, type) and issubclass(kind, Exception) and error["args"] is not None:
+            return kind(*error["args"])
+    except Exception:  # a class that moved, or that wants other arguments
+        logger.debug("could not rebuild %s", error["type"], exc_info=True)
+    return CallFailed(error["type"], error["message"])
+
+
+_frame: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar("cairn_call", default=None)
+_scope: contextvars.ContextVar[str | None] = contextvars.ContextVar("cairn_scope", default=None)
+
+
+class StepParts:
+    """What the parts of a step's context share (cairn.steps.context.Context is all of
+    them): its run's position, its collaborators, and the checks each part calls."""
+
+    run_id: str
+    cursor: str
+    seq: int
+    visit: int
+    cost_usd: float
+    _cp: Checkpoint
+    _store: CheckpointStore
+    _lease: HeldLease
+    _model: ModelClient | None
+    _hooks: CallHooks | None
+    _events: EventSink | None
+    _retry_on: tuple[type[BaseException], ...]
+    _fresh: bool
+    _cap: float | None
+    _journals: dict[str, Journal]
+
+    if TYPE_CHECKING:  # the context's own, called by its parts
+
+        def ensure_owner(self, *, cancel: bool = True) -> None: ...
+
+        def _tell(self, kind: str, data: Any) -> None: ...
+
+        def _count(self, usd: float) -> None: ...
+
+        def _afford(self, worst: float, what: str) -> None: ...
+
+        def _inside(self) -> _Frame | None: ...
+
+        def _position(self, name: str) -> tuple[int, int]: ...
+
+        def _recorded(self, pos: int, name: str) -> Call | None: ...
+
+        def _replay(self, call: Call) -> Any: ...
+
+        def _record(self, call: Call, tx: StepTx | None = None) -> None: ...
+
+        def _recordable(self, exc: BaseException) -> TypeGuard[Exception]: ...
+
+        def _delta(self, call: int, text: str) -> None: ...
+
+
+class JournaledCalls(StepParts):
+    """The step context's journaled calls (ctx.call, ctx.acall, ctx.scope)."""
+
+    # -- journaled calls -------------------------------------------------------------
+    def call(
+        self,
+        name: str,
+        fn: Callable[..., T],
+        /,
+        *args: Any,
+        max_cost: float | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """fn(*args, **kwargs), made at most once per (run, cursor, visit, name, n-th call
+        of name) and journaled: a replay of this step returns the recorded result instead.
+
+        The result must be JSON (dicts, lists, strings, numbers, bools, None); the first
+        run returns what a replay will, the JSON copy. A permanent error (one the step's
+        Retry policy does not retry) is recorded and replays as the same error; Transient
+        and cairn's own errors are not recorded, so the call runs again. Inside fn,
+        ctx.idempotency_key() is this call's own key (one keyed effect per call), and
+        ctx.add_cost() counts toward what the call records. max_cost: the most it may
+        cost, checked against the run's budget first.
+
+        A replay must make its calls in the same order: one that asks for another name at
+        a recorded position stops the run with JournalDiverged.
+        """
+        pos, n, recorded = self._begin(name, max_cost)
+        if recorded is not None:
+            return self._replay(recorded)  # type: ignore[no-any-return]
+        token = self._enter(name, pos, n)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:  # a stop (lost lease, cancel) too: the frame ends
+            self._failed(pos, name, exc, token)
+            raise
+        return self._returned(pos, name, result, token)  # type: ignore[no-any-return]
+
+    # Two signatures: from `Callable[..., Awaitable[T] | T]` alone a type checker cannot
+    # tell T of a coroutine function (mypy infers Never).
+    @overload
+    async def acall(
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[T]],
+        /,
+        *args: Any,
+        max_cost: float | None = None,
+        **kwargs: Any,
+    ) -> T: ...
+
+    @overload
+    async def acall(
+        self,
+        name: str,
+        fn: Callable[..., T],
+        /,
+        *args: Any,
+        max_cost: float | None = None,
+        **kwargs: Any,
+    ) -> T: ...
+
+    async def acall(
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[T] | T],
+        /,
+        *args: Any,
+        max_cost: float | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """ctx.call for async code: awaits fn(*args, **kwargs) if it returns an awaitable.
+        Calls awaited side by side (asyncio.gather) take their places in the order they
+        start, so a replay that starts them in the same order finds each one's record."""
+        pos, n, recorded = self._begin(name, max_cost)
+        if recorded is not None:
+            return self._replay(recorded)  # type: ignore[no-any-return]
+        token = self._enter(name, pos, n)
+        try:
+            result = fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        except BaseException as exc:
+            self._failed(pos, name, exc, token)
+            raise
+        return self._returned(pos, name, result, token)  # type: ignore[no-any-return]
+
+    def _enter(self, name: str, pos: int, n: int) -> contextvars.Token[Any]:
+        if self._hooks is not None:
+            self._hooks.before_call(self._cp, name, pos)
+        cursor = self._scoped().cursor
+        key = f"cairn:{self.run_id}:{cursor}:{self.visit}:{name}:{n}"
+        return _frame.set(_Frame(self, key, pos))
+
+    def _inside(self) -> _Frame | None:
+        frame = _frame.get()
+        return frame if frame is not None and frame.ctx is self else None
+
+    def _begin(self, name: str, max_cost: float | None) -> tuple[int, int, Call | None]:
+        """A call's place, and its record if an earlier attempt made it; else the checks
+        before making it."""
+        if self._inside() is not None:
+            raise CairnError(
+                f"ctx.call({name!r}) inside ctx.call of run {self.run_id}: calls do not nest; "
+                "make them one after the other"
+            )
+        pos, n = self._position(name)
+        recorded = self._recorded(pos, name)
+        if recorded is None:
+            self.ensure_owner()
+            if max_cost is not None:
+                self._afford(max_cost, f"ctx.call({name!r})")
+        return pos, n, recorded
+
+    def _failed(
+        self, pos: int, name: str, exc: BaseException, token: contextvars.Token[Any]
+    ) -> None:
+        frame = _frame.get()
+        _frame.reset(token)
+        tx = frame.tx if frame else None
+        try:
+            if self._hooks is not None:
+                self._hooks.after_call(self._cp, name, pos, exc)
+            if self._recordable(exc):
+                cost = frame.cost if frame else 0.0
+                error = error_of(exc)
+                self._record(Call(pos=pos, name=name, error=error, cost_usd=cost), tx)
+                self._tell("call", {"call": pos, "name": name, "error": error["message"]})
+        finally:
+            if tx is not None:
+                tx.close()  # what the record did not commit is rolled back
+
+    def _returned(self, pos: int, name: str, result: Any, token: contextvars.Token[Any]) -> Any:
+        frame = _frame.get()
+        _frame.reset(token)
+        tx = frame.tx if frame else None
+        try:
+            if self._hooks is not None:
+                self._hooks.after_call(self._cp, name, pos)
+            value, raw = as_json(result, f"ctx.call({name!r})", text=True)
+            cost = frame.cost if frame else 0.0
+            self._record(Call(pos=pos, name=name, result=value, cost_usd=cost), tx)
+            if self._events is not None:
+                shown = value if len(raw) <= SHOWN_BYTES else {"truncated": len(raw)}
+                self._tell("call", {"call": pos, "name": name, "result": shown})
+        finally:
+            if tx is not None:
+                tx.close()
+        return value
+
+    @contextlib.contextmanager
+    def scope(self, name: str) -> Iterator[None]:
+        """Journal the calls made inside under a scope of their own: their places count
+        from 0 in the scope, their records and keys carry "<step>/<name>". For code that a
+        replay may resume part way through, so that the calls it skips do not shift the
+        places of the rest: a LangGraph node (cairn.langgraph.node) resumed from its graph's
+        checkpoint. The name must be the same on every replay of the visit."""
+        if not _SCOPE_NAME.fullmatch(name):
+            raise ValueError(f"scope {name!r}: use ASCII letters, digits, . _ -")
+        token = _scope.set(name)
+        try:
+            yield
+        finally:
+            _scope.reset(token)
+
+    def _scoped(self) -> Journal:
+        scope = _scope.get()
+        cursor = self.cursor if scope is None else f"{self.cursor}/{scope}"
+        journal = self._journals.get(cursor)
+        if journal is None:
+            # A step that follows this worker's own save is fresh: nobody recorded its calls.
+            journal = self._journals[cursor] = Journal(cursor, {} if self._fresh else None)
+        return journal
+
+    @property
+    def _calls(self) -> int:
+        """Journaled calls made (or replayed) so far in this attempt, outside scopes."""
+        journal = self._journals.get(self.cursor)
+        return journal.calls if journal else 0
+
+    def _position(self, name: str) -> tuple[int, int]:
+        """This call's place in the visit (or scope), and its number among the calls of
+        name."""
+        journal = self._scoped()
+        pos, n = journal.calls, journal.per_name.get(name, 0)
+        journal.calls, journal.per_name[name] = pos + 1, n + 1
+        return pos, n
+
+    def _recorded(self, pos: int, name: str) -> Call | None:
+        v = self._scoped()
+        if v.records is None:
+            v.records = {c.pos: c for c in self._store.journal(self.run_id, v.cursor, self.visit)}
+        call = v.records.get(pos)
+        if call is None:
+            return None
+        if call.name != name:
+            raise JournalDiverged(
+                f"step {self.cursor!r} of run {self.run_id}: call {pos} is {name!r} in this "
+                f"attempt but the journal recorded {call.name!r} there; a step must make its "
+                "journaled calls in the same order every time (branch on recorded results, "
+                "not on the clock or randomness)"
+            )
+        return call
+
+    def _replay(self, call: Call) -> Any:
+        self.cost_usd += call.cost_usd  # counted once: the attempt that paid never saved
+        if call.error is not None:
+            raise _rebuilt(call.error)
+        return call.result
+
+    def _record(self, call: Call, tx: StepTx | None = None) -> None:
+        v = self._scoped()
+        at = self._cp if v.cursor == self.cursor else dataclasses.replace(self._cp, cursor=v.cursor)
+        if not self._store.record_call(at, self.visit, call, tx):
+            # Another worker claimed the run: what this call did is not ours to keep.
+            raise StaleWrite(self.run_id, self.seq, self._lease.epoch)
+        assert v.records is not None
+        v.records[call.pos] = call
+
+    def _recordable(self, exc: BaseException) -> TypeGuard[Exception]:
+        """A permanent error of the call itself: not cairn's own (cancel, budget, lost
+        lease, Transient), not one the step's policy retries, not our store going down,
+        not an interrupt of the process."""
+        return isinstance(exc, Exception) and not (
+            isinstance(exc, (CairnError, *self._retry_on)) or self._store.outage(exc) is not None
+        )

@@ -1,0 +1,157 @@
+"""Model calls from a step: ctx.model and ctx.amodel through the worker's model client,
+journaled like any call (a replay returns the recorded message, uncalled), checked
+against the lease and the budget first, streamed as token events when asked."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from cairn.core import tracing
+from cairn.core.records import Call
+from cairn.steps.journal import StepParts, as_json, error_of
+
+
+class ModelCalls(StepParts):
+    """The step context's model calls (ctx.model, ctx.amodel)."""
+
+    # -- model -----------------------------------------------------------------------
+    def model(self, *, stream: bool = False, **request: Any) -> Any:
+        """messages.create through the anthropic SDK, retried, journaled (a replay of the
+        step returns the recorded message, uncalled); its cost is counted once.
+
+        stream=True: through the SDK's streaming API, each text delta a `token` event on
+        the run's stream as it arrives (cost from the final usage). Either way the whole
+        answer is a `message` event once journaled, and again when a replay returns it."""
+        if self._model is None:
+            raise RuntimeError("no model client configured for this worker")
+        if self._inside() is not None:  # part of the call's own result: not journaled apart
+            return self._ask(request, stream=stream)[0]
+        pos, _ = self._position("model")
+        recorded = self._recorded(pos, "model")
+        if recorded is not None:
+            return self._replayed_message(pos, recorded)
+        try:
+            message, cost = self._ask(request, pos, stream)
+        except Exception as exc:
+            self._model_failed(pos, exc)
+            raise
+        return self._answered(pos, message, cost)
+
+    async def amodel(self, *, stream: bool = False, **request: Any) -> Any:
+        """ctx.model for async steps: the same journal, checks and events; the SDK call
+        runs in a worker thread, so the step's event loop goes on with its other tasks."""
+        if self._model is None:
+            raise RuntimeError("no model client configured for this worker")
+        if self._inside() is not None:
+            return (await self._aask(request, None, stream))[0]
+        pos, _ = self._position("model")
+        recorded = self._recorded(pos, "model")
+        if recorded is not None:
+            return self._replayed_message(pos, recorded)
+        try:
+            message, cost = await self._aask(request, pos, stream)
+        except Exception as exc:
+            self._model_failed(pos, exc)
+            raise
+        return self._answered(pos, message, cost)
+
+    def _replayed_message(self, pos: int, recorded: Call) -> Any:
+        assert self._model is not None
+        message = _decode(self._model, self._replay(recorded))
+        if self._events is not None and isinstance(recorded.result, dict):
+            self._tell("message", {"call": pos, **_shown(recorded.result), "replayed": True})
+        return message
+
+    def _answered(self, pos: int, message: Any, cost: float) -> Any:
+        encoded = _encode(self._model, message)
+        self._record(Call(pos=pos, name="model", result=encoded, cost_usd=cost))
+        if self._events is not None and isinstance(encoded, dict):
+            self._tell("message", {"call": pos, **_shown(encoded), "cost_usd": cost})
+        return message
+
+    def _ask(
+        self, request: dict[str, Any], pos: int | None = None, stream: bool = False
+    ) -> tuple[Any, float]:
+        """The model call itself (pos: its journal place; None inside a ctx.call)."""
+        assert self._model is not None
+        self._check_model(request, pos)
+        try:
+            if stream:
+                message, cost = self._stream(request, pos)
+            else:
+                message, cost = self._model.create(**request)
+        except BaseException as exc:
+            self._after_model(pos, exc)
+            raise
+        self._count(cost)
+        tracing.model_answered(request, message, cost, stream)
+        self._after_model(pos, None)
+        return message, cost
+
+    async def _aask(
+        self, request: dict[str, Any], pos: int | None = None, stream: bool = False
+    ) -> tuple[Any, float]:
+        assert self._model is not None
+        self._check_model(request, pos)
+        try:
+            if stream:
+                message, cost = await asyncio.to_thread(self._stream, request, pos)
+            else:
+                message, cost = await asyncio.to_thread(self._model.create, **request)
+        except BaseException as exc:
+            self._after_model(pos, exc)
+            raise
+        self._count(cost)
+        tracing.model_answered(request, message, cost, stream)
+        self._after_model(pos, None)
+        return message, cost
+
+    def _stream(self, request: dict[str, Any], pos: int | None) -> tuple[Any, float]:
+        stream = getattr(self._model, "stream", None)
+        if stream is None:
+            raise RuntimeError(f"{type(self._model).__name__} cannot stream: it has no stream()")
+        call = pos if pos is not None else -1  # -1: inside a ctx.call, not journaled apart
+
+        def on_text(text: str) -> None:
+            self._delta(call, text)
+
+        def on_restart() -> None:
+            self._lease.ensure()  # a retry is a new request: only while the run is ours
+            self._tell("model_restart", {"call": call})
+
+        return stream(on_text, on_restart, **request)  # type: ignore[no-any-return]
+
+    def _after_model(self, pos: int | None, exc: BaseException | None) -> None:
+        if pos is not None and self._hooks is not None:
+            self._hooks.after_call(self._cp, "model", pos, exc)
+
+    def _model_failed(self, pos: int, exc: Exception) -> None:
+        if self._recordable(exc):  # a request the API refuses: refused again on replay
+            self._record(Call(pos=pos, name="model", error=error_of(exc)))
+
+    def _check_model(self, request: dict[str, Any], pos: int | None) -> None:
+        assert self._model is not None
+        # A model call costs money and shapes the run: a worker that lost the run must not
+        # make one (a process resumed after SIGSTOP finds out here), nor a cancelled run.
+        self.ensure_owner()
+        if self._cap is not None:
+            self._afford(self._model.worst_cost(**request), "the next model call")
+        if pos is not None and self._hooks is not None:
+            self._hooks.before_call(self._cp, "model", pos)
+
+
+def _shown(message: dict[str, Any]) -> dict[str, Any]:
+    from cairn.core.events import message_data
+
+    return message_data(message)
+
+
+def _encode(model: Any, message: Any) -> Any:
+    encode = getattr(model, "encode", None)
+    return encode(message) if encode else as_json(message, "the model client")
+
+
+def _decode(model: Any, data: Any) -> Any:
+    decode = getattr(model, "decode", None)
+    return decode(data) if decode else data
