@@ -63,6 +63,8 @@ _LAZY = {
     "Client": "cairn.client",
     "AsyncClient": "cairn.client",
     "Run": "cairn.core.records",
+    "StepRecord": "cairn.core.records",
+    "CallRecord": "cairn.core.records",
     "RunStatus": "cairn.core.status",
     "Settings": "cairn.core.settings",
     "Middleware": "cairn.workers.middleware",
@@ -74,7 +76,7 @@ _LAZY = {
 if TYPE_CHECKING:
     from cairn.client.client import AsyncClient, Client
     from cairn.core.events import Event
-    from cairn.core.records import Run
+    from cairn.core.records import CallRecord, Run, StepRecord
     from cairn.core.settings import Settings
     from cairn.core.status import RunStatus
     from cairn.steps.context import Context, current
@@ -107,6 +109,7 @@ __all__ = [
     "BudgetExceeded",
     "CairnError",
     "CallFailed",
+    "CallRecord",
     "Cancelled",
     "Child",
     "Client",
@@ -128,6 +131,7 @@ __all__ = [
     "Schedule",
     "ScheduleConflict",
     "Settings",
+    "StepRecord",
     "StepResult",
     "StepStopped",
     "StoreUnavailable",

@@ -99,7 +99,7 @@ def test_the_client_does_everything_on_the_in_memory_store_with_a_local_worker()
         run = client.get(run_id, window=True)
         assert run is not None and run.status == "done" and run.state == {"greeted": "Ada"}
         assert run.window == ()
-        assert [h["cursor"] for h in client.history(run_id)] == ["ask", "hello"]
+        assert [h.cursor for h in client.history(run_id)] == ["ask", "hello"]
         events = list(client.events(run_id, timeout=5))
         assert [e.data for e in events if e.kind == "greeting"] == [{"to": "Ada"}]
         assert events[-1].kind == "run_ended"
@@ -118,7 +118,7 @@ def test_the_client_does_everything_on_the_in_memory_store_with_a_local_worker()
         assert [f.run_id for f in client.forks(run_id)] == [fork]
         assert client.rewind(run_id, to_seq=1).status == "pending"
         worker.run_until_idle()
-        assert [h["outcome"] for h in client.history(run_id)][-2:] == ["rewound", "saved"]
+        assert [h.outcome for h in client.history(run_id)][-2:] == ["rewound", "saved"]
         parked = client.enqueue("parity-greet", {"name": "Di"})
         with pytest.raises(RunNotStopped):
             client.rewind(parked, to_seq=1)
@@ -195,7 +195,7 @@ def test_the_async_client_is_the_client_awaited_on_any_store() -> None:
             events = [e async for e in client.events(run_id)]
             assert events[-1].kind == "run_ended"
             assert (await client.get(run_id)).state == {"greeted": "Ada"}  # type: ignore[union-attr]
-            assert [h["cursor"] for h in await client.history(run_id)] == ["ask", "hello"]
+            assert [h.cursor for h in await client.history(run_id)] == ["ask", "hello"]
             since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
             assert await client.replay("parity-greet", since=since, dry_run=True) == []
             assert [s.name for s in await client.schedules()] == []

@@ -84,7 +84,7 @@ def test_the_readme_example_runs_on_the_worker_it_names(
             wait_for(lambda: client.get(run_id).status in ("done", "failed"), 30, "welcome")
             run = client.get(run_id)
             assert run.status == "done", (run.error, worker.text()[-3000:])
-            assert [h["cursor"] for h in client.history(run_id)] == ["draft", "send"]
+            assert [h.cursor for h in client.history(run_id)] == ["draft", "send"]
     finally:
         worker.kill()
     assert mail.stats()["deliveries"] == 1

@@ -372,9 +372,7 @@ def _saved_in_stream(events: list[Event]) -> list[tuple[Any, ...]]:
 
 def _saved_in_history(client: Client, run_id: str) -> list[tuple[Any, ...]]:
     return sorted(
-        (h["seq"], h["cursor"], h["visit"], h["epoch"])
-        for h in client.history(run_id)
-        if h["outcome"] == "saved"
+        (h.seq, h.cursor, h.visit, h.epoch) for h in client.history(run_id) if h.outcome == "saved"
     )
 
 

@@ -65,7 +65,7 @@ def test_a_fork_from_step_3_reruns_4_to_6_with_new_keys_and_leaves_the_original(
     run = client.get(fork)
     assert run is not None and (run.forked_from, run.forked_at) == ("six", 3)
     assert run.state == {"n": 6} and [f.run_id for f in client.forks("six")] == ["six-b"]
-    outcomes = [(h["seq"], h["outcome"]) for h in client.history(fork)]
+    outcomes = [(h.seq, h.outcome) for h in client.history(fork)]
     assert outcomes == [(2, "forked"), (3, "saved"), (4, "saved"), (5, "saved")]
     # The same new run id again is the same fork: nothing new is made or sent.
     assert client.fork(original, at_seq=3, new_run_id="six-b") == "six-b"
@@ -88,7 +88,7 @@ def test_a_failed_run_rewound_to_step_2_finishes_with_new_visit_numbers(
     assert done is not None and done.state is not None
     # b's second pass is visit 1: a new idempotency key, not the first pass's.
     assert done.state == {"a": 0, "b": f"cairn:{run_id}:b:1", "c": True}
-    steps = [(h["cursor"], h["visit"], h["outcome"]) for h in client.history(run_id)]
+    steps = [(h.cursor, h.visit, h.outcome) for h in client.history(run_id)]
     assert steps == [
         ("a", 0, "saved"), ("b", 0, "saved"), ("c", 0, "failed"), ("b", 0, "rewound"),
         ("b", 1, "saved"), ("c", 1, "saved"),
@@ -203,7 +203,7 @@ def test_replay_reruns_the_failed_runs_since_a_time_from_their_last_step_once(
     assert client.replay("mend", since=since) == []  # each run replayed once
     for r in recent:
         assert loop.run(r, deps) == RunStatus.DONE
-        steps = [(h["cursor"], h["visit"], h["outcome"]) for h in client.history(r)]
+        steps = [(h.cursor, h.visit, h.outcome) for h in client.history(r)]
         # From its last saved step, c's visit kept: its effects' keys are the first pass's.
         assert steps == [("a", 0, "saved"), ("b", 0, "saved"), ("c", 0, "failed"),
                          ("c", 0, "saved")]  # fmt: skip

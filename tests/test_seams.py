@@ -187,11 +187,11 @@ def test_a_worker_killed_between_a_steps_commit_and_its_events_leaves_a_truthful
         "the stream to be told the run's end",
     )
     events = list(client.events(run_id, timeout=20))
-    saved = [h for h in client.history(run_id) if h["outcome"] == "saved"]
-    assert _said(events) == sorted((h["seq"], h["cursor"], h["visit"], h["epoch"]) for h in saved)
+    saved = [h for h in client.history(run_id) if h.outcome == "saved"]
+    assert _said(events) == sorted((h.seq, h.cursor, h.visit, h.epoch) for h in saved)
     abandoned = {(e.data["cursor"], e.data["visit"], e.data["attempt"]) for e in events
                  if e.kind == "attempt_abandoned"}  # fmt: skip
-    assert not abandoned & {(h["cursor"], h["visit"], h["epoch"]) for h in saved}
+    assert not abandoned & {(h.cursor, h.visit, h.epoch) for h in saved}
     late = [e for e in events if e.kind == "step_saved" and e.data.get("late")]
     assert [e.cursor for e in late] == [cursor]
     assert events[-1].kind == "run_ended" and events[-1].data["status"] == "done"

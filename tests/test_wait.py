@@ -78,7 +78,7 @@ def test_async_client_does_what_the_client_does(settings: Settings, start_worker
             assert (await client.get(run_id, window=True)).window is not None  # type: ignore[union-attr]
             assert [r.run_id for r in await client.list(limit=5)] == [run_id]
             assert (await client.counts())[RunStatus.DONE] == 1
-            assert [h["cursor"] for h in await client.history(run_id)] == ["work", "report"]
+            assert [h.cursor for h in await client.history(run_id)] == ["work", "report"]
             assert await client.signal(run_id, "ping", {"x": 1}, signal_id="s1") is True
             assert await client.signal(run_id, "ping", {"x": 1}, signal_id="s1") is False
             with pytest.raises(UnknownRun):

@@ -34,7 +34,7 @@ from cairn.core.status import CANCEL_REASON, RunStatus
 
 if TYPE_CHECKING:
     from cairn.client.client import Client
-    from cairn.core.records import Run
+    from cairn.core.records import Run, StepRecord
 
 app = typer.Typer()
 
@@ -207,7 +207,8 @@ def show(run_id: RunId, as_json: AsJson = False, database_url: DatabaseUrl = Non
             if run is None:
                 fail(f"no run {run_id!r}; `cairn runs` lists the runs")
             kids = [k.to_json() for k in client.children(run_id)]
-            print(dumps({"run": run.to_json(), "steps": client.history(run_id), "children": kids}))
+            timeline = [s.to_json() for s in client.history(run_id)]
+            print(dumps({"run": run.to_json(), "steps": timeline, "children": kids}))
             return
         row = client.store.load_row(run_id)
         if row is None:
@@ -264,27 +265,27 @@ def _print_children(run_id: str, kids: list[Run]) -> None:
         console.print(f"{'':>11}… and {len(kids) - 50} more (cairn runs show {run_id} --json)")
 
 
-def _print_timeline(steps: list[dict[str, Any]]) -> None:
+def _print_timeline(steps: list[StepRecord]) -> None:
     timeline = Table("seq", "step", "visit", "outcome", "started", "seconds", "worker", "cost $")
     timeline.add_column("effect key / error", overflow="fold")
     colours = {"saved": "green", "retry": "yellow"}
     previous_worker = None
     for s in steps:
-        colour = colours.get(s["outcome"], "red")
-        worker = s["worker"]
+        colour = colours.get(s.outcome, "red")
+        worker = s.worker
         # A new owner (a resume after a kill, a hand-off) shows as the worker changing.
         moved = previous_worker is not None and worker != previous_worker
         previous_worker = worker
         timeline.add_row(
-            str(s["seq"]),
-            s["cursor"],
-            str(s["visit"]),
-            f"[{colour}]{s['outcome']}[/]",
-            s["started_at"].strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
-            f"{(s['ended_at'] - s['started_at']).total_seconds():.3f}",
+            str(s.seq),
+            s.cursor,
+            str(s.visit),
+            f"[{colour}]{s.outcome}[/]",
+            s.started_at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+            f"{s.seconds:.3f}",
             f"[bold]{worker}[/]" if moved else worker,
-            f"{s['cost_usd']:.6f}",
-            s["error"] or s["effect_key"] or "",
+            f"{s.cost_usd:.6f}",
+            s.error or s.effect_key or "",
         )
     console.print(timeline)
 
@@ -382,10 +383,13 @@ def cancel(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Cancel a run: a pending one at once, a running one at its next step boundary."""
+    from cairn.core.errors import UnknownRun
+
     with open_client(load_settings(database_url=database_url)) as client:
-        run = client.cancel(run_id, reason)
-    if run is None:
-        fail(f"no run {run_id!r}; `cairn runs` lists the runs")
+        try:
+            run = client.cancel(run_id, reason)
+        except UnknownRun:
+            fail(f"no run {run_id!r}; `cairn runs` lists the runs")
     if as_json:
         print(dumps({"run": run.to_json()}))
         return

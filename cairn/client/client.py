@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, NoReturn, ParamSpec, Self, T
 from cairn.core import tracing
 from cairn.core.errors import CairnError, InvalidInput, StoreUnavailable, UnknownRun
 from cairn.core.inputs import check_event, check_flow, check_input, check_run_id
-from cairn.core.records import Run, RunFilter
+from cairn.core.records import CallRecord, Run, RunFilter, StepRecord
 from cairn.core.settings import Settings
 from cairn.core.status import CANCEL_REASON, STOPPED, RunStatus
 from cairn.steps import registry
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from cairn.client.events import AsyncEventLog
     from cairn.core.events import Event
     from cairn.core.records import StreamInfo
-    from cairn.store.contract import CheckpointStore
+    from cairn.store.contract import AdminStore, CheckpointStore
     from cairn.store.events import AsyncRedisEvents, RedisEvents
     from cairn.workers.outbox import EventLog
 
@@ -65,6 +65,13 @@ class Client:
             print(client.get(run_id).status)
 
     URLs not given come from the environment (Settings.from_env()).
+
+    What each kind of operation returns: one that creates a run, its id (enqueue, fork);
+    one that changes a run, the Run as it stands after (cancel, rewind, resolve, wait);
+    one that records something, whether it was new (signal: False for a signal id sent
+    before); a read, Runs (get, list, children, forks, replay) or typed records
+    (history: StepRecord, calls: CallRecord). An unknown run is UnknownRun, but for get
+    (None) and the reads of lists ([]).
 
     Args:
         store: the runs' store (any of the contract, store/contract.py); default: a
@@ -209,14 +216,17 @@ class Client:
         """How many runs are in each status."""
         return {RunStatus(status): int(row["n"]) for status, row in self.store.counts().items()}
 
-    def cancel(self, run_id: str, reason: str = CANCEL_REASON) -> Run | None:
+    def cancel(self, run_id: str, reason: str = CANCEL_REASON) -> Run:
         """Stop a run: a pending one at once, a running one at its next step boundary
-        (before any further effect or model call). None if there is no such run."""
+        (before any further effect or model call); the run as it stands after. Raises
+        UnknownRun."""
         self.store.cancel(run_id, reason)
         run = self.get(run_id)
-        if run is not None and run.parent_id is not None and self.store.gathered(run.parent_id):
+        if run is None:
+            raise UnknownRun(f"no run {run_id!r}")
+        if run.parent_id is not None and self.store.gathered(run.parent_id):
             self.send(run.parent_id)  # its stop gathered the parent's spawn: wake it
-        if run is not None and run.concurrency_key is not None:
+        if run.concurrency_key is not None:
             self._send_admitted(run.workflow, run.concurrency_key)  # its slot's next run
         return run
 
@@ -340,16 +350,15 @@ class Client:
         cairn.WaitTimedOut (a TimeoutError) after timeout seconds (None: no limit)."""
         return self.store.wait(run_id, timeout)
 
-    def history(self, run_id: str) -> builtins.list[dict[str, Any]]:
-        """The run's step timeline, oldest first: one row per step attempt that ended
-        (seq, cursor, visit, outcome, started_at, ended_at, worker, epoch, cost_usd,
-        effect_key, error)."""
-        return self.store.history(run_id)
+    def history(self, run_id: str) -> builtins.list[StepRecord]:
+        """The run's step timeline, oldest first: one record per step attempt that ended.
+        [] for an unknown run."""
+        return [StepRecord.from_row(r) for r in self.store.history(run_id)]
 
-    def calls(self, run_id: str, limit: int = 500) -> builtins.list[dict[str, Any]]:
+    def calls(self, run_id: str, limit: int = 500) -> builtins.list[CallRecord]:
         """The run's journaled calls (ctx.call, ctx.model, an agent's model requests and
-        tool calls), oldest first: cursor, visit, pos, name, result or error, cost_usd."""
-        return self.store.calls(run_id, limit)
+        tool calls), oldest first. [] for an unknown run."""
+        return [CallRecord.from_row(r) for r in self.store.calls(run_id, limit)]
 
     def events(
         self, run_id: str, after: str | None = None, *, timeout: float | None = None
@@ -364,7 +373,7 @@ class Client:
         from cairn.client.events import follow
 
         until = None if timeout is None else time.monotonic() + timeout
-        return follow(self, self._events(), run_id, after, until=until)
+        return follow(self.store, self._events(), run_id, after, until=until)
 
     def events_token(self, run_id: str) -> str:
         """A token that reads this run's events and nothing else, for a browser to pass
@@ -559,7 +568,9 @@ class AsyncClient:
         from cairn.client.events import afollow
 
         until = None if timeout is None else time.monotonic() + timeout
-        async for event in afollow(self, self._events(), run_id, after, until=until):
+        async for event in afollow(
+            _Durable(self.store), self._events(), run_id, after, until=until
+        ):
             if event.kind != "keepalive":
                 yield event
 
@@ -573,6 +584,23 @@ class AsyncClient:
 
                 self._event_log = self._redis_log = AsyncRedisEvents(self.settings.redis_url)
         return self._event_log
+
+
+class _Durable:
+    """The store's record of a run, read from asyncio (a reader after a gap): each read
+    in a worker thread."""
+
+    def __init__(self, store: AdminStore) -> None:
+        self.store = store
+
+    async def get(self, run_id: str) -> Run | None:
+        return await asyncio.to_thread(self.store.get, run_id)
+
+    async def history(self, run_id: str) -> builtins.list[dict[str, Any]]:
+        return await asyncio.to_thread(self.store.history, run_id)
+
+    async def calls(self, run_id: str, limit: int = 500) -> builtins.list[dict[str, Any]]:
+        return await asyncio.to_thread(self.store.calls, run_id, limit)
 
 
 class _InThreads:

@@ -48,6 +48,67 @@ class Call:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class StepRecord:
+    """One step attempt that ended, as `Client.history` returns it: where it ran (seq,
+    cursor, visit), how it ended (outcome: saved, retry, or how it stopped the run), when
+    and on which worker at which lease epoch, what it cost, its effect key, its error, and
+    where a saved step went on (next_cursor)."""
+
+    seq: int
+    cursor: str
+    visit: int
+    outcome: str
+    started_at: dt.datetime
+    ended_at: dt.datetime
+    worker: str | None = None
+    epoch: int = 0
+    cost_usd: float = 0.0
+    effect_key: str | None = None
+    error: str | None = None
+    next_cursor: str | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> StepRecord:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in row.items() if k in names})
+
+    @property
+    def seconds(self) -> float:
+        return (self.ended_at - self.started_at).total_seconds()
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["started_at"], out["ended_at"] = self.started_at.isoformat(), self.ended_at.isoformat()
+        return out
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CallRecord:
+    """One journaled call, as `Client.calls` returns it: the step visit it belongs to
+    (cursor, visit), its place and name, its outcome (result, or the permanent error it
+    raised: {"type", "module", "args", "message"}), its cost and when it was recorded."""
+
+    cursor: str
+    visit: int
+    pos: int
+    name: str
+    result: Any = None
+    error: dict[str, Any] | None = None
+    cost_usd: float = 0.0
+    created_at: dt.datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> CallRecord:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in row.items() if k in names})
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["created_at"] = self.created_at.isoformat() if self.created_at else None
+        return out
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Run:
     """One run as `Client.get` and `Client.list` return it.
 

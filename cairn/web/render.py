@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi.templating import Jinja2Templates
 
-from cairn.core.records import Run
+from cairn.core.records import CallRecord, Run, StepRecord
 from cairn.core.status import STOPPED, RunStatus
 
 HERE = Path(__file__).parent
@@ -72,11 +72,11 @@ class Gap:
     title: str
 
 
-def timeline(run: Run, steps: list[dict[str, Any]], now: dt.datetime) -> dict[str, Any]:
+def timeline(run: Run, steps: list[StepRecord], now: dt.datetime) -> dict[str, Any]:
     """Bars and gaps laid out on one lane per worker, and the rows of the step table with
     each resume marked where it happened."""
     start = run.created_at
-    end: dt.datetime = max([run.updated_at, *(s["ended_at"] for s in steps)])
+    end: dt.datetime = max([run.updated_at, *(s.ended_at for s in steps)])
     if run.status not in STOPPED:
         end = max(end, now)
     span = max((end - start).total_seconds(), 1e-3)
@@ -84,49 +84,47 @@ def timeline(run: Run, steps: list[dict[str, Any]], now: dt.datetime) -> dict[st
     def pct(t: dt.datetime) -> float:
         return round(100 * (t - start).total_seconds() / span, 3)
 
-    lanes: list[str] = []
+    lanes: list[str | None] = []
     bars: list[Bar] = []
     gaps: list[Gap] = []
     rows: list[dict[str, Any]] = []
-    previous: dict[str, Any] | None = None
+    previous: StepRecord | None = None
     for s in steps:
-        if s["worker"] not in lanes:
-            lanes.append(s["worker"])
-        lane = lanes.index(s["worker"])
-        seconds = (s["ended_at"] - s["started_at"]).total_seconds()
-        gap_from = previous["ended_at"] if previous else start
-        gap = (s["started_at"] - gap_from).total_seconds()
+        if s.worker not in lanes:
+            lanes.append(s.worker)
+        lane = lanes.index(s.worker)
+        seconds = (s.ended_at - s.started_at).total_seconds()
+        gap_from = previous.ended_at if previous else start
+        gap = (s.started_at - gap_from).total_seconds()
         resumed = previous is not None and (
-            s["worker"] != previous["worker"] or s["epoch"] != previous["epoch"]
+            s.worker != previous.worker or s.epoch != previous.epoch
         )
         kind = None
         if resumed:
             kind = "resume"
-            what = f"resumed by {s['worker']} (epoch {s['epoch']}) after {_seconds(gap)}"
-        elif previous is not None and previous["outcome"] == "retry":
+            what = f"resumed by {s.worker} (epoch {s.epoch}) after {_seconds(gap)}"
+        elif previous is not None and previous.outcome == "retry":
             kind = "retry"
             what = f"retried after {_seconds(gap)}"
         elif previous is not None and gap >= PAUSE:
             kind = "pause"
             what = f"{_seconds(gap)} between steps (queued, waiting for a signal or deferred)"
         if kind is not None:
-            gaps.append(Gap(pct(gap_from), max(pct(s["started_at"]) - pct(gap_from), 0.2), lane,
+            gaps.append(Gap(pct(gap_from), max(pct(s.started_at) - pct(gap_from), 0.2), lane,
                             kind, what))  # fmt: skip
             rows.append({"gap": kind, "text": what})
-        cost = s["cost_usd"] or 0.0
-        title = f"#{s['seq']} {s['cursor']} (visit {s['visit']}): {s['outcome']}, " + _seconds(
-            seconds
-        )
+        cost = s.cost_usd or 0.0
+        title = f"#{s.seq} {s.cursor} (visit {s.visit}): {s.outcome}, " + _seconds(seconds)
         bars.append(
-            Bar(pct(s["started_at"]), max(pct(s["ended_at"]) - pct(s["started_at"]), 0.15),
-                lane, s["outcome"], f"{title} on {s['worker']}, {_usd(cost)}")
+            Bar(pct(s.started_at), max(pct(s.ended_at) - pct(s.started_at), 0.15),
+                lane, s.outcome, f"{title} on {s.worker}, {_usd(cost)}")
         )  # fmt: skip
-        rows.append({**s, "seconds": seconds, "lane": lane})
+        rows.append({**dataclasses.asdict(s), "seconds": seconds, "lane": lane})
         previous = s
     if (
         run.status not in STOPPED
         and previous is not None
-        and (now - previous["ended_at"]).total_seconds() > 0
+        and (now - previous.ended_at).total_seconds() > 0
     ):
         rows.append({"gap": "now", "text": f"{run.status} at {run.cursor or 'its first step'}"})
     ticks = [
@@ -141,7 +139,7 @@ def timeline(run: Run, steps: list[dict[str, Any]], now: dt.datetime) -> dict[st
         "span": span,
         "ticks": ticks,
         "resumes": sum(1 for g in gaps if g.kind == "resume"),
-        "retries": sum(1 for s in steps if s["outcome"] == "retry"),
+        "retries": sum(1 for s in steps if s.outcome == "retry"),
     }
 
 
@@ -154,8 +152,8 @@ def trace_url(template: str | None, trace_id: str | None) -> str | None:
     return template.replace("{trace_id}", trace_id)
 
 
-def call_row(call: dict[str, Any]) -> dict[str, Any]:
+def call_row(call: CallRecord) -> dict[str, Any]:
     """A journaled call as the run page lists it: its outcome cut to one line."""
-    outcome = call["error"] if call["error"] is not None else call["result"]
+    outcome = call.error if call.error is not None else call.result
     text = json.dumps(outcome, default=str)
-    return {**call, "outcome": text if len(text) <= 240 else text[:239] + "…"}
+    return {**dataclasses.asdict(call), "outcome": text if len(text) <= 240 else text[:239] + "…"}

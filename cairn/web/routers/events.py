@@ -44,10 +44,10 @@ class _Runs:
         return await asyncio.to_thread(self.client.get, run_id)
 
     async def history(self, run_id: str) -> list[dict[str, Any]]:
-        return await asyncio.to_thread(self.client.history, run_id)
+        return await asyncio.to_thread(self.client.store.history, run_id)
 
     async def calls(self, run_id: str, limit: int = 500) -> list[dict[str, Any]]:
-        return await asyncio.to_thread(self.client.calls, run_id, limit)
+        return await asyncio.to_thread(self.client.store.calls, run_id, limit)
 
 
 @router.get(

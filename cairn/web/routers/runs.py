@@ -10,12 +10,12 @@ import datetime as dt
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Body, Header, Query, Request
-from fastapi.encoders import jsonable_encoder
 
 from cairn.client.client import Client
 from cairn.core import tracing
 from cairn.core.errors import InvalidInput, UnknownRun
 from cairn.core.inputs import check_run_id
+from cairn.core.records import StepRecord
 from cairn.core.status import RunStatus
 from cairn.steps import registry
 from cairn.web.deps import ClientDep
@@ -57,10 +57,8 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def step_json(step: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = jsonable(step)
-    out["seconds"] = round((step["ended_at"] - step["started_at"]).total_seconds(), 6)
-    return out
+def step_json(step: StepRecord) -> dict[str, Any]:
+    return {**step.to_json(), "seconds": round(step.seconds, 6)}
 
 
 @router.post(
@@ -169,7 +167,7 @@ def calls(run_id: str, client: ClientDep) -> dict[str, Any]:
     found = client.calls(run_id)
     if not found and client.get(run_id) is None:
         raise UnknownRun(f"no run {run_id!r}")
-    return {"run_id": run_id, "calls": jsonable_encoder(found)}
+    return {"run_id": run_id, "calls": [c.to_json() for c in found]}
 
 
 @router.post("/runs/{run_id}/cancel", status_code=202, responses=errors(404))
@@ -177,10 +175,7 @@ def cancel(
     run_id: str, client: ClientDep, body: Annotated[Cancel | None, Body()] = None
 ) -> dict[str, Any]:
     """Stop a run: a pending one at once, a running one at its next step boundary."""
-    run = client.cancel(run_id, (body or Cancel()).reason)
-    if run is None:
-        raise UnknownRun(f"no run {run_id!r}")
-    return run.to_json()
+    return client.cancel(run_id, (body or Cancel()).reason).to_json()
 
 
 @router.post(
