@@ -245,7 +245,7 @@ class Context(JournaledCalls, ModelCalls):
         run's epoch) before the effect runs, and a replay that finds the intent without
         its mark never runs the effect again. It calls reconcile(key) for the outcome (and
         records it), or without one stops the run as unknown (cairn.OutcomeUnknown) until
-        someone resolves it (`cairn resolve`, POST /runs/{id}/resolve, Client.resolve).
+        someone resolves it (`cairn runs resolve`, POST /runs/{id}/resolve, Client.resolve).
         """
         key, done, result = self._ledger(suffix, at_most_once)
         if done:

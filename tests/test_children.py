@@ -214,7 +214,7 @@ def test_a_fan_out_on_a_real_worker_gathers_every_child_once(
 ) -> None:
     """20 children on a two-process worker: the parent waits holding no worker, each
     child runs once, the parent's next step runs once and sees the failed one's error;
-    the API, the run page and `cairn show` list parent and children."""
+    the API, the run page and `cairn runs show` list parent and children."""
     start_worker(concurrency=2)
     ns = [*range(1, 20), -1]
     parent = client.enqueue("fanout", {"ns": ns}, run_id="fan-1")

@@ -294,7 +294,7 @@ def test_a_worker_paused_inside_an_at_most_once_effect_never_makes_it_twice(
 
     wait_for(unknown, LEASE_TTL + 30, "B to stop the run as unknown")
     cp = store.load(run_id)
-    assert cp is not None and f"cairn resolve {run_id}" in (cp.error or "")
+    assert cp is not None and f"cairn runs resolve {run_id}" in (cp.error or "")
     assert mail.stats()["deliveries"] == 0  # B did not charge
     a.signal_all(signal.SIGCONT)
     wait_for(lambda: mail.stats()["deliveries"] == 1, 20, "A's charge")

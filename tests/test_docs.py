@@ -117,7 +117,7 @@ def test_the_tutorial_ends_with_a_run_resumed_after_its_worker_was_killed(
     logs = "".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(tmp_path.glob("*.log")))
     assert proc.returncode == 0, f"{out}\n{logs}"
     shown = subprocess.run(
-        [str(BIN / "cairn"), "show", "ada", "--json"],
+        [str(BIN / "cairn"), "runs", "show", "ada", "--json"],
         env=env,
         capture_output=True,
         text=True,

@@ -544,7 +544,7 @@ def test_an_effect_whose_outcome_was_lost_is_never_run_again(deps: loop.Deps) ->
     key = f"cairn:{run_id}:charge:0"
     cp = _load(deps, run_id)
     assert f"the at-most-once effect {key} was started" in (cp.error or "")
-    assert f"cairn resolve {run_id} --done" in (cp.error or "")
+    assert f"cairn runs resolve {run_id} --done" in (cp.error or "")
     assert loop.run(run_id, deps) == RunStatus.UNKNOWN  # delivered again: still stopped
     assert calls[run_id] == [("pay", key)]
     # Resolved as done: the replay returns the given result, the charge is not made again.

@@ -175,7 +175,7 @@ class OutcomeUnknown(CairnError):
         super().__init__(
             f"run {run_id}: the at-most-once effect {key} was started and its outcome is "
             "unknown (its worker stopped between the intent and the done mark); find out "
-            f"whether it happened, then `cairn resolve {run_id} --done` (with --result JSON) "
+            f"whether it happened, then `cairn runs resolve {run_id} --done` (with --result JSON) "
             f"or `--not-done` (it runs again), or POST /runs/{run_id}/resolve"
         )
         self.run_id, self.key = run_id, key
