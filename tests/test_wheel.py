@@ -100,6 +100,8 @@ def test_the_wheel_ships_py_typed_and_the_data_files_and_only_cairn(dist: Path) 
     assert "cairn/py.typed" in names  # PEP 561: a user's type checker reads our hints
     assert {"cairn/store/sql/queries.sql", "cairn/store/lua/acquire.lua"} <= names
     assert any(n.startswith("cairn/web/templates/") for n in names)
+    for package in ("cairn/web/routers", "cairn/testing/memory", "cairn/testing/standins"):
+        assert f"{package}/__init__.py" in names, package  # pyproject's packages list
     assert "cairn/testing/demos/invoice.py" in names  # `cairn demo` and `cairn chaos` load it
     with tarfile.open(next(dist.glob("cairn-*.tar.gz"))) as sdist:
         assert f"cairn-{VERSION}/cairn/py.typed" in sdist.getnames()

@@ -8,6 +8,7 @@ run, and counts emails attempted and delivered at the mail API.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -28,7 +29,7 @@ from cairn.testing import fleet
 from cairn.testing.standins import MailServer, ModelServer
 
 if TYPE_CHECKING:
-    from cairn.store import Run
+    from cairn.store import CheckpointStore, Run
 
 STATE = fleet.STATE / "demo"
 
@@ -44,18 +45,47 @@ def run_demo(
     """The demo's summary. With serve_port, `cairn serve` shows the runs on that port
     while they run, and goes on serving after the summary until Ctrl-C."""
     err = Console(stderr=True)
-    out = Console()
     # The demo's own Redis database, flushed: old messages cannot leak into it.
     redis_url = admin.with_path(settings.redis_url, "14")
     upgrade(settings.database_url)
     redis_db = admin.RedisDatabase(redis_url)
     redis_db.flush()
     STATE.mkdir(parents=True, exist_ok=True)
+    mail, model = _start_standins(settings, err)
+    env = _worker_env(settings, redis_url, mail, model)
+    client = Client(settings=settings.with_options(redis_url=redis_url, broker_url=redis_url))
+    crew = _Crew(env, time.strftime("%H%M%S"), err, mail, Leases.from_url(redis_url))
+    started = time.monotonic()
+    try:
+        page = f"http://127.0.0.1:{serve_port or settings.web_port}/ui/runs"
+        crew.start(workers, serve_port, page)
+        ids = _enqueue(client, runs, crew.stamp)
+        _watch(client.store, ids, crew, quiet)
+        elapsed = time.monotonic() - started
+        rows = _rows(client.store, ids)
+        summary = _summary(settings, rows, ids, crew, workers, elapsed, real_model=model is None)
+        if not quiet:
+            _print_summary(Console(), summary)
+        if on_summary is not None:
+            on_summary(summary)
+        _serve_or_hint(crew, rows, page, serve_port)
+        return summary
+    finally:
+        crew.kill()
+        mail.stop()
+        if model:
+            model.stop()
+        client.close()
+        crew.leases.client.close()
+        redis_db.close()
 
+
+def _start_standins(settings: Settings, err: Console) -> tuple[MailServer, ModelServer | None]:
+    """The mail API stand-in, and the Messages API one unless ANTHROPIC_API_KEY is set
+    (None: the real API), each announced."""
     mail = MailServer(delay_ms=300).start()
     real_model = bool(os.environ.get("ANTHROPIC_API_KEY")) and not settings.anthropic_base_url
     model = None if real_model else ModelServer(delay_ms=250).start()
-    base_url = settings.anthropic_base_url or (model.url if model else "")
     err.print(
         f"[bold]mail API[/]: local stand-in at {mail.url} (records and dedupes on Idempotency-Key)"
     )
@@ -66,7 +96,15 @@ def run_demo(
         )
     else:
         err.print(f"[bold]model[/]: the Anthropic API ({settings.model}) with ANTHROPIC_API_KEY")
+    return mail, model
 
+
+def _worker_env(
+    settings: Settings, redis_url: str, mail: MailServer, model: ModelServer | None
+) -> dict[str, str]:
+    """The environment of the demo's processes: its Redis database, the stand-ins, a short
+    lease TTL and reaper interval (a killed run goes on within seconds), its workflow."""
+    base_url = settings.anthropic_base_url or (model.url if model else "")
     lease_ttl = 5.0
     env = fleet.child_env(
         CAIRN_REDIS_URL=redis_url,
@@ -80,164 +118,191 @@ def run_demo(
     )
     if base_url:
         env["ANTHROPIC_BASE_URL"] = base_url
-    stamp = time.strftime("%H%M%S")
-    procs: list[fleet.Proc] = []
-    client = Client(settings=settings.with_options(redis_url=redis_url, broker_url=redis_url))
-    store, leases = client.store, Leases.from_url(redis_url)
-    kills: list[dict[str, Any]] = []
-    started = time.monotonic()
-    try:
-        err.print(f"starting {workers} workers (2 processes each) and the reaper…")
+    return env
+
+
+def _enqueue(client: Client, runs: int, stamp: str) -> list[str]:
+    """Enqueue the invoice runs; their ids."""
+    return [
+        client.enqueue(
+            "invoice",
+            {"customer": f"customer-{i}", "email": f"billing{i}@example.com"},
+            run_id=f"demo-{stamp}-{i:02d}-{uuid.uuid4().hex[:4]}",
+        )
+        for i in range(runs)
+    ]
+
+
+def _rows(store: CheckpointStore, ids: list[str]) -> dict[str, Run]:
+    """The demo's runs as listed now, by run id."""
+    return {r.run_id: r for r in store.list_runs(RunFilter(limit=10_000)) if r.run_id in ids}
+
+
+def _watch(store: CheckpointStore, ids: list[str], crew: _Crew, quiet: bool) -> None:
+    """Until every run finished or failed (240 s at most): show the progress, and kill
+    (_Crew.maybe_kill) while runs are running."""
+    with fleet.runs_progress(crew.err, quiet) as progress:
+        bar = progress.add_task("", total=len(ids))
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            rows = _rows(store, ids)
+            finished = sum(r.status in (RunStatus.DONE, RunStatus.FAILED) for r in rows.values())
+            active = [r for r in rows.values() if r.status == RunStatus.RUNNING]
+            progress.update(
+                bar,
+                completed=finished,
+                description=f"running {len(active)} · kills {len(crew.kills)} · "
+                f"emails {crew.mail.stats()['deliveries']}",
+            )
+            if finished == len(ids):
+                break
+            crew.maybe_kill(active)
+            time.sleep(0.05)
+
+
+def _summary(
+    settings: Settings,
+    rows: dict[str, Run],
+    ids: list[str],
+    crew: _Crew,
+    workers: int,
+    elapsed: float,
+    *,
+    real_model: bool,
+) -> dict[str, Any]:
+    """What the runs, the invoice ledger and the mail API recorded; summary["ok"] is the
+    verdict: every run done, each email delivered once, at least one kill."""
+    runs, kills = len(ids), crew.kills
+    (ledger_rows,) = admin.execute(
+        settings.database_url,
+        "SELECT count(*) AS n FROM invoice_ledger WHERE run_id = ANY(%s)",
+        (ids,),
+    )
+    stats = crew.mail.stats()
+    summary = {
+        "runs": runs,
+        "workers": workers,
+        "runs_finished": sum(r.status == RunStatus.DONE for r in rows.values()),
+        "runs_failed": sum(r.status == RunStatus.FAILED for r in rows.values()),
+        "runs_resumed": sum(r.resumes > 0 for r in rows.values()),
+        "kills": kills,
+        "emails_attempted": stats["attempts"],
+        "emails_delivered": stats["deliveries"],
+        "emails_deduplicated": stats["deduplicated"],
+        "duplicate_deliveries": stats["duplicate_deliveries"],
+        "ledger_rows": ledger_rows["n"],
+        "cost_usd": round(sum(r.cost_usd for r in rows.values()), 6),
+        "seconds": round(elapsed, 1),
+        "model": "anthropic" if real_model else "local stand-in",
+    }
+    summary["ok"] = (
+        summary["runs_finished"] == runs
+        and summary["duplicate_deliveries"] == 0
+        and summary["emails_delivered"] == runs
+        and summary["ledger_rows"] == runs
+        and len(kills) >= 1
+    )
+    return summary
+
+
+def _serve_or_hint(crew: _Crew, rows: dict[str, Run], page: str, serve_port: int | None) -> None:
+    """With serve_port, go on serving the runs until Ctrl-C; else say how to see them."""
+    err = crew.err
+    resumed = next((r.run_id for r in rows.values() if r.resumes), None)
+    if serve_port:
+        err.print(f"a run resumed after a kill: {page}/{resumed}" if resumed else "")
+        err.print(f"serving the runs at {page} until Ctrl-C")
+        try:
+            while crew.procs[-1].alive():
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            # A second Ctrl-C must not cut the clean-up short and orphan the workers.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    else:
+        err.print(
+            f"see the runs and their step timelines: `cairn demo --serve`, or "
+            f"`cairn serve --insecure-no-auth` and {page}",
+            soft_wrap=True,
+        )
+
+
+@dataclasses.dataclass
+class _Crew:
+    """The demo's processes (workers, the beat, the server) and the kills among them."""
+
+    env: dict[str, str]
+    stamp: str  # in the names of their log files
+    err: Console
+    mail: MailServer
+    leases: Leases
+    procs: list[fleet.Proc] = dataclasses.field(default_factory=list)
+    kills: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def start(self, workers: int, serve_port: int | None, page: str) -> None:
+        """The workers (2 processes each), the beat (the reaper), and with serve_port
+        `cairn serve` on it."""
+        env, stamp = self.env, self.stamp
+        self.err.print(f"starting {workers} workers (2 processes each) and the reaper…")
         for i in range(workers):
-            procs.append(fleet.start_worker(env, STATE / f"worker-{stamp}-{i}.log", f"demo{i}", 2))
-        procs.append(fleet.start_beat(env, STATE / f"beat-{stamp}.log", STATE / "beat-schedule"))
-        page = f"http://127.0.0.1:{serve_port or settings.web_port}/ui/runs"
+            self.procs.append(
+                fleet.start_worker(env, STATE / f"worker-{stamp}-{i}.log", f"demo{i}", 2)
+            )
+        self.procs.append(
+            fleet.start_beat(env, STATE / f"beat-{stamp}.log", STATE / "beat-schedule")
+        )
         if serve_port:
             # On loopback only; with CAIRN_API_TOKEN set the page asks for it.
             open_door = () if os.environ.get("CAIRN_API_TOKEN") else ("--insecure-no-auth",)
-            procs.append(
+            self.procs.append(
                 fleet.start_server(env, STATE / f"serve-{stamp}.log", serve_port, *open_door)
             )
-            err.print(f"[bold]watch the runs[/]: {page}")
+            self.err.print(f"[bold]watch the runs[/]: {page}")
 
-        ids = [
-            client.enqueue(
-                "invoice",
-                {"customer": f"customer-{i}", "email": f"billing{i}@example.com"},
-                run_id=f"demo-{stamp}-{i:02d}-{uuid.uuid4().hex[:4]}",
-            )
-            for i in range(runs)
-        ]
-
-        rows: dict[str, Run] = {}
-        with fleet.runs_progress(err, quiet) as progress:
-            bar = progress.add_task("", total=runs)
-            deadline = time.monotonic() + 240
-            while time.monotonic() < deadline:
-                rows = {
-                    r.run_id: r for r in store.list_runs(RunFilter(limit=10_000)) if r.run_id in ids
-                }
-                finished = sum(
-                    r.status in (RunStatus.DONE, RunStatus.FAILED) for r in rows.values()
+    def maybe_kill(self, active: list[Run]) -> None:
+        """First a pool child whose email went out but whose checkpoint is not saved yet
+        (the replay trap), then a whole worker mid-run."""
+        kills, err = self.kills, self.err
+        if len(kills) >= 2:
+            return
+        sent = self.mail.stats()["by_ref"]
+        for row in active:
+            if not kills and not (row.cursor == "send_email" and row.run_id in sent):
+                continue
+            holder = self.leases.holder(row.run_id)
+            if holder is None:
+                continue
+            pid = holder.pid
+            if not kills:
+                os.kill(pid, signal.SIGKILL)
+                kills.append(
+                    {"kind": "pool child", "pid": pid, "run": row.run_id, "step": row.cursor}
                 )
-                active = [r for r in rows.values() if r.status == RunStatus.RUNNING]
-                progress.update(
-                    bar,
-                    completed=finished,
-                    description=f"running {len(active)} · kills {len(kills)} · "
-                    f"emails {mail.stats()['deliveries']}",
+                err.print(
+                    f"[red]SIGKILL[/] pool process {pid} right after {row.run_id} sent its "
+                    "email, before its checkpoint: the broker redelivers the run"
                 )
-                if finished == runs:
-                    break
-                _maybe_kill(kills, active, leases, procs, env, stamp, err, mail)
-                time.sleep(0.05)
-        elapsed = time.monotonic() - started
-        rows = {r.run_id: r for r in store.list_runs(RunFilter(limit=10_000)) if r.run_id in ids}
-        (ledger_rows,) = admin.execute(
-            settings.database_url,
-            "SELECT count(*) AS n FROM invoice_ledger WHERE run_id = ANY(%s)",
-            (ids,),
-        )
-        stats = mail.stats()
-        summary = {
-            "runs": runs,
-            "workers": workers,
-            "runs_finished": sum(r.status == RunStatus.DONE for r in rows.values()),
-            "runs_failed": sum(r.status == RunStatus.FAILED for r in rows.values()),
-            "runs_resumed": sum(r.resumes > 0 for r in rows.values()),
-            "kills": kills,
-            "emails_attempted": stats["attempts"],
-            "emails_delivered": stats["deliveries"],
-            "emails_deduplicated": stats["deduplicated"],
-            "duplicate_deliveries": stats["duplicate_deliveries"],
-            "ledger_rows": ledger_rows["n"],
-            "cost_usd": round(sum(r.cost_usd for r in rows.values()), 6),
-            "seconds": round(elapsed, 1),
-            "model": "anthropic" if real_model else "local stand-in",
-        }
-        summary["ok"] = (
-            summary["runs_finished"] == runs
-            and summary["duplicate_deliveries"] == 0
-            and summary["emails_delivered"] == runs
-            and summary["ledger_rows"] == runs
-            and len(kills) >= 1
-        )
-        if not quiet:
-            _print_summary(out, summary)
-        if on_summary is not None:
-            on_summary(summary)
-        resumed = next((r.run_id for r in rows.values() if r.resumes), None)
-        if serve_port:
-            err.print(f"a run resumed after a kill: {page}/{resumed}" if resumed else "")
-            err.print(f"serving the runs at {page} until Ctrl-C")
-            try:
-                while procs[-1].alive():
-                    time.sleep(0.5)
-            except KeyboardInterrupt:
-                # A second Ctrl-C must not cut the clean-up short and orphan the workers.
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
-        else:
-            err.print(
-                f"see the runs and their step timelines: `cairn demo --serve`, or "
-                f"`cairn serve --insecure-no-auth` and {page}",
-                soft_wrap=True,
+                return
+            owner = next((p for p in self.procs if p.alive() and pid in p.children()), None)
+            if owner is None:
+                continue
+            owner.kill()
+            kills.append(
+                {"kind": "whole worker", "pid": owner.pid, "run": row.run_id, "step": row.cursor}
             )
-        return summary
-    finally:
-        for p in procs:
-            p.kill()
-        mail.stop()
-        if model:
-            model.stop()
-        client.close()
-        leases.client.close()
-        redis_db.close()
-
-
-def _maybe_kill(
-    kills: list[dict[str, Any]],
-    active: list[Run],
-    leases: Leases,
-    procs: list[fleet.Proc],
-    env: dict[str, str],
-    stamp: str,
-    err: Console,
-    mail: MailServer,
-) -> None:
-    """First a pool child whose email went out but whose checkpoint is not saved yet (the
-    replay trap), then a whole worker mid-run."""
-    if len(kills) >= 2:
-        return
-    sent = mail.stats()["by_ref"]
-    for row in active:
-        if not kills and not (row.cursor == "send_email" and row.run_id in sent):
-            continue
-        holder = leases.holder(row.run_id)
-        if holder is None:
-            continue
-        pid = holder.pid
-        if not kills:
-            os.kill(pid, signal.SIGKILL)
-            kills.append({"kind": "pool child", "pid": pid, "run": row.run_id, "step": row.cursor})
             err.print(
-                f"[red]SIGKILL[/] pool process {pid} right after {row.run_id} sent its "
-                "email, before its checkpoint: the broker redelivers the run"
+                f"[red]SIGKILL[/] whole worker {owner.name} (pid {owner.pid} and its pool) while "
+                f"{row.run_id} was at {row.cursor}; starting a replacement; the reaper "
+                "re-enqueues its runs when their leases expire"
+            )
+            self.procs.append(
+                fleet.start_worker(self.env, STATE / f"worker-{self.stamp}-r.log", "demo-r", 2)
             )
             return
-        owner = next((p for p in procs if p.alive() and pid in p.children()), None)
-        if owner is None:
-            continue
-        owner.kill()
-        kills.append(
-            {"kind": "whole worker", "pid": owner.pid, "run": row.run_id, "step": row.cursor}
-        )
-        err.print(
-            f"[red]SIGKILL[/] whole worker {owner.name} (pid {owner.pid} and its pool) while "
-            f"{row.run_id} was at {row.cursor}; starting a replacement; the reaper "
-            "re-enqueues its runs when their leases expire"
-        )
-        procs.append(fleet.start_worker(env, STATE / f"worker-{stamp}-r.log", "demo-r", 2))
-        return
+
+    def kill(self) -> None:
+        """Kill every process the demo started."""
+        for p in self.procs:
+            p.kill()
 
 
 def _print_summary(out: Console, s: dict[str, Any]) -> None:

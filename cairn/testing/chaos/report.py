@@ -159,24 +159,86 @@ def build_report(
     """The report of one chaos run from what it recorded; report["ok"] is the verdict:
     every run finished, no effect delivered twice, no checkpoint went backwards."""
     pauses = pauses or []
-    done = [r for r in final if r["status"] == RunStatus.DONE]
-    failed = [r for r in final if r["status"] == RunStatus.FAILED]
-    cancelled = [r for r in final if r["status"] == RunStatus.CANCELLED]
-    lost = [
-        r
-        for r in final
-        if r["status"] not in (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED)
-    ]
-    per_boundary = {
-        b: sum(1 for k in kills if k.get("boundary") == b) for b in (*BOUNDARIES, *CALL_BOUNDARIES)
-    }
-    per_boundary["random_pool_child"] = sum(1 for k in kills if k["kind"] == "pool_child")
-    per_boundary["whole_worker"] = sum(1 for k in kills if k["kind"] == "whole_worker")
+    done, failed, cancelled, lost = _ended(final)
     rec = recoveries([k for k in kills if k.get("run_id") or k.get("runs")], history)
-    child = [e["seconds"] for e in rec if e["kind"] != "whole_worker" and e["seconds"] is not None]
-    whole = [e["seconds"] for e in rec if e["kind"] == "whole_worker" and e["seconds"] is not None]
     backwards = check_history(history)
     steps = step_report(events, attempts, flow_steps)
+    # A pause cuts a call short as a kill does: the zombie's answer is never recorded.
+    model = _model_check(model_requests, journaled or {}, kills + pauses)
+    life: dict[str, Any] = {}
+    problems = _problems(config, lost, failed, steps, model)
+    if lifecycle is not None:
+        life, life_problems = lifecycle.verdict(final, events)
+        problems.extend(life_problems)
+    problems.extend(backwards[:20])
+    if len(backwards) > 20:
+        problems.append(f"... and {len(backwards) - 20} more history violations")
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "warnings": warnings or [],
+        **_setup(config),
+        "seconds": round(elapsed, 1),
+        "runs_finished": len(done),
+        "runs_failed": len(failed),
+        "runs_lost": len(lost),
+        "runs_cancelled": len(cancelled),
+        "lifecycle": life,
+        "runs_resumed": sum(1 for r in final if r["resumes"] > 0),
+        "resumes": sum(r["resumes"] for r in final),
+        "kills": _per_boundary(kills),
+        "kills_total": len(kills),
+        "random_kills_planned": config.random_kills,
+        "pauses": len(pauses),
+        "pauses_whole_worker": sum(1 for p in pauses if p["kind"] == "whole_worker"),
+        "pauses_taken_over": taken_over(pauses, history),
+        "pause_log": pauses,
+        "recovery": _recovery(rec),
+        "queue_depth": {
+            "p50": percentile([float(d) for d in queue_depths or []], 50),
+            "max": max(queue_depths or [0]),
+        },
+        "steps": steps,
+        "model": model,
+        "journaled": journaled or {},
+        "duplicates": sum(s["duplicates"] for s in steps),
+        "history_rows": len(history),
+        "history_violations": len(backwards),
+        "kill_log": kills,
+        "database": config.db_name + (" (kept)" if config.keep else " (dropped)"),
+        "logs": str(config.state),
+    }
+
+
+def _ended(final: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], ...]:
+    """The runs by how they ended: done, failed, cancelled, and lost (not ended at all)."""
+    ended = (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED)
+    by = [[r for r in final if r["status"] == status] for status in ended]
+    return (*by, [r for r in final if r["status"] not in ended])
+
+
+def _setup(config: ChaosConfig) -> dict[str, Any]:
+    """What the run was set up to do, as the report shows it."""
+    return {
+        "workflow": config.workflow,
+        "seed": config.seed,
+        "rate": config.rate,
+        "replay": config.replay(),
+        "runs": config.runs,
+        "workers": config.workers,
+        "concurrency": config.concurrency,
+        "lease_ttl": config.lease_ttl,
+    }
+
+
+def _problems(
+    config: ChaosConfig,
+    lost: list[dict[str, Any]],
+    failed: list[dict[str, Any]],
+    steps: list[dict[str, Any]],
+    model: dict[str, Any],
+) -> list[str]:
+    """What broke among the runs, the steps' deliveries and the model calls."""
     problems: list[str] = []
     if lost:
         problems.append(
@@ -194,80 +256,47 @@ def build_report(
             problems.append(
                 f"step {s['step']!r} delivered {s['duplicates']} duplicate effect(s) ({how})"
             )
-    # A pause cuts a call short as a kill does: the zombie's answer is never recorded.
-    model = _model_check(model_requests, journaled or {}, kills + pauses)
     if model["excess"] > 0:
         problems.append(
             f"{model['requests']} model requests for {model['journaled']} journaled model "
             f"calls and {model['in_flight_allowed']} calls a kill may have cut short: "
             f"{model['excess']} made again after their result was recorded"
         )
-    life: dict[str, Any] = {}
-    if lifecycle is not None:
-        life, life_problems = lifecycle.verdict(final, events)
-        problems.extend(life_problems)
-    problems.extend(backwards[:20])
-    if len(backwards) > 20:
-        problems.append(f"... and {len(backwards) - 20} more history violations")
+    return problems
+
+
+def _per_boundary(kills: list[dict[str, Any]]) -> dict[str, int]:
+    """Kills at each step and call boundary, and from outside (a pool child, a worker)."""
+    per_boundary = {
+        b: sum(1 for k in kills if k.get("boundary") == b) for b in (*BOUNDARIES, *CALL_BOUNDARIES)
+    }
+    per_boundary["random_pool_child"] = sum(1 for k in kills if k["kind"] == "pool_child")
+    per_boundary["whole_worker"] = sum(1 for k in kills if k["kind"] == "whole_worker")
+    return per_boundary
+
+
+def _recovery(rec: list[dict[str, Any]]) -> dict[str, Any]:
+    """How long runs took to go on after a kill (recoveries), pool child and whole worker
+    apart, and the slowest three."""
+    child = [e["seconds"] for e in rec if e["kind"] != "whole_worker" and e["seconds"] is not None]
+    whole = [e["seconds"] for e in rec if e["kind"] == "whole_worker" and e["seconds"] is not None]
     return {
-        "ok": not problems,
-        "problems": problems,
-        "warnings": warnings or [],
-        "workflow": config.workflow,
-        "seed": config.seed,
-        "rate": config.rate,
-        "replay": config.replay(),
-        "runs": config.runs,
-        "workers": config.workers,
-        "concurrency": config.concurrency,
-        "lease_ttl": config.lease_ttl,
-        "seconds": round(elapsed, 1),
-        "runs_finished": len(done),
-        "runs_failed": len(failed),
-        "runs_lost": len(lost),
-        "runs_cancelled": len(cancelled),
-        "lifecycle": life,
-        "runs_resumed": sum(1 for r in final if r["resumes"] > 0),
-        "resumes": sum(r["resumes"] for r in final),
-        "kills": per_boundary,
-        "kills_total": len(kills),
-        "random_kills_planned": config.random_kills,
-        "pauses": len(pauses),
-        "pauses_whole_worker": sum(1 for p in pauses if p["kind"] == "whole_worker"),
-        "pauses_taken_over": taken_over(pauses, history),
-        "pause_log": pauses,
-        "recovery": {
-            "pool_child": {
-                "n": len(child),
-                "p50": percentile(child, 50),
-                "p95": percentile(child, 95),
-                "max": percentile(child, 100),
-            },
-            "whole_worker": {
-                "n": len(whole),
-                "p50": percentile(whole, 50),
-                "p95": percentile(whole, 95),
-                "max": percentile(whole, 100),
-            },
-            "after_run_finished": sum(1 for e in rec if e["note"] == "run had already finished"),
-            "never_continued": sum(1 for e in rec if e["note"] == "never continued"),
-            "slowest": sorted(
-                (e for e in rec if e["seconds"] is not None), key=lambda e: -e["seconds"]
-            )[:3],
-        },
-        "queue_depth": {
-            "p50": percentile([float(d) for d in queue_depths or []], 50),
-            "max": max(queue_depths or [0]),
-        },
-        "steps": steps,
-        "model": model,
-        "journaled": journaled or {},
-        "duplicates": sum(s["duplicates"] for s in steps),
-        "history_rows": len(history),
-        "history_violations": len(backwards),
-        "kill_log": kills,
-        "database": config.db_name + (" (kept)" if config.keep else " (dropped)"),
-        "logs": str(config.state),
+        "pool_child": _spread(child),
+        "whole_worker": _spread(whole),
+        "after_run_finished": sum(1 for e in rec if e["note"] == "run had already finished"),
+        "never_continued": sum(1 for e in rec if e["note"] == "never continued"),
+        "slowest": sorted(
+            (e for e in rec if e["seconds"] is not None), key=lambda e: -e["seconds"]
+        )[:3],
+    }
+
+
+def _spread(seconds: list[float]) -> dict[str, Any]:
+    return {
+        "n": len(seconds),
+        "p50": percentile(seconds, 50),
+        "p95": percentile(seconds, 95),
+        "max": percentile(seconds, 100),
     }
 
 

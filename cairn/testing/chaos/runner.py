@@ -81,13 +81,9 @@ def run_chaos(
 
     pauses: that many times, SIGSTOP a process holding a run's lease (a pool child, or
     now and then a whole worker) for longer than lease_ttl, then SIGCONT it."""
-    from rich.console import Console
-
     from cairn.core.settings import Settings
 
     defaults = Settings.from_env()
-    err = Console(stderr=True, quiet=quiet)
-    say = log or (lambda text: err.print(text))
     db_name = f"chaos_{time.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}"
     config = ChaosConfig(
         workflow=workflow,
@@ -123,6 +119,15 @@ def run_chaos(
         state=state_dir or STATE / db_name,
         quiet=quiet,
     )
+    return _run(config, log)
+
+
+def _run(config: ChaosConfig, log: Callable[[str], None] | None) -> dict[str, Any]:
+    """The experiment config sets up, from start to close: its report."""
+    from rich.console import Console
+
+    err = Console(stderr=True, quiet=config.quiet)
+    say = log or (lambda text: err.print(text))
     flow, inputs = _load_workflow(config)
     config.state.mkdir(parents=True, exist_ok=True)
     experiment = _Experiment(config, err, say)

@@ -1,23 +1,7 @@
-"""Loopback stand-ins for the outside services cairn talks to (mail API, Anthropic API).
-
-The machines that run the demo and the tests have no internet, so these two small
-stdlib HTTP servers play the outside world:
-
-* ``MailServer`` -- a transactional-mail API that records every request and dedupes on
-  the ``Idempotency-Key`` header, so a test can count both *attempts* (what the worker
-  tried) and *deliveries* (what a user would have received).
-* ``ModelServer`` -- enough of the Anthropic Messages API for the real ``anthropic`` SDK
-  (``anthropic.Anthropic(api_key="local", base_url=server.url)``) to work, with
-  deterministic replies, streaming, and injectable 429/529/500 failures.
-
-Both: ``__init__(host="127.0.0.1", port=0, **options)``, ``.start()`` (daemon thread,
-returns self), ``.stop()``, ``.url``, ``.stats()``, context manager.  From a shell::
-
-    python -m cairn.testing.standins mail  --port 8025 [--delay-ms D]
-    python -m cairn.testing.standins model --port 8026 [--delay-ms D] [--token-ms T]
-                                           [--fail-every N --fail-status 429]
-
-The first stdout line is the URL (flushed), so a script can wait for it.
+"""ModelServer: enough of the Anthropic Messages API for the real ``anthropic`` SDK
+(``anthropic.Anthropic(api_key="local", base_url=server.url)``) to work, with deterministic
+replies (cairn.testing.standins.replies), streaming, a rate limit and injectable
+429/529/500 failures.
 
 Streaming (``"stream": true``, i.e. ``client.messages.stream(...)``)
 -------------------------------------------------------------------
@@ -77,22 +61,15 @@ backoff).  cairn does its own retrying, so build clients with ``max_retries=0`` 
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import math
-import re
-import signal
-import socket
-import sys
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Self
+from typing import Any
 
-__all__ = ["MailServer", "ModelServer", "main"]
+from cairn.testing.standins.replies import _TOKEN_MS_LINE, _TOOLS_LINE, _tokens, reply_for
+from cairn.testing.standins.server import _Cut, _EventStream, _parse_json_object, _StandIn
 
 # Anthropic's documented error types, keyed by HTTP status.
 _ANTHROPIC_ERROR_TYPES: dict[int, str] = {
@@ -105,289 +82,6 @@ _ANTHROPIC_ERROR_TYPES: dict[int, str] = {
     500: "api_error",
     529: "overloaded_error",
 }
-
-_REPLY_LINE = re.compile(r"^[ \t]*REPLY: ?(.*?)\r?$", re.MULTILINE)
-
-
-class _Cut(Exception):
-    """Raised by a streamed answer's events to drop the connection mid-answer."""
-
-
-@dataclass(frozen=True)
-class _EventStream:
-    """A streamed answer: SSE events, each written as one chunk as soon as it is made."""
-
-    events: Iterator[bytes]
-
-
-class _Handler(BaseHTTPRequestHandler):
-    """Reads the whole request, hands it to the owning stand-in, writes its answer."""
-
-    # HTTP/1.1 so the SDK's connection pool can keep connections alive; every answer
-    # carries Content-Length or is chunked, and the body is always read so the stream
-    # stays in sync.
-    protocol_version = "HTTP/1.1"
-    # Idle keep-alive connections must not pin a thread forever.
-    timeout = 60
-    server_version = "cairn-standin/1"
-
-    def setup(self) -> None:
-        super().setup()
-        # Headers and body go out as separate writes; without TCP_NODELAY, Nagle plus the
-        # client's delayed ACK adds ~40 ms to every request on loopback.
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def _dispatch(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length > 0 else b""
-        standin: _StandIn = self.server.standin  # type: ignore[attr-defined]
-        status, payload, headers = standin._handle(
-            self.command, self.path.split("?", 1)[0], dict(self.headers.items()), raw
-        )
-        if isinstance(payload, _EventStream):
-            self._write_events(status, payload.events, headers)
-            return
-        body = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _write_events(self, status: int, events: Iterator[bytes], headers: dict[str, str]) -> None:
-        # Chunked: the length is unknown until the answer ends, and unlike marking the end
-        # by closing, chunks leave the connection in the client's pool for the next call.
-        self.send_response(status)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        try:
-            for event in events:
-                # One write per event (wfile is unbuffered, TCP_NODELAY is on): the client
-                # reads each token as it is made, not when the answer ends.
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
-        except _Cut:
-            # No closing chunk: the client sees the body end early, as when a proxy drops it.
-            self.close_connection = True
-            return
-        self.wfile.write(b"0\r\n\r\n")
-
-    do_GET = do_POST = do_PUT = do_DELETE = _dispatch
-
-    def log_message(self, format: str, *args: Any) -> None:
-        if self.server.standin.verbose:  # type: ignore[attr-defined]
-            super().log_message(format, *args)
-
-
-class _Server(ThreadingHTTPServer):
-    """ThreadingHTTPServer that stays quiet when a client hangs up mid-answer."""
-
-    daemon_threads = True
-    # A fleet of runs calls at once: the default backlog of 5 would make clients wait
-    # for SYN retries, a second each, that no real API imposes.
-    request_queue_size = 1024
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # Clients that time out or get killed mid-request are the point of delay_ms;
-        # a traceback per dropped connection would only be noise.
-        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
-            return
-        super().handle_error(request, client_address)
-
-
-class _StandIn:
-    """Thread/lifecycle plumbing shared by both servers."""
-
-    name = "standin"
-
-    def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, *, delay_ms: int = 0, verbose: bool = False
-    ) -> None:
-        self.host = host
-        self.port = port
-        # Plain attribute, read on every request, so a test may change it while running.
-        self.delay_ms = delay_ms
-        self.verbose = verbose
-        self._lock = threading.Lock()
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    # -- lifecycle ---------------------------------------------------------------------
-    def start(self) -> Self:
-        """Bind and serve in a daemon thread; returns self."""
-        if self._httpd is not None:
-            return self
-        httpd = _Server((self.host, self.port), _Handler)
-        httpd.standin = self  # type: ignore[attr-defined]
-        # Remember the port so a stop()/start() cycle (simulated outage) comes back on
-        # the same URL even when port=0 picked an ephemeral one.
-        self.port = httpd.server_address[1]
-        self._httpd = httpd
-        self._thread = threading.Thread(
-            target=httpd.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name=f"{self.name}-{self.port}",
-            daemon=True,
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving and close the listening socket (state is kept)."""
-        httpd, self._httpd = self._httpd, None
-        if httpd is None:
-            return
-        httpd.shutdown()
-        httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-
-    @property
-    def url(self) -> str:
-        """Base URL, e.g. ``http://127.0.0.1:54321`` (only once started)."""
-        if self._httpd is None:
-            raise RuntimeError(f"{type(self).__name__} is not running; call start() first")
-        return f"http://{self.host}:{self.port}"
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _sleep(self) -> None:
-        if self.delay_ms > 0:
-            time.sleep(self.delay_ms / 1000)
-
-    def _handle(
-        self, method: str, path: str, headers: dict[str, str], raw: bytes
-    ) -> tuple[int, Any, dict[str, str]]:
-        raise NotImplementedError
-
-
-def _parse_json_object(raw: bytes) -> dict[str, Any] | None:
-    """The body as a JSON object, or None if it is not one."""
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-# ---------------------------------------------------------------------------------------
-# Mail
-# ---------------------------------------------------------------------------------------
-
-
-class MailServer(_StandIn):
-    """Mail API stand-in: counts attempts, deliveries and duplicate deliveries per ``ref``.
-
-    ``delay_ms`` sleeps *after* the delivery is recorded and before the answer is sent:
-    that is the interesting crash window (the email went out, the sender never heard),
-    which only an idempotency key can make safe on retry.
-    """
-
-    name = "mail"
-
-    def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, *, delay_ms: int = 0, verbose: bool = False
-    ) -> None:
-        super().__init__(host, port, delay_ms=delay_ms, verbose=verbose)
-        self._reset_state()
-
-    def _reset_state(self) -> None:
-        self._attempts = 0
-        self._deduplicated = 0
-        self._keys: dict[str, str] = {}  # Idempotency-Key -> message id
-        self._messages: list[dict[str, Any]] = []
-        self._by_ref: dict[str, int] = {}
-
-    def stats(self) -> dict[str, Any]:
-        """Same dict as ``GET /v1/stats``."""
-        with self._lock:
-            by_ref = dict(self._by_ref)
-            return {
-                "attempts": self._attempts,
-                "deliveries": len(self._messages),
-                "deduplicated": self._deduplicated,
-                "duplicate_deliveries": sum(max(0, n - 1) for n in by_ref.values()),
-                "by_ref": by_ref,
-            }
-
-    def messages(self) -> list[dict[str, Any]]:
-        """Delivered messages in order (id, to, subject, body, ref, idempotency_key)."""
-        with self._lock:
-            return [dict(m) for m in self._messages]
-
-    def reset(self) -> None:
-        """Forget everything (same as ``POST /v1/reset``)."""
-        with self._lock:
-            self._reset_state()
-
-    def _handle(
-        self, method: str, path: str, headers: dict[str, str], raw: bytes
-    ) -> tuple[int, Any, dict[str, str]]:
-        if method == "POST" and path == "/v1/send":
-            return self._send(headers, raw)
-        if method == "GET" and path == "/v1/stats":
-            return 200, self.stats(), {}
-        if method == "POST" and path == "/v1/reset":
-            self.reset()
-            return 200, {"ok": True}, {}
-        return 404, _mail_error("not_found", f"no route {method} {path}"), {}
-
-    def _send(self, headers: dict[str, str], raw: bytes) -> tuple[int, Any, dict[str, str]]:
-        # Header names arrive as sent; match case-insensitively like any HTTP server.
-        key = next((v for k, v in headers.items() if k.lower() == "idempotency-key"), "")
-        key = key.strip()
-        data = _parse_json_object(raw)
-        with self._lock:
-            self._attempts += 1  # every POST counts, even a rejected one
-            if data is None:
-                return 400, _mail_error("invalid_request", "body must be a JSON object"), {}
-            to = data.get("to")
-            if not isinstance(to, str) or not to:
-                return 400, _mail_error("invalid_request", "'to' is required"), {}
-            # Check-and-record under one lock so concurrent retries with one key deliver once.
-            if key and key in self._keys:
-                self._deduplicated += 1
-                result = {"id": self._keys[key], "deduplicated": True}
-            else:
-                msg_id = f"msg_{len(self._messages) + 1}"
-                ref = data.get("ref")
-                self._messages.append(
-                    {
-                        "id": msg_id,
-                        "to": to,
-                        "subject": data.get("subject"),
-                        "body": data.get("body"),
-                        "ref": ref,
-                        "idempotency_key": key or None,
-                    }
-                )
-                # A message without a ref is delivered but not part of duplicate counting.
-                if isinstance(ref, str) and ref:
-                    self._by_ref[ref] = self._by_ref.get(ref, 0) + 1
-                if key:
-                    self._keys[key] = msg_id
-                result = {"id": msg_id, "deduplicated": False}
-        self._sleep()
-        return 200, result, {}
-
-
-def _mail_error(kind: str, message: str) -> dict[str, Any]:
-    return {"error": {"type": kind, "message": message}}
-
-
-# ---------------------------------------------------------------------------------------
-# Model (Anthropic Messages API)
-# ---------------------------------------------------------------------------------------
 
 
 def _anthropic_error(status: int, message: str) -> dict[str, Any]:
@@ -408,22 +102,6 @@ def _text_of(content: Any) -> str:
             if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
         )
     return ""
-
-
-def reply_for(text: str) -> str:
-    """Deterministic reply: ``REPLY: x`` line, else VALIDATE, else SUMMARIZE, else ack."""
-    m = _REPLY_LINE.search(text)
-    if m:
-        return m.group(1)
-    if "VALIDATE" in text:
-        return "INVALID" if "INVALID" in text else "VALID"
-    if "SUMMARIZE" in text:
-        return "Summary: " + text[:300]
-    return "ack: " + text[:80]
-
-
-_TOOLS_LINE = re.compile(r"^[ \t]*TOOLS: ?(.*?)\r?$", re.MULTILINE)
-_TOKEN_MS_LINE = re.compile(r"^[ \t]*TOKEN_MS: ?(\d+)\r?$", re.MULTILINE)
 
 
 def _first_user_text(data: dict[str, Any]) -> str:
@@ -460,16 +138,6 @@ def _next_tool_use(data: dict[str, Any]) -> dict[str, Any] | None:
         for p in schema.get("required") or []
     }
     return {"type": "tool_use", "id": f"toolu_local_{done}", "name": name, "input": args}
-
-
-# A word and the whitespace before it; trailing whitespace goes with the last word.
-_TOKEN = re.compile(r"\s*\S+(?:\s+\Z)?")
-
-
-def _tokens(text: str) -> list[str]:
-    """text cut into word-sized tokens, whitespace leading as in the model's own tokens
-    (``"Hello"``, ``" world"``); they concatenate to text exactly."""
-    return _TOKEN.findall(text) or ([text] if text else [])
 
 
 def _stream_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -854,65 +522,3 @@ _FAIL_MESSAGES: dict[int, str] = {
 def _check_status(status: Any) -> None:
     if isinstance(status, bool) or not isinstance(status, int) or status not in _FAIL_MESSAGES:
         raise ValueError(f"status must be one of {sorted(_FAIL_MESSAGES)}, got {status!r}")
-
-
-# ---------------------------------------------------------------------------------------
-# CLI
-# ---------------------------------------------------------------------------------------
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run one stand-in in the foreground until SIGINT/SIGTERM."""
-    parser = argparse.ArgumentParser(
-        prog="python -m cairn.testing.standins", description="Run a cairn loopback stand-in."
-    )
-    sub = parser.add_subparsers(dest="which", required=True)
-    for which in ("mail", "model"):
-        p = sub.add_parser(which, help=f"run the {which} stand-in")
-        p.add_argument("--host", default="127.0.0.1")
-        p.add_argument("--port", type=int, default=0, help="0 picks a free port")
-        p.add_argument("--delay-ms", type=int, default=0)
-        p.add_argument("--quiet", action="store_true", help="don't log requests to stderr")
-        if which == "model":
-            p.add_argument(
-                "--token-ms", type=int, default=0, help="sleep between streamed text deltas"
-            )
-            p.add_argument("--fail-every", type=int, default=0)
-            p.add_argument("--fail-status", type=int, default=429, choices=[429, 500, 529])
-            p.add_argument("--rpm", type=int, default=0, help="requests a minute (0: no limit)")
-            p.add_argument("--burst", type=int, default=None, help="rpm bucket (default: rpm)")
-    args = parser.parse_args(argv)
-
-    server: _StandIn
-    if args.which == "mail":
-        server = MailServer(args.host, args.port, delay_ms=args.delay_ms, verbose=not args.quiet)
-    else:
-        server = ModelServer(
-            args.host,
-            args.port,
-            delay_ms=args.delay_ms,
-            token_ms=args.token_ms,
-            fail_every=args.fail_every,
-            fail_status=args.fail_status,
-            rpm=args.rpm,
-            burst=args.burst,
-            verbose=not args.quiet,
-        )
-
-    stop = threading.Event()
-    # SIGTERM (docker stop, kill) should close the socket as cleanly as Ctrl-C does.
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    server.start()
-    print(server.url, flush=True)
-    try:
-        while not stop.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

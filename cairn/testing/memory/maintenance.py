@@ -1,0 +1,107 @@
+"""The store's upkeep (Maintenance): the reaper's candidates and the sweep."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+from cairn.core.status import TERMINAL, RunStatus
+from cairn.store.checkpoints import FOLD_BATCH
+from cairn.testing.memory.rows import _unconsumed
+from cairn.testing.memory.tables import _Tables
+
+
+class _Maintenance(_Tables):
+    """Maintenance: what the reaper and the sweep ask of the store."""
+
+    def fold_counts(self, batch: int = FOLD_BATCH) -> int:
+        """0: counts are read from the rows themselves, so there are no deltas to fold."""
+        return 0
+
+    def stalled(self, pending_after: float, running_after: float) -> list[dict[str, Any]]:
+        """Reaper candidates: {run_id, status, epoch, updated_at} (see the SQL's stalled)."""
+        with self._lock:
+            now = self._now()
+            running_since = now - dt.timedelta(seconds=running_after)
+            pending_since = now - dt.timedelta(seconds=pending_after)
+            found = []
+            for r in self._rows.values():
+                claimed = r.status == RunStatus.RUNNING or (
+                    r.status == RunStatus.PENDING and r.epoch > 0
+                )
+                quiet = (claimed and r.updated_at < running_since) or (
+                    r.status == RunStatus.PENDING and r.updated_at < pending_since
+                )
+                due = r.retry_at is None or r.retry_at < running_since
+                woken = r.status == RunStatus.WAITING and (
+                    (r.wait_until is not None and r.wait_until < now)
+                    or any(s.created_at < running_since for _, s in _unconsumed(r, r.wait_event))
+                )
+                if (quiet and due) or woken:
+                    found.append(
+                        {
+                            "run_id": r.run_id,
+                            "status": str(r.status),
+                            "epoch": r.epoch,
+                            "updated_at": r.updated_at,
+                        }
+                    )
+            return found
+
+    def unclaimed(self, older_than: float, limit: int = 10_000) -> list[dict[str, Any]]:
+        """Pending runs no worker has taken, sent over older_than seconds ago, oldest
+        first: {run_id, epoch, updated_at}."""
+        with self._lock:
+            since = self._now() - dt.timedelta(seconds=older_than)
+            found = sorted(
+                (
+                    r
+                    for r in self._rows.values()
+                    if r.status == RunStatus.PENDING and r.epoch == 0 and r.updated_at < since
+                ),
+                key=lambda r: (r.updated_at, r.run_id),
+            )
+            return [
+                {"run_id": r.run_id, "epoch": r.epoch, "updated_at": r.updated_at}
+                for r in found[:limit]
+            ]
+
+    def unchanged(self, rows: list[dict[str, Any]]) -> set[str]:
+        """The run ids among rows (as stalled or unclaimed listed them) whose epoch and
+        updated_at are still the same."""
+        with self._lock:
+            return {
+                r["run_id"]
+                for r in rows
+                if (row := self._rows.get(r["run_id"])) is not None
+                and (row.epoch, row.updated_at) == (r["epoch"], r["updated_at"])
+            }
+
+    def sweep(
+        self,
+        older_than: float,
+        batch: int = 1000,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Delete terminal runs older than older_than seconds with their window, ledger,
+        history and signals, batch runs at a time; returns how many went."""
+        total = 0
+        while True:
+            with self._lock:
+                since = self._now() - dt.timedelta(seconds=older_than)
+                old = [
+                    r.run_id
+                    for r in self._rows.values()
+                    if r.status in TERMINAL and r.updated_at < since
+                ][:batch]
+                for run_id in old:
+                    del self._rows[run_id]
+                gone = set(old)
+                for key in [k for k, (run_id, *_) in self._effects.items() if run_id in gone]:
+                    del self._effects[key]
+            total += len(old)
+            if progress is not None and old:
+                progress(total)
+            if len(old) < batch:
+                return total
