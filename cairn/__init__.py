@@ -74,7 +74,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from cairn.client.client import AsyncClient, Client
+    from cairn.client import AsyncClient, Client
     from cairn.core.events import Event
     from cairn.core.records import CallRecord, Run, StepRecord
     from cairn.core.settings import Settings

@@ -196,9 +196,9 @@ MUTANTS = [
     Mutant(
         "M21",
         "a step that appended messages saves them with save_plain (they are lost)",
-        "store/checkpoints.py",
-        "        if messages or attempt.signal_id is not None or spawn is not None:",
-        "        if attempt.signal_id is not None or spawn is not None:",
+        "store/rows.py",
+        "    if messages or attempt.signal_id is not None or spawn is not None:",
+        "    if attempt.signal_id is not None or spawn is not None:",
         ("tests/test_store.py::test_plain_and_full_saves_interleave_and_record_every_step",),
     ),
     Mutant(

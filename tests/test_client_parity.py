@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import cairn
-from cairn.client.client import AsyncClient, Client
+from cairn.client import AsyncClient, Client
 from cairn.core.errors import CairnError, RunNotStopped, UnknownRun, WaitTimedOut
 from cairn.core.status import RunStatus
 from cairn.testing import LocalWorker, ManualClock, MemoryStore

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from cairn.store import Checkpoint, Database, PgStore, upgrade
-from cairn.store.checkpoints import FOLD_AT
+from cairn.store.rows import FOLD_AT
 from cairn.store.sql import QUERIES, migrations
 from cairn.testing import fleet
 from tests.conftest import BASE_DB, _with_db, wait_for

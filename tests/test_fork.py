@@ -282,7 +282,7 @@ def test_the_async_client_forks_rewinds_and_lists_forks(
 ) -> None:
     import asyncio
 
-    from cairn.client.client import AsyncClient
+    from cairn.client import AsyncClient
 
     run_id = client.enqueue("loop", {"visits": 2})
     assert loop.run(run_id, deps) == RunStatus.DONE

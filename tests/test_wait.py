@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 import cairn
-from cairn.client.client import AsyncClient, Client
+from cairn.client import AsyncClient, Client
 from cairn.core.errors import UnknownRun, WaitTimedOut
 from cairn.core.settings import Settings
 from cairn.core.status import RunStatus

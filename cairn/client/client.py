@@ -1,55 +1,51 @@
-"""Client and AsyncClient: what a web app uses to start runs, read them and wait for
-them. Enqueues by workflow name.
+"""Client: what a web app uses to start runs, read them and wait for them. Enqueues by
+workflow name.
 
-They need neither the workflows' code nor Celery's worker: they write the run to the
-store (Postgres, or any store of the contract: cairn.testing.MemoryStore in a test) and
-send one message naming the run. Celery is imported on the first enqueue.
-
-One implementation: AsyncClient is Client's face for asyncio. Each of its methods runs
-Client's in a worker thread (asyncio.to_thread, as DBOS's enqueue_async does), made from
-Client's own (`_threaded`), so the two cannot drift; only wait (LISTEN/NOTIFY on an async
-connection) and events (asyncio Redis reads) are asyncio's own, as they hold no thread
-while they wait. tests/test_client_parity.py checks the two faces method by method.
+It needs neither the workflows' code nor Celery's worker: it writes the run to the store
+(Postgres, or any store of the contract: cairn.testing.MemoryStore in a test) and sends
+one message naming the run (cairn.client.sender). Celery is imported on the first
+enqueue. AsyncClient (cairn.client.aio) is its face for asyncio.
 """
 
 from __future__ import annotations
 
-import asyncio
 import builtins  # `list` in a Client's annotations is its method
 import dataclasses
 import datetime as dt
-import functools
-import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from typing import TYPE_CHECKING, Any, Concatenate, NoReturn, ParamSpec, Self, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Self
 
+from cairn.client.checks import (
+    checked,
+    checked_fork,
+    checked_replay,
+    checked_schedule,
+    checked_signal,
+    flow,
+    known,
+    now,
+)
+from cairn.client.sender import Sender, no_broker
 from cairn.core import tracing
-from cairn.core.errors import CairnError, InvalidInput, StoreUnavailable, UnknownRun
-from cairn.core.inputs import check_event, check_flow, check_input, check_run_id
+from cairn.core.errors import CairnError, InvalidInput, UnknownRun
+from cairn.core.inputs import check_input, check_run_id
 from cairn.core.records import CallRecord, Run, RunFilter, StepRecord
 from cairn.core.settings import Settings
 from cairn.core.status import CANCEL_REASON, STOPPED, RunStatus
-from cairn.steps import registry
 from cairn.store.checkpoints import PgStore
 from cairn.store.db import Database
 from cairn.store.schedules import Schedule
-from cairn.workers import broker, health
+from cairn.workers import health
 from cairn.workers import schedules as sched
 
 if TYPE_CHECKING:
-    from celery import Celery
-
-    from cairn.client.events import AsyncEventLog
     from cairn.core.events import Event
-    from cairn.core.records import StreamInfo
-    from cairn.store.contract import AdminStore, CheckpointStore
-    from cairn.store.events import AsyncRedisEvents, RedisEvents
+    from cairn.store.contract import CheckpointStore
+    from cairn.store.events import RedisEvents
     from cairn.workers.outbox import EventLog
 
-P = ParamSpec("P")
-R = TypeVar("R")
 
 # Runs re-armed a transaction by Client.replay, each batch's messages sent after its commit:
 # a crash mid-replay leaves the rest failed (replay again), and a batch committed but not
@@ -109,8 +105,8 @@ class Client:
         self.store: CheckpointStore = store
         # Celery's producer only for runs a fleet reads from Postgres; any other store
         # has no broker unless given one.
-        self._sender = _Sender(s) if send is None and isinstance(store, PgStore) else None
-        self._send = send or (self._sender.send if self._sender else _no_broker)
+        self._sender = Sender(s) if send is None and isinstance(store, PgStore) else None
+        self._send = send or (self._sender.send if self._sender else no_broker)
         tracing.setup(self.settings, "cairn-client")  # CAIRN_TRACING: spans for enqueues
         self._event_log = events
         self._redis_log: RedisEvents | None = None  # Redis, on the first events()
@@ -158,8 +154,8 @@ class Client:
         the workflow's (cairn.workflow(..., concurrency_limit=, priority=)) when it is
         registered here, else to 1 and 0.
         """
-        run_id, data = _checked(self.settings, workflow, input, run_id)
-        key, limit, prio = _flow(workflow, concurrency_key, concurrency_limit, priority)
+        run_id, data = checked(self.settings, workflow, input, run_id)
+        key, limit, prio = flow(workflow, concurrency_key, concurrency_limit, priority)
         with tracing.enqueuing(workflow, run_id, concurrency_key=key, priority=prio) as trace:
             created = self.store.create_run(
                 run_id, workflow, data, max_cost_usd=max_cost_usd, priority=prio,
@@ -248,7 +244,7 @@ class Client:
         run's id. It is a new run: its effects have their own idempotency keys, so the
         steps after at_seq make theirs again. The same new_run_id again returns it.
         Raises UnknownRun, or InvalidInput when no checkpoint was saved at that seq."""
-        at, patch = _checked_fork(self.settings, at_seq, input_patch)
+        at, patch = checked_fork(self.settings, at_seq, input_patch)
         new = check_run_id(new_run_id) if new_run_id is not None else uuid.uuid4().hex
         with tracing.spanning(
             "cairn.fork", producer=True, run_id=new, forked_from=run_id, forked_at=at
@@ -263,7 +259,7 @@ class Client:
         numbers, so new idempotency keys: an effect the first pass made is made again
         unless the downstream dedupes on its own key. Raises RunNotStopped for a run that
         is pending, running, waiting or queued (cancel it first), UnknownRun, InvalidInput."""
-        at, _ = _checked_fork(self.settings, to_seq, None)
+        at, _ = checked_fork(self.settings, to_seq, None)
         self.store.rewind(run_id, at)
         self.send(run_id)
         run = self.get(run_id)
@@ -296,7 +292,7 @@ class Client:
         Returns the runs as they stopped, oldest first; progress(n) after each batch.
         Two replays at once re-arm each run once; a run that fails again during this
         replay waits for the next one."""
-        statuses, since, until, limit = _checked_replay(status, since, until, limit)
+        statuses, since, until, limit = checked_replay(status, since, until, limit)
         until = until or self.store.clock()
         if dry_run:
             return self.store.replay(workflow, statuses, since, until, limit, dry_run=True)
@@ -320,7 +316,7 @@ class Client:
         """Send the run a signal of `event` with a JSON payload. It is stored durably: a
         run waiting for it wakes, a run that waits for it later finds it. The same
         signal_id twice is one signal (returns False the second time). Raises UnknownRun."""
-        signal_id = _checked_signal(self.settings, event, payload, signal_id)
+        signal_id = checked_signal(self.settings, event, payload, signal_id)
         with tracing.spanning("cairn.signal", run_id=run_id, event=event) as trace:
             found = self.store.signal(run_id, event, payload, signal_id, trace)
         if found is None:
@@ -436,7 +432,7 @@ class Client:
             InvalidInput: a bad name, cron, interval, catch_up or input; nothing written.
             ScheduleConflict: the name holds another definition and replace is False.
         """
-        wanted = _checked_schedule(self.settings, name, workflow, input, cron, every, catch_up)
+        wanted = checked_schedule(self.settings, name, workflow, input, cron, every, catch_up)
         store = self.store.schedule_store()
         stored = store.add(wanted, replace=replace)
         return sched.added(wanted, stored, None if stored else store.get(name))
@@ -447,315 +443,17 @@ class Client:
 
     def pause_schedule(self, name: str) -> Schedule:
         """Stop firing the schedule until resumed. Raises UnknownSchedule."""
-        return _known(name, self.store.schedule_store().pause(name))
+        return known(name, self.store.schedule_store().pause(name))
 
     def resume_schedule(self, name: str) -> Schedule:
         """Fire the schedule again from its next tick after now (ticks while it was
         paused are not fired). Resuming an active schedule changes nothing. Raises
         UnknownSchedule."""
         store = self.store.schedule_store()
-        current = _known(name, store.get(name))
-        resumed = store.resume(current, sched.timing(current).after(_now()))
-        return resumed or _known(name, store.get(name))
+        current = known(name, store.get(name))
+        resumed = store.resume(current, sched.timing(current).after(now()))
+        return resumed or known(name, store.get(name))
 
     def remove_schedule(self, name: str) -> bool:
         """Delete the schedule (its runs stay); False if there was none."""
         return self.store.schedule_store().remove(name)
-
-
-def _threaded(
-    method: Callable[Concatenate[Client, P], R],
-) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, R]]:
-    """AsyncClient's face of a Client method: its parameters, docstring and behaviour,
-    the call made in a worker thread so the event loop never blocks on the store or the
-    broker (contextvars go along: a caller's trace context reaches the enqueue's span)."""
-
-    async def threaded(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        return await asyncio.to_thread(method, self.sync, *args, **kwargs)
-
-    # inspect.signature follows __wrapped__: the parameters are Client's, written once.
-    functools.update_wrapper(threaded, method, assigned=("__module__", "__name__", "__doc__"))
-    threaded.__qualname__ = f"AsyncClient.{method.__name__}"
-    return threaded
-
-
-class AsyncClient:
-    """Client for asyncio apps (FastAPI, aiohttp): every method of Client, awaited, with
-    the same parameters, over a Client of its own (`sync`). A call runs in a worker thread,
-    so the event loop never blocks on Postgres or the broker; wait listens for its run's
-    notification on an async connection and events reads Redis with asyncio, holding no
-    thread while they wait.
-
-        async with cairn.AsyncClient() as client:
-            run_id = await client.enqueue("invoice", {"customer": "acme", "email": "a@acme.test"})
-            run = await client.wait(run_id, timeout=30)
-
-    Its arguments are Client's (store=, send=, events= too); pool_size is the Client's
-    pool, shared by the calls in flight.
-    """
-
-    def __init__(
-        self,
-        database_url: str | None = None,
-        broker_url: str | None = None,
-        *,
-        settings: Settings | None = None,
-        pool_size: int = 10,
-        store: CheckpointStore | None = None,
-        send: Callable[[str, int], None] | None = None,
-        events: EventLog | None = None,
-    ) -> None:
-        self.sync = Client(
-            database_url,
-            broker_url,
-            settings=settings,
-            pool_size=pool_size,
-            store=store,
-            send=send,
-            events=events,
-        )
-        self.settings, self.store = self.sync.settings, self.sync.store
-        self._event_log: AsyncEventLog | None = None
-        self._redis_log: AsyncRedisEvents | None = None
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        """Client.close, and the asyncio Redis reader's connections."""
-        await asyncio.to_thread(self.sync.close)
-        if self._redis_log is not None:
-            await self._redis_log.close()
-
-    enqueue = _threaded(Client.enqueue)
-    send = _threaded(Client.send)
-    get = _threaded(Client.get)
-    list = _threaded(Client.list)
-    counts = _threaded(Client.counts)
-    cancel = _threaded(Client.cancel)
-    children = _threaded(Client.children)
-    fork = _threaded(Client.fork)
-    rewind = _threaded(Client.rewind)
-    forks = _threaded(Client.forks)
-    replay = _threaded(Client.replay)
-    signal = _threaded(Client.signal)
-    resolve = _threaded(Client.resolve)
-    history = _threaded(Client.history)
-    calls = _threaded(Client.calls)
-    events_token = _threaded(Client.events_token)
-    problems = _threaded(Client.problems)
-    add_schedule = _threaded(Client.add_schedule)
-    schedules = _threaded(Client.schedules)
-    pause_schedule = _threaded(Client.pause_schedule)
-    resume_schedule = _threaded(Client.resume_schedule)
-    remove_schedule = _threaded(Client.remove_schedule)
-
-    async def wait(self, run_id: str, timeout: float | None = 60.0) -> Run:
-        """Client.wait for asyncio: the run once stopped or waiting for a signal, woken by
-        LISTEN/NOTIFY on an async connection (no thread held while it waits). Raises
-        UnknownRun, or cairn.WaitTimedOut after timeout seconds (None: no limit)."""
-        return await self.store.wait_async(run_id, timeout)
-
-    async def events(
-        self, run_id: str, after: str | None = None, *, timeout: float | None = None
-    ) -> AsyncIterator[Event]:
-        """Client.events for asyncio: `async for event in client.events(run_id)`, read
-        from Redis with asyncio; timeout: stop after that many seconds even if the run
-        goes on."""
-        from cairn.client.events import afollow
-
-        until = None if timeout is None else time.monotonic() + timeout
-        async for event in afollow(
-            _Durable(self.store), self._events(), run_id, after, until=until
-        ):
-            if event.kind != "keepalive":
-                yield event
-
-    def _events(self) -> AsyncEventLog:
-        if self._event_log is None:
-            given = self.sync._event_log
-            if given is not None:
-                self._event_log = _InThreads(given)
-            else:
-                from cairn.store.events import AsyncRedisEvents
-
-                self._event_log = self._redis_log = AsyncRedisEvents(self.settings.redis_url)
-        return self._event_log
-
-
-class _Durable:
-    """The store's record of a run, read from asyncio (a reader after a gap): each read
-    in a worker thread."""
-
-    def __init__(self, store: AdminStore) -> None:
-        self.store = store
-
-    async def get(self, run_id: str) -> Run | None:
-        return await asyncio.to_thread(self.store.get, run_id)
-
-    async def history(self, run_id: str) -> builtins.list[dict[str, Any]]:
-        return await asyncio.to_thread(self.store.history, run_id)
-
-    async def calls(self, run_id: str, limit: int = 500) -> builtins.list[dict[str, Any]]:
-        return await asyncio.to_thread(self.store.calls, run_id, limit)
-
-
-class _InThreads:
-    """An event log given to the Client (a LocalWorker's MemoryEvents), read from asyncio:
-    each read in a worker thread."""
-
-    def __init__(self, log: EventLog) -> None:
-        self.log = log
-
-    async def read_many(
-        self, after: dict[str, str], count: int = 500, block: float | None = None
-    ) -> dict[str, builtins.list[tuple[str, str]]]:
-        return {
-            run_id: await asyncio.to_thread(self.log.read, run_id, at, count, block)
-            for run_id, at in after.items()
-        }
-
-    async def info(self, run_id: str) -> StreamInfo | None:
-        return await asyncio.to_thread(self.log.info, run_id)
-
-
-def _no_broker(run_id: str, priority: int = 0) -> NoReturn:
-    raise CairnError(
-        f"run {run_id} is recorded but this Client has no broker to send it to: its store "
-        "is not a PgStore; pass send= (in a test, cairn.testing.LocalWorker's send)"
-    )
-
-
-class _Sender:
-    """The broker's producer, made on the first send (Celery imports then)."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self._producer: Celery | None = None
-        # AsyncClient sends from several threads at once: celery's lazy module does not
-        # survive being imported by two of them together ("cannot import name 'Celery'").
-        self._lock = threading.Lock()
-
-    @property
-    def producer(self) -> Celery:
-        """Celery's app, made on first use (the Client never hands it out)."""
-        with self._lock:
-            if self._producer is None:
-                from celery import Celery
-
-                app = Celery("cairn-client")
-                app.conf.update(broker.conf(self.settings))
-                self._producer = app
-            return self._producer
-
-    def send(self, run_id: str, priority: int = 0) -> None:
-        try:
-            self.producer.send_task(
-                broker.RUN_TASK, args=[run_id], queue=broker.queue_for(priority)
-            )
-        except Exception as exc:
-            from kombu.exceptions import OperationalError
-
-            if not isinstance(exc, OperationalError):
-                raise
-            raise StoreUnavailable(
-                f"run {run_id} is recorded but the broker is unreachable ({exc}); enqueue "
-                "the same run id again once it is back, or the reaper will after "
-                "CAIRN_PENDING_AFTER"
-            ) from exc
-
-    def close(self) -> None:
-        if self._producer is not None:
-            self._producer.close()
-
-
-def _checked(
-    settings: Settings, workflow: str, input: dict[str, Any] | None, run_id: str | None
-) -> tuple[str, dict[str, Any]]:
-    """The run id (a new one if None) and the input, checked before anything is written."""
-    data = check_input({} if input is None else input, settings.max_input_bytes)
-    run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
-    if not isinstance(workflow, str) or not workflow:
-        raise InvalidInput("workflow must be a workflow's name")
-    flow = registry.find(workflow)
-    if flow is not None:
-        data = flow.validate(data)
-    return run_id, data
-
-
-def _flow(workflow: str, key: Any, limit: Any, priority: Any) -> tuple[str | None, int, int]:
-    """Enqueue's flow options checked, the workflow's defaults filling what is None."""
-    flow = registry.find(workflow)
-    return check_flow(
-        key,
-        limit if limit is not None else flow.concurrency_limit if flow else 1,
-        priority if priority is not None else flow.priority if flow else 0,
-    )
-
-
-def _checked_fork(
-    settings: Settings, at: Any, patch: dict[str, Any] | None
-) -> tuple[int, dict[str, Any]]:
-    if isinstance(at, bool) or not isinstance(at, int) or at < 1:
-        raise InvalidInput(f"the seq to fork or rewind at must be a whole number >= 1, not {at!r}")
-    return at, check_input({} if patch is None else patch, settings.max_input_bytes)
-
-
-def _checked_replay(
-    status: RunStatus | str | tuple[RunStatus | str, ...],
-    since: dt.datetime,
-    until: dt.datetime | None,
-    limit: int | None,
-) -> tuple[tuple[RunStatus, ...], dt.datetime, dt.datetime | None, int]:
-    try:
-        statuses = tuple(RunStatus(s) for s in ((status,) if isinstance(status, str) else status))
-    except ValueError as exc:
-        raise InvalidInput(f"replay: {exc}") from None
-    for name, when in (("since", since), ("until", until)):
-        if when is not None and (not isinstance(when, dt.datetime) or when.tzinfo is None):
-            raise InvalidInput(f"replay: {name} must be a datetime with a time zone, not {when!r}")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise InvalidInput(f"replay: limit must be a whole number >= 1, not {limit!r}")
-    return statuses, since, until, limit if limit is not None else 2**62
-
-
-def _checked_signal(settings: Settings, event: str, payload: Any, signal_id: str | None) -> str:
-    check_event(event)
-    check_input({"payload": payload}, settings.max_input_bytes)
-    if signal_id is not None:
-        check_run_id(signal_id)  # same rules: it travels as a key and a header too
-    return signal_id or uuid.uuid4().hex
-
-
-def _checked_schedule(
-    settings: Settings,
-    name: str,
-    workflow: str,
-    input: dict[str, Any] | None,
-    cron: str | None,
-    every: int | None,
-    catch_up: str,
-) -> Schedule:
-    return sched.checked(
-        name,
-        workflow,
-        input,
-        cron=cron,
-        every=every,
-        catch_up=catch_up,
-        max_input_bytes=settings.max_input_bytes,
-        now=_now(),
-    )
-
-
-def _known(name: str, schedule: Schedule | None) -> Schedule:
-    if schedule is None:
-        raise sched.UnknownSchedule(f"no schedule {name!r}")
-    return schedule
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)

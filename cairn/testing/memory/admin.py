@@ -14,7 +14,7 @@ from typing import Any
 from cairn.core.errors import RunIdConflict
 from cairn.core.records import START, Run, RunFilter
 from cairn.core.status import ACTIVE, REARMABLE, RunStatus
-from cairn.store.checkpoints import settled
+from cairn.store.rows import settled
 from cairn.testing.memory.rows import _dump, _loaded, _Row, _Signal
 from cairn.testing.memory.tables import _Tables
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from cairn.core.records import Attempt, Run
 from cairn.core.status import REARMABLE, STOPPED, RunStatus
-from cairn.store.checkpoints import forked, replay_params, rewound
+from cairn.store.rows import forked, replay_params, rewound
 from cairn.testing.memory.rows import _dump, _Row, _Snap
 from cairn.testing.memory.tables import _Tables
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cairn.core.status import TERMINAL, RunStatus
-from cairn.store.checkpoints import FOLD_BATCH
+from cairn.store.rows import FOLD_BATCH
 from cairn.testing.memory.rows import _unconsumed
 from cairn.testing.memory.tables import _Tables
 

@@ -20,7 +20,7 @@ from cairn.core.records import (
     Wait,
 )
 from cairn.core.status import ACTIVE, IDLE, STOPPED, RunStatus
-from cairn.store.checkpoints import _checkpoint, appended
+from cairn.store.rows import _checkpoint, appended
 from cairn.testing.memory.rows import _dump, _loaded, _Row, _Snap, _status
 from cairn.testing.memory.tables import _Tables
 

@@ -1,0 +1,190 @@
+"""AsyncClient: Client's face for asyncio. Each of its methods runs Client's in a worker
+thread (asyncio.to_thread, as DBOS's enqueue_async does), made from Client's own
+(`_threaded`), so the two cannot drift; only wait (LISTEN/NOTIFY on an async connection)
+and events (asyncio Redis reads) are asyncio's own, as they hold no thread while they
+wait. tests/test_client_parity.py checks the two faces method by method.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins  # `list` in a Client's annotations is its method
+import functools
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Self, TypeVar
+
+from cairn.client.client import Client
+from cairn.core.records import Run
+from cairn.core.settings import Settings
+
+if TYPE_CHECKING:
+    from cairn.client.events import AsyncEventLog
+    from cairn.core.events import Event
+    from cairn.core.records import StreamInfo
+    from cairn.store.contract import AdminStore, CheckpointStore
+    from cairn.store.events import AsyncRedisEvents
+    from cairn.workers.outbox import EventLog
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _threaded(
+    method: Callable[Concatenate[Client, P], R],
+) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, R]]:
+    """AsyncClient's face of a Client method: its parameters, docstring and behaviour,
+    the call made in a worker thread so the event loop never blocks on the store or the
+    broker (contextvars go along: a caller's trace context reaches the enqueue's span)."""
+
+    async def threaded(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return await asyncio.to_thread(method, self.sync, *args, **kwargs)
+
+    # inspect.signature follows __wrapped__: the parameters are Client's, written once.
+    functools.update_wrapper(threaded, method, assigned=("__module__", "__name__", "__doc__"))
+    threaded.__qualname__ = f"AsyncClient.{method.__name__}"
+    return threaded
+
+
+class AsyncClient:
+    """Client for asyncio apps (FastAPI, aiohttp): every method of Client, awaited, with
+    the same parameters, over a Client of its own (`sync`). A call runs in a worker thread,
+    so the event loop never blocks on Postgres or the broker; wait listens for its run's
+    notification on an async connection and events reads Redis with asyncio, holding no
+    thread while they wait.
+
+        async with cairn.AsyncClient() as client:
+            run_id = await client.enqueue("invoice", {"customer": "acme", "email": "a@acme.test"})
+            run = await client.wait(run_id, timeout=30)
+
+    Its arguments are Client's (store=, send=, events= too); pool_size is the Client's
+    pool, shared by the calls in flight.
+    """
+
+    def __init__(
+        self,
+        database_url: str | None = None,
+        broker_url: str | None = None,
+        *,
+        settings: Settings | None = None,
+        pool_size: int = 10,
+        store: CheckpointStore | None = None,
+        send: Callable[[str, int], None] | None = None,
+        events: EventLog | None = None,
+    ) -> None:
+        self.sync = Client(
+            database_url,
+            broker_url,
+            settings=settings,
+            pool_size=pool_size,
+            store=store,
+            send=send,
+            events=events,
+        )
+        self.settings, self.store = self.sync.settings, self.sync.store
+        self._event_log: AsyncEventLog | None = None
+        self._redis_log: AsyncRedisEvents | None = None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Client.close, and the asyncio Redis reader's connections."""
+        await asyncio.to_thread(self.sync.close)
+        if self._redis_log is not None:
+            await self._redis_log.close()
+
+    enqueue = _threaded(Client.enqueue)
+    send = _threaded(Client.send)
+    get = _threaded(Client.get)
+    list = _threaded(Client.list)
+    counts = _threaded(Client.counts)
+    cancel = _threaded(Client.cancel)
+    children = _threaded(Client.children)
+    fork = _threaded(Client.fork)
+    rewind = _threaded(Client.rewind)
+    forks = _threaded(Client.forks)
+    replay = _threaded(Client.replay)
+    signal = _threaded(Client.signal)
+    resolve = _threaded(Client.resolve)
+    history = _threaded(Client.history)
+    calls = _threaded(Client.calls)
+    events_token = _threaded(Client.events_token)
+    problems = _threaded(Client.problems)
+    add_schedule = _threaded(Client.add_schedule)
+    schedules = _threaded(Client.schedules)
+    pause_schedule = _threaded(Client.pause_schedule)
+    resume_schedule = _threaded(Client.resume_schedule)
+    remove_schedule = _threaded(Client.remove_schedule)
+
+    async def wait(self, run_id: str, timeout: float | None = 60.0) -> Run:
+        """Client.wait for asyncio: the run once stopped or waiting for a signal, woken by
+        LISTEN/NOTIFY on an async connection (no thread held while it waits). Raises
+        UnknownRun, or cairn.WaitTimedOut after timeout seconds (None: no limit)."""
+        return await self.store.wait_async(run_id, timeout)
+
+    async def events(
+        self, run_id: str, after: str | None = None, *, timeout: float | None = None
+    ) -> AsyncIterator[Event]:
+        """Client.events for asyncio: `async for event in client.events(run_id)`, read
+        from Redis with asyncio; timeout: stop after that many seconds even if the run
+        goes on."""
+        from cairn.client.events import afollow
+
+        until = None if timeout is None else time.monotonic() + timeout
+        async for event in afollow(
+            _Durable(self.store), self._events(), run_id, after, until=until
+        ):
+            if event.kind != "keepalive":
+                yield event
+
+    def _events(self) -> AsyncEventLog:
+        if self._event_log is None:
+            given = self.sync._event_log
+            if given is not None:
+                self._event_log = _InThreads(given)
+            else:
+                from cairn.store.events import AsyncRedisEvents
+
+                self._event_log = self._redis_log = AsyncRedisEvents(self.settings.redis_url)
+        return self._event_log
+
+
+class _Durable:
+    """The store's record of a run, read from asyncio (a reader after a gap): each read
+    in a worker thread."""
+
+    def __init__(self, store: AdminStore) -> None:
+        self.store = store
+
+    async def get(self, run_id: str) -> Run | None:
+        return await asyncio.to_thread(self.store.get, run_id)
+
+    async def history(self, run_id: str) -> builtins.list[dict[str, Any]]:
+        return await asyncio.to_thread(self.store.history, run_id)
+
+    async def calls(self, run_id: str, limit: int = 500) -> builtins.list[dict[str, Any]]:
+        return await asyncio.to_thread(self.store.calls, run_id, limit)
+
+
+class _InThreads:
+    """An event log given to the Client (a LocalWorker's MemoryEvents), read from asyncio:
+    each read in a worker thread."""
+
+    def __init__(self, log: EventLog) -> None:
+        self.log = log
+
+    async def read_many(
+        self, after: dict[str, str], count: int = 500, block: float | None = None
+    ) -> dict[str, builtins.list[tuple[str, str]]]:
+        return {
+            run_id: await asyncio.to_thread(self.log.read, run_id, at, count, block)
+            for run_id, at in after.items()
+        }
+
+    async def info(self, run_id: str) -> StreamInfo | None:
+        return await asyncio.to_thread(self.log.info, run_id)
