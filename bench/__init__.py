@@ -1,4 +1,6 @@
-"""cairn's benchmark suite: `python -m bench` (or `cairn bench`); see bench/runner.py."""
+"""cairn's benchmark suite, run from a checkout: `python -m bench` (`--only SECTION`);
+see bench/runner.py. Not installed with cairn, and no `cairn` command runs it. It reaches
+cairn through the public API and, for what it measures underneath, bench/internals.py."""
 
 from __future__ import annotations
 

@@ -16,15 +16,21 @@ from psycopg.types.json import Jsonb
 
 from bench import flows
 from bench.common import measure
-from cairn.core import tracing
-from cairn.core.settings import Settings
-from cairn.store import Database, Leases, PgStore, upgrade
-from cairn.store.events import RedisEvents
-from cairn.workers import broker, loop
-from cairn.workers.metrics import Metrics
-from cairn.workers.middleware import Chain
-from cairn.workers.outbox import Outbox
-from cairn.workers.tracing import Tracing
+from bench.internals import (
+    Chain,
+    Database,
+    Leases,
+    Metrics,
+    Outbox,
+    PgStore,
+    RedisEvents,
+    Tracing,
+    broker,
+    loop,
+    tracing,
+    upgrade,
+)
+from cairn import Settings
 
 # -- the floor -----------------------------------------------------------------------------
 FLOOR_DDL = """

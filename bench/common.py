@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from cairn.core.settings import Settings
+from cairn import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = (

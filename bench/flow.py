@@ -50,7 +50,7 @@ from bench.procs import CpuMeter, postgres_pids, redis_pids, worker_env
 if TYPE_CHECKING:
     from bench.common import Databases
     from bench.sections import Sizes
-    from cairn.client.client import Client
+    from cairn import Client
 
 # Its own database: 1-12 and 17-44 are the test slots', 13-15 chaos', the demo's and the
 # bench's, 40 stream's.
@@ -334,10 +334,8 @@ def fanout(
 def _fleet_parts(
     dbs: Databases, redis_url: str, fs: FlowSizes, out: dict[str, Any], part: Any
 ) -> None:
-    from cairn.client.client import Client
-    from cairn.core.settings import Settings
-    from cairn.store import upgrade
-    from cairn.testing import fleet
+    from bench.internals import fleet, upgrade
+    from cairn import Client, Settings
 
     db_url = dbs.fresh("flow")
     upgrade(db_url)
@@ -396,7 +394,7 @@ def _fleet_parts(
 def section(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
     """`python -m bench --only flow`: keys and fan-out on one fleet, then the rate limit.
     A part that fails leaves the others to run; the section then carries an `error`."""
-    from cairn.store import admin
+    from bench.internals import admin
 
     fs = sizes(sz)
     redis_url = redis_url.rsplit("/", 1)[0] + f"/{REDIS_DB}"

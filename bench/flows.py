@@ -10,8 +10,7 @@ from typing import Any
 from celery import shared_task
 
 from bench.common import message
-from cairn.steps import Context, StepResult, workflow
-from cairn.steps.registry import Child
+from cairn import Child, Context, StepResult, workflow
 
 NOOP = "bench_noop"
 SLOW = "bench_slow"

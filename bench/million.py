@@ -19,8 +19,7 @@ from typing import Any
 import psycopg
 
 from bench.common import Databases, median, pct, progress
-from cairn.store import Database, PgStore, RunFilter, upgrade
-from cairn.store.sql import QUERIES, migrations
+from bench.internals import QUERIES, Database, PgStore, RunFilter, migrations, upgrade
 
 # Where the counts start: the generator writes the schema before it, as an existing
 # database would be, and the upgrade backfills.

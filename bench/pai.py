@@ -146,9 +146,9 @@ def cairn_child(spec: dict[str, Any]) -> dict[str, Any]:
     import psycopg
 
     from bench.cairn_sys import InProcess, cairn_setup
-    from cairn.core.status import RunStatus
+    from bench.internals import loop
+    from cairn import RunStatus
     from cairn.pydantic_ai import CairnDurability, agent_workflow
-    from cairn.workers import loop
 
     url, runs = spec["url"], int(spec["runs"])
     cairn_setup(url)

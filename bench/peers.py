@@ -168,7 +168,7 @@ def langgraph_tasks(url: str, tasks: list[dict[str, Any]]) -> list[dict[str, Any
 def cairn_saver_tasks(url: str, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The same graphs on cairn.langgraph.CairnSaver; url: a database cairn's migrations
     upgraded (the parent does it). Its Redis is never used by the saver."""
-    from cairn.core.settings import Settings
+    from cairn import Settings
     from cairn.langgraph import CairnSaver
 
     saver = CairnSaver(Settings(database_url=url, redis_url="redis://unused.invalid/0"))

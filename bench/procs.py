@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT
-from cairn.testing import fleet
+from bench.internals import fleet
 
 
 def worker_env(db_url: str, redis_url: str, **extra: str) -> dict[str, str]:

@@ -34,8 +34,7 @@ def call(spec: dict[str, Any], out: Any) -> None:
     their answers' wall times go to `out` (a multiprocessing connection)."""
     import redis
 
-    from cairn.steps.model import ModelClient
-    from cairn.store.ratelimit import Limit, RateLimiter
+    from bench.internals import Limit, ModelClient, RateLimiter
 
     r = redis.Redis.from_url(spec["redis_url"])
     limiter = RateLimiter(r, Limit(rpm=spec["rpm"]))
@@ -85,8 +84,8 @@ def run(
     import httpx
     import redis
 
+    from bench.internals import preload_sdk
     from bench.procs import model_standin
-    from cairn.steps.model import preload_sdk
 
     preload_sdk()
     burst = str(max(2, math.ceil(rpm / 60)))

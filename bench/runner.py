@@ -1,4 +1,4 @@
-"""`python -m bench` / `cairn bench`: run the sections, print tables, write JSON."""
+"""`python -m bench`: run the sections, print tables, write JSON."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ DEFAULT_JSON = ROOT / "bench" / "results.json"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="cairn bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke, seconds)")
     p.add_argument(
         "--json",

@@ -31,8 +31,8 @@ from bench.common import (
     run_child,
     window,
 )
+from bench.internals import Database, LeaseToken, PgStore
 from bench.procs import Fleet, worker_env
-from cairn.store import Database, LeaseToken, PgStore
 
 
 @dataclasses.dataclass(frozen=True)
@@ -583,7 +583,7 @@ def _wait(pred: Any, timeout: float, what: str) -> Any:
 
 def _rabbitmq() -> str | None:
     """The bench's RabbitMQ vhost emptied of cairn's queues, or None if not reachable."""
-    from cairn.workers.broker import reset_broker
+    from bench.internals import reset_broker
 
     url = bench_amqp()
     try:

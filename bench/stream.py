@@ -32,9 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.common import ROOT, child_main, median, pct, progress, run_child
 from bench.procs import model_standin
-from cairn.steps import Context, StepResult, workflow
-from cairn.steps.model import text_of
-from cairn.steps.registry import DONE
+from cairn import DONE, Context, StepResult, text_of, workflow
 
 if TYPE_CHECKING:
     from bench.common import Databases
@@ -125,11 +123,8 @@ def _await_ready(r: Any, key: str, timeout: float = 300) -> None:
 
 def produce(spec: dict[str, Any]) -> dict[str, Any]:
     """As a worker does: each run's lease held, its token events through the Outbox."""
-    from cairn.core.events import encode
-    from cairn.core.settings import Settings
-    from cairn.store.events import RedisEvents
-    from cairn.store.lease import Leases
-    from cairn.workers.outbox import Outbox
+    from bench.internals import Leases, Outbox, RedisEvents, encode
+    from cairn import Settings
 
     leases = Leases.from_url(spec["redis_url"])
     outbox = Outbox(RedisEvents(leases.client), Settings.from_env())
@@ -246,7 +241,7 @@ def _meter(spec: dict[str, Any]) -> Any:
 
 def _kicks(r: Any) -> int:
     """XADDs to every cairn serve hub's wake stream so far (a kick restarts its XREAD)."""
-    from cairn.store import keys
+    from bench.internals import keys
 
     total = 0
     for key in r.scan_iter(keys.events("hub:*")):  # Hub._wake: "hub:<pid>:<id>"
@@ -573,7 +568,7 @@ def latency(
 def _batch(client: Any, flow: str, runs: int, words: str, worker: Any) -> tuple[float, list[str]]:
     """The worker's CPU seconds while it does `runs` runs of flow; their ids."""
     from bench.procs import cpu_seconds
-    from cairn.core.status import RunStatus
+    from cairn import RunStatus
 
     tag = uuid.uuid4().hex[:8]
     ids = [f"{flow}-{tag}-{i}" for i in range(runs)]
@@ -599,7 +594,7 @@ def _tokens(redis_url: str, ids: list[str]) -> int:
     """The model's text deltas (one a word here) that reached these runs' streams, counted
     in the text of their token events: deltas that came while the run's last one was still
     queued share its event."""
-    from cairn.store import keys
+    from bench.internals import keys
 
     r = _redis(redis_url)
     try:
@@ -615,11 +610,9 @@ def _tokens(redis_url: str, ids: list[str]) -> int:
 
 def worker_cpu(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
     """CPU of a threads worker per token event: streamed batches against plain ones."""
+    from bench.internals import fleet, upgrade
     from bench.procs import worker_env
-    from cairn.client.client import Client
-    from cairn.core.settings import Settings
-    from cairn.store import upgrade
-    from cairn.testing import fleet
+    from cairn import Client, Settings
 
     db_url = dbs.fresh("stream_cpu")
     upgrade(db_url)
@@ -700,11 +693,9 @@ def _memory(client: Any, sz: Sizes, base_url: str, token: str, server: Any) -> d
 def section(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
     """`python -m bench --only stream`: memory, latency against its floor, worker CPU.
     A part that fails leaves the others to run; the section then carries an `error`."""
+    from bench.internals import admin, fleet, upgrade
     from bench.procs import worker_env
-    from cairn.client.client import Client
-    from cairn.core.settings import Settings
-    from cairn.store import admin, upgrade
-    from cairn.testing import fleet
+    from cairn import Client, Settings
 
     redis_url = redis_url.rsplit("/", 1)[0] + f"/{REDIS_DB}"
     admin.RedisDatabase(redis_url).flush()

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from bench.common import ROOT, Databases, bench_redis, median, pct, progress
+from bench.internals import admin, fleet, upgrade
 from bench.procs import (
     CpuMeter,
     model_standin,
@@ -32,10 +33,7 @@ from bench.procs import (
     redis_pids,
     rss_mb,
 )
-from cairn.client.client import Client
-from cairn.core.settings import Settings
-from cairn.store import admin, upgrade
-from cairn.testing import fleet
+from cairn import Client, Settings
 
 if TYPE_CHECKING:
     from bench.sections import Sizes

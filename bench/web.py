@@ -24,10 +24,8 @@ import httpx
 import psycopg
 
 from bench.common import ROOT, Databases, bench_redis, median, pct, progress
-from cairn.client.client import Client
-from cairn.core.settings import Settings
-from cairn.store import admin, upgrade
-from cairn.testing import fleet
+from bench.internals import admin, fleet, upgrade
+from cairn import Client, Settings
 
 
 def _hammer(clients: int, seconds: float, call: Callable[[int], None]) -> dict[str, float]:

@@ -31,25 +31,19 @@ class Mutant:
     tests: tuple[str, ...]
 
 
-ZOMBIE = "tests/test_crash.py::test_zombie_after_sigstop_writes_nothing_and_sends_nothing"
-SAME_SEQ = "tests/test_crash.py::test_zombie_at_the_same_seq_commits_no_ctx_db_write"
-CLAIM = "tests/test_loop.py::test_claim_fences_the_old_owner_before_the_new_owners_first_save"
-COUNTER_LOST = (
-    "tests/test_loop.py::test_a_run_whose_epoch_counter_redis_lost_is_leased_above_its_stored_epoch"
-)
-COUNTER_ENDS = (
-    "tests/test_lease.py::test_the_epoch_counter_expires_and_goes_with_the_lease_of_an_ended_run"
-)
-JOURNAL_REPLAY = "tests/test_journal.py::test_a_replay_after_a_crash_makes_no_call_twice"
-J = "tests/test_journal.py"
-LOST = "tests/test_lost_commit.py"
-LG = "tests/test_langgraph.py"
-PAUSED_CHARGE = (
-    "tests/test_crash.py::test_a_worker_paused_inside_an_at_most_once_effect_never_makes_it_twice"
-)
+ZOMBIE = "tests/fleet/test_crash.py::test_zombie_after_sigstop_writes_nothing_and_sends_nothing"
+SAME_SEQ = "tests/fleet/test_crash.py::test_zombie_at_the_same_seq_commits_no_ctx_db_write"
+CLAIM = "tests/integration/test_loop.py::test_claim_fences_the_old_owner_before_the_new_owners_first_save"
+COUNTER_LOST = "tests/integration/test_loop.py::test_a_run_whose_epoch_counter_redis_lost_is_leased_above_its_stored_epoch"
+COUNTER_ENDS = "tests/integration/test_lease.py::test_the_epoch_counter_expires_and_goes_with_the_lease_of_an_ended_run"
+JOURNAL_REPLAY = "tests/contract/test_journal.py::test_a_replay_after_a_crash_makes_no_call_twice"
+J = "tests/contract/test_journal.py"
+LOST = "tests/integration/test_lost_commit.py"
+LG = "tests/integration/test_langgraph.py"
+PAUSED_CHARGE = "tests/fleet/test_crash.py::test_a_worker_paused_inside_an_at_most_once_effect_never_makes_it_twice"
 OWN_WRITES = "test_the_steps_own_writes_commit_with_the_save_and_roll_back_with_a_rejection"
-FENCES = "tests/test_fences.py"
-SEAMS = "tests/test_seams.py"
+FENCES = "tests/integration/test_fences.py"
+SEAMS = "tests/fleet/test_seams.py"
 LG_ZOMBIE = (
     "test_a_zombie_paused_inside_a_langgraph_put_neither_forks_the_thread_nor_runs_a_node_twice"
 )
@@ -69,7 +63,7 @@ MUTANTS = [
         "store/sql/queries.sql",
         "WHERE c.seq < EXCLUDED.seq AND c.epoch <= EXCLUDED.epoch",
         "WHERE c.epoch <= EXCLUDED.epoch",
-        ("tests/test_store.py::test_older_writer_is_rejected_and_row_not_rewound",),
+        ("tests/integration/test_store.py::test_older_writer_is_rejected_and_row_not_rewound",),
     ),
     Mutant(
         "M3",
@@ -93,7 +87,7 @@ MUTANTS = [
         "store/checkpoints.py",
         "                else:\n                    conn.rollback()",
         "                else:\n                    conn.commit()",
-        (f"tests/test_store.py::{OWN_WRITES}",),
+        (f"tests/integration/test_store.py::{OWN_WRITES}",),
     ),
     Mutant(
         "M6",
@@ -125,7 +119,7 @@ MUTANTS = [
         "store/lease.py",
         "        if age < self.ttl / 2 and not fresh:\n            return",
         "        if True:\n            return",
-        ("tests/test_lease.py::test_ensure_asks_redis_once_the_last_renewal_is_old",),
+        ("tests/integration/test_lease.py::test_ensure_asks_redis_once_the_last_renewal_is_old",),
     ),
     Mutant(
         "M10",
@@ -133,7 +127,7 @@ MUTANTS = [
         "store/checkpoints.py",
         '        self.db.one("rearm_failed", {"run_id": run_id})',
         "        pass",
-        ("tests/test_loop.py::test_enqueueing_a_failed_run_again_rearms_it",),
+        ("tests/integration/test_loop.py::test_enqueueing_a_failed_run_again_rearms_it",),
     ),
     Mutant(
         "M11",
@@ -141,7 +135,7 @@ MUTANTS = [
         "steps/context.py",
         'base = frame.key if frame else f"cairn:{self.run_id}:{self.cursor}:{self.visit}"',
         'base = frame.key if frame else f"cairn:{self.run_id}:{self.cursor}:{id(self)}"',
-        ("tests/test_crash.py::test_email_step_killed_after_sending_delivers_once",),
+        ("tests/fleet/test_crash.py::test_email_step_killed_after_sending_delivers_once",),
     ),
     Mutant(
         "M12",
@@ -149,7 +143,9 @@ MUTANTS = [
         "steps/context.py",
         "        done, result = self._store.was_done(key)",
         "        done, result = False, None",
-        ("tests/test_crash.py::test_ledger_keeps_an_effect_without_idempotency_from_repeating",),
+        (
+            "tests/fleet/test_crash.py::test_ledger_keeps_an_effect_without_idempotency_from_repeating",
+        ),
     ),
     Mutant(
         "M16",
@@ -157,7 +153,9 @@ MUTANTS = [
         "store/sql/queries.sql",
         "   AND (retry_at IS NULL OR retry_at < now() - make_interval(secs => %(running_after)s))",
         "",
-        ("tests/test_lifecycle.py::test_a_failing_run_is_delivered_a_bounded_number_of_times",),
+        (
+            "tests/fleet/test_lifecycle.py::test_a_failing_run_is_delivered_a_bounded_number_of_times",
+        ),
     ),
     Mutant(
         "M17",
@@ -165,7 +163,9 @@ MUTANTS = [
         "steps/context.py",
         "        reason = self._store.cancel_reason(self.run_id)",
         "        reason = None",
-        ("tests/test_lifecycle.py::test_cancel_a_running_run_stops_it_before_its_next_effect",),
+        (
+            "tests/fleet/test_lifecycle.py::test_cancel_a_running_run_stops_it_before_its_next_effect",
+        ),
     ),
     Mutant(
         "M18",
@@ -174,7 +174,7 @@ MUTANTS = [
         "        if spent + worst > self._cap:",
         "        if False:",
         (
-            "tests/test_lifecycle.py::test_a_run_stops_before_the_model_call_that_would_pass_its_budget",
+            "tests/integration/test_lifecycle.py::test_a_run_stops_before_the_model_call_that_would_pass_its_budget",
         ),
     ),
     Mutant(
@@ -183,7 +183,9 @@ MUTANTS = [
         "store/sql/queries.sql",
         "              AND s.consumed_seq IS NULL AND s.signal_id IS DISTINCT FROM %(consumed)s",
         "              AND false",
-        ("tests/test_lifecycle.py::test_a_signal_sent_before_the_run_waits_is_not_lost",),
+        (
+            "tests/integration/test_lifecycle.py::test_a_signal_sent_before_the_run_waits_is_not_lost",
+        ),
     ),
     Mutant(
         "M20",
@@ -191,7 +193,9 @@ MUTANTS = [
         "store/lease.py",
         "        if age < self.ttl / 2 and not fresh:",
         "        if age < self.ttl / 2:",
-        ("tests/test_lease.py::test_a_fresh_check_asks_redis_even_right_after_a_renewal",),
+        (
+            "tests/integration/test_lease.py::test_a_fresh_check_asks_redis_even_right_after_a_renewal",
+        ),
     ),
     Mutant(
         "M21",
@@ -199,7 +203,9 @@ MUTANTS = [
         "store/rows.py",
         "    if messages or attempt.signal_id is not None or spawn is not None:",
         "    if attempt.signal_id is not None or spawn is not None:",
-        ("tests/test_store.py::test_plain_and_full_saves_interleave_and_record_every_step",),
+        (
+            "tests/integration/test_store.py::test_plain_and_full_saves_interleave_and_record_every_step",
+        ),
     ),
     Mutant(
         "M13",
@@ -207,7 +213,7 @@ MUTANTS = [
         "store/lua/acquire.lua",
         "if epoch <= floor then",
         "if false then",
-        ("tests/test_lease.py::test_epoch_grows_and_respects_the_stored_floor",),
+        ("tests/integration/test_lease.py::test_epoch_grows_and_respects_the_stored_floor",),
     ),
     Mutant(
         "M14",
@@ -215,7 +221,7 @@ MUTANTS = [
         "store/lua/release.lua",
         "if redis.call('GET', KEYS[1]) == ARGV[1] then",
         "if true then",
-        ("tests/test_lease.py::test_release_never_deletes_a_successors_lease",),
+        ("tests/integration/test_lease.py::test_release_never_deletes_a_successors_lease",),
     ),
     Mutant(
         "M22",
@@ -242,7 +248,7 @@ MUTANTS = [
         "       FOR SHARE OF c\n    ON CONFLICT (run_id, cursor, visit, pos)",
         "     WHERE c.run_id = %(run_id)s\n       FOR SHARE OF c\n"
         "    ON CONFLICT (run_id, cursor, visit, pos)",
-        ("tests/test_journal.py::test_a_worker_that_lost_the_run_records_nothing[pg]",),
+        ("tests/contract/test_journal.py::test_a_worker_that_lost_the_run_records_nothing[pg]",),
     ),
     Mutant(
         "M25",
@@ -262,7 +268,7 @@ MUTANTS = [
         " WHERE j.epoch = EXCLUDED.epoch AND j.name = EXCLUDED.name",
         " WHERE false",
         (
-            "tests/test_store_contract.py::test_a_journal_record_is_fenced_like_a_save[pg]",
+            "tests/contract/test_store_contract.py::test_a_journal_record_is_fenced_like_a_save[pg]",
             f"{LOST}::test_a_journal_record_whose_commit_reply_was_lost_is_still_recorded",
         ),
     ),
@@ -290,7 +296,7 @@ MUTANTS = [
         " WHERE e.epoch = EXCLUDED.epoch AND NOT e.done",
         " WHERE false",
         (
-            "tests/test_store_contract.py::test_an_intent_is_fenced_and_found_open_until_its_mark[pg]",
+            "tests/contract/test_store_contract.py::test_an_intent_is_fenced_and_found_open_until_its_mark[pg]",
             f"{LOST}::test_an_intent_whose_commit_reply_was_lost_is_still_this_writers",
         ),
     ),
@@ -342,7 +348,7 @@ MUTANTS = [
         "store/lua/emit.lua",
         "  if stale or (flag == 'f' and held ~= ARGV[1]) or (flag == 'g' and held and held ~= ARGV[1]) then",
         "  if stale then",
-        ("tests/test_events.py::test_a_worker_that_lost_the_run_writes_no_event",),
+        ("tests/integration/test_events.py::test_a_worker_that_lost_the_run_writes_no_event",),
     ),
     Mutant(
         "M36",
@@ -350,7 +356,9 @@ MUTANTS = [
         "workers/announce.py",
         "        if tail.newest is not None and not told and tail.newest_kind not in ENDS_ATTEMPT:",
         "        if False:",
-        ("tests/test_events.py::test_an_attempt_cut_short_is_marked_abandoned_by_the_next",),
+        (
+            "tests/integration/test_events.py::test_an_attempt_cut_short_is_marked_abandoned_by_the_next",
+        ),
     ),
     Mutant(
         "M15",
@@ -358,7 +366,7 @@ MUTANTS = [
         "store/lua/renew.lua",
         "if held == ARGV[1] then",
         "if held then",
-        ("tests/test_lease.py::test_heartbeat_keeps_it_and_loss_is_detected",),
+        ("tests/integration/test_lease.py::test_heartbeat_keeps_it_and_loss_is_detected",),
     ),
     Mutant(
         "M37",
@@ -367,7 +375,7 @@ MUTANTS = [
         "            flow_control.send_admitted(cp, deps)\n",
         "\n",
         (
-            "tests/test_concurrency.py::test_a_keys_runs_are_sent_one_at_a_time_each_once_as_slots_free",
+            "tests/unit/test_concurrency.py::test_a_keys_runs_are_sent_one_at_a_time_each_once_as_slots_free",
         ),
     ),
     Mutant(
@@ -377,7 +385,7 @@ MUTANTS = [
         "                          'unknown', 'queued')",
         "                          'unknown')",
         (
-            "tests/test_store_contract.py::test_a_concurrency_key_admits_up_to_its_limit_and_queues_the_rest",
+            "tests/contract/test_store_contract.py::test_a_concurrency_key_admits_up_to_its_limit_and_queues_the_rest",
         ),
     ),
     Mutant(
@@ -387,7 +395,7 @@ MUTANTS = [
         "visits = visits.v, win_start = snap.win_start",
         "visits = snap.visits, win_start = snap.win_start",
         (
-            "tests/test_fork.py::test_a_failed_run_rewound_to_step_2_finishes_with_new_visit_numbers",
+            "tests/integration/test_fork.py::test_a_failed_run_rewound_to_step_2_finishes_with_new_visit_numbers",
         ),
     ),
     Mutant(
@@ -418,7 +426,7 @@ MUTANTS = [
         "       FOR SHARE\n), marked AS",
         "     WHERE c.run_id = %(run_id)s\n       FOR SHARE\n), marked AS",
         (
-            "tests/test_store_contract.py::test_a_done_mark_is_fenced_like_every_write_of_a_step[pg]",
+            "tests/contract/test_store_contract.py::test_a_done_mark_is_fenced_like_every_write_of_a_step[pg]",
             PAUSED_CHARGE,
         ),
     ),
@@ -451,7 +459,7 @@ MUTANTS = [
         '            if h["outcome"] == "saved":',
         "            if False:",
         (
-            "tests/test_events.py::test_a_step_saved_just_before_its_worker_died_is_told_late_never_abandoned",
+            "tests/integration/test_events.py::test_a_step_saved_just_before_its_worker_died_is_told_late_never_abandoned",
             f"{SEAMS}::test_a_worker_killed_between_a_steps_commit_and_its_events_leaves_a_truthful_stream[two]",
         ),
     ),
@@ -462,7 +470,7 @@ MUTANTS = [
         "local stale = writer < newest",
         "local stale = false",
         (
-            "tests/test_events_contract.py::test_a_worker_that_takes_the_stream_over_fences_every_older_writer[redis]",
+            "tests/contract/test_events_contract.py::test_a_worker_that_takes_the_stream_over_fences_every_older_writer[redis]",
         ),
     ),
     Mutant(
@@ -472,7 +480,7 @@ MUTANTS = [
         "    if after is None and not info.origin:",
         "    if False:",
         (
-            "tests/test_events.py::test_a_stream_started_again_mid_run_gives_a_reader_from_the_start_a_gap_and_ids",
+            "tests/integration/test_events.py::test_a_stream_started_again_mid_run_gives_a_reader_from_the_start_a_gap_and_ids",
         ),
     ),
     Mutant(
@@ -481,7 +489,9 @@ MUTANTS = [
         "cairn/core/errors.py",
         "class Cancelled(StepStopped):",
         "class Cancelled(CairnError):",
-        ("tests/test_loop_memory.py::test_a_cancel_is_not_swallowed_by_a_steps_except_exception",),
+        (
+            "tests/unit/test_loop_memory.py::test_a_cancel_is_not_swallowed_by_a_steps_except_exception",
+        ),
     ),
     Mutant(
         "M51",
@@ -490,7 +500,7 @@ MUTANTS = [
         "class Superseded(StepStopped):",
         "class Superseded(Interrupted):",
         (
-            "tests/test_loop_memory.py::test_a_lost_lease_is_not_swallowed_by_a_steps_except_exception",
+            "tests/unit/test_loop_memory.py::test_a_lost_lease_is_not_swallowed_by_a_steps_except_exception",
         ),
     ),
     Mutant(
@@ -500,7 +510,7 @@ MUTANTS = [
         "        for run_id in self.leases.lost_deliveries(s.lease_ttl):",
         "        for run_id in []:",
         (
-            "tests/test_reaper.py::test_a_delivery_that_never_let_go_of_its_run_is_sent_again_whatever_its_status",
+            "tests/unit/test_reaper.py::test_a_delivery_that_never_let_go_of_its_run_is_sent_again_whatever_its_status",
             f"{SEAMS}::test_a_worker_killed_between_a_steps_commit_and_its_events_leaves_a_truthful_stream[three-whole-worker]",
         ),
     ),
@@ -511,7 +521,7 @@ MUTANTS = [
         "            return Opening(pos, skip=int(told))",
         "            return Opening(pos, skip=0)",
         (
-            "tests/test_events.py::test_a_stream_started_again_mid_run_gives_a_reader_from_the_start_a_gap_and_ids",
+            "tests/integration/test_events.py::test_a_stream_started_again_mid_run_gives_a_reader_from_the_start_a_gap_and_ids",
         ),
     ),
 ]

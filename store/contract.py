@@ -11,7 +11,7 @@ by audience:
 
 `PgStore` and the Redis `Leases` implement it, and so do their in-memory twins in
 `cairn.testing` (`MemoryStore`, `MemoryLeases`, `MemorySchedules`);
-tests/test_store_contract.py runs one suite against both, so the twins cannot drift from
+tests/contract/test_store_contract.py runs one suite against both, so the twins cannot drift from
 the real thing. The loop, Context, the reaper and the Client are typed against these
 protocols, never against a backend.
 """

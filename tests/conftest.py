@@ -4,7 +4,6 @@ template), a flushed Redis database, loopback stand-ins, real Celery worker proc
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import os
 import queue
@@ -15,7 +14,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
 import redis as redis_lib
@@ -28,10 +26,20 @@ from cairn.store import Database, Leases, PgStore, upgrade
 from cairn.testing import fleet
 from cairn.testing.standins import MailServer, ModelServer
 from cairn.workers import loop
+from tests.helpers.runs import Server
 
-ROOT = Path(__file__).resolve().parent.parent
-BASE_DB = Settings.from_env().database_url
-BASE_REDIS = Settings.from_env().redis_url
+# The servers' addresses are read before the CAIRN_* variables are cleared below.
+from tests.helpers.services import (
+    BASE_DB,
+    BASE_REDIS,
+    LEASE_TTL,
+    PGBOUNCER_PORT,
+    RABBITMQ,
+    ROOT,
+    via_pgbouncer,
+    with_db,
+)
+
 # CAIRN_TEST_SLOT=k: this pytest process's own share of the servers (template database,
 # Redis databases, RabbitMQ vhosts), so scripts/test can run groups of tests side by side.
 SLOT = int(os.environ.get("CAIRN_TEST_SLOT", "0"))
@@ -44,13 +52,9 @@ if HALF not in (None, "0", "1"):
     raise RuntimeError(f"a slot has two halves, not {HALF!r}: run pytest-xdist with -n 2 at most")
 TEMPLATE = "cairn_test_template" + (f"_{SLOT}" if SLOT else "") + (f"_h{HALF}" if HALF else "")
 _MINE = slice(None) if HALF is None else slice(6 * int(HALF), 6 * int(HALF) + 6)
-LEASE_TTL = 3.0
 
 # Clear our own prefix so a developer's shell settings cannot leak into a test; the
 # ports stay, so scripts/services.sh (the outage tests) restarts the servers we use.
-# CAIRN_TEST_PGBOUNCER_PORT: the tests' runs, workers and clients reach Postgres through
-# PgBouncer in transaction mode on that port (scripts/test runs the crash tests so).
-PGBOUNCER_PORT = os.environ.get("CAIRN_TEST_PGBOUNCER_PORT")
 for _name in [n for n in os.environ if n.startswith("CAIRN_")]:
     if _name not in ("CAIRN_PG_PORT", "CAIRN_REDIS_PORT", "CAIRN_RABBITMQ_PORT"):
         del os.environ[_name]
@@ -58,62 +62,43 @@ if PGBOUNCER_PORT:
     # Every process the tests start (the chaos crew, the CLI) turns prepared statements
     # off: PgBouncer 1.18 in transaction mode hands each transaction any server connection.
     os.environ["CAIRN_DATABASE_PREPARE"] = "0"
-# scripts/services.sh's RabbitMQ: user guest (loopback only), vhosts cairn-1..cairn-45.
-RABBITMQ = f"amqp://guest:guest@127.0.0.1:{os.environ.get('CAIRN_RABBITMQ_PORT', '5672')}"
-# A test that takes the broker_url fixture this way runs once per broker.
-both_brokers = pytest.mark.parametrize("broker_url", ["redis", "amqp"], indirect=True)
 
 
 # -- tiers ---------------------------------------------------------------------------------
-# `scripts/test --fast` (pytest --fast): the tests that start no worker, beat or server
-# process. Chosen by what a test asks for, not by a list of files, so a new test lands in
-# the right tier: every process-starting fixture takes worker_env; a test that starts one
-# some other way is marked `fleet` (or `slow`), and one that forgets fails in the fast tier.
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--fast",
-        action="store_true",
-        help="Only the tests that start no worker, beat or server process (the inner loop).",
-    )
+# A test's tier is its folder. tests/unit, tests/contract, tests/integration and tests/docs
+# start no worker, beat or server process (`scripts/test --fast` runs them); tests/fleet
+# and tests/outages do. A test elsewhere that starts one through cairn.testing.fleet (as
+# every fixture and helper that starts one does) fails, so the inner loop cannot slow down
+# unnoticed.
+STARTS_PROCESSES = ("fleet", "outages")
+TESTS = Path(__file__).resolve().parent
+_running: list[pytest.Item] = []  # the test being run, for the guard below
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    _running[:] = [item]
+    try:
+        return (yield)
+    finally:
+        _running.clear()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if not config.getoption("fast"):
-        return
+    start = fleet.Proc.__init__
 
-    def refuse(self: fleet.Proc, cmd: list[str], *args: Any, **kwargs: Any) -> None:
-        pytest.fail(
-            f"--fast: this test started {' '.join(cmd[:4])}...; mark it "
-            "@pytest.mark.fleet (or take worker_env) to leave it to the whole suite",
-            pytrace=False,
-        )
+    def guarded(self: fleet.Proc, cmd: list[str], *args: Any, **kwargs: Any) -> None:
+        test = _running[0] if _running else None  # None: a session fixture's, or no test's
+        if test and test.path.relative_to(TESTS).parts[0] not in STARTS_PROCESSES:
+            pytest.fail(
+                f"{test.nodeid} started {' '.join(cmd[:4])}...: a test that starts "
+                "a worker, beat or server process belongs in tests/fleet (the tier "
+                "`scripts/test --fast` leaves out); move it there",
+                pytrace=False,
+            )
+        start(self, cmd, *args, **kwargs)
 
-    fleet.Proc.__init__ = refuse  # type: ignore[method-assign]  # this process only
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.getoption("fast"):
-        return
-    fast, fleets = [], []
-    for item in items:
-        starts = "worker_env" in getattr(item, "fixturenames", ())
-        starts = starts or any(item.iter_markers("fleet")) or any(item.iter_markers("slow"))
-        (fleets if starts else fast).append(item)
-    if fleets:
-        config.hook.pytest_deselected(items=fleets)
-        items[:] = fast
-
-
-def via_pgbouncer(url: str) -> str:
-    """url through PgBouncer when the tests run behind it (CAIRN_TEST_PGBOUNCER_PORT)."""
-    if not PGBOUNCER_PORT:
-        return url
-    host, _, name = url.rpartition("/")
-    return f"{host.rsplit(':', 1)[0]}:{PGBOUNCER_PORT}/{name}"
-
-
-def _with_db(url: str, name: str) -> str:
-    return url.rsplit("/", 1)[0] + "/" + name
+    fleet.Proc.__init__ = guarded  # type: ignore[method-assign]  # this process only
 
 
 def _require_services() -> None:
@@ -132,7 +117,7 @@ def template_db() -> str:
     with psycopg.connect(BASE_DB, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {TEMPLATE}")
-    upgrade(_with_db(BASE_DB, TEMPLATE))
+    upgrade(with_db(BASE_DB, TEMPLATE))
     return TEMPLATE
 
 
@@ -228,7 +213,7 @@ def _databases(template_db: str) -> Iterator[_Databases]:
 @pytest.fixture
 def db_url(_databases: _Databases) -> Iterator[str]:
     name = _databases.take()
-    yield _with_db(BASE_DB, name)
+    yield with_db(BASE_DB, name)
     _databases.dead.put(name)
 
 
@@ -237,14 +222,20 @@ def db_url(_databases: _Databases) -> Iterator[str]:
 _redis_dbs = itertools.cycle(range(16 * SLOT + 1, 16 * SLOT + 13)[_MINE])
 
 
-@pytest.fixture
-def redis_url() -> Iterator[str]:
+@contextlib.contextmanager
+def _flushed_redis() -> Iterator[str]:
     url = BASE_REDIS.rsplit("/", 1)[0] + f"/{next(_redis_dbs)}"
     client = redis_lib.Redis.from_url(url)
     client.flushdb()
     yield url
     client.flushdb()
     client.close()
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    with _flushed_redis() as url:
+        yield url
 
 
 # Like the Redis databases: 13-15 are left over; slot k > 0 has 15k+1 .. 15k+12.
@@ -299,6 +290,32 @@ def settings(
     )
 
 
+@pytest.fixture(scope="session")
+def fresh_settings(
+    _databases: _Databases,
+) -> Callable[[], contextlib.AbstractContextManager[Settings]]:
+    """Settings on a fresh database and a flushed Redis database for as long as a `with`
+    lasts, no stand-ins: for a module-scoped fixture that does its whole module's work at
+    once (tests/integration/test_cli_errors.py runs its commands side by side)."""
+
+    @contextlib.contextmanager
+    def fresh() -> Iterator[Settings]:
+        name = _databases.take()
+        try:
+            with _flushed_redis() as redis_url:
+                yield Settings(
+                    database_url=via_pgbouncer(with_db(BASE_DB, name)),
+                    database_prepare=not PGBOUNCER_PORT,
+                    redis_url=redis_url,
+                    lease_ttl=LEASE_TTL,
+                    store_give_up_after=5.0,
+                )
+        finally:
+            _databases.dead.put(name)
+
+    return fresh
+
+
 @pytest.fixture
 def store(settings: Settings) -> Iterator[PgStore]:
     db = Database(
@@ -320,7 +337,7 @@ def leases(settings: Settings) -> Iterator[Leases]:
 @pytest.fixture
 def deps(settings: Settings, store: PgStore, leases: Leases) -> Iterator[loop.Deps]:
     import cairn.testing.demos.invoice  # noqa: F401
-    import tests.flows  # noqa: F401  (registers probe, loop, bad)
+    import tests.helpers.flows  # noqa: F401  (registers probe, loop, bad)
 
     model = ModelClient(base_url=settings.anthropic_base_url, give_up_after=10.0)
     yield loop.Deps(settings=settings, store=store, leases=leases, model=model)
@@ -339,13 +356,6 @@ def sql(settings: Settings) -> Iterator[Callable[..., list[tuple[Any, ...]]]]:
     conn.close()
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    try:
-        return fleet.wait_for(predicate, timeout, what)
-    except TimeoutError as exc:
-        raise AssertionError(str(exc)) from None
-
-
 @pytest.fixture
 def worker_env(settings: Settings) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CAIRN_", "ANTHROPIC_"))}
@@ -359,7 +369,7 @@ def worker_env(settings: Settings) -> dict[str, str]:
         CAIRN_LEASE_TTL=str(LEASE_TTL),
         CAIRN_REAPER_INTERVAL="0.5",
         CAIRN_DEFER_SECONDS="0.5",
-        CAIRN_WORKFLOWS="tests.flows",
+        CAIRN_WORKFLOWS="tests.helpers.flows",
         CAIRN_STORE_GIVE_UP_AFTER="5",
     )
     if settings.broker_url:
@@ -380,19 +390,6 @@ def start_worker(worker_env: dict[str, str], tmp_path: Path) -> Iterator[Callabl
     yield start
     for w in started:
         w.kill()
-
-
-@dataclasses.dataclass
-class Server:
-    url: str
-    token: str | None
-    proc: fleet.Proc
-
-    def http(self, token: str | None = "") -> httpx.Client:
-        """A client sending this server's token (or the one given; None: no header)."""
-        token = self.token if token == "" else token
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
 
 
 @pytest.fixture
@@ -454,22 +451,3 @@ def create(store: PgStore, deps: loop.Deps, client: Client) -> Callable[..., str
         return run_id
 
     return create
-
-
-def holder_pid(leases: Leases, run_id: str) -> int | None:
-    token = leases.holder(run_id)
-    return token.pid if token else None
-
-
-def step_log(path: Path) -> list[tuple[str, int, int, str]]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        cursor, visit, pid, event = line.split()
-        rows.append((cursor, int(visit), int(pid), event))
-    return rows
-
-
-def starts(path: Path) -> list[str]:
-    return [c for c, _, _, e in step_log(path) if e == "start"]

@@ -2,7 +2,7 @@
 
 Without it a run on a worker lost whole waits for the broker's visibility timeout and
 kombu's restore sweep: an hour by default. A class over the store, the leases and two
-broker callables, so its rules are tested without Celery (tests/test_reaper.py); the
+broker callables, so its rules are tested without Celery (tests/unit/test_reaper.py); the
 Celery app runs `Reaper.reap` on beat's schedule.
 
 Invariants (each a reason a run is or is not sent):

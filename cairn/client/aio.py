@@ -2,7 +2,7 @@
 thread (asyncio.to_thread, as DBOS's enqueue_async does), made from Client's own
 (`_threaded`), so the two cannot drift; only wait (LISTEN/NOTIFY on an async connection)
 and events (asyncio Redis reads) are asyncio's own, as they hold no thread while they
-wait. tests/test_client_parity.py checks the two faces method by method.
+wait. tests/unit/test_client_parity.py checks the two faces method by method.
 """
 
 from __future__ import annotations

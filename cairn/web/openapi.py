@@ -1,6 +1,6 @@
 """The API's OpenAPI document, complete: every response a route can give, in one error
 shape, and every rule a request must follow, so /openapi.json is the API's reference
-(tests/test_openapi.py fuzzes `cairn serve` against it).
+(tests/fleet/test_openapi.py fuzzes `cairn serve` against it).
 
 A route declares what is its own (its 404 and 409, its models); what every route shares
 is added here, once, from the one place that causes it: the guard's 401/403/411/413,
@@ -36,7 +36,7 @@ def example_workflow() -> str:
 
 def request_examples(workflow: str) -> dict[tuple[str, str], dict[str, Any]]:
     """Each operation's request body example: every one a request the server takes
-    (tests/test_openapi.py sends each), whatever workflows it has."""
+    (tests/fleet/test_openapi.py sends each), whatever workflows it has."""
     return {
         ("post", "/runs"): {"workflow": workflow, "input": {}},
         ("post", "/schedules"): {

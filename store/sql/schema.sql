@@ -1,6 +1,6 @@
 -- cairn's schema as it stands: what migrations/0001..0013 build, in one file to read.
 -- Databases are made and upgraded by the migrations (`cairn db upgrade`);
--- tests/test_schema.py builds one database from them and one from this file and asserts
+-- tests/integration/test_schema.py builds one database from them and one from this file and asserts
 -- their schema-only dumps are equal, so this file cannot drift. A new migration edits
 -- this file too.
 
@@ -47,7 +47,7 @@ CREATE TABLE checkpoints (
     win_end     integer NOT NULL DEFAULT 0,
     cost_usd    double precision NOT NULL DEFAULT 0,
     version     integer NOT NULL,
-    -- cairn.RunStatus, value for value (tests/test_schema.py)
+    -- cairn.RunStatus, value for value (tests/integration/test_schema.py)
     status      text NOT NULL CONSTRAINT checkpoints_status_check CHECK (status IN (
         'pending', 'running', 'waiting', 'done', 'failed', 'cancelled', 'budget_exceeded',
         'incompatible', 'unknown', 'queued')),

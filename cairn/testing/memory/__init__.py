@@ -11,7 +11,7 @@ Postgres, Redis or Celery (procrastinate's InMemoryConnector, LangGraph's InMemo
 Each MemoryStore method follows its named query in store/sql/queries.sql clause by clause
 (the guard, the claim's fence, what a save writes and answers, a fork's and a rewind's
 snapshot), MemorySchedules follows store/sql/schedules.sql, and MemoryLeases follows
-store/lua/*.lua. tests/test_store_contract.py runs one suite against these and against
+store/lua/*.lua. tests/contract/test_store_contract.py runs one suite against these and against
 PgStore, ScheduleStore and the Redis Leases: a twin that drifts fails there, not in
 production. The whole of the store contract is here, so `cairn.Client(store=MemoryStore())`
 is the real Client with no service (cairn.testing.LocalWorker runs what it enqueues).

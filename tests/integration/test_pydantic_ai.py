@@ -1,0 +1,419 @@
+"""pydantic-ai agents as cairn runs (cairn.pydantic_ai): every model request and tool call
+a journaled call, so a run killed anywhere resumes without asking or acting again.
+
+Two agents: one on pydantic-ai's own FunctionModel (on the in-memory twins and on Postgres
++ Redis), and tests/helpers/pai_flows.py's on pydantic-ai's Anthropic model through the
+real SDK against the Messages-API stand-in, with a keyed HTTP effect and a ctx.db write (Postgres).
+A killed process is played by ProcessDied raised from a middleware hook at a call boundary,
+as in tests/contract/test_journal.py; real SIGKILLs and the zombie are
+tests/fleet/test_pydantic_ai.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent, DeferredToolRequests
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+import cairn
+from cairn.core import errors
+from cairn.core.records import Checkpoint
+from cairn.core.settings import Settings
+from cairn.core.status import RunStatus
+from cairn.pydantic_ai import APPROVAL, CairnDurability, agent_workflow, stream_tokens
+from cairn.testing import ManualClock, MemoryLeases, MemoryStore
+from cairn.testing.standins import ModelServer
+from cairn.workers import loop
+from cairn.workers.middleware import Chain, Middleware
+from tests.helpers import pai_flows
+
+# The Anthropic agent's stand-in: its client reads ANTHROPIC_BASE_URL at each request
+# (tests/helpers/pai_flows.py), which the tests that use it set (`stand_in`).
+MODEL = ModelServer().start()
+SETTINGS = Settings(
+    database_url="postgresql://unused.invalid/x", redis_url="redis://unused.invalid/0"
+)
+made: defaultdict[str, list[str]] = defaultdict(list)  # what really ran, per run
+
+
+class ProcessDied(BaseException):
+    """The worker's process killed: nothing after it runs or records."""
+
+
+class Die(Middleware):
+    """Kill the process once, at one call boundary: ("before" | "after", call pos)."""
+
+    def __init__(self, when: str, pos: int) -> None:
+        self.at: tuple[str, int] | None = (when, pos)
+
+    def _maybe(self, when: str, pos: int) -> None:
+        if self.at == (when, pos):
+            self.at = None
+            raise ProcessDied
+
+    def before_call(self, cp: Checkpoint, name: str, pos: int) -> None:
+        self._maybe("before", pos)
+
+    def after_call(
+        self, cp: Checkpoint, name: str, pos: int, *, exception: BaseException | None
+    ) -> None:
+        self._maybe("after", pos)
+
+
+@pytest.fixture(params=["memory", "pg"])
+def deps(request: pytest.FixtureRequest) -> Iterator[loop.Deps]:
+    if request.param == "memory":
+        clock = ManualClock()
+        store, leases = MemoryStore(clock), MemoryLeases(clock)
+        yield loop.Deps(settings=SETTINGS, store=store, leases=leases, model=None)
+        return
+    yield loop.Deps(
+        settings=request.getfixturevalue("settings"),
+        store=request.getfixturevalue("store"),
+        leases=request.getfixturevalue("leases"),
+        model=None,
+    )
+
+
+def _start(deps: loop.Deps, flow: str, prompt: str, **kw: Any) -> str:
+    run_id = f"{flow}-{uuid.uuid4().hex[:8]}"
+    assert deps.store.create_run(run_id, flow, {"prompt": prompt}, **kw)
+    return run_id
+
+
+def _redeliver(run_id: str, deps: loop.Deps) -> RunStatus:
+    """The broker delivers the run again, after its first worker died with the lease."""
+    lease = deps.leases.holder(run_id)
+    if lease is not None:
+        assert deps.leases.break_dead(run_id, lease)
+    return loop.run(run_id, deps)
+
+
+def _killed(deps: loop.Deps, when: str, pos: int) -> loop.Deps:
+    return dataclasses.replace(deps, middleware=Chain([Die(when, pos)]))
+
+
+# -- an agent on pydantic-ai's FunctionModel ----------------------------------------------
+def _script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """lookup, then notify, then the answer; each request counted per run."""
+    prompt = messages[0].parts[-1].content  # type: ignore[union-attr]
+    made[str(prompt)].append("model")
+    turn = sum(1 for m in messages if m.kind == "response")
+    if turn == 0:
+        return ModelResponse(parts=[ToolCallPart("lookup", {"query": "fencing"})])
+    if turn == 1:
+        return ModelResponse(parts=[ToolCallPart("notify", {"note": "on its way"})])
+    return ModelResponse(parts=[TextPart(f"answer after {turn} tools")])
+
+
+helper = Agent(FunctionModel(_script), name="helper", capabilities=[CairnDurability()])
+
+
+@helper.tool_plain
+def lookup(query: str) -> str:
+    ctx = cairn.current()
+    made[ctx.input["prompt"] if ctx else "outside"].append("lookup")
+    return f"page about {query}"
+
+
+@helper.tool_plain
+def notify(note: str) -> str:
+    ctx = cairn.current()
+    if ctx is None:
+        return "not in a cairn run: no key"
+    key = ctx.idempotency_key()  # this tool call's own key
+    made[ctx.input["prompt"]].append(key)
+    return key
+
+
+agent_workflow("pai-helper", helper)
+
+NAMES = [
+    "helper__model.request",
+    "helper__function_toolset__<agent>.call_tool:lookup",
+    "helper__model.request",
+    "helper__function_toolset__<agent>.call_tool:notify",
+    "helper__model.request",
+]
+
+
+@pytest.mark.parametrize(
+    ("when", "pos"), [("before", 0), ("after", 0), ("after", 1), ("before", 3), ("after", 4)]
+)
+def test_a_killed_agent_run_resumes_without_asking_or_acting_again(
+    deps: loop.Deps, when: str, pos: int
+) -> None:
+    prompt = f"why fence? {uuid.uuid4().hex}"
+    run_id = _start(deps, "pai-helper", prompt)
+    with pytest.raises(ProcessDied):
+        loop.run(run_id, _killed(deps, when, pos))
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+    journal = deps.store.journal(run_id, "agent", 0)
+    assert [c.name for c in journal] == NAMES
+    key = f"cairn:{run_id}:agent:0:{NAMES[3]}:0"
+    # Each request and tool made once, but the one the kill cut short after it ran.
+    expected = ["model", "lookup", "model", key, "model"]  # one per journaled call, in order
+    if when == "after":
+        expected.insert(pos + 1, expected[pos])
+    assert made[prompt] == expected
+    run = deps.store.get(run_id)
+    assert run is not None
+    assert run.state["output"] == "answer after 2 tools"
+    assert run.state["usage"]["requests"] == 3 and run.state["usage"]["tool_calls"] == 2
+    # Each request's cost counted once, recorded with its call.
+    assert run.cost_usd == pytest.approx(sum(c.cost_usd for c in journal)) and run.cost_usd > 0
+    window = deps.store.load(run_id).window  # type: ignore[union-attr]
+    assert [m["kind"] for m in window] == ["request", "response"] * 3  # the conversation
+
+
+def test_outside_a_cairn_step_the_capability_does_nothing() -> None:
+    result = asyncio.run(helper.run("outside"))  # run_sync would leave its loop open
+    assert result.output == "answer after 2 tools"
+    assert made["outside"] == ["model", "lookup", "model", "model"]  # notify: no ctx, no key
+    bound = CairnDurability.from_agent(helper)
+    assert bound is not None and not bound.in_durable_context
+
+
+def test_an_agent_without_the_capability_is_refused_at_once() -> None:
+    plain = Agent(FunctionModel(_script), name="plain")
+    with pytest.raises(errors.CairnError, match=r"capabilities=\[cairn.pydantic_ai"):
+        agent_workflow("pai-plain", plain)
+
+
+def test_a_run_over_its_budget_stops_before_the_next_request(deps: loop.Deps) -> None:
+    prompt = f"budget {uuid.uuid4().hex}"
+    run_id = _start(deps, "pai-helper", prompt, max_cost_usd=1e-9)
+    assert loop.run(run_id, deps) == RunStatus.BUDGET_EXCEEDED
+    assert made[prompt] == ["model", "lookup"]  # the first request paid, the second refused
+
+
+def test_bad_input_is_refused_before_any_request(deps: loop.Deps) -> None:
+    run_id = f"pai-bad-{uuid.uuid4().hex[:8]}"
+    assert deps.store.create_run(run_id, "pai-helper", {"question": "no prompt"})
+    assert loop.run(run_id, deps) == RunStatus.FAILED
+    assert "{'prompt': a non-empty string}" in (deps.store.get(run_id).error or "")  # type: ignore[union-attr]
+
+
+# -- human in the loop: a tool that needs approval waits for a signal ---------------------
+def _refund_script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    prompt = str(messages[0].parts[-1].content)  # type: ignore[union-attr]
+    made[prompt].append("model")
+    if not any(m.kind == "response" for m in messages):
+        return ModelResponse(parts=[ToolCallPart("refund", {"cents": 500}, tool_call_id="r1")])
+    return ModelResponse(parts=[TextPart("refund handled")])
+
+
+approver = Agent(
+    FunctionModel(_refund_script),
+    name="approver",
+    output_type=[str, DeferredToolRequests],
+    capabilities=[CairnDurability()],
+)
+
+
+@approver.tool_plain(requires_approval=True)
+def refund(cents: int) -> str:
+    ctx = cairn.current()
+    assert ctx is not None
+    made[ctx.input["prompt"]].append(f"refund {cents}")
+    return f"refunded {cents}"
+
+
+agent_workflow("pai-approver", approver)
+
+
+def test_a_tool_that_needs_approval_waits_for_a_signal_holding_no_worker(
+    deps: loop.Deps,
+) -> None:
+    prompt = f"refund me {uuid.uuid4().hex}"
+    run_id = _start(deps, "pai-approver", prompt)
+    assert loop.run(run_id, deps) == RunStatus.WAITING
+    run = deps.store.get(run_id)
+    assert run is not None and run.state["pending"]["approvals"][0]["tool_call_id"] == "r1"
+    assert made[prompt] == ["model"]
+    # A malformed answer loses nothing: the run waits on, saying why.
+    deps.store.signal(run_id, APPROVAL, {"approve": "yes"}, "s1")
+    assert loop.run(run_id, deps) == RunStatus.WAITING
+    assert "an approval signal wants" in deps.store.get(run_id).state["rejected"]  # type: ignore[union-attr]
+    deps.store.signal(run_id, APPROVAL, {"approvals": {"r1": True}}, "s2")
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    run = deps.store.get(run_id)
+    assert run is not None and run.state["output"] == "refund handled"
+    assert run.state["pending"] is None
+    # The first request was not made again: the conversation came from the window.
+    assert made[prompt] == ["model", "refund 500", "model"]
+    assert run.state["usage"]["requests"] == 2
+
+
+def test_a_denied_tool_is_not_run(deps: loop.Deps) -> None:
+    prompt = f"refund denied {uuid.uuid4().hex}"
+    run_id = _start(deps, "pai-approver", prompt)
+    assert loop.run(run_id, deps) == RunStatus.WAITING
+    deps.store.signal(run_id, APPROVAL, {"approvals": {"r1": False}}, "s1")
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    assert made[prompt] == ["model", "model"]
+
+
+# -- the Anthropic agent: the real SDK, a keyed HTTP effect and a ctx.db write ------------
+@pytest.fixture
+def stand_in(monkeypatch: pytest.MonkeyPatch) -> ModelServer:
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", MODEL.url)
+    return MODEL
+
+
+def test_the_agent_s_client_is_the_one_for_the_address_set_at_request_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whoever imported tests.helpers.pai_flows first, and whatever the environment was then, a
+    request goes where ANTHROPIC_BASE_URL says now, and nowhere without it."""
+    provider = pai_flows.agent.model.provider  # type: ignore[union-attr]
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", MODEL.url)
+    assert provider.base_url.rstrip("/") == MODEL.url.rstrip("/")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")
+    assert provider.base_url.rstrip("/") == "http://127.0.0.1:9"
+    monkeypatch.delenv("ANTHROPIC_BASE_URL")
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    with pytest.raises(RuntimeError, match="set ANTHROPIC_BASE_URL"):
+        provider.client  # noqa: B018  (the property is the check)
+
+
+@pytest.mark.parametrize(("when", "pos"), [("after", 2), ("after", 3), ("after", 5), ("before", 8)])
+def test_an_anthropic_agent_with_an_http_effect_and_a_db_write_survives_a_kill(
+    store: Any,
+    leases: Any,
+    settings: Settings,
+    mail: Any,
+    sql: Any,
+    stand_in: ModelServer,
+    when: str,
+    pos: int,
+) -> None:
+    deps = loop.Deps(settings=settings, store=store, leases=leases, model=None)
+    MODEL.control(reset=True)
+    run_id = _start(deps, "pai_support", f"TOOLS: {pai_flows.PLAN}\nHelp me, please.")
+    with pytest.raises(ProcessDied):
+        loop.run(run_id, _killed(deps, when, pos))
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+    journal = store.journal(run_id, "agent", 0)
+    names = [c.name.split("__")[-1] for c in journal]
+    assert names == [
+        "model.request", "<agent>.call_tool:lookup",
+        "model.request", "<agent>.call_tool:notify",
+        "model.request", "<agent>.call_tool:remember",
+        "model.request", "<agent>.call_tool:lookup",
+        "model.request",
+    ]  # fmt: skip
+    # The stand-in was asked once per request, and once more only for a request a kill
+    # cut short after it was answered.
+    cut_short = when == "after" and names[pos] == "model.request"
+    assert MODEL.stats()["requests"] == 5 + int(cut_short)
+    notify_key = f"cairn:{run_id}:agent:0:{journal[3].name}:0"
+    assert [m["idempotency_key"] for m in mail.messages()] == [notify_key]  # delivered once
+    remember_key = f"cairn:{run_id}:agent:0:{journal[5].name}:0"
+    assert sql("SELECT idempotency_key FROM invoice_ledger WHERE run_id = %s", run_id) == [
+        (remember_key,)
+    ]  # the row committed with its call's record: once, not lost
+    run = store.get(run_id)
+    assert run.cost_usd == pytest.approx(sum(c.cost_usd for c in journal)) and run.cost_usd > 0
+    assert run.state["usage"]["requests"] == 5 and run.state["usage"]["tool_calls"] == 4
+
+
+def test_a_compacted_window_is_still_a_conversation_the_agent_can_go_on_with() -> None:
+    from cairn.pydantic_ai import messages_of
+    from cairn.steps.window import compact
+
+    clock = ManualClock()
+    deps = loop.Deps(
+        settings=SETTINGS, store=MemoryStore(clock), leases=MemoryLeases(clock), model=None
+    )
+    run_id = _start(deps, "pai-helper", f"long {uuid.uuid4().hex}")
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    window = list(deps.store.load(run_id).window)  # type: ignore[union-attr]
+    compacted = compact(window, budget_tokens=10, keep_last=2)
+    assert len(compacted) < len(window) and compacted[0]["role"] == "user"
+    assert "[Summary of the earlier conversation]" in compacted[0]["content"]
+    history = messages_of(compacted)
+    assert [m.kind for m in history] == ["request", "response"]  # the tail opens on a reply
+    result = asyncio.run(helper.run("and then?", message_history=history))
+    assert result.output.startswith("answer after")
+
+
+# -- streaming: the agent's text as token events ------------------------------------------
+asked: list[str] = []
+
+
+async def _stream_script(messages: list[ModelMessage], info: AgentInfo) -> Any:
+    asked.append("stream")
+    for word in ("streamed ", "from ", "the ", "agent"):
+        yield word
+
+
+streamer = Agent(
+    FunctionModel(stream_function=_stream_script),
+    name="streamer",
+    capabilities=[CairnDurability(event_stream_handler=stream_tokens)],
+)
+agent_workflow("pai-streamer", streamer)
+
+
+def test_an_agents_text_streams_as_token_events_and_a_replay_streams_nothing() -> None:
+    from cairn.client.events import follow
+    from cairn.testing import MemoryEvents
+    from cairn.workers.outbox import Outbox
+
+    clock = ManualClock()
+    store, leases = MemoryStore(clock), MemoryLeases(clock)
+    outbox = Outbox(MemoryEvents(leases, clock), SETTINGS)
+    deps = loop.Deps(settings=SETTINGS, store=store, leases=leases, model=None, events=outbox)
+    asked.clear()
+    run_id = _start(deps, "pai-streamer", "hello")
+
+    class DieBeforeSave(Middleware):
+        def after_effect(self, cp: Checkpoint) -> None:
+            raise ProcessDied
+
+    with pytest.raises(ProcessDied):  # killed after the request's record, before the save
+        loop.run(run_id, dataclasses.replace(deps, middleware=Chain([DieBeforeSave()])))
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+    outbox.flush()
+    events = list(follow(store, outbox.log, run_id, until=time.monotonic() + 5))
+    tokens = [e for e in events if e.kind == "token"]
+    assert "".join(e.data["text"] for e in tokens) == "streamed from the agent"
+    assert {e.data["call"] for e in tokens} == {0}  # the model request's journal place
+    assert len({e.attempt for e in tokens}) == 1  # the replay streamed nothing again
+    assert asked == ["stream"]
+    run = store.get(run_id)
+    assert run is not None and run.state["output"] == "streamed from the agent"
+
+
+def test_each_request_tool_call_and_the_output_are_on_the_run_page(
+    store: Any, leases: Any, settings: Settings
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from cairn.web.api import create_app
+
+    deps = loop.Deps(settings=settings, store=store, leases=leases, model=None)
+    run_id = _start(deps, "pai-helper", f"page {uuid.uuid4().hex}")
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    token = uuid.uuid4().hex
+    app = create_app(dataclasses.replace(settings, api_token=token))
+    with TestClient(app, follow_redirects=True) as http:
+        bearer = {"Authorization": f"Bearer {token}"}
+        calls = http.get(f"/runs/{run_id}/calls", headers=bearer).json()["calls"]
+        assert [c["name"] for c in calls] == NAMES
+        assert calls[1]["result"] == {"result": "page about fencing", "kind": "tool_return"}
+        assert http.get("/runs/nope/calls", headers=bearer).status_code == 404
+        http.post("/login", data={"token": token, "next": "/ui/runs"})  # as a browser does
+        page = http.get(f"/ui/runs/{run_id}").text
+    assert "5 journaled" in page and "call_tool:notify" in page
+    assert "page about fencing" in page and "answer after 2 tools" in page  # a tool; the output

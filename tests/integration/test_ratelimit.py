@@ -1,0 +1,154 @@
+"""Fleet-wide model rate limits: real Redis, the real Messages-API stand-in through the
+real anthropic SDK. Several real processes together: tests/fleet/test_ratelimit.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import pytest
+import redis as redis_lib
+
+import cairn
+from cairn.core.errors import RetryLater
+from cairn.core.settings import Settings
+from cairn.steps.model import ModelClient, RateLimited
+from cairn.store import Leases, PgStore
+from cairn.store.ratelimit import Limit, RateLimiter
+from cairn.testing.standins import ModelServer
+from cairn.workers import loop
+
+flow = cairn.workflow("ratelimit_ask")
+
+
+@flow.step()
+def ask(ctx: cairn.Context) -> cairn.StepResult:
+    ctx.model(messages=[{"role": "user", "content": "hi"}], max_tokens=16)
+    return cairn.StepResult(cursor="done")
+
+
+ASK = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis_lib.Redis]:
+    client = redis_lib.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def clients() -> Iterator[Any]:
+    """make(url, limiter, events, wait_max=10): a ModelClient telling events what it saw."""
+    made: list[ModelClient] = []
+
+    def make(url: str, limiter: RateLimiter, events: list[Any], wait_max: float = 10.0) -> Any:
+        seen = lambda *event: events.append(event)
+        made.append(ModelClient(base_url=url, limiter=limiter, wait_max=wait_max, observe=seen))
+        return made[-1]
+
+    yield make
+    for client in made:
+        client.close()
+
+
+def test_the_providers_headers_make_the_whole_fleet_back_off(
+    model: ModelServer, r: redis_lib.Redis, clients: Any
+) -> None:
+    # The limiter knows no limit; the provider does (20/min, a request back every 3 s):
+    # its headers and its 429's retry-after are all the fleet has to go by.
+    model.rpm = model.burst = 20
+    model.control(reset=True)
+    events: list[Any] = []
+    one, two = (clients(model.url, RateLimiter(r), events) for _ in range(2))  # two workers
+    # Another app on the same key spends the quota, out of the fleet's sight.
+    other = anthropic.Anthropic(api_key="local-stand-in", base_url=model.url, max_retries=0)
+    while True:
+        raw = other.messages.with_raw_response.create(model="claude-haiku-4-5", **ASK)
+        assert raw.headers["anthropic-ratelimit-requests-limit"] == "20"
+        if raw.headers["anthropic-ratelimit-requests-remaining"] == "0":
+            break
+    two.create(**ASK)  # answered 429 + retry-after: recorded in Redis, waited out, answered
+    assert model.stats()["rate_limited"] == 1
+    assert [e[0] for e in events] == ["429", "wait"]
+    started = time.monotonic()
+    one.create(**ASK)  # its answer said 0 remaining: the other worker waits, no 429 of its own
+    assert time.monotonic() - started > 2.0
+    assert model.stats()["rate_limited"] == 1
+    other.close()
+
+
+def test_tokens_per_minute_are_booked_then_settled(
+    model: ModelServer, r: redis_lib.Redis, clients: Any
+) -> None:
+    tpm = 6000
+    limiter = RateLimiter(r, limits={"claude-haiku-4-5": Limit(tpm=tpm)})
+    events: list[Any] = []
+    client = clients(model.url, limiter, events, wait_max=0.0)  # never wait: count what passes
+    ask = {"messages": [{"role": "user", "content": "x" * 6000}], "max_tokens": 16}
+    booked = client._tokens({**ask, "model": "claude-haiku-4-5"})
+    message, _ = client.create(**ask)
+    used = message.usage.input_tokens + message.usage.output_tokens
+    assert used < booked  # the estimate is over: the rest is given back after the call
+    passed = 1
+    with pytest.raises(RateLimited) as over:
+        while passed < 10:
+            client.create(**ask)
+            passed += 1
+    # Each call books `booked` and keeps `used`: only settling lets this many through.
+    assert passed == 1 + (tpm - booked) // used > tpm // booked
+    assert over.value.wait > 0 and ("deferred", "claude-haiku-4-5", 1) in events
+    client.wait_max = over.value.wait + 2  # now it may wait: it does, then is answered
+    started = time.monotonic()
+    client.create(**ask)
+    assert time.monotonic() - started >= over.value.wait - 0.5
+    assert model.stats()["requests"] == passed + 1
+
+
+def test_a_step_over_the_limit_is_retried_later_and_the_run_finishes(
+    settings: Settings,
+    store: PgStore,
+    leases: Leases,
+    model: ModelServer,
+    r: redis_lib.Redis,
+    clients: Any,
+) -> None:
+    # 20/min: a call every 3 s. The second run's call would wait past CAIRN_RATE_WAIT_MAX,
+    # so its step is retried later (the worker is free meanwhile), not failed.
+    limiter = RateLimiter(r, Limit(rpm=20))
+    events: list[Any] = []
+    client = clients(model.url, limiter, events, wait_max=1.5)
+    deps = loop.Deps(settings=settings, store=store, leases=leases, model=client)
+    for run_id in ("first", "second"):
+        store.create_run(run_id, "ratelimit_ask", {})
+    assert loop.run("first", deps) == cairn.RunStatus.DONE
+    with pytest.raises(RetryLater) as later:
+        loop.run("second", deps)
+    cp = store.load("second")
+    assert cp is not None and cp.status == cairn.RunStatus.RUNNING and cp.attempts == 1
+    assert "over the fleet's rate limit" in (cp.error or "")
+    time.sleep(later.value.delay)  # the task's countdown: 2 s, the step's Retry policy
+    assert loop.run("second", deps) == cairn.RunStatus.DONE
+    assert [e[0] for e in events] == ["deferred", "wait"]
+    assert model.stats()["requests"] == 2
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"CAIRN_MODEL_RPM": "-5"}, "CAIRN_MODEL_RPM=-5"),
+        ({"CAIRN_MODEL_TPM": "1.5"}, "CAIRN_MODEL_TPM='1.5' is not a whole number"),
+        ({"CAIRN_RATE_LIMITS": '{"claude-x": {"rpm": 5'}, "CAIRN_RATE_LIMITS is not JSON"),
+        ({"CAIRN_RATE_LIMITS": '{"claude-x": {}}'}, "CAIRN_RATE_LIMITS['claude-x']={}"),
+        ({"CAIRN_RATE_LIMITS": '{"claude-x": {"rpn": 5}}'}, 'want {"rpm": N, "tpm": N}'),
+        ({"CAIRN_RATE_LIMITS": '{"claude-x": {"tpm": -1}}'}, "['claude-x'].tpm=-1"),
+        ({"CAIRN_RATE_WAIT_MAX": "-1"}, "CAIRN_RATE_WAIT_MAX=-1"),
+    ],
+)
+def test_bad_limits_are_a_clear_error_at_start(env: dict[str, str], says: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        Settings.from_env(env)
+    assert says in str(exc.value)
+    assert Settings.from_env({"CAIRN_RATE_LIMITS": '{"claude-x": {"rpm": 5}}'}).rate_limits

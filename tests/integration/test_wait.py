@@ -1,0 +1,69 @@
+"""Client.wait and AsyncClient: a run's result, woken by LISTEN/NOTIFY. Beside a real worker
+(and the docs' FastAPI app under 20 requests at once): tests/fleet/test_wait.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from cairn.client import AsyncClient, Client
+from cairn.core.errors import UnknownRun, WaitTimedOut
+from cairn.core.status import RunStatus
+from cairn.store import PgStore
+from tests.helpers.services import PGBOUNCER_PORT
+
+NOTIFIED = pytest.mark.skipif(
+    bool(PGBOUNCER_PORT), reason="PgBouncer in transaction mode passes no notifications"
+)
+
+
+def _later(seconds: float, fn: object) -> threading.Thread:
+    thread = threading.Thread(target=lambda: (time.sleep(seconds), fn()))  # type: ignore[operator]
+    thread.start()
+    return thread
+
+
+@NOTIFIED
+def test_wait_is_woken_by_the_status_change_not_by_polling(store: PgStore) -> None:
+    store.create_run("w1", "probe", {})
+    cp = store.claim("w1", 1)
+    assert cp is not None
+    thread = _later(0.5, lambda: store.mark_failed(cp, "boom"))
+    started = time.monotonic()
+    run = store.wait("w1", timeout=20, poll=30)  # one look every 30 s: only a NOTIFY is quick
+    elapsed = time.monotonic() - started
+    thread.join()
+    assert run.status == RunStatus.FAILED and run.error == "boom"
+    assert 0.4 < elapsed < 2.0
+
+
+def test_wait_returns_at_once_for_a_settled_run_and_times_out_clearly(client: Client) -> None:
+    store = client.store
+    store.create_run("w2", "probe", {})
+    cp = store.claim("w2", 1)
+    assert cp is not None
+    started = time.monotonic()
+    with pytest.raises(WaitTimedOut, match="w2 is still pending") as info:
+        client.wait("w2", timeout=0.5)
+    assert isinstance(info.value, TimeoutError) and time.monotonic() - started < 1.5
+    store.save(cp.evolve(seq=1, status=RunStatus.WAITING, cursor="next"), cp)
+    assert client.wait("w2", timeout=5).status == RunStatus.WAITING  # parked: settled
+    with pytest.raises(UnknownRun):
+        client.wait("no-such-run", timeout=1)
+
+
+def test_async_client_has_every_method_of_client_as_a_coroutine() -> None:
+    import inspect
+
+    public = {
+        name for name, value in vars(Client).items() if not name.startswith("_") and callable(value)
+    }
+    assert public <= set(dir(AsyncClient)), public - set(dir(AsyncClient))
+    for name in public:
+        method = getattr(AsyncClient, name)
+        # An iterator's async form is an async iterator (events).
+        assert inspect.iscoroutinefunction(method) or inspect.isasyncgenfunction(method), name
+    for name in ("__aenter__", "__aexit__"):
+        assert inspect.iscoroutinefunction(getattr(AsyncClient, name))
