@@ -1,30 +1,58 @@
-"""Model calls from a step: ctx.model and ctx.amodel through the worker's model client,
-journaled like any call (a replay returns the recorded message, uncalled), checked
-against the lease and the budget first, streamed as token events when asked."""
+"""Model calls from a step: ctx.model and ctx.amodel through the worker's model client
+(Anthropic or OpenAI, cairn.steps.model), journaled like any call (a replay returns the
+recorded answer, uncalled), checked against the lease and the budget first, streamed as
+token events when asked."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cairn.core import tracing
 from cairn.core.records import Call
 from cairn.steps.journal import StepParts, as_json, error_of
+
+if TYPE_CHECKING:
+    from cairn.steps.model import ModelClient
 
 
 class ModelCalls(StepParts):
     """The step context's model calls (ctx.model, ctx.amodel)."""
 
     # -- model -----------------------------------------------------------------------
-    def model(self, *, stream: bool = False, **request: Any) -> Any:
-        """messages.create through the anthropic SDK, retried, journaled (a replay of the
-        step returns the recorded message, uncalled); its cost is counted once.
+    def model(
+        self,
+        *,
+        stream: bool = False,
+        provider: str | None = None,
+        api: str | None = None,
+        **request: Any,
+    ) -> Any:
+        """One model call through its provider's SDK, retried, journaled (a replay of the
+        step returns the recorded answer, uncalled); its cost is counted once.
 
-        stream=True: through the SDK's streaming API, each text delta a `token` event on
-        the run's stream as it arrives (cost from the final usage). Either way the whole
-        answer is a `message` event once journaled, and again when a replay returns it."""
+        Args:
+            provider: "anthropic" or "openai"; by default the one `model=`'s name says
+                (claude-* is Anthropic's; gpt-*, o1/o3/o4* OpenAI's), and without `model=`
+                the worker's CAIRN_MODEL.
+            api: OpenAI's "chat" (Chat Completions, the default) or "responses" (implied by
+                `input=`).
+            stream: through the SDK's streaming API, each text delta a `token` event on the
+                run's stream as it arrives (cost from the final usage).
+            **request: the SDK call's own arguments (messages=, max_tokens=, tools=...).
+
+        Returns:
+            The SDK's answer: an anthropic Message, an openai ChatCompletion or Response
+            (`cairn.text_of` reads the text of each). Either way the whole answer is a
+            `message` event once journaled, and again when a replay returns it.
+
+        Raises:
+            UnknownModel: a model, provider or API cairn cannot route (not retried).
+            ModelUnavailable: the API kept answering 429/5xx or could not be reached.
+        """
         if self._model is None:
             raise RuntimeError("no model client configured for this worker")
+        request.update(_routing(provider, api))
         if self._inside() is not None:  # part of the call's own result: not journaled apart
             return self._ask(request, stream=stream)[0]
         pos, _ = self._position("model")
@@ -38,11 +66,19 @@ class ModelCalls(StepParts):
             raise
         return self._answered(pos, message, cost)
 
-    async def amodel(self, *, stream: bool = False, **request: Any) -> Any:
+    async def amodel(
+        self,
+        *,
+        stream: bool = False,
+        provider: str | None = None,
+        api: str | None = None,
+        **request: Any,
+    ) -> Any:
         """ctx.model for async steps: the same journal, checks and events; the SDK call
         runs in a worker thread, so the step's event loop goes on with its other tasks."""
         if self._model is None:
             raise RuntimeError("no model client configured for this worker")
+        request.update(_routing(provider, api))
         if self._inside() is not None:
             return (await self._aask(request, None, stream))[0]
         pos, _ = self._position("model")
@@ -85,7 +121,8 @@ class ModelCalls(StepParts):
             self._after_model(pos, exc)
             raise
         self._count(cost)
-        tracing.model_answered(request, message, cost, stream)
+        if tracing.active():
+            tracing.model_answered(_attributes(self._model, request, message), cost, stream)
         self._after_model(pos, None)
         return message, cost
 
@@ -103,7 +140,8 @@ class ModelCalls(StepParts):
             self._after_model(pos, exc)
             raise
         self._count(cost)
-        tracing.model_answered(request, message, cost, stream)
+        if tracing.active():
+            tracing.model_answered(_attributes(self._model, request, message), cost, stream)
         self._after_model(pos, None)
         return message, cost
 
@@ -139,6 +177,30 @@ class ModelCalls(StepParts):
             self._afford(self._model.worst_cost(**request), "the next model call")
         if pos is not None and self._hooks is not None:
             self._hooks.before_call(self._cp, "model", pos)
+
+
+def model_client(ctx: ModelCalls) -> ModelClient | None:
+    """The worker's ModelClient a step's context calls through (None: none, or a test's
+    own), for integrations that send model requests of their own (cairn.pydantic_ai) so
+    they keep to the same rate limits and prices."""
+    from cairn.steps.model import ModelClient
+
+    return ctx._model if isinstance(ctx._model, ModelClient) else None
+
+
+def _routing(provider: str | None, api: str | None) -> dict[str, Any]:
+    """ctx.model's provider= and api=, for the client's request (only when given: a model
+    client of a test's own need not know them)."""
+    return {k: v for k, v in (("provider", provider), ("api", api)) if v is not None}
+
+
+def _attributes(model: Any, request: dict[str, Any], message: Any) -> dict[str, Any]:
+    """The answer's GenAI span attributes, by the client's provider's reading of it."""
+    describe = getattr(model, "span_attributes", None)
+    if describe is not None:
+        return describe(request, message)  # type: ignore[no-any-return]
+    name = getattr(message, "model", None) or request.get("model")
+    return {"gen_ai.operation.name": "chat", "gen_ai.request.model": name}
 
 
 def _shown(message: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""Fleet-wide model rate limits in Redis: requests and tokens per minute per model and
-API key, and the back-off the provider's headers ask for (store/lua/ratelimit.lua)."""
+"""Fleet-wide model rate limits in Redis: requests and tokens per minute per provider,
+model and API key, and the back-off the provider's headers ask for (store/lua/ratelimit.lua)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from cairn.store import keys
 from cairn.store.lease import _script, translated
 
 
-def key(bucket: str, who: str) -> str:
+def key(provider: str, bucket: str, who: str) -> str:
     """A bucket's state (ratelimit.lua): it expires once the bucket is full again, so an
     idle model keeps no key. `who` is account(api_key), never the key itself."""
-    return f"{keys.PREFIX}:ratelimit:{bucket}:{who}"
+    return f"{keys.PREFIX}:ratelimit:{provider}:{bucket}:{who}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,14 +37,18 @@ class RateLimiter:
 
     limits: per model name (a name also covers the dated versions it prefixes, the
     longest name winning: "claude-haiku-4-5" covers "claude-haiku-4-5-20251001", in one
-    bucket); default: every other model, each in a bucket of its own.
+    bucket), or "provider:name" for one provider's; default: every other model, each in a
+    bucket of its own. A bucket is per provider and API key as well.
     """
 
     def __init__(
         self, client: redis.Redis, default: Limit = Limit(), limits: dict[str, Limit] | None = None
     ) -> None:
         self.client, self.default = client, default
-        self.limits = dict(sorted((limits or {}).items(), key=lambda kv: -len(kv[0])))
+        # The name that says most of the model first, whether or not it names a provider.
+        self.limits = dict(
+            sorted((limits or {}).items(), key=lambda kv: -len(kv[0].partition(":")[2] or kv[0]))
+        )
         self._script = _script(client, "ratelimit.lua")
 
     @classmethod
@@ -52,36 +56,45 @@ class RateLimiter:
         limits = {m: Limit(**v) for m, v in settings.rate_limits.items()}
         return cls(client, Limit(settings.model_rpm, settings.model_tpm), limits)
 
-    def bucket(self, model: str) -> tuple[str, Limit]:
-        """The bucket a model's calls count in, and its limit."""
-        name = next((n for n in self.limits if model.startswith(n)), None)
+    def bucket(self, provider: str, model: str) -> tuple[str, Limit]:
+        """The bucket a provider's model's calls count in, and its limit."""
+        qualified = f"{provider}:{model}"
+        name = next(
+            (n for n in self.limits if qualified.startswith(n) or model.startswith(n)), None
+        )
         return (name, self.limits[name]) if name is not None else (model, self.default)
 
-    def take(self, model: str, who: str, tokens: int, longest: float) -> tuple[bool, float]:
+    def take(
+        self, provider: str, model: str, who: str, tokens: int, longest: float
+    ) -> tuple[bool, float]:
         """Book one call of about `tokens` tokens. Returns (True, seconds to wait before
         sending it), or (False, seconds it would have waited) when that is past `longest`
         and nothing was booked. A call of more tokens than a minute allows books a
         whole minute's: it waits for a full bucket instead of forever."""
-        name, limit = self.bucket(model)
+        name, limit = self.bucket(provider, model)
         per_req = 60_000 / limit.rpm if limit.rpm else 0
         per_tok = 60_000 / limit.tpm if limit.tpm else 0
         tokens = min(tokens, limit.tpm) if limit.tpm else 0
         with translated():
             booked, wait_us = self._script(
-                keys=[key(name, who)],
+                keys=[key(provider, name, who)],
                 args=["take", per_req, per_tok, tokens, int(longest * 1000)],
             )
         return bool(booked), wait_us / 1e6
 
-    def settle(self, model: str, who: str, unused: int) -> None:
+    def settle(self, provider: str, model: str, who: str, unused: int) -> None:
         """Give back the tokens a call booked and did not use (negative: it used more)."""
-        name, limit = self.bucket(model)
+        name, limit = self.bucket(provider, model)
         if limit.tpm and unused:
             with translated():
-                self._script(keys=[key(name, who)], args=["settle", 60_000 / limit.tpm, unused])
+                self._script(
+                    keys=[key(provider, name, who)], args=["settle", 60_000 / limit.tpm, unused]
+                )
 
-    def back_off(self, model: str, who: str, seconds: float) -> None:
+    def back_off(self, provider: str, model: str, who: str, seconds: float) -> None:
         """No call of this bucket starts, on any worker, for `seconds` from now."""
-        name, _ = self.bucket(model)
+        name, _ = self.bucket(provider, model)
         with translated():
-            self._script(keys=[key(name, who)], args=["backoff", max(int(seconds * 1000), 1)])
+            self._script(
+                keys=[key(provider, name, who)], args=["backoff", max(int(seconds * 1000), 1)]
+            )

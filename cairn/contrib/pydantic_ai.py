@@ -16,14 +16,17 @@ the capability does nothing, as pydantic-ai's other durable backends do. Needs t
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import weakref
-from collections.abc import AsyncIterable, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 try:
     from pydantic import TypeAdapter, ValidationError
+    from pydantic_ai import exceptions as pai_errors
     from pydantic_ai.agent import AbstractAgent
     from pydantic_ai.durable_exec import (
         JSON_CODEC,
@@ -51,11 +54,15 @@ except ImportError as exc:  # the optional extra is missing
         "pip install 'cairn[pydantic-ai]'"
     ) from exc
 
-from cairn.core.errors import CairnError, InvalidInput
+from cairn.core.errors import CairnError, InvalidInput, ModelUnavailable
 from cairn.steps.context import Context, current
-from cairn.steps.model import cost_of
+from cairn.steps.model import ModelClient, cost_of
+from cairn.steps.modelcalls import model_client
+from cairn.steps.prices import Prices
+from cairn.steps.providers import Route, guess_provider
 from cairn.steps.registry import DONE, Retry, StepResult, Workflow
 from cairn.steps.registry import workflow as cairn_workflow
+from cairn.steps.window import json_size
 
 __all__ = [
     "APPROVAL",
@@ -75,26 +82,75 @@ _RESULTS = TypeAdapter(DeferredToolResults)
 _run_ids: weakref.WeakKeyDictionary[Context, int] = weakref.WeakKeyDictionary()
 
 
-def _model_cost(payload: Any) -> float:
-    """The cost of one recorded ModelResponse (JSON), by cairn's price table; a model
-    cairn does not list is priced as the dearest one, so cost is never under-counted."""
-    usage = payload.get("usage") or {} if isinstance(payload, dict) else {}
-    tokens = {
-        "input_tokens": usage.get("input_tokens", 0),
-        "output_tokens": usage.get("output_tokens", 0),
-        "cache_creation_input_tokens": usage.get("cache_write_tokens", 0),
-        "cache_read_input_tokens": usage.get("cache_read_tokens", 0),
-    }
-    name = payload.get("model_name") if isinstance(payload, dict) else None
-    return cost_of(name or "", _Usage(**tokens))
+def _model_cost(payload: Any, prices: Prices | None = None) -> float:
+    """The cost of one recorded ModelResponse (JSON), by cairn's price table for its
+    provider (pydantic-ai's usage counts cached tokens in input_tokens; each is priced as
+    billed); a model cairn does not list is priced as its provider's dearest, so cost is
+    never under-counted."""
+    if not isinstance(payload, dict):
+        return cost_of("", {})
+    name = payload.get("model_name") or ""
+    provider = payload.get("provider_name")
+    provider = provider if provider in ("anthropic", "openai") else guess_provider(name)
+    return cost_of(name, payload.get("usage") or {}, provider, prices)
 
 
-@dataclass(frozen=True)
-class _Usage:
-    input_tokens: int
-    output_tokens: int
-    cache_creation_input_tokens: int
-    cache_read_input_tokens: int
+# pydantic-ai's errors a later request may not meet: the step is retried later (cairn's
+# Transient), not failed, and nothing is journaled for the request.
+_TRANSIENT = (
+    pai_errors.ModelRateLimitError,
+    pai_errors.ModelUnavailableError,
+    pai_errors.ModelServerError,
+    pai_errors.ModelConnectionError,
+    pai_errors.ModelRequestTimeout,
+)
+
+
+def _booking(model: ModelClient, where: Route, cache_key: tuple[object, ...]) -> int:
+    """Tokens to book for a model request: its messages at 3 bytes a token and the most
+    output its settings allow (cache_key is pydantic-ai's: model id, messages, settings,
+    ...; a key of another shape books the default output only, settled after)."""
+    messages, settings = (cache_key[1], cache_key[2]) if len(cache_key) >= 3 else ([], None)
+    try:
+        prompt = json_size(_MESSAGES.dump_python(list(messages), mode="json"))  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        prompt = 0
+    most = (settings or {}).get("max_tokens") if isinstance(settings, dict) else None
+    request = {"max_tokens": most, "max_completion_tokens": most}
+    return prompt // 3 + 1 + model.providers[where.provider].max_output(where.api, request)
+
+
+@contextlib.asynccontextmanager
+async def _limited(
+    ctx: Context, model_name: str, cache_key: tuple[object, ...]
+) -> AsyncIterator[dict[str, Any]]:
+    """A model request of the agent's under the fleet's rate limit, as ctx.model's are
+    (the worker's ModelClient: per provider, model and key, the key being the one its
+    environment gives the provider, as pydantic-ai's own providers read it): booked and
+    waited for before, a 429's headers backing the fleet off, the tokens settled after
+    (the body puts the response's usage in the yielded dict). Its transient failures
+    become ModelUnavailable, so the step is retried rather than failed."""
+    model = model_client(ctx)
+    provider = guess_provider(model_name)
+    admission = None
+    if model is not None and model.limiter is not None and provider is not None:
+        where = Route(provider, "messages" if provider == "anthropic" else "chat", model_name)
+        # Redis calls in a thread: the step's event loop goes on with its other tasks.
+        admission = await asyncio.to_thread(model.admit, where, _booking(model, where, cache_key))
+        await asyncio.sleep(admission.wait)
+    answer: dict[str, Any] = {}
+    try:
+        yield answer
+    except Exception as exc:
+        if admission is not None and model is not None:
+            failed = ModelClient.failure(exc)
+            if failed is not None:
+                await asyncio.to_thread(model.answered, admission, *failed, None)
+        if isinstance(exc, _TRANSIENT):
+            raise ModelUnavailable(f"model {model_name}: {exc}") from exc
+        raise
+    if admission is not None and model is not None:
+        await asyncio.to_thread(model.answered, admission, 200, None, answer.get("usage"))
 
 
 class _Backend(JournalCallableOperationBackend[None]):
@@ -114,10 +170,15 @@ class _Backend(JournalCallableOperationBackend[None]):
         if ctx is None:  # not in a cairn step: nothing to record
             return await body()
         if isinstance(operation_id, ModelRequestId):
+            model = model_client(ctx)
+            prices = model.prices if model is not None else None
 
             async def request() -> object:
-                payload = await body()
-                ctx.add_cost(_model_cost(payload))  # recorded with the call, counted once
+                async with _limited(ctx, operation_id.model_name, cache_key) as answer:
+                    payload = await body()
+                    if isinstance(payload, dict):
+                        answer["usage"] = payload.get("usage")
+                ctx.add_cost(_model_cost(payload, prices))  # recorded with the call, counted once
                 return payload
 
             # max_cost=0: a run already over its budget stops before the request.

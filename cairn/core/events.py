@@ -164,7 +164,35 @@ def entry_key(entry_id: str) -> tuple[int, int]:
 
 
 def message_data(message: dict[str, Any]) -> dict[str, Any]:
-    """A journaled model message's text and tool calls (what a chat UI shows)."""
+    """A journaled model answer's text and tool calls (what a chat UI shows), whichever API
+    gave it: an Anthropic Message, an OpenAI ChatCompletion (its first choice) or Response."""
+    if message.get("object") == "chat.completion":
+        choices = message.get("choices") or [{}]
+        said = choices[0].get("message") or {}
+        return {
+            "text": said.get("content") or "",
+            "tool_calls": [
+                {"id": c.get("id"), "name": f.get("name"), "input": _arguments(f)}
+                for c in said.get("tool_calls") or []
+                for f in [c.get("function") or {}]
+            ],
+        }
+    if message.get("object") == "response":
+        output = message.get("output") or []
+        return {
+            "text": "".join(
+                part.get("text", "")
+                for item in output
+                if item.get("type") == "message"
+                for part in item.get("content") or []
+                if part.get("type") == "output_text"
+            ),
+            "tool_calls": [
+                {"id": i.get("call_id"), "name": i.get("name"), "input": _arguments(i)}
+                for i in output
+                if i.get("type") == "function_call"
+            ],
+        }
     content = message.get("content") or []
     return {
         "text": "".join(b.get("text", "") for b in content if b.get("type") == "text"),
@@ -174,3 +202,13 @@ def message_data(message: dict[str, Any]) -> dict[str, Any]:
             if b.get("type") == "tool_use"
         ],
     }
+
+
+def _arguments(call: dict[str, Any]) -> Any:
+    """An OpenAI tool call's arguments (a JSON string) as the value they spell, as
+    Anthropic's tool_use gives its input; as sent when they are not JSON."""
+    raw = call.get("arguments")
+    try:
+        return json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return raw

@@ -135,11 +135,26 @@ class Settings:
     sse_keepalive: float = _setting(
         15.0, "CAIRN_SSE_KEEPALIVE", "`cairn serve`: seconds between keep-alives on an idle stream"
     )
-    model: str = _setting("claude-haiku-4-5", "CAIRN_MODEL", "default model for `ctx.model`")
+    model: str = _setting(
+        "claude-haiku-4-5",
+        "CAIRN_MODEL",
+        "default model for `ctx.model` (its name says its provider: `claude-*`, `gpt-*`, `o4-*`...)",
+    )
     anthropic_base_url: str | None = _setting(
         None,
         "ANTHROPIC_BASE_URL",
         "the Messages API (default: Anthropic's; the demo and tests use a local stand-in)",
+    )
+    openai_base_url: str | None = _setting(
+        None,
+        "OPENAI_BASE_URL",
+        "the OpenAI API, `/v1` included (default: OpenAI's; the tests use a local stand-in)",
+    )
+    model_prices: dict[str, Any] = _setting(  # noqa: RUF009 (a field())
+        dict,
+        "CAIRN_MODEL_PRICES",
+        "USD per million tokens for models cairn has no price for, as JSON, e.g. "
+        '`{"gpt-4o-mini": {"input": 0.15, "output": 0.6, "cache_read": 0.075}}`',
     )
     mail_url: str = _setting(
         "http://127.0.0.1:8025",
@@ -227,6 +242,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         _check_rate_limits(self)
+        _check_prices(self)
         if self.log_format not in ("text", "json"):
             raise ValueError(f"CAIRN_LOG_FORMAT={self.log_format!r}: use text or json")
         template = self.trace_url_template
@@ -313,6 +329,29 @@ def _check_rate_limits(s: Settings) -> None:
             count(f"{where}.{field}", value)
     if s.rate_wait_max < 0:
         raise ValueError(f"CAIRN_RATE_WAIT_MAX={s.rate_wait_max!r}: seconds, >= 0")
+
+
+_PRICE_FIELDS = {"input", "output", "cache_write", "cache_read"}
+
+
+def _check_prices(s: Settings) -> None:
+    """ValueError, naming the variable, for a price that means nothing."""
+    for model, price in s.model_prices.items():
+        where = f"CAIRN_MODEL_PRICES[{model!r}]"
+        if not model:
+            raise ValueError("CAIRN_MODEL_PRICES: a model name is empty")
+        if (
+            not isinstance(price, dict)
+            or not {"input", "output"} <= set(price)
+            or set(price) - _PRICE_FIELDS
+        ):
+            raise ValueError(
+                f'{where}={price!r}: want {{"input": USD, "output": USD}} per million tokens, '
+                '"cache_write" and "cache_read" optional'
+            )
+        for field, value in price.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"{where}.{field}={value!r}: USD per million tokens, >= 0")
 
 
 def markdown_table() -> str:

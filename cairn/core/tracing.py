@@ -164,30 +164,16 @@ def note(**attributes: Any) -> None:
             span.set_attribute(f"cairn.{key}", value)
 
 
-def model_answered(request: dict[str, Any], message: Any, cost: float, stream: bool) -> None:
-    """A model call's answer on its span, by the GenAI semantic conventions."""
+def model_answered(attributes: dict[str, Any], cost: float, stream: bool) -> None:
+    """A model call's answer on its span, by the GenAI semantic conventions: attributes are
+    its provider's reading of it (gen_ai.provider.name, model, tokens, finish reasons)."""
     if _tracer is None:
         return
     from opentelemetry import trace
 
     span = trace.get_current_span()
-    model = getattr(message, "model", None) or request.get("model")
-    usage = getattr(message, "usage", None)
-    attrs: dict[str, Any] = {
-        "gen_ai.operation.name": "chat",
-        "gen_ai.provider.name": "anthropic",
-        "gen_ai.request.model": request.get("model") or model,
-        "gen_ai.request.max_tokens": request.get("max_tokens"),
-        "gen_ai.response.model": model,
-        "gen_ai.response.id": getattr(message, "id", None),
-        "gen_ai.usage.input_tokens": getattr(usage, "input_tokens", None),
-        "gen_ai.usage.output_tokens": getattr(usage, "output_tokens", None),
-        "cairn.cost_usd": cost,
-        "cairn.stream": stream,
-    }
-    reason = getattr(message, "stop_reason", None)
-    if reason:
-        attrs["gen_ai.response.finish_reasons"] = [reason]
+    attrs = {**attributes, "cairn.cost_usd": cost, "cairn.stream": stream}
     span.set_attributes({k: v for k, v in attrs.items() if v is not None})
+    model = attributes.get("gen_ai.response.model") or attributes.get("gen_ai.request.model")
     if model:
-        span.update_name(f"chat {model}")
+        span.update_name(f"{attributes.get('gen_ai.operation.name', 'chat')} {model}")

@@ -1,7 +1,7 @@
 -- Fleet-wide model rate limits: a GCRA bucket for requests and one for tokens, and the
 -- back-off the provider asked for, shared by every worker. Times are Redis's own (TIME,
 -- in ms), so workers on hosts with skewed clocks agree.
--- KEYS[1]  cairn:ratelimit:<model>:<key hash>  hash of ms timestamps: r and t, each
+-- KEYS[1]  cairn:ratelimit:<provider>:<model>:<key hash>  hash of ms timestamps: r and t, each
 --          bucket's theoretical arrival time (TAT); b, no call starts before it. The key
 --          expires once all three have passed: an absent key is full buckets.
 -- ARGV[1]  op: take | settle | backoff

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
 
-from cairn.testing.standins.anthropic import ModelServer
 from cairn.testing.standins.mail import MailServer
+from cairn.testing.standins.model import ModelServer
 from cairn.testing.standins.server import _StandIn
 
 
@@ -29,9 +30,12 @@ def main(argv: list[str] | None = None) -> int:
                 "--token-ms", type=int, default=0, help="sleep between streamed text deltas"
             )
             p.add_argument("--fail-every", type=int, default=0)
-            p.add_argument("--fail-status", type=int, default=429, choices=[429, 500, 529])
+            p.add_argument("--fail-status", type=int, default=429, choices=[429, 500, 503, 529])
             p.add_argument("--rpm", type=int, default=0, help="requests a minute (0: no limit)")
             p.add_argument("--burst", type=int, default=None, help="rpm bucket (default: rpm)")
+            p.add_argument(
+                "--tpm", type=int, default=0, help="prompt tokens a minute (0: no limit)"
+            )
     args = parser.parse_args(argv)
 
     server: _StandIn
@@ -47,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             fail_status=args.fail_status,
             rpm=args.rpm,
             burst=args.burst,
+            tpm=args.tpm,
             verbose=not args.quiet,
         )
 
@@ -55,6 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     server.start()
     print(server.url, flush=True)
+    if isinstance(server, ModelServer):
+        # For a person reading along; a script reads the URL on stdout.
+        print(
+            f"Messages API: ANTHROPIC_BASE_URL={server.url}  "
+            f"Chat Completions, Responses: OPENAI_BASE_URL={server.openai_url}",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         while not stop.wait(0.5):
             pass
