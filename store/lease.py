@@ -306,7 +306,7 @@ class Leases:
         let go of: their worker may have died after the run's last commit, when nothing
         in Postgres says the run needs a worker (keys.DELIVERIES). Their leases tell."""
         with translated():
-            now_s, now_us = cast("tuple[int, int]", self.client.time())
+            now_s, now_us = self.client.time()
             before = now_s * 1000 + now_us // 1000 - int(older_than * 1000)
             found = cast(
                 "list[bytes]",
