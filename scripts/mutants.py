@@ -1,21 +1,33 @@
 """The mutation gauntlet: break one safety-critical line at a time, run the tests that
 must notice, and fail unless every mutant is killed.
 
-    .venv/bin/python scripts/mutants.py            # all mutants (scripts/test runs this)
-    .venv/bin/python scripts/mutants.py M4 M8      # some of them
+    .venv/bin/python scripts/mutants.py              # all mutants, in this checkout
+    .venv/bin/python scripts/mutants.py M4 M8        # some of them
+    .venv/bin/python scripts/mutants.py --lanes 2    # in two copies side by side (CI)
 
-Each mutant is applied in place to this checkout (the installed package is the checkout,
-editable) and reverted in a `finally`, so it refuses to start on uncommitted changes to
-the files it mutates. A mutant's `old` text must occur exactly once: when the code moves
-on, the gauntlet fails loudly instead of testing nothing.
+Each mutant is applied in place and reverted in a `finally`, so it refuses to start on
+uncommitted changes to the files it mutates. A mutant's `old` text must occur exactly
+once: when the code moves on, the gauntlet fails loudly instead of testing nothing.
+
+With --lanes N the mutants run in N copies of the checkout under .cairn/mutants/, each in
+the installed layout (store/, steps/ and workers/ inside cairn/, so `import cairn` from
+the copy's root finds the copy's code and never the editable install's), each pytest on
+its own share of the servers (CAIRN_TEST_SLOT 1..N). The checkout itself is never
+mutated then, so other tests may run beside the gauntlet (scripts/test runs the
+PgBouncer pass so).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import queue
+import shutil
 import subprocess
 import sys
+import threading
 import time
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -527,8 +539,8 @@ MUTANTS = [
 ]
 
 
-def _run(m: Mutant) -> tuple[str, float, str]:
-    path = ROOT / m.file
+def _run(m: Mutant, root: Path = ROOT, env: dict[str, str] | None = None) -> tuple[str, float, str]:
+    path = root / m.file
     original = path.read_text()
     if original.count(m.old) != 1:
         return "stale", 0.0, f"{m.old!r} occurs {original.count(m.old)} times in {m.file}"
@@ -537,7 +549,8 @@ def _run(m: Mutant) -> tuple[str, float, str]:
         path.write_text(original.replace(m.old, m.new))
         proc = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *m.tests],
-            cwd=ROOT,
+            cwd=root,
+            env=env,
             capture_output=True,
             text=True,
             timeout=300,
@@ -553,7 +566,81 @@ def _run(m: Mutant) -> tuple[str, float, str]:
     return verdict, elapsed, tail
 
 
+def _lane(k: int) -> Path:
+    """A copy of the checkout's files (tracked and new, as they are now) in the installed
+    layout: cairn/store, cairn/steps and cairn/workers are folders of the copy's cairn/,
+    with links in their repo places so a mutant's path and the tests' paths still work."""
+    lane = ROOT / ".cairn" / "mutants" / f"lane-{k}"
+    shutil.rmtree(lane, ignore_errors=True)
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    moved = {
+        folder: package.replace(".", "/")
+        for package, folder in pyproject["tool"]["setuptools"]["package-dir"].items()
+        if package != "cairn"
+    }
+    for name in filter(None, listed):
+        source = ROOT / name
+        if not source.is_file():  # deleted in the work tree, not yet in git
+            continue
+        top, _, rest = name.partition("/")
+        target = lane / (f"{moved[top]}/{rest}" if top in moved and rest else name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+    for folder, package in moved.items():
+        (lane / folder).symlink_to(lane / package, target_is_directory=True)
+    for shared in (".venv", ".cairn"):  # the interpreter, the services' state and logs
+        (lane / shared).symlink_to(ROOT / shared, target_is_directory=True)
+    return lane
+
+
+def _in_lanes(chosen: list[Mutant], lanes: int) -> list[tuple[Mutant, str, float, str]]:
+    """Each lane takes the next mutant off one queue, so a slow one holds up only its lane."""
+    todo: queue.Queue[Mutant] = queue.Queue()
+    for m in chosen:
+        todo.put(m)
+    results: list[tuple[Mutant, str, float, str]] = []
+    lock = threading.Lock()
+
+    def work(k: int) -> None:
+        root = _lane(k)
+        env = {**os.environ, "CAIRN_TEST_SLOT": str(k), "PYTHONPATH": str(root)}
+        env.pop("CAIRN_TEST_HALF", None)
+        while True:
+            try:
+                m = todo.get_nowait()
+            except queue.Empty:
+                return
+            verdict, elapsed, tail = _run(m, root, env)
+            with lock:
+                results.append((m, verdict, elapsed, tail))
+                _report(m, verdict, elapsed, tail)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(1, lanes + 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def _report(m: Mutant, verdict: str, elapsed: float, tail: str) -> None:
+    killer = ", ".join(t.split("::")[-1] for t in m.tests)
+    print(f"  {m.id:<4} {verdict:<9} {elapsed:5.1f}s  {m.what}  <- {killer}", flush=True)
+    if verdict != "killed":
+        print(f"       {tail}", flush=True)
+
+
 def main(argv: list[str]) -> int:
+    lanes = 0
+    if argv[:1] == ["--lanes"]:
+        lanes, argv = int(argv[1]), argv[2:]
     chosen = [m for m in MUTANTS if not argv or m.id in argv]
     files = sorted({m.file for m in chosen})
     dirty = subprocess.run(
@@ -563,20 +650,20 @@ def main(argv: list[str]) -> int:
         text=True,
         check=False,
     ).stdout.strip()
-    if dirty:
+    if dirty and not lanes:
         print(f"mutants: uncommitted changes in the files to mutate:\n{dirty}", file=sys.stderr)
         return 2
     print(f"mutation gauntlet: {len(chosen)} mutants", flush=True)
-    failed = 0
-    rows = []
-    for m in chosen:
-        verdict, elapsed, tail = _run(m)
-        failed += verdict != "killed"
-        killer = ", ".join(t.split("::")[-1] for t in m.tests)
-        rows.append((m.id, m.what, verdict, killer, elapsed))
-        print(f"  {m.id:<4} {verdict:<9} {elapsed:5.1f}s  {m.what}  <- {killer}", flush=True)
-        if verdict != "killed":
-            print(f"       {tail}", flush=True)
+    if lanes:
+        results = _in_lanes(chosen, lanes)
+    else:
+        results = []
+        for m in chosen:
+            verdict, elapsed, tail = _run(m)
+            results.append((m, verdict, elapsed, tail))
+            _report(m, verdict, elapsed, tail)
+    # A lane that broke off leaves its mutants unrun: they count as not killed.
+    failed = len(chosen) - sum(verdict == "killed" for _, verdict, _, _ in results)
     print(f"{len(chosen) - failed} killed, {failed} not killed")
     return 1 if failed else 0
 
