@@ -262,9 +262,6 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
     in every pool process. The loop's middleware: the metrics, then settings.middleware
     (CAIRN_MIDDLEWARE), then `middleware`."""
     registry.import_modules(settings.workflows)
-    # Loaded once here, before the pool forks: each pool process (and each replacement
-    # of a killed one) would otherwise pay about a second of CPU for it.
-    preload_sdk()
     app = Celery("cairn")
     app.conf.update(
         broker.conf(settings),
@@ -292,6 +289,10 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
     # Tracing first: the other middleware's work falls inside the run's and step's spans.
     traced = [Tracing()] if tracing.setup(settings, "cairn-worker") else []
     chain = Chain([*traced, Metrics(), *load_middleware(settings.middleware), *middleware])
+    # Loaded once here, before the pool forks: each pool process (and each replacement
+    # of a killed one) would otherwise pay about a second of CPU for it. After the
+    # middleware, so a misspelt CAIRN_MIDDLEWARE is told without that second.
+    preload_sdk()
     runtime = Runtime(settings, chain)
     runtime.send = lambda run_id, resume, priority: app.tasks[broker.RUN_TASK].apply_async(
         (run_id,), queue=broker.RESUME if resume else broker.queue_for(priority)

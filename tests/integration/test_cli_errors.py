@@ -240,8 +240,9 @@ def said(
     """What every case's command said, the commands run side by side: each spends its time
     starting Python or waiting for a server that is not there, not on a core, and none
     writes anything, so they share one database (run one at a time they took 110 s). Only
-    the cases this session runs (`-k worker`: the worker's)."""
-    selected = {
+    the cases this session runs (`-k worker`: the worker's), and the bare start-up every
+    case's time is measured against."""
+    selected = {"no-command"} | {
         item.callspec.params["case"]
         for item in request.session.items
         if item.module is request.module and hasattr(item, "callspec")
@@ -277,5 +278,9 @@ def test_a_bad_input_is_one_line_that_says_what_to_do(
     for word in words:
         assert word.lower() in lines[0].lower(), (word, lines[0])
     assert done.stdout.strip() == "", both
-    # Within seconds, though side by side with AT_ONCE - 1 others on a small machine.
-    assert done.took < 15, f"{done.took:.1f}s to say: {lines[0]}"
+    # Within seconds: 10 s for a server's bounded wait (CAIRN_CLIENT_GIVE_UP_AFTER) and
+    # what starting Python took in this batch (the bare `cairn nosuch`, ~1-2 s on an idle
+    # machine) four times over for the heavier imports, so a loaded machine's slowness is
+    # not taken for a hang.
+    start_up = said["no-command"].took
+    assert done.took < 10 + 4 * start_up, f"{done.took:.1f}s to say: {lines[0]}"
