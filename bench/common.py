@@ -33,6 +33,7 @@ SECTIONS = (
     "pydantic_ai",
     "stream",
     "flow",
+    "providers",
 )
 BENCH_REDIS_DB = 15
 INSTALL_HINT = "not installed: pip install -e '.[bench]'"

@@ -91,7 +91,8 @@ def run(
     burst = str(max(2, math.ceil(rpm / 60)))
     standin, url = model_standin(LOGS / "model.log", "--rpm", str(rpm), "--burst", burst)
     r = redis.Redis.from_url(redis_url)
-    name = f"bench-ratelimit-{uuid.uuid4().hex[:8]}"  # a fresh bucket, and the barrier's keys
+    # A fresh bucket, and the barrier's keys; claude-* so the call goes to the Messages API.
+    name = f"claude-bench-ratelimit-{uuid.uuid4().hex[:8]}"
     procs: list[Any] = []
     try:
         spec = {

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bench import flow, stream
+from bench import flow, providers, stream
 from bench.common import SECTIONS
 
 
@@ -282,6 +282,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     _pai_target(results, add)
     stream.targets(results, add)
     flow.targets(results, add)
+    providers.targets(results, add)
     return out
 
 
@@ -570,6 +571,7 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
     _render_pai(results, c)
     stream.render(results, c)
     flow.render(results, c)
+    providers.render(results, c)
     for name in SECTIONS:
         sec = results.get(name)
         if isinstance(sec, dict) and "error" in sec:

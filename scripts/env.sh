@@ -94,7 +94,7 @@ cairn_setup() {
     if [ ! -e "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
         cairn_say "installing Python deps… (log: ${piplog#"$ROOT"/})"
         if ! PIP_DISABLE_PIP_VERSION_CHECK=1 "$venv/bin/python" -m pip install -q \
-                -e "$ROOT[dev,bench,pydantic-ai,langgraph,otel,server,docs]" >"$piplog" 2>&1; then
+                -e "$ROOT[dev,bench,pydantic-ai,langgraph,openai-agents,otel,server,docs]" >"$piplog" 2>&1; then
             cairn_say "pip install failed; last lines of $piplog:"
             tail -n 30 "$piplog" >&2
             return 1

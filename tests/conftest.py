@@ -286,6 +286,7 @@ def settings(
         lease_ttl=LEASE_TTL,
         mail_url=mail.url,
         anthropic_base_url=model.url,
+        openai_base_url=model.openai_url,
         store_give_up_after=5.0,
     )
 

@@ -12,23 +12,46 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cairn.client.client import Client
 from cairn.testing import fleet
-from cairn.testing.standins import MailServer
+from cairn.testing.standins import MailServer, ModelServer
 from tests.helpers import pages
 from tests.helpers.runs import wait_for
 
 TUTORIAL = "docs/tutorial.md"
 
 
+def _readme_example(provider: str) -> str:
+    """flows.py as the README gives it, or (openai) with the one change the README says
+    moves it to OpenAI: the model's name."""
+    code = pages.starting("# flows.py").code
+    if provider == "anthropic":
+        return code
+    named = re.search(
+        r'`model="(gpt-[^"]+)"` the\s+same two steps run on OpenAI', pages.text("README.md")
+    )
+    assert named is not None, "the README no longer says which model name runs it on OpenAI"
+    anthropic = re.findall(r'model="(claude-[^"]+)"', code)
+    assert len(anthropic) == 1, "the README's example names its model once"
+    return code.replace(f'model="{anthropic[0]}"', f'model="{named[1]}"')
+
+
+@pytest.mark.parametrize(
+    ("provider", "api"), [("anthropic", "messages"), ("openai", "chat.completions")]
+)
 def test_the_readme_example_runs_on_the_worker_it_names(
-    settings, mail: MailServer, tmp_path: Path
+    settings, mail: MailServer, model: ModelServer, tmp_path: Path, provider: str, api: str
 ) -> None:
     """flows.py as the README gives it: `python flows.py` enqueues, the worker started by
-    the command the README quotes runs both steps, and the email goes out once."""
+    the command the README quotes runs both steps, and the email goes out once; on
+    Anthropic as written, and on OpenAI with only the model's name changed (the stand-in
+    speaks both, each through its provider's own SDK)."""
     example = pages.starting("# flows.py")
     assert example.page == "README.md"
-    (tmp_path / "flows.py").write_text(example.code)
+    code = _readme_example(provider)
+    (tmp_path / "flows.py").write_text(code)
     command = re.search(r"`(CAIRN_WORKFLOWS=flows cairn worker)`", pages.text("README.md"))
     assert command is not None, "the README no longer says how to start the worker"
     variable, _, args = command.group(1).partition(" ")
@@ -55,9 +78,12 @@ def test_the_readme_example_runs_on_the_worker_it_names(
             run = client.get(run_id)
             assert run.status == "done", (run.error, worker.text()[-3000:])
             assert [h.cursor for h in client.history(run_id)] == ["draft", "send"]
+            assert run.cost_usd > 0  # priced by the provider's table
     finally:
         worker.kill()
     assert mail.stats()["deliveries"] == 1
+    [asked] = model.received(api)  # the one request, to the named model's provider
+    assert f'model="{asked["model"]}"' in code
 
 
 def test_the_tutorial_ends_with_a_run_resumed_after_its_worker_was_killed(

@@ -84,7 +84,9 @@ def starting(first_line: str) -> Block:
 def user_env(settings: Settings, **extra: str) -> dict[str, str]:
     """A user's environment for a page's blocks: the test's servers, cairn's commands on
     PATH, none of the repository's modules on the path, and extra."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CAIRN_", "ANTHROPIC_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("CAIRN_", "ANTHROPIC_", "OPENAI_"))
+    }
     env.update(
         CAIRN_DATABASE_URL=settings.database_url,
         CAIRN_REDIS_URL=settings.redis_url,
@@ -93,6 +95,8 @@ def user_env(settings: Settings, **extra: str) -> dict[str, str]:
         PYTHONPATH="",
         **extra,
     )
+    if settings.openai_base_url:  # set empty, the SDK would take it as the address
+        env.setdefault("OPENAI_BASE_URL", settings.openai_base_url)
     return env
 
 

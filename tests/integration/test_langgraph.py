@@ -24,8 +24,10 @@ from cairn.core.status import RunStatus
 from cairn.langgraph import CairnSaver
 from cairn.steps import Context, StepResult, workflow
 from cairn.steps.context import current
+from cairn.steps.model import text_of
 from cairn.store import Database
 from cairn.store.graphs import GraphStore
+from cairn.testing.standins import ModelServer
 from cairn.workers import loop
 from tests.helpers.services import BASE_DB, with_db
 
@@ -563,3 +565,65 @@ def test_a_graphs_nodes_writes_and_chat_tokens_are_live_events(
     assert kinds.index("graph.custom") < kinds.index("graph.node") < kinds.index("step_saved")
     run = deps.store.get(run_id)
     assert run is not None and run.state["output"]["answer"] == "graphs stream their text"
+
+
+# -- a node calling OpenAI: the worker's limiter and prices ---------------------------------
+class Asked(TypedDict):
+    question: str
+    answer: str
+
+
+@lg.node
+def answer_with_openai(state: Asked) -> dict[str, Any]:
+    ctx = current()
+    assert ctx is not None
+    ask = [{"role": "user", "content": state["question"]}]
+    reply = ctx.model(model="gpt-4o-mini", messages=ask, max_tokens=50)
+    return {"answer": text_of(reply)}
+
+
+def _openai_graph() -> Any:
+    g = StateGraph(Asked)
+    g.add_node("answer", answer_with_openai)
+    g.add_edge(START, "answer")
+    g.add_edge("answer", END)
+    return g.compile(checkpointer=CairnSaver())
+
+
+lg.workflow("lg-openai", _openai_graph())
+
+
+def test_a_node_calling_openai_goes_through_the_fleet_s_limiter_and_prices(
+    deps: loop.Deps, model: ModelServer
+) -> None:
+    """ctx.model in a node, to OpenAI's Chat Completions through the real openai SDK:
+    booked with the worker's limiter (real Redis) under openai, the model and the key's
+    hash, its unused tokens given back, journaled in the node's scope and priced by
+    OpenAI's table, cached tokens at their own price."""
+    from cairn.steps.model import ModelClient
+    from cairn.store.ratelimit import Limit, account
+    from tests.helpers.limits import Booked
+
+    key = "sk-test-langgraph-openai"
+    limiter = Booked(deps.leases.client, limits={"openai:gpt-4o-mini": Limit(tpm=10**6)})
+    client = ModelClient(openai_base_url=model.openai_url, openai_api_key=key, limiter=limiter)
+    run_id = f"lg-{uuid.uuid4().hex[:8]}"
+    assert deps.store.create_run(run_id, "lg-openai", {"question": "REPLY: hi\nCACHED: 6"})
+    try:
+        assert loop.run(run_id, dataclasses.replace(deps, model=client)) == RunStatus.DONE
+    finally:
+        client.close()
+    run = deps.store.get(run_id)
+    assert run is not None and run.state["output"]["answer"] == "hi"
+    assert model.stats()["by_api"]["chat.completions"]["requests"] == 1
+    who = account(key)
+    assert [t[:3] for t in limiter.takes] == [("openai", "gpt-4o-mini", who)]
+    assert [s[:3] for s in limiter.settles] == [("openai", "gpt-4o-mini", who)]
+    [call] = deps.store.calls(run_id)
+    assert (call["cursor"], call["name"]) == ("graph/answer.1", "model")
+    usage = call["result"]["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 6
+    fresh = usage["prompt_tokens"] - 6  # OpenAI counts the cached ones in prompt_tokens
+    expected = (fresh * 0.15 + 6 * 0.075 + usage["completion_tokens"] * 0.60) / 1e6
+    assert call["cost_usd"] == pytest.approx(expected)
+    assert run.cost_usd == pytest.approx(expected)

@@ -327,6 +327,70 @@ def test_an_anthropic_agent_with_an_http_effect_and_a_db_write_survives_a_kill(
     assert run.state["usage"]["requests"] == 5 and run.state["usage"]["tool_calls"] == 4
 
 
+# -- an agent on pydantic-ai's OpenAI model: the worker's limiter and prices --------------
+OPENAI_KEY = "sk-test-pai-openai"  # the stand-in takes any key; the limiter keys on its hash
+
+
+def _openai_agent() -> Agent[None, str]:
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    provider = OpenAIProvider(base_url=MODEL.openai_url, api_key=OPENAI_KEY)
+    agent = Agent(
+        OpenAIChatModel("gpt-4o-mini", provider=provider),
+        name="pai_openai",
+        capabilities=[CairnDurability()],
+    )
+
+    @agent.tool_plain
+    def lookup(query: str) -> str:
+        return f"help page about {query}"
+
+    return agent
+
+
+agent_workflow("pai-openai", _openai_agent())
+
+
+def test_an_openai_agent_s_requests_go_through_the_fleet_s_limiter_and_prices(
+    store: Any, leases: Any, settings: Settings
+) -> None:
+    """pydantic-ai's OpenAIChatModel through the real openai SDK: each request booked with
+    the worker's limiter (real Redis) under openai, its model and its key's hash, the
+    unused tokens given back, and priced by OpenAI's table, cached tokens at their price."""
+    from cairn.steps.model import ModelClient, cost_of
+    from cairn.store.ratelimit import Limit, account
+    from tests.helpers.limits import Booked
+
+    limiter = Booked(leases.client, limits={"openai:gpt-4o-mini": Limit(rpm=1000, tpm=10**6)})
+    model = ModelClient(
+        openai_base_url=MODEL.openai_url, openai_api_key=OPENAI_KEY, limiter=limiter
+    )
+    deps = loop.Deps(settings=settings, store=store, leases=leases, model=model)
+    MODEL.control(reset=True)
+    try:
+        run_id = _start(deps, "pai-openai", "TOOLS: lookup\nCACHED: 8\nWhere is parcel 42?")
+        assert loop.run(run_id, deps) == RunStatus.DONE
+    finally:
+        model.close()
+    assert MODEL.stats()["by_api"]["chat.completions"]["requests"] == 2  # the tool, the answer
+    who = account(OPENAI_KEY)
+    assert [t[:3] for t in limiter.takes] == [("openai", "gpt-4o-mini", who)] * 2
+    assert all(t[3] > 0 for t in limiter.takes)  # its prompt and most output, booked
+    assert [s[:3] for s in limiter.settles] == [("openai", "gpt-4o-mini", who)] * 2
+    journal = [c for c in store.journal(run_id, "agent", 0) if c.name.endswith("model.request")]
+    assert len(journal) == 2
+    for call in journal:  # OpenAI's price for the model, the cache's tokens at its own
+        usage = call.result["usage"]
+        assert usage["cache_read_tokens"] == 8
+        cached, fresh = 8, usage["input_tokens"] - 8
+        expected = (fresh * 0.15 + cached * 0.075 + usage["output_tokens"] * 0.60) / 1e6
+        assert call.cost_usd == pytest.approx(expected)
+        assert call.cost_usd == pytest.approx(cost_of("gpt-4o-mini", usage, "openai"))
+    run = store.get(run_id)
+    assert run.cost_usd == pytest.approx(sum(c.cost_usd for c in journal)) and run.cost_usd > 0
+
+
 def test_a_compacted_window_is_still_a_conversation_the_agent_can_go_on_with() -> None:
     from cairn.pydantic_ai import messages_of
     from cairn.steps.window import compact

@@ -1,0 +1,266 @@
+"""A journaled model call per provider: `python -m bench --only providers`.
+
+For each API cairn speaks (Anthropic Messages, OpenAI Chat Completions, OpenAI
+Responses), the same small request sent `calls` times in a row to the model stand-in
+(`cairn standin model`, a process of its own, answering at once), two ways, interleaved
+rep by rep in this one process:
+
+  bare   the provider's SDK client as a user makes it (`anthropic.Anthropic`,
+         `openai.OpenAI`, retries off), `create` called in a loop: the floor.
+  cairn  one step making the same calls through `ctx.model`, driven in process
+         (workers.loop.run on PgStore + Redis leases, no broker) with what a worker
+         gives a step: its ModelClient from settings (the fleet's rate limiter booked and
+         settled in Redis on every call, no limit set), the metrics middleware and the
+         run events. Each call is checked against the lease, booked, sent, priced,
+         journaled in Postgres (a row as it returns) and told as a `message` event.
+         Timed inside the step, around its calls only (the run's claim and save are
+         per-step costs, measured by the per_step section).
+
+Reported per provider: ms per call (median over reps) of each, the ratio (the median of
+each rep's cairn ÷ its bare), and the ms cairn adds per call (the median of each rep's
+difference). Target: ≤ 1 ms added per call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+import cairn
+from bench.common import ROOT, median, progress
+from bench.internals import (
+    Chain,
+    Database,
+    Leases,
+    Metrics,
+    ModelClient,
+    Outbox,
+    PgStore,
+    RedisEvents,
+    fleet,
+    loop,
+    upgrade,
+)
+
+if TYPE_CHECKING:
+    from bench.common import Databases
+    from bench.sections import Sizes
+
+FLOW = "bench_providers"
+TARGET_MS = 1.0  # what a journaled call may add over the bare SDK call
+LOG = ROOT / ".cairn" / "bench-providers" / "standin.log"
+
+
+@dataclasses.dataclass(frozen=True)
+class ProviderSizes:
+    calls: int = 50  # calls per rep, each way
+    reps: int = 7
+
+
+QUICK = ProviderSizes(calls=20, reps=3)
+
+# (row, the SDK's request): the same small prompt and answer on each API.
+ASK = "REPLY: The parcel left the depot at nine and arrives tomorrow."
+REQUESTS: dict[str, dict[str, Any]] = {
+    "anthropic messages": {
+        "model": "claude-haiku-4-5",
+        "messages": [{"role": "user", "content": ASK}],
+        "max_tokens": 64,
+    },
+    "openai chat": {
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "user", "content": ASK}],
+        "max_tokens": 64,
+    },
+    "openai responses": {"model": "gpt-4.1-mini", "input": ASK, "max_output_tokens": 64},
+}
+
+flow = cairn.workflow(FLOW)
+
+
+@flow.step()
+def ask(ctx: cairn.Context) -> cairn.StepResult:
+    request, calls = ctx.input["request"], ctx.input["calls"]
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        ctx.model(**request)
+    return cairn.StepResult(cursor=cairn.DONE, state={"s": time.perf_counter() - t0})
+
+
+def sizes(sz: Sizes) -> ProviderSizes:
+    from bench import sections
+
+    return QUICK if sz == sections.QUICK else ProviderSizes()
+
+
+class _Bare:
+    """The providers' SDK clients as a user makes them, against the stand-in."""
+
+    def __init__(self, url: str) -> None:
+        import anthropic
+        import openai
+
+        self.anthropic = anthropic.Anthropic(api_key="local", base_url=url, max_retries=0)
+        self.openai = openai.OpenAI(api_key="local", base_url=f"{url}/v1", max_retries=0)
+
+    def send(self, row: str, request: dict[str, Any]) -> Any:
+        if row == "anthropic messages":
+            return self.anthropic.messages.create(**request)
+        if row == "openai chat":
+            return self.openai.chat.completions.create(**request)
+        return self.openai.responses.create(**request)
+
+    def close(self) -> None:
+        self.anthropic.close()
+        self.openai.close()
+
+
+def _standin() -> tuple[Any, str]:
+    """`cairn standin model` in a process of its own, once it answers."""
+    port = fleet.free_port()
+    cairn_bin = str(ROOT / ".venv" / "bin" / "cairn")
+    argv = [cairn_bin, "standin", "model", "--port", str(port)]
+    if not (ROOT / ".venv" / "bin" / "cairn").exists():
+        argv = [sys.executable, "-m", "cairn.cli", "standin", "model", "--port", str(port)]
+    proc = fleet.Proc(argv, dict(os.environ), LOG, "standin")
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx.get(f"{url}/_stats", timeout=1)
+            return proc, url
+        except httpx.HTTPError:
+            if time.monotonic() > deadline or not proc.alive():
+                proc.kill()
+                raise RuntimeError(f"the model stand-in did not start:\n{proc.text()[-2000:]}")
+            time.sleep(0.05)
+
+
+def section(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
+    size = sizes(sz)
+    url = dbs.fresh("providers")
+    upgrade(url)
+    standin, model_url = _standin()
+    settings = cairn.Settings(
+        database_url=url,
+        redis_url=redis_url,
+        anthropic_base_url=model_url,
+        openai_base_url=f"{model_url}/v1",
+    )
+    db = Database(url, give_up_after=settings.store_give_up_after)
+    store = PgStore(db)
+    leases = Leases.from_url(redis_url)
+    model = ModelClient.from_settings(settings, leases.client)
+    deps = loop.Deps(
+        settings=settings,
+        store=store,
+        leases=leases,
+        model=model,
+        middleware=Chain([Metrics()]),
+        events=Outbox(RedisEvents(leases.client), settings),
+    )
+    bare = _Bare(model_url)
+
+    def bare_s(row: str, calls: int) -> float:
+        request = REQUESTS[row]
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            bare.send(row, request)
+        return time.perf_counter() - t0
+
+    def cairn_s(row: str, calls: int) -> float:
+        run_id = f"{FLOW}-{uuid.uuid4().hex[:10]}"
+        store.create_run(run_id, FLOW, {"request": REQUESTS[row], "calls": calls})
+        if loop.run(run_id, deps) != "done":
+            raise RuntimeError(f"run {run_id} did not finish")
+        journaled = len(store.journal(run_id, "ask", 0))
+        if journaled != calls:
+            raise RuntimeError(f"run {run_id} journaled {journaled} calls of {calls}")
+        run = store.get(run_id)
+        assert run is not None
+        return float(run.state["s"])
+
+    samples: dict[str, dict[str, list[float]]] = {
+        row: {"bare": [], "cairn": []} for row in REQUESTS
+    }
+    try:
+        for row in REQUESTS:  # warm-up: imports, connections, prepared statements
+            bare_s(row, 5)
+            cairn_s(row, 5)
+        for rep in range(size.reps):
+            progress(f"providers rep {rep + 1}/{size.reps}")
+            for row in REQUESTS:
+                # Alternate which goes first, so neither always meets a warmer machine.
+                order = ("bare", "cairn") if rep % 2 == 0 else ("cairn", "bare")
+                for way in order:
+                    took = bare_s(row, size.calls) if way == "bare" else cairn_s(row, size.calls)
+                    samples[row][way].append(took * 1000 / size.calls)
+    finally:
+        bare.close()
+        model.close()
+        leases.client.close()
+        db.close()
+        standin.kill()
+        dbs.drop(url)
+    rows = []
+    for row, got in samples.items():
+        pairs = list(zip(got["cairn"], got["bare"], strict=True))
+        rows.append(
+            {
+                "api": row,
+                "model": REQUESTS[row]["model"],
+                "bare_ms": median(got["bare"]),
+                "cairn_ms": median(got["cairn"]),
+                "ratio": median([c / b for c, b in pairs]),
+                "added_ms": median([c - b for c, b in pairs]),
+                "added_min_ms": min(c - b for c, b in pairs),
+                "added_max_ms": max(c - b for c, b in pairs),
+            }
+        )
+    return {"calls": size.calls, "reps": size.reps, "rows": rows}
+
+
+def targets(results: dict[str, Any], add: Any) -> None:
+    """≤ TARGET_MS added per journaled call, for each API."""
+    sec = results.get("providers")
+    if not isinstance(sec, dict):
+        return
+    for r in sec.get("rows", []):
+        add(
+            f"a journaled ctx.model call adds ≤ {TARGET_MS:g} ms over the bare SDK call "
+            f"({r['api']})",
+            r["added_ms"] <= TARGET_MS,
+            f"{r['cairn_ms']:.3f} ms vs {r['bare_ms']:.3f} ms a call: +{r['added_ms']:.3f} ms "
+            f"(reps {r['added_min_ms']:.3f}..{r['added_max_ms']:.3f}), {r['ratio']:.2f}×",
+        )
+
+
+def render(results: dict[str, Any], c: Any) -> None:
+    from rich.table import Table
+
+    sec = results.get("providers")
+    if not isinstance(sec, dict) or "rows" not in sec:
+        return
+    t = Table(
+        title=f"11. A journaled model call per provider: {sec['calls']} calls a rep to the "
+        f"stand-in (its own process), median of {sec['reps']} reps; bare = the SDK's "
+        "create(); cairn = ctx.model in a step on PgStore + Redis (limiter, journal, events)"
+    )
+    for col in ("api", "model", "bare ms/call", "cairn ms/call", "× bare", "added ms/call"):
+        t.add_column(col, justify="left" if col in ("api", "model") else "right")
+    for r in sec["rows"]:
+        t.add_row(
+            r["api"],
+            r["model"],
+            f"{r['bare_ms']:.3f}",
+            f"{r['cairn_ms']:.3f}",
+            f"{r['ratio']:.2f}×",
+            f"{r['added_ms']:.3f}",
+        )
+    c.print(t)

@@ -1,0 +1,237 @@
+"""OpenAI Agents SDK agents as cairn runs, on the SDK's public model, tool and run-state
+interfaces.
+
+    from agents import Agent, function_tool
+    from cairn.openai_agents import agent_workflow
+
+    agent = Agent(name="support", model="gpt-5-mini", tools=[lookup])
+    flow = agent_workflow("support", agent)    # enqueue "support" with {"prompt": "..."}
+
+Inside the workflow's step, every model request of the agent is a cairn model call
+(ctx.amodel through CairnModelProvider: journaled, fenced by the run's epoch, under the
+fleet's rate limit, priced against the run's budget), and every function tool call and
+guardrail check a journaled call (ctx.acall), so a run killed anywhere resumes on another
+worker without asking or acting again. A tool that needs approval parks the run, holding no
+worker, until the signal "approval". Needs the extra: `pip install 'cairn[openai-agents]'`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+try:
+    from agents import (
+        Agent,
+        AgentsException,
+        InputGuardrailTripwireTriggered,
+        OutputGuardrailTripwireTriggered,
+        RunConfig,
+        Runner,
+        RunState,
+        ToolApprovalItem,
+        ToolExecutionConfig,
+    )
+    from agents.run import DEFAULT_MAX_TURNS
+    from pydantic_core import to_jsonable_python
+except ImportError as exc:  # the optional extra is missing
+    raise ImportError(
+        f"cairn.openai_agents needs openai-agents ({exc}); install it with "
+        "pip install 'cairn[openai-agents]'"
+    ) from exc
+
+from cairn.contrib.openai_agents._journal import (
+    CairnHooks,
+    cairn_cause,
+    journal_agent,
+    journal_agents,
+    journal_guardrail,
+    journal_input_guardrail,
+    jsonable,
+    note_cairn_error,
+)
+from cairn.contrib.openai_agents._model import CairnModel, CairnModelProvider
+from cairn.core.errors import CairnError, InvalidInput
+from cairn.steps.context import Context
+from cairn.steps.registry import DONE, Retry, StepResult, Workflow
+from cairn.steps.registry import workflow as cairn_workflow
+
+__all__ = [
+    "APPROVAL",
+    "CairnModel",
+    "CairnModelProvider",
+    "GuardrailTripped",
+    "agent_workflow",
+    "run_config",
+]
+
+APPROVAL = "approval"
+"""The signal a run of `agent_workflow()` waits for when a tool call needs approval."""
+
+_HOOKS = CairnHooks()
+
+
+class GuardrailTripped(CairnError):
+    """An input or output guardrail of the agent tripped: the run fails with its name and
+    output_info (not retried: the journal would give the same verdict)."""
+
+    def __init__(self, kind: str, name: str, info: Any) -> None:
+        super().__init__(f"{kind} guardrail {name!r} tripped: {jsonable(info)!r:.500}")
+        self.kind, self.name, self.info = kind, name, info
+
+
+def run_config(base: RunConfig | None = None, *, stream: bool = False) -> RunConfig:
+    """The RunConfig a cairn step runs an agent with: base's, with cairn's model provider
+    (stream: each text delta a `token` event), function tools one at a time (a replay finds
+    its calls in the journal's order), its guardrails journaled, and a tool's cairn errors
+    (a Transient, a lost lease) raised rather than told to the model."""
+    base = base or RunConfig()
+    if base.model is not None and not isinstance(base.model, str | CairnModel):
+        raise CairnError("RunConfig.model is a Model object: give a model name")
+    for g in base.input_guardrails or ():
+        journal_input_guardrail(g)
+    for o in base.output_guardrails or ():
+        journal_guardrail(o)
+    tools = base.tool_execution or ToolExecutionConfig()
+    return dataclasses.replace(
+        base,
+        model_provider=CairnModelProvider(stream=stream),
+        tool_execution=dataclasses.replace(tools, max_function_tool_concurrency=1),
+        tool_error_formatter=note_cairn_error(base.tool_error_formatter),
+    )
+
+
+def _validated(data: dict[str, Any]) -> dict[str, Any]:
+    prompt = data.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InvalidInput("an Agents SDK run wants {'prompt': a non-empty string}")
+    return data
+
+
+def _pending(items: list[ToolApprovalItem]) -> list[dict[str, Any]]:
+    return [
+        {"call_id": i.call_id, "tool": i.name, "agent": i.agent.name, "arguments": i.arguments}
+        for i in items
+    ]
+
+
+def _decisions(payload: Any, pending: list[dict[str, Any]]) -> dict[str, bool]:
+    """The approval signal's payload, {"approvals": {call_id: true | false}}, one decision
+    for each pending call."""
+    approvals = payload.get("approvals") if isinstance(payload, dict) else None
+    wanted = {p["call_id"] for p in pending}
+    if (
+        not isinstance(approvals, dict)
+        or set(approvals) != wanted
+        or not all(isinstance(v, bool) for v in approvals.values())
+    ):
+        raise ValueError(
+            "an approval signal wants {'approvals': {call_id: true|false}} for the calls "
+            f"{sorted(wanted)}, not {payload!r:.200}"
+        )
+    return approvals
+
+
+def _usage(before: Mapping[str, Any] | None, usage: Any) -> dict[str, int]:
+    total = dict(before or {})
+    for field in ("requests", "input_tokens", "output_tokens"):
+        total[field] = int(total.get(field, 0)) + int(getattr(usage, field, 0) or 0)
+    return total
+
+
+def agent_workflow(
+    name: str,
+    agent: Agent[Any],
+    *,
+    context: Callable[[Context], Any] | None = None,
+    config: RunConfig | None = None,
+    max_turns: int = DEFAULT_MAX_TURNS,
+    stream: bool = False,
+    retry: Retry | None = None,
+    **options: Any,
+) -> Workflow:
+    """Register agent as the cairn workflow name: enqueue it with {"prompt": "..."}.
+
+    One step, "agent", awaits Runner.run(agent, prompt) with run_config(config). The run's
+    state is {"output": the final output as JSON, "agent": the agent that gave it, "usage":
+    ...} when done, and its window the conversation (the SDK's input items). When a tool
+    call needs approval (needs_approval), the run waits for the signal "approval" holding no
+    worker, the pending calls in state["pending"] and the SDK's RunState in
+    state["run_state"]; the payload {"approvals": {call_id: true|false}} resumes it (a
+    malformed one is refused, the reason in state["rejected"]). A tripped guardrail fails
+    the run with GuardrailTripped. context(ctx): the agent's context object for this step.
+
+    Wraps the function tools and guardrails of agent and of the agents it hands off to in
+    place (journal_agents); outside a cairn step they run as before.
+    """
+    journal_agents(agent)
+    settings = run_config(config, stream=stream)
+    flow = cairn_workflow(name, validate=_validated, **options)
+
+    @flow.step("agent", retry=retry)
+    async def run_agent(ctx: Context) -> StepResult:
+        given = context(ctx) if context is not None else None
+        pending = ctx.state.get("pending")
+        start: str | RunState[Any, Any]
+        if pending:
+            try:
+                decisions = _decisions(ctx.signal, pending)
+            except ValueError as exc:  # a bad signal loses nothing: wait for a good one
+                return StepResult.wait(
+                    APPROVAL, cursor="agent", state={"pending": pending, "rejected": str(exc)}
+                )
+            start = await RunState.from_json(agent, ctx.state["run_state"], context_override=given)
+            for item in start.get_interruptions():
+                journal_agent(item.agent)  # a handoff() agent this process has not met
+                if decisions[str(item.call_id)]:
+                    start.approve(item)
+                else:
+                    start.reject(item)
+        else:
+            start = ctx.input["prompt"]
+        try:
+            result = await Runner.run(
+                agent,
+                start,
+                context=given,
+                max_turns=max_turns,
+                hooks=_HOOKS,
+                run_config=settings,
+            )
+        except InputGuardrailTripwireTriggered as exc:
+            g = exc.guardrail_result
+            raise GuardrailTripped("input", g.guardrail.get_name(), g.output.output_info) from exc
+        except OutputGuardrailTripwireTriggered as exc:
+            o = exc.guardrail_result
+            raise GuardrailTripped("output", o.guardrail.get_name(), o.output.output_info) from exc
+        except AgentsException as exc:
+            if (cause := cairn_cause(exc)) is not None:
+                raise cause from exc  # a tool's Transient: the step's retry policy decides
+            raise
+        usage = _usage(ctx.state.get("usage"), result.context_wrapper.usage)
+        if result.interruptions:
+            return StepResult.wait(
+                APPROVAL,
+                cursor="agent",
+                state={
+                    "pending": _pending(result.interruptions),
+                    "run_state": result.to_state().to_json(),
+                    "rejected": None,
+                    "usage": usage,
+                },
+            )
+        return StepResult(
+            cursor=DONE,
+            state={
+                "output": jsonable(to_jsonable_python(result.final_output, fallback=str)),
+                "agent": result.last_agent.name,
+                "pending": None,
+                "run_state": None,
+                "rejected": None,
+                "usage": usage,
+            },
+            window=[jsonable(item) for item in result.to_input_list()],
+        )
+
+    return flow

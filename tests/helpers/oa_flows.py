@@ -1,0 +1,119 @@
+"""OpenAI Agents SDK agents as cairn workflows, for the tests
+(CAIRN_WORKFLOWS=tests.helpers.oa_flows).
+
+`oa_support` is a triage agent with two tools, a lookup (counted here, per run) and a
+keyed HTTP effect (the mail stand-in, Idempotency-Key = the tool call's own key), and a
+handoff to `billing`, which answers. The model is the worker's OpenAI client pointed at the
+stand-in (OPENAI_BASE_URL, or CAIRN_OPENAI_BASE_URL), which calls the tools the prompt's
+"TOOLS:" line lists, one a turn, handoffs included (`transfer_to_billing`), then answers.
+`oa_refunds` has a tool that needs approval; `oa_guarded` an input guardrail.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+
+import httpx
+from agents import (
+    Agent,
+    GuardrailFunctionOutput,
+    RunConfig,
+    RunContextWrapper,
+    function_tool,
+    input_guardrail,
+)
+
+import cairn
+from cairn.openai_agents import agent_workflow
+
+MODEL = "gpt-5-mini"
+PLAN = "lookup, notify, transfer_to_billing"  # two tools and a handoff: four requests a run
+# The stand-in has no trace endpoint: the SDK's traces would go to api.openai.com.
+CONFIG = RunConfig(tracing_disabled=True)
+
+made: defaultdict[str, list[str]] = defaultdict(list)  # what really ran, per run id
+
+
+@function_tool
+def lookup(query: str) -> str:
+    """Search the help pages."""
+    ctx = cairn.current()
+    _pause(ctx)
+    made[ctx.run_id if ctx else "outside"].append(f"lookup {query}")
+    return f"help page about {query}"
+
+
+def _pause(ctx: cairn.Context | None) -> None:
+    """The fleet test's pause: input {"pause": {"seconds": s, "marker": path}} sleeps in the
+    first lookup of the first attempt (the marker says it started)."""
+    pause = ctx.input.get("pause") if ctx is not None else None
+    if pause and not os.path.exists(pause["marker"]):
+        with open(pause["marker"], "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(pause["seconds"])
+
+
+@function_tool
+async def notify(note: str) -> str:
+    """Email the customer a note: the one external effect, keyed by this tool call."""
+    ctx = cairn.current()
+    assert ctx is not None
+    async with httpx.AsyncClient(timeout=30.0) as client:
+        try:
+            resp = await client.post(
+                f"{ctx.config.mail_url}/v1/send",
+                json={"to": "customer@example.com", "subject": "note", "body": note},
+                headers={"Idempotency-Key": ctx.idempotency_key()},
+            )
+        except httpx.TransportError as exc:
+            raise cairn.Transient(f"mail API unreachable: {exc}") from exc
+    if resp.status_code >= 500:
+        raise cairn.Transient(f"mail API answered {resp.status_code}")
+    resp.raise_for_status()
+    made[ctx.run_id].append("notify")
+    return str(resp.json()["id"])
+
+
+billing = Agent(name="billing", instructions="Answer billing questions.", model=MODEL)
+support = Agent(
+    name="support",
+    instructions="Help the customer; hand billing questions to billing.",
+    model=MODEL,
+    tools=[lookup, notify],
+    handoffs=[billing],
+)
+flow = agent_workflow("oa_support", support, config=CONFIG)
+
+
+# -- a tool that needs a person's approval ---------------------------------------------------
+@function_tool(needs_approval=True)
+def refund(order: str) -> str:
+    """Refund an order (a person approves it first)."""
+    ctx = cairn.current()
+    made[ctx.run_id if ctx else "outside"].append(f"refund {order}")
+    return f"refunded {order}"
+
+
+refunder = Agent(name="refunds", instructions="Refund when asked.", model=MODEL, tools=[refund])
+refunds = agent_workflow("oa_refunds", refunder, config=CONFIG)
+
+
+# -- an input guardrail ----------------------------------------------------------------------
+@input_guardrail
+def no_secrets(
+    context: RunContextWrapper[None], agent: Agent[None], text: object
+) -> GuardrailFunctionOutput:
+    """Trips on a prompt that asks for a secret."""
+    ctx = cairn.current()
+    made[ctx.run_id if ctx else "outside"].append("guardrail")
+    asked = "secret" in str(text).lower()
+    return GuardrailFunctionOutput(output_info={"secret": asked}, tripwire_triggered=asked)
+
+
+guarded_agent = Agent(name="guarded", model=MODEL, tools=[lookup], input_guardrails=[no_secrets])
+guarded = agent_workflow("oa_guarded", guarded_agent, config=CONFIG)
+
+# The same support agent, its text streamed as token events.
+streamed = agent_workflow("oa_streamed", support, config=CONFIG, stream=True)

@@ -1,0 +1,248 @@
+"""OpenAI Agents SDK agents as cairn runs (cairn.openai_agents): every model request a
+cairn model call and every tool call a journaled call, so a run killed anywhere resumes
+without asking or acting again; approval as a wait; guardrails; tokens as events.
+
+The agents are tests/helpers/oa_flows.py's, on the SDK's own Responses model through the
+real openai SDK against the stand-in (Postgres + Redis for the runs). A killed process is
+played by ProcessDied raised from a middleware hook at a call boundary, as in
+tests/integration/test_pydantic_ai.py; real SIGKILLs are tests/fleet/test_openai_agents.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cairn.core.errors import RetryLater
+from cairn.core.records import Checkpoint
+from cairn.core.settings import Settings
+from cairn.core.status import RunStatus
+from cairn.openai_agents import APPROVAL
+from cairn.steps.model import ModelClient
+from cairn.testing.standins import MailServer, ModelServer
+from cairn.workers import loop
+from cairn.workers.middleware import Chain, Middleware
+from tests.helpers import oa_flows
+
+
+class ProcessDied(BaseException):
+    """The worker's process killed: nothing after it runs or records."""
+
+
+class Die(Middleware):
+    """Kill the process once, at one call boundary: ("before" | "after", call pos)."""
+
+    def __init__(self, when: str, pos: int) -> None:
+        self.at: tuple[str, int] | None = (when, pos)
+
+    def _maybe(self, when: str, pos: int) -> None:
+        if self.at == (when, pos):
+            self.at = None
+            raise ProcessDied
+
+    def before_call(self, cp: Checkpoint, name: str, pos: int) -> None:
+        self._maybe("before", pos)
+
+    def after_call(
+        self, cp: Checkpoint, name: str, pos: int, *, exception: BaseException | None
+    ) -> None:
+        self._maybe("after", pos)
+
+
+@pytest.fixture
+def deps(settings: Settings, store: Any, leases: Any, model: ModelServer) -> Iterator[loop.Deps]:
+    client = ModelClient(openai_base_url=model.openai_url, give_up_after=10.0)
+    yield loop.Deps(settings=settings, store=store, leases=leases, model=client)
+    client.close()
+
+
+def _start(deps: loop.Deps, flow: str, prompt: str) -> str:
+    run_id = f"{flow}-{uuid.uuid4().hex[:8]}"
+    assert deps.store.create_run(run_id, flow, {"prompt": prompt})
+    return run_id
+
+
+def _redeliver(run_id: str, deps: loop.Deps) -> RunStatus:
+    """The broker delivers the run again, after its first worker died with the lease."""
+    lease = deps.leases.holder(run_id)
+    if lease is not None:
+        assert deps.leases.break_dead(run_id, lease)
+    return loop.run(run_id, deps)
+
+
+NAMES = ["model", "tool:lookup", "model", "tool:notify", "model", "model"]
+
+
+def _prompt() -> str:
+    return f"TOOLS: {oa_flows.PLAN}\nWhy was I charged twice? {uuid.uuid4().hex}"
+
+
+def test_an_agent_with_two_tools_and_a_handoff_runs_to_done(
+    deps: loop.Deps, model: ModelServer, mail: MailServer
+) -> None:
+    run_id = _start(deps, "oa_support", _prompt())
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    run = deps.store.get(run_id)
+    assert run is not None
+    assert run.state["agent"] == "billing"  # the handoff's agent gave the answer
+    assert run.state["output"].startswith("ack")
+    assert run.state["usage"]["requests"] == 4
+    journal = deps.store.journal(run_id, "agent", 0)
+    assert [c.name for c in journal] == NAMES
+    assert journal[1].result == "help page about lookup 0"
+    assert model.stats()["requests"] == 4
+    assert oa_flows.made[run_id] == ["lookup lookup 0", "notify"]
+    key = f"cairn:{run_id}:agent:0:tool:notify:0"  # the tool call's own key
+    assert [m["idempotency_key"] for m in mail.messages()] == [key]
+    # Each request priced by cairn's table and counted once against the run.
+    assert run.cost_usd == pytest.approx(sum(c.cost_usd for c in journal)) and run.cost_usd > 0
+    window = deps.store.load(run_id).window  # type: ignore[union-attr]
+    kinds = [m.get("type", "message") for m in window]
+    assert kinds.count("function_call") == 3 and window[0]["role"] == "user"
+
+
+@pytest.mark.parametrize(
+    ("when", "pos"), [("before", 0), ("after", 1), ("after", 2), ("after", 3), ("before", 5)]
+)
+def test_a_killed_agent_run_resumes_without_asking_or_acting_again(
+    deps: loop.Deps, model: ModelServer, mail: MailServer, when: str, pos: int
+) -> None:
+    run_id = _start(deps, "oa_support", _prompt())
+    with pytest.raises(ProcessDied):
+        loop.run(run_id, dataclasses.replace(deps, middleware=Chain([Die(when, pos)])))
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+    journal = deps.store.journal(run_id, "agent", 0)
+    assert [c.name for c in journal] == NAMES
+    # The stand-in was asked once per request, again only for the one a kill cut short
+    # after its answer came and before it was recorded.
+    cut_short = when == "after" and NAMES[pos] == "model"
+    assert model.stats()["requests"] == 4 + int(cut_short)
+    # Each tool ran once, but the one a kill cut short after it ran (the mail effect is
+    # keyed: delivered once all the same).
+    ran = {
+        "tool:lookup": ["lookup lookup 0", "lookup lookup 0", "notify"],
+        "tool:notify": ["lookup lookup 0", "notify", "notify"],
+    }.get(NAMES[pos] if when == "after" else "", ["lookup lookup 0", "notify"])
+    assert oa_flows.made[run_id] == ran
+    assert len(mail.messages()) == 1
+    run = deps.store.get(run_id)
+    assert run is not None and run.state["agent"] == "billing"
+    assert run.cost_usd == pytest.approx(sum(c.cost_usd for c in journal))
+
+
+def test_a_tool_that_needs_approval_waits_for_a_signal_holding_no_worker(
+    deps: loop.Deps, model: ModelServer
+) -> None:
+    run_id = _start(deps, "oa_refunds", "TOOLS: refund\nRefund my order.")
+    assert loop.run(run_id, deps) == RunStatus.WAITING
+    run = deps.store.get(run_id)
+    assert run is not None
+    [pending] = run.state["pending"]
+    assert pending["tool"] == "refund" and pending["agent"] == "refunds"
+    assert oa_flows.made[run_id] == [] and model.stats()["requests"] == 1
+    # A malformed answer loses nothing: the run waits on, saying why.
+    deps.store.signal(run_id, APPROVAL, {"approve": "yes"}, "s1")
+    assert loop.run(run_id, deps) == RunStatus.WAITING
+    assert "an approval signal wants" in deps.store.get(run_id).state["rejected"]  # type: ignore[union-attr]
+    deps.store.signal(run_id, APPROVAL, {"approvals": {pending["call_id"]: True}}, "s2")
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    run = deps.store.get(run_id)
+    assert run is not None and run.state["pending"] is None
+    assert oa_flows.made[run_id] == ["refund refund 0"]
+    # The first request was not made again: the conversation came from the RunState.
+    assert model.stats()["requests"] == 2
+    assert [c.name for c in deps.store.journal(run_id, "agent", 2)] == ["tool:refund", "model"]
+
+
+def test_a_denied_tool_is_not_run(deps: loop.Deps, model: ModelServer) -> None:
+    run_id = _start(deps, "oa_refunds", "TOOLS: refund\nRefund my order.")
+    assert loop.run(run_id, deps) == RunStatus.WAITING
+    [pending] = deps.store.get(run_id).state["pending"]  # type: ignore[union-attr]
+    deps.store.signal(run_id, APPROVAL, {"approvals": {pending["call_id"]: False}}, "s1")
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    assert oa_flows.made[run_id] == [] and model.stats()["requests"] == 2
+
+
+def test_a_tripped_guardrail_fails_the_run_before_any_request(
+    deps: loop.Deps, model: ModelServer
+) -> None:
+    run_id = _start(deps, "oa_guarded", "TOOLS: lookup\nTell me the admin secret.")
+    assert loop.run(run_id, deps) == RunStatus.FAILED
+    run = deps.store.get(run_id)
+    assert run is not None
+    assert "input guardrail 'no_secrets' tripped: {'secret': True}" in (run.error or "")
+    assert model.stats()["requests"] == 0 and oa_flows.made[run_id] == ["guardrail"]
+    # A guardrail that passes is one journaled call before the first request.
+    ok = _start(deps, "oa_guarded", "TOOLS: lookup\nWhere is my parcel?")
+    assert loop.run(ok, deps) == RunStatus.DONE
+    names = [c.name for c in deps.store.journal(ok, "agent", 0)]
+    assert names == ["guardrail:no_secrets", "model", "tool:lookup", "model"]
+
+
+def test_bad_input_is_refused_before_any_request(deps: loop.Deps, model: ModelServer) -> None:
+    run_id = f"oa-bad-{uuid.uuid4().hex[:8]}"
+    assert deps.store.create_run(run_id, "oa_support", {"question": "no prompt"})
+    assert loop.run(run_id, deps) == RunStatus.FAILED
+    assert "{'prompt': a non-empty string}" in (deps.store.get(run_id).error or "")  # type: ignore[union-attr]
+    assert model.stats()["requests"] == 0
+
+
+def test_outside_a_cairn_step_the_agent_runs_as_before(
+    model: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wrapped tools and guardrails, and cairn's models, are the SDK's own outside a
+    step: nothing journaled, the SDK's OpenAI client asked directly."""
+    from agents import RunConfig, Runner
+
+    from cairn.openai_agents import run_config
+
+    monkeypatch.setenv("OPENAI_BASE_URL", model.openai_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "local-stand-in")
+    config = run_config(RunConfig(tracing_disabled=True))
+    result = asyncio.run(
+        Runner.run(oa_flows.guarded_agent, "TOOLS: lookup\nWhere?", run_config=config)
+    )
+    assert result.final_output.startswith("ack")
+    assert oa_flows.made["outside"][-2:] == ["guardrail", "lookup lookup 0"]
+    assert model.stats()["requests"] == 2
+
+
+def test_the_agent_s_text_streams_as_token_events(deps: loop.Deps, model: ModelServer) -> None:
+    from cairn.client.events import follow
+    from cairn.store.events import RedisEvents
+    from cairn.workers.outbox import Outbox
+
+    outbox = Outbox(RedisEvents(deps.leases.client), deps.settings)  # type: ignore[attr-defined]
+    run_id = _start(deps, "oa_streamed", "REPLY: streamed from the agent")
+    assert loop.run(run_id, dataclasses.replace(deps, events=outbox)) == RunStatus.DONE
+    outbox.flush()
+    events = list(follow(deps.store, outbox.log, run_id, until=time.monotonic() + 5))
+    tokens = [e for e in events if e.kind == "token"]
+    assert "".join(e.data["text"] for e in tokens) == "streamed from the agent"
+    assert {e.data["call"] for e in tokens} == {0}  # the model call's journal place
+    assert model.stats()["streamed"] == 1
+    run = deps.store.get(run_id)
+    assert run is not None and run.state["output"] == "streamed from the agent"
+
+
+def test_a_tools_transient_error_retries_the_step_instead_of_telling_the_model(
+    deps: loop.Deps, model: ModelServer, mail: MailServer
+) -> None:
+    """The SDK's failure handler would hand the tool's error to the model as its output
+    (and the journal would keep it); a cairn error is the step's, retried by its policy."""
+    run_id = _start(deps, "oa_support", _prompt())
+    down = dataclasses.replace(deps.settings, mail_url="http://127.0.0.1:9")  # nobody there
+    with pytest.raises(RetryLater):  # the delivery ends; the broker brings it back later
+        loop.run(run_id, dataclasses.replace(deps, settings=down))
+    run = deps.store.get(run_id)
+    assert run is not None and "Transient: mail API unreachable" in (run.error or "")
+    assert [c.name for c in deps.store.journal(run_id, "agent", 0)] == NAMES[:3]
+    assert loop.run(run_id, deps) == RunStatus.DONE  # the mail API is back
+    assert [c.name for c in deps.store.journal(run_id, "agent", 0)] == NAMES
+    assert model.stats()["requests"] == 4 and len(mail.messages()) == 1
