@@ -70,7 +70,8 @@ def standin(
         int, typer.Option("--delay-ms", min=0, help="Latency to add to each request.")
     ] = 0,
 ) -> None:
-    """Run a local stand-in: the mail API, or a server speaking the Anthropic Messages API."""
+    """Run a local stand-in: the mail API, or a model server speaking Anthropic's Messages
+    API and OpenAI's Chat Completions and Responses (ANTHROPIC_BASE_URL, OPENAI_BASE_URL)."""
     from cairn.testing import standins
 
     if port:
