@@ -59,6 +59,7 @@ SEAMS = "tests/fleet/test_seams.py"
 LG_ZOMBIE = (
     "test_a_zombie_paused_inside_a_langgraph_put_neither_forks_the_thread_nor_runs_a_node_twice"
 )
+PROVIDERS = "tests/integration/test_providers.py"
 
 MUTANTS = [
     Mutant(
@@ -535,6 +536,61 @@ MUTANTS = [
         (
             "tests/integration/test_events.py::test_a_stream_started_again_mid_run_gives_a_reader_from_the_start_a_gap_and_ids",
         ),
+    ),
+    Mutant(
+        "M52",
+        "an OpenAI 429 is permanent: the run fails where an Anthropic one is retried",
+        "steps/providers/openai.py",
+        'return exc.code != "insufficient_quota"  # a spent quota waits for a person',
+        "return False",
+        (
+            f"{PROVIDERS}::test_429_and_5xx_are_retried_until_answered[create-429-chat]",
+            f"{PROVIDERS}::test_429_and_5xx_are_retried_until_answered[stream-429-responses]",
+        ),
+    ),
+    Mutant(
+        "M53",
+        "the rate limiter's key leaves the provider out: two providers' models share a bucket",
+        "store/ratelimit.py",
+        'return f"{keys.PREFIX}:ratelimit:{provider}:{bucket}:{who}"',
+        'return f"{keys.PREFIX}:ratelimit:{bucket}:{who}"',
+        (f"{PROVIDERS}::test_a_limit_is_per_provider_model_and_key",),
+    ),
+    Mutant(
+        "M54",
+        "OpenAI's cached prompt tokens priced at the full input price",
+        "steps/prices.py",
+        "cache_write=input, cache_write_1h=input, cache_read=cached",
+        "cache_write=input, cache_write_1h=input, cache_read=input",
+        (
+            f"{PROVIDERS}::test_cached_and_reasoning_tokens_are_priced_as_each_provider_bills_them[chat]",
+        ),
+    ),
+    Mutant(
+        "M55",
+        "OpenAI's x-ratelimit-* headers unread: the fleet backs off only after a 429 of its own",
+        "steps/providers/openai.py",
+        'h = "x-ratelimit-"',
+        'h = "x-unread-"',
+        (f"{PROVIDERS}::test_the_providers_limit_headers_back_the_whole_fleet_off[chat]",),
+    ),
+    Mutant(
+        "M56",
+        "Anthropic's rate-limit error event mid-stream is permanent (OpenAI's is retried)",
+        "steps/providers/anthropic.py",
+        '{"overloaded_error", "api_error", "rate_limit_error", "timeout_error"}',
+        '{"overloaded_error", "api_error", "timeout_error"}',
+        (
+            f"{PROVIDERS}::test_an_error_reported_after_a_stream_began_is_retried_alike[429-anthropic]",
+        ),
+    ),
+    Mutant(
+        "M57",
+        "a retry-after past give_up_after is slept out: the worker held for the minute",
+        "steps/model.py",
+        "stop=stop_before_delay(self.give_up_after),",
+        'stop=__import__("tenacity").stop_after_delay(self.give_up_after),',
+        (f"{PROVIDERS}::test_a_retry_after_is_honoured_and_bounded[chat]",),
     ),
 ]
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_delay
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_before_delay
 from tenacity.wait import wait_random_exponential
 
 from cairn.core.errors import ModelUnavailable
@@ -23,6 +23,7 @@ from cairn.steps.providers import (
     Route,
     UnknownModel,
     decode,
+    guess_provider,
     provider_of,
     retry_after,
     route,
@@ -155,6 +156,19 @@ class ModelClient:
             prices=Prices(PRICES).load(settings.model_prices),
         )
 
+    @staticmethod
+    def check_settings(settings: Any) -> None:
+        """Raise UnknownModel, naming the variable, for a CAIRN_MODEL or CAIRN_MODEL_PRICES
+        entry no provider answers to: a worker checks at start (its client is built at the
+        first run), so a misspelt setting is one line then, not a failure of every run."""
+        if guess_provider(settings.model) is None:
+            raise UnknownModel(
+                f"CAIRN_MODEL={settings.model!r}: cairn cannot tell its provider from its "
+                "name (claude-* is Anthropic's; gpt-*, o1/o3/o4* OpenAI's); name such a model "
+                "in the call instead, with provider='anthropic' or 'openai'"
+            )
+        Prices(PRICES).load(settings.model_prices)
+
     @property
     def client(self) -> Any:
         """The anthropic SDK's client (what this class held before it had providers)."""
@@ -271,7 +285,9 @@ class ModelClient:
         return Retrying(
             retry=retry_if_exception(retry),
             wait=self._wait,
-            stop=stop_after_delay(self.give_up_after),
+            # Before the sleep, not after it: a retry-after past give_up_after (a 429 of a
+            # quota spent for the minute) gives up now instead of holding the worker for it.
+            stop=stop_before_delay(self.give_up_after),
             reraise=True,
         )
 
@@ -311,7 +327,7 @@ class ModelClient:
         send: Callable[[Provider, Route, dict[str, Any], Attempt], Any],
     ) -> tuple[Any, float]:
         """A call retried while its failures are transient; ModelUnavailable once they
-        have gone on for give_up_after seconds."""
+        have gone on for give_up_after seconds, or the next wait would pass that."""
         where = route(request, self.default_model)
         provider = self.providers[where.provider]
         if where.provider == "anthropic":

@@ -16,6 +16,9 @@ class Price:
     output: float
     """Reasoning tokens included: both providers bill them as output."""
     cache_write: float
+    """A cache write of the default lifetime (Anthropic's 5 minutes)."""
+    cache_write_1h: float
+    """An Anthropic cache write with a 1-hour lifetime (ttl "1h"), billed apart."""
     cache_read: float
 
 
@@ -26,6 +29,9 @@ class Tokens:
     input: int = 0
     """Prompt tokens neither written to nor read from the cache."""
     cache_write: int = 0
+    """Written to the cache for its default lifetime."""
+    cache_write_1h: int = 0
+    """Written to Anthropic's cache for an hour."""
     cache_read: int = 0
     output: int = 0
     """Reasoning tokens included."""
@@ -36,7 +42,12 @@ class Tokens:
     def limited(self) -> int:
         """What counts against a tokens-a-minute limit: cache reads are left out, as
         both APIs leave them out of their input-tokens limits."""
-        return self.input + self.cache_write + self.output
+        return self.input + self.cache_write + self.cache_write_1h + self.output
+
+    @property
+    def prompt(self) -> int:
+        """Every prompt token, cached or not."""
+        return self.input + self.cache_write + self.cache_write_1h + self.cache_read
 
 
 def _get(usage: Any, name: str) -> Any:
@@ -87,22 +98,34 @@ def tokens_of(usage: Any) -> Tokens:
             output=_count(usage, "output_tokens"),
             reasoning=_count(usage, "output_reasoning_tokens"),
         )
-    return Tokens(  # Anthropic Messages
+    # Anthropic Messages: cache_creation_input_tokens counts both lifetimes' writes, and
+    # cache_creation says how many were for an hour (billed 2x input, not 1.25x).
+    hour = _count(usage, "cache_creation", "ephemeral_1h_input_tokens")
+    return Tokens(
         input=_count(usage, "input_tokens"),
-        cache_write=_count(usage, "cache_creation_input_tokens"),
+        cache_write=max(_count(usage, "cache_creation_input_tokens") - hour, 0),
+        cache_write_1h=hour,
         cache_read=_count(usage, "cache_read_input_tokens"),
         output=_count(usage, "output_tokens"),
     )
 
 
 def _anthropic(input: float, output: float) -> Price:
-    # A 5-minute cache write bills 1.25x the input, a read 0.1x.
-    return Price(input=input, output=output, cache_write=input * 1.25, cache_read=input / 10)
+    # A 5-minute cache write bills 1.25x the input, a 1-hour one 2x, a read 0.1x.
+    return Price(
+        input=input,
+        output=output,
+        cache_write=input * 1.25,
+        cache_write_1h=input * 2,
+        cache_read=input / 10,
+    )
 
 
 def _openai(input: float, output: float, cached: float) -> Price:
     # OpenAI bills no surcharge for writing the cache: written tokens are input.
-    return Price(input=input, output=output, cache_write=input, cache_read=cached)
+    return Price(
+        input=input, output=output, cache_write=input, cache_write_1h=input, cache_read=cached
+    )
 
 
 # USD per million tokens, from each provider's price page. A name covers the dated
@@ -137,6 +160,7 @@ def _dearest(prices: Mapping[str, Price] | Any) -> Price:
         input=max(p.input for p in found),
         output=max(p.output for p in found),
         cache_write=max(p.cache_write for p in found),
+        cache_write_1h=max(p.cache_write_1h for p in found),
         cache_read=max(p.cache_read for p in found),
     )
 
@@ -212,7 +236,8 @@ def set_price(
         input, output: uncached prompt tokens; answer tokens, reasoning included.
         cache_write, cache_read: prompt tokens written to or read from the cache; by
             default as the provider bills them against input (Anthropic: 1.25x and 0.1x;
-            OpenAI: 1x and, unknown, 1x: never under-reported).
+            OpenAI: 1x and, unknown, 1x: never under-reported). Anthropic's 1-hour
+            writes keep their ratio to cache_write (2x input against 1.25x).
         provider: "anthropic" or "openai"; by default the one the model's name says.
         table: the table to add to (default: the process's PRICES).
 
@@ -230,6 +255,11 @@ def set_price(
         input=input,
         output=output,
         cache_write=base.cache_write if cache_write is None else cache_write,
+        # An hour's write keeps the provider's ratio to the 5-minute one (Anthropic: 2 to
+        # 1.25), so a cache_write given moves it too.
+        cache_write_1h=base.cache_write_1h
+        if cache_write is None or not base.cache_write
+        else cache_write * base.cache_write_1h / base.cache_write,
         cache_read=base.cache_read if cache_read is None else cache_read,
     )
     (table or PRICES).set(provider, model, price)
@@ -250,6 +280,7 @@ def cost_of(
     return (
         t.input * price.input
         + t.cache_write * price.cache_write
+        + t.cache_write_1h * price.cache_write_1h
         + t.cache_read * price.cache_read
         + t.output * price.output
     ) / 1_000_000

@@ -45,9 +45,13 @@ class RateLimiter:
         self, client: redis.Redis, default: Limit = Limit(), limits: dict[str, Limit] | None = None
     ) -> None:
         self.client, self.default = client, default
-        # The name that says most of the model first, whether or not it names a provider.
+        # The name that says most of the model first, whether or not it names a provider;
+        # of two that say as much, the one naming a provider ("openai:gpt-4o" over "gpt-4o").
         self.limits = dict(
-            sorted((limits or {}).items(), key=lambda kv: -len(kv[0].partition(":")[2] or kv[0]))
+            sorted(
+                (limits or {}).items(),
+                key=lambda kv: (-len(kv[0].partition(":")[2] or kv[0]), ":" not in kv[0]),
+            )
         )
         self._script = _script(client, "ratelimit.lua")
 

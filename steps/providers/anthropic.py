@@ -13,6 +13,9 @@ from cairn.steps.providers import Attempt, ModelNotConfigured, hold, seconds_unt
 # A request without max_tokens (the API requires one) asks for this many.
 DEFAULT_MAX_TOKENS = 1024
 
+# Types of an error event in a stream that had begun that a fresh request may not meet.
+_TRANSIENT_TYPES = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
+
 
 class AnthropicProvider:
     """messages.create and messages.stream, the SDK's own retries off (one retry policy,
@@ -42,7 +45,7 @@ class AnthropicProvider:
         from cairn.steps.providers.transport import spread_transport
 
         key = self._key or os.environ.get("ANTHROPIC_API_KEY")
-        url = self._url or os.environ.get("ANTHROPIC_BASE_URL")
+        url = self._url or os.environ.get("ANTHROPIC_BASE_URL") or None  # "" is unset
         if not key and not url:
             raise ModelNotConfigured(
                 "an Anthropic model call needs ANTHROPIC_API_KEY (or ANTHROPIC_BASE_URL for a "
@@ -108,9 +111,10 @@ class AnthropicProvider:
         if not isinstance(exc, anthropic.APIStatusError):
             return False
         if exc.status_code == 200:
-            # An `error` event in a stream that had begun: the API's overload or fault after
-            # the headers went out, which a fresh request may not meet.
-            return exc.type in ("overloaded_error", "api_error")
+            # An `error` event in a stream that had begun: the API's overload, fault, rate
+            # limit or timeout after the headers went out, which a fresh request may not
+            # meet (the same errors as statuses 529, 500, 429 and 504 before them).
+            return exc.type in _TRANSIENT_TYPES
         return exc.status_code in (408, 409, 429) or exc.status_code >= 500  # 529 = overloaded
 
     def back_off(self, headers: Mapping[str, str], status: int) -> float:
@@ -150,8 +154,8 @@ def span_attributes(request: Mapping[str, Any], message: Any) -> dict[str, Any]:
         "gen_ai.request.max_tokens": request.get("max_tokens"),
         "gen_ai.response.id": getattr(message, "id", None),
         "gen_ai.response.finish_reasons": [reason] if reason else None,
-        "gen_ai.usage.input_tokens": t.input + t.cache_write + t.cache_read,
+        "gen_ai.usage.input_tokens": t.prompt,
         "gen_ai.usage.output_tokens": t.output,
-        "gen_ai.usage.cache_creation.input_tokens": t.cache_write,
+        "gen_ai.usage.cache_creation.input_tokens": t.cache_write + t.cache_write_1h,
         "gen_ai.usage.cache_read.input_tokens": t.cache_read,
     }

@@ -49,7 +49,7 @@ class OpenAIProvider:
         from cairn.steps.providers.transport import spread_transport
 
         key = self._key or os.environ.get("OPENAI_API_KEY")
-        url = self._url or os.environ.get("OPENAI_BASE_URL")
+        url = self._url or os.environ.get("OPENAI_BASE_URL") or None  # "" is unset
         if not key and not url:
             raise ModelNotConfigured(
                 "an OpenAI model call needs OPENAI_API_KEY (or OPENAI_BASE_URL for a stand-in) "
@@ -229,7 +229,7 @@ def span_attributes(api: str, request: Mapping[str, Any], answer: Any) -> dict[s
         "gen_ai.request.max_tokens": max_tokens,
         "gen_ai.response.id": getattr(answer, "id", None),
         "gen_ai.response.finish_reasons": [r for r in reasons if r] or None,
-        "gen_ai.usage.input_tokens": t.input + t.cache_write + t.cache_read,
+        "gen_ai.usage.input_tokens": t.prompt,
         "gen_ai.usage.output_tokens": t.output,
         "gen_ai.usage.cache_read.input_tokens": t.cache_read,
         "gen_ai.usage.reasoning.output_tokens": t.reasoning,

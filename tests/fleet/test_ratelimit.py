@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
+
 import cairn
 from bench import ratelimit as bench
 from cairn.testing.standins import ModelServer
@@ -19,16 +21,20 @@ def test_four_processes_keep_to_the_limit_together(redis_url: str) -> None:
     assert abs(out["ratio"] - 1) <= 0.05, out
 
 
+@pytest.mark.parametrize("name", ["claude-haiku-4-5", "gpt-4o-mini"])
 def test_a_real_fleet_keeps_to_the_limit_and_every_run_finishes(
-    client: cairn.Client, start_worker: Any
+    name: str, client: cairn.Client, start_worker: Any
 ) -> None:
     """Two `cairn worker`s of three processes each run 12 streamed chat runs against a
-    stand-in that allows 120 requests a minute with a bucket of 2. Alone, six processes
-    would send them within a second; CAIRN_MODEL_RPM=120 spaces them fleet-wide (0.5 s
-    apart), so the stand-in answers no 429 and every run ends."""
+    stand-in that allows 120 requests a minute with a bucket of 2, as Anthropic's Messages
+    API or OpenAI's Chat Completions (CAIRN_MODEL says which). Alone, six processes would
+    send them within a second; CAIRN_MODEL_RPM=120 spaces them fleet-wide (0.5 s apart),
+    so the stand-in answers no 429 and every run ends."""
     with ModelServer(rpm=120, burst=2) as limited:
         env = {
             "ANTHROPIC_BASE_URL": limited.url,
+            "OPENAI_BASE_URL": limited.openai_url,
+            "CAIRN_MODEL": name,
             "CAIRN_MODEL_RPM": "120",
             "CAIRN_RATE_WAIT_MAX": "30",
         }
@@ -42,4 +48,6 @@ def test_a_real_fleet_keeps_to_the_limit_and_every_run_finishes(
         stats = limited.stats()
     assert stats["rate_limited"] == 0, stats
     assert stats["requests"] == 12, stats
+    if name.startswith("gpt-"):  # each went where CAIRN_MODEL said
+        assert stats["by_api"]["chat.completions"]["requests"] == 12, stats
     assert elapsed >= 11 * 0.5 * 0.9  # the spacing: what a limit that let them all go lacks

@@ -57,6 +57,10 @@ CASES = [
      ["'twin'", "a workflow named 'mine' is already registered by mine", "rename"]),
     ("worker-bad-middleware", ["worker"], {"CAIRN_MIDDLEWARE": "nosuch.mod"},
      ["CAIRN_MIDDLEWARE", "module:Class"]),
+    ("worker-bad-model", ["worker"], {"CAIRN_MODEL": "mystery-7"},
+     ["CAIRN_MODEL", "'mystery-7'", "provider"]),
+    ("worker-bad-price", ["worker"], {"CAIRN_MODEL_PRICES": '{"mystery": {"input": 1, "output": 2}}'},
+     ["CAIRN_MODEL_PRICES", "'mystery'"]),
     # beat
     ("beat-unreachable", ["beat", "--schedule", "beat/s"], {"CAIRN_DATABASE_URL": NOWHERE},
      ["the beat cannot start", "unreachable", "CAIRN_DATABASE_URL"]),
