@@ -58,6 +58,9 @@ _LAZY = {
     "DONE": "cairn.steps.registry",
     "Context": "cairn.steps.context",
     "text_of": "cairn.steps.model",
+    "ModelClient": "cairn.steps.model",
+    "set_price": "cairn.steps.model",
+    "cost_of": "cairn.steps.model",
     "Event": "cairn.core.events",
     "current": "cairn.steps.context",
     "Client": "cairn.client",
@@ -80,7 +83,7 @@ if TYPE_CHECKING:
     from cairn.core.settings import Settings
     from cairn.core.status import RunStatus
     from cairn.steps.context import Context, current
-    from cairn.steps.model import text_of
+    from cairn.steps.model import ModelClient, cost_of, set_price, text_of
     from cairn.steps.registry import DONE, Child, Retry, StepResult, Workflow, workflow
     from cairn.store.schedules import Schedule
     from cairn.workers.middleware import Middleware
@@ -120,6 +123,7 @@ __all__ = [
     "JournalDiverged",
     "LeaseLost",
     "Middleware",
+    "ModelClient",
     "ModelUnavailable",
     "MultipleEffects",
     "OutcomeUnknown",
@@ -141,7 +145,9 @@ __all__ = [
     "UnknownWorkflow",
     "WaitTimedOut",
     "Workflow",
+    "cost_of",
     "current",
+    "set_price",
     "text_of",
     "workflow",
 ]

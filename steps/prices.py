@@ -233,11 +233,13 @@ def set_price(
     every model call of this process from now on.
 
     Args:
-        input, output: uncached prompt tokens; answer tokens, reasoning included.
-        cache_write, cache_read: prompt tokens written to or read from the cache; by
-            default as the provider bills them against input (Anthropic: 1.25x and 0.1x;
-            OpenAI: 1x and, unknown, 1x: never under-reported). Anthropic's 1-hour
-            writes keep their ratio to cache_write (2x input against 1.25x).
+        input: uncached prompt tokens.
+        output: answer tokens, reasoning included.
+        cache_write: prompt tokens written to the cache; by default as the provider bills
+            them against input (Anthropic: 1.25x; OpenAI: 1x). Anthropic's 1-hour writes
+            keep their ratio to cache_write (2x input against 1.25x).
+        cache_read: prompt tokens read from the cache; by default as the provider bills
+            them (Anthropic: 0.1x input; OpenAI, unknown: 1x, never under-reported).
         provider: "anthropic" or "openai"; by default the one the model's name says.
         table: the table to add to (default: the process's PRICES).
 

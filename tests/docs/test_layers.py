@@ -47,6 +47,7 @@ PUBLIC: dict[str, set[str] | None] = {
     "cairn.testing": set(cairn.testing.__all__),
     "cairn.langgraph": None,  # any of it
     "cairn.pydantic_ai": None,
+    "cairn.openai_agents": None,
 }
 
 
