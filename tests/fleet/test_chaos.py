@@ -1,6 +1,7 @@
 """`cairn chaos` on real worker processes SIGKILLed at step boundaries (and from outside):
 the invoice, the agent loop, signals and cancels, children, concurrency keys, a bulk
-replay, a streaming chat and a LangGraph demo, each run counted once and its effects once.
+replay, a streaming chat, a LangGraph demo and an OpenAI Agents SDK demo, each run counted
+once and its effects once.
 
 The tests call cairn.testing.chaos (the same code as the CLI command) against this
 suite's Postgres server and a flushed Redis database from the redis_url fixture.
@@ -235,6 +236,54 @@ def test_a_langgraph_demo_survives_kills_and_pauses_without_a_fork_or_a_false_st
     assert report["journaled"] == {"model": 3 * runs, "lookup": runs, "notify": runs}
     graph = next(s for s in report["steps"] if s["step"] == "graph")
     assert graph["delivered"] == graph["keys"] == runs and graph["max_per_key"] == 1
+
+
+@both_brokers
+def test_the_oa_agent_demo_survives_kills_and_pauses_asking_and_sending_nothing_twice(
+    template_db: str, redis_url: str, broker_url: str | None, tmp_path: Path
+) -> None:
+    """`cairn chaos oa_agent`: the OpenAI Agents SDK demo (four model requests, a lookup,
+    a keyed email and a handoff in its one step) killed at its step's boundaries and before
+    and after its calls, and paused past its lease, on each broker: every run done, each
+    email delivered once, the model stand-in asked again only for requests a kill or a
+    pause cut short, every stream as the history."""
+    runs = 12
+    # Calls in order: 0 model, 1 tool:lookup, 2 model, 3 tool:notify (the email),
+    # 4 model (the handoff), 5 model (billing's answer).
+    kills = _kills_at_every_boundary(SEED, [(0, "before_effect"), (0, "after_effect"),
+        (0, "after_save"), (0, "before_call:0"), (0, "after_call:0"), (0, "after_call:3"),
+        (0, "before_call:3"), (0, "after_call:4"), (0, "before_call:5")])  # fmt: skip
+    report = chaos.run_chaos(
+        "oa_agent",
+        runs=runs,
+        workers=2,
+        concurrency=2,
+        seed=SEED,
+        rate=0.02,
+        kills=kills,
+        random_kills=1,
+        pauses=2,
+        lease_ttl=2.0,
+        deadline=90,
+        pending_after=20,
+        mail_delay_ms=20,
+        model_delay_ms=30,  # a run lasts long enough to be paused in the middle
+        database_url=CHAOS_DB,
+        redis_url=redis_url,
+        broker_url=broker_url,
+        state_dir=tmp_path,
+        quiet=True,
+    )
+    _assert_truthful(report)
+    assert report["journaled"] == {"model": 4 * runs, "tool:lookup": runs, "tool:notify": runs}
+    model = report["model"]
+    assert model["excess"] == 0
+    # The kills after requests 0 and 4 returned (not yet recorded) each cost one more.
+    assert model["journaled"] + 2 <= model["requests"]
+    assert model["requests"] <= model["journaled"] + model["in_flight_allowed"]
+    agent = next(s for s in report["steps"] if s["step"] == "agent")
+    assert agent["delivered"] == agent["keys"] == runs and agent["max_per_key"] == 1
+    assert agent["deduplicated"] >= 1  # the email sent again after its kill, same key
 
 
 def test_a_streaming_chat_survives_kills_and_pauses_with_a_truthful_stream(

@@ -281,10 +281,14 @@ def test_the_stream_tells_a_step_saved_by_an_attempt_whose_events_never_reached_
     assert problems == []
 
 
+@pytest.mark.parametrize(
+    ("workflow", "package", "extra"),
+    [("graph_agent", "langgraph", "langgraph"), ("oa_agent", "agents", "openai-agents")],
+)
 def test_chaos_of_a_demo_whose_extra_is_missing_says_what_to_install(
-    monkeypatch: pytest.MonkeyPatch,
+    workflow: str, package: str, extra: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(sys.modules, "langgraph", None)  # import langgraph: ImportError
+    monkeypatch.setitem(sys.modules, package, None)  # import it: ImportError
     app = typer.Typer()
     chaos_cli.register(app)
 
@@ -292,9 +296,9 @@ def test_chaos_of_a_demo_whose_extra_is_missing_says_what_to_install(
     def _root() -> None:
         pass
 
-    result = CliRunner().invoke(app, ["chaos", "graph_agent", "--runs", "1"])
+    result = CliRunner().invoke(app, ["chaos", workflow, "--runs", "1"])
     assert result.exit_code == 2, result.output
-    assert "the demo 'graph_agent' needs langgraph: pip install 'cairn[langgraph]'" in result.output
+    assert f"the demo {workflow!r} needs {extra}: pip install 'cairn[{extra}]'" in result.output
 
 
 def test_a_pause_taken_over_is_one_whose_run_a_new_owner_claimed_meanwhile() -> None:

@@ -27,6 +27,11 @@ DEFAULT_INPUTS: dict[str, dict[str, Any]] = {
         "email": "chat{i}@example.com",
     },
     "graph_agent": {"question": "Order {i} arrived broken.", "email": "support{i}@example.com"},
+    # Two tools and a handoff, one a turn (the stand-in's script): four model requests.
+    "oa_agent": {
+        "prompt": "TOOLS: lookup, notify, transfer_to_billing\nOrder {i} was charged twice.",
+        "email": "support{i}@example.com",
+    },
 }
 
 

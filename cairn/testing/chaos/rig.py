@@ -64,11 +64,17 @@ def chaos_mail(**options: Any) -> Any:
 
 
 def faulted_env(
-    config: ChaosConfig, faults_dir: Path, db_url: str, mail_url: str, model_url: str
+    config: ChaosConfig,
+    faults_dir: Path,
+    db_url: str,
+    mail_url: str,
+    model_url: str,
+    openai_url: str,
 ) -> dict[str, str]:
     """Write the fault plan (cairn/testing/faults.py) and return the workers' environment.
 
-    faults_dir starts empty but for killed/, where the workers journal their kills."""
+    faults_dir starts empty but for killed/, where the workers journal their kills.
+    model_url is the model stand-in's Messages API, openai_url its OpenAI API (`/v1`)."""
     shutil.rmtree(faults_dir, ignore_errors=True)  # a reused state dir starts clean
     (faults_dir / "killed").mkdir(parents=True)
     plan = {
@@ -86,6 +92,7 @@ def faulted_env(
         CAIRN_REDIS_URL=config.redis_url,
         CAIRN_MAIL_URL=mail_url,
         ANTHROPIC_BASE_URL=model_url,
+        OPENAI_BASE_URL=openai_url,
         CAIRN_LEASE_TTL=str(config.lease_ttl),
         CAIRN_REAPER_INTERVAL=str(min(1.0, config.lease_ttl / 3)),
         CAIRN_DEFER_SECONDS=str(min(1.0, config.lease_ttl / 4)),
@@ -96,7 +103,9 @@ def faulted_env(
     env.pop("CAIRN_BROKER_URL", None)
     if config.broker_url:
         env["CAIRN_BROKER_URL"] = config.broker_url
+    # No real key goes to the stand-in (it takes any, and asks for none).
     env.pop("ANTHROPIC_API_KEY", None)
+    env.pop("OPENAI_API_KEY", None)
     return env
 
 

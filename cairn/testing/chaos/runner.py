@@ -205,7 +205,8 @@ class _Experiment:
         self._db_url = create_database(c.base_db, c.db_name)
         self._mail = chaos_mail(delay_ms=c.mail_delay_ms).start()
         self._model = ModelServer(delay_ms=c.model_delay_ms).start()
-        env = faulted_env(c, self._faults_dir, self._db_url, self._mail.url, self._model.url)
+        urls = (self._mail.url, self._model.url, self._model.openai_url)
+        env = faulted_env(c, self._faults_dir, self._db_url, *urls)
         self._say(
             f"[bold]chaos[/]: {c.runs} {c.workflow} runs, {c.workers} workers x {c.concurrency}, "
             f"seed {c.seed}, rate {c.rate}, lease TTL {c.lease_ttl:g}s, database {c.db_name}"
