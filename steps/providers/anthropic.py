@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from cairn.steps.prices import tokens_of
-from cairn.steps.providers import Attempt, ModelNotConfigured, hold, seconds_until
+from cairn.steps.providers import Attempt, hold, seconds_until
+from cairn.steps.providers.transport import SdkClient
 
 # A request without max_tokens (the API requires one) asks for this many.
 DEFAULT_MAX_TOKENS = 1024
@@ -17,55 +16,14 @@ DEFAULT_MAX_TOKENS = 1024
 _TRANSIENT_TYPES = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
 
 
-class AnthropicProvider:
+class AnthropicProvider(SdkClient):
     """messages.create and messages.stream, the SDK's own retries off (one retry policy,
     ModelClient's, which the task can see)."""
 
     name = "anthropic"
-
-    def __init__(
-        self, *, api_key: str | None = None, base_url: str | None = None, timeout: float = 120.0
-    ) -> None:
-        self._key, self._url, self._timeout = api_key, base_url, timeout
-        self._client: Any = None
-        self._lock = threading.Lock()
-
-    @property
-    def client(self) -> Any:
-        """The SDK's client, made at the first call."""
-        if self._client is None:
-            with self._lock:
-                if self._client is None:
-                    self._client = self._make()
-        return self._client
-
-    def _make(self) -> Any:
-        import anthropic  # here, not at import: only workers that call a model load the SDK
-
-        from cairn.steps.providers.transport import spread_transport
-
-        key = self._key or os.environ.get("ANTHROPIC_API_KEY")
-        url = self._url or os.environ.get("ANTHROPIC_BASE_URL") or None  # "" is unset
-        if not key and not url:
-            raise ModelNotConfigured(
-                "an Anthropic model call needs ANTHROPIC_API_KEY (or ANTHROPIC_BASE_URL for a "
-                "stand-in) in the worker's environment"
-            )
-        return anthropic.Anthropic(
-            api_key=key or "local-stand-in",  # a stand-in at `url` takes any key
-            base_url=url,
-            max_retries=0,
-            timeout=self._timeout,
-            http_client=anthropic.DefaultHttpxClient(transport=spread_transport()),
-        )
-
-    @property
-    def api_key(self) -> str:
-        return str(self.client.api_key or "")
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
+    sdk = "anthropic"
+    title = "Anthropic"
+    client_class = "Anthropic"
 
     # -- a request -----------------------------------------------------------------------
     def create(self, api: str, request: dict[str, Any], attempt: Attempt) -> Any:

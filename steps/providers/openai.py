@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from cairn.steps.prices import tokens_of
-from cairn.steps.providers import Attempt, ModelNotConfigured, duration, hold
+from cairn.steps.providers import Attempt, duration, hold
+from cairn.steps.providers.transport import SdkClient
 
 # What a request that bounds its answer by none is taken to write at most, for the rate
 # limiter's booking and the budget's worst case (settled with the usage after).
@@ -21,55 +20,14 @@ _TRANSIENT_CODES = frozenset(
 )
 
 
-class OpenAIProvider:
+class OpenAIProvider(SdkClient):
     """chat.completions and responses, create and stream, the SDK's own retries off (one
     retry policy, ModelClient's, which the task can see)."""
 
     name = "openai"
-
-    def __init__(
-        self, *, api_key: str | None = None, base_url: str | None = None, timeout: float = 120.0
-    ) -> None:
-        self._key, self._url, self._timeout = api_key, base_url, timeout
-        self._client: Any = None
-        self._lock = threading.Lock()
-
-    @property
-    def client(self) -> Any:
-        """The SDK's client, made at the first call."""
-        if self._client is None:
-            with self._lock:
-                if self._client is None:
-                    self._client = self._make()
-        return self._client
-
-    def _make(self) -> Any:
-        import openai  # here, not at import: only workers that call OpenAI load its SDK
-
-        from cairn.steps.providers.transport import spread_transport
-
-        key = self._key or os.environ.get("OPENAI_API_KEY")
-        url = self._url or os.environ.get("OPENAI_BASE_URL") or None  # "" is unset
-        if not key and not url:
-            raise ModelNotConfigured(
-                "an OpenAI model call needs OPENAI_API_KEY (or OPENAI_BASE_URL for a stand-in) "
-                "in the worker's environment"
-            )
-        return openai.OpenAI(
-            api_key=key or "local-stand-in",  # a stand-in at `url` takes any key
-            base_url=url,
-            max_retries=0,
-            timeout=self._timeout,
-            http_client=openai.DefaultHttpxClient(transport=spread_transport()),
-        )
-
-    @property
-    def api_key(self) -> str:
-        return str(self.client.api_key or "")
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
+    sdk = "openai"
+    title = "OpenAI"
+    client_class = "OpenAI"
 
     def _api(self, api: str) -> Any:
         return self.client.responses if api == "responses" else self.client.chat.completions

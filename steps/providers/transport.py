@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import itertools
+import os
 import socket
 import threading
 from typing import Any
@@ -58,3 +60,58 @@ def spread_transport() -> Any:
                     pool.close()
 
     return Spread()
+
+
+class SdkClient:
+    """A provider's SDK client, made at its first call from the key and address given or
+    in the environment, with the SDK's own retries off (one retry policy, ModelClient's,
+    which the task can see) and the spread transport; what both providers share."""
+
+    sdk = ""  # the SDK's module, imported at the first call: a worker that never calls a
+    # provider never loads its SDK
+    title = ""  # the provider as its error messages name it
+    client_class = ""
+
+    def __init__(
+        self, *, api_key: str | None = None, base_url: str | None = None, timeout: float = 120.0
+    ) -> None:
+        self._key, self._url, self._timeout = api_key, base_url, timeout
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def client(self) -> Any:
+        """The SDK's client, made at the first call."""
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = self._make()
+        return self._client
+
+    def _make(self) -> Any:
+        from cairn.steps.providers import ModelNotConfigured
+
+        key_var, url_var = f"{self.sdk.upper()}_API_KEY", f"{self.sdk.upper()}_BASE_URL"
+        key = self._key or os.environ.get(key_var)
+        url = self._url or os.environ.get(url_var) or None  # "" is unset
+        if not key and not url:
+            raise ModelNotConfigured(
+                f"an {self.title} model call needs {key_var} (or {url_var} for a stand-in) "
+                "in the worker's environment"
+            )
+        sdk = importlib.import_module(self.sdk)
+        return getattr(sdk, self.client_class)(
+            api_key=key or "local-stand-in",  # a stand-in at `url` takes any key
+            base_url=url,
+            max_retries=0,
+            timeout=self._timeout,
+            http_client=sdk.DefaultHttpxClient(transport=spread_transport()),
+        )
+
+    @property
+    def api_key(self) -> str:
+        return str(self.client.api_key or "")
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
