@@ -151,14 +151,10 @@ class MessagesApi(_Api):
 
     def limit_headers(self, limit: _Limit) -> dict[str, str]:
         headers: dict[str, str] = {}
-        for kind, per_minute, left, full_s in (
-            ("requests", limit.requests, limit.requests_left, limit.requests_full_s),
-            ("tokens", limit.tokens, limit.tokens_left, limit.tokens_full_s),
-        ):
-            if per_minute:
-                headers[f"anthropic-ratelimit-{kind}-limit"] = str(per_minute)
-                headers[f"anthropic-ratelimit-{kind}-remaining"] = str(int(left))
-                headers[f"anthropic-ratelimit-{kind}-reset"] = _rfc3339(full_s)
+        for kind, per_minute, left, full_s in limit.buckets():
+            headers[f"anthropic-ratelimit-{kind}-limit"] = str(per_minute)
+            headers[f"anthropic-ratelimit-{kind}-remaining"] = str(int(left))
+            headers[f"anthropic-ratelimit-{kind}-reset"] = _rfc3339(full_s)
         return headers
 
     def rate_limited(self, limit: _Limit) -> tuple[dict[str, Any], dict[str, str]]:

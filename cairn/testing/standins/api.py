@@ -46,6 +46,14 @@ class _Limit:
     retry_after_s: float
     """When refused: seconds until the request would pass."""
 
+    def buckets(self) -> list[tuple[str, int, float, float]]:
+        """(kind, per minute, left, seconds until full) of each bucket that is limited."""
+        both = [
+            ("requests", self.requests, self.requests_left, self.requests_full_s),
+            ("tokens", self.tokens, self.tokens_left, self.tokens_full_s),
+        ]
+        return [bucket for bucket in both if bucket[1]]
+
 
 class _Api:
     """One API's wire format (subclasses in anthropic.py and openai.py)."""
