@@ -34,6 +34,7 @@ SECTIONS = (
     "stream",
     "flow",
     "providers",
+    "fanout",
 )
 BENCH_REDIS_DB = 15
 INSTALL_HINT = "not installed: pip install -e '.[bench]'"

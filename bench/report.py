@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bench import flow, providers, stream
+from bench import fanout, flow, providers, stream
 from bench.common import SECTIONS
 
 
@@ -283,6 +283,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     stream.targets(results, add)
     flow.targets(results, add)
     providers.targets(results, add)
+    fanout.targets(results, add)
     return out
 
 
@@ -572,6 +573,7 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
     stream.render(results, c)
     flow.render(results, c)
     providers.render(results, c)
+    fanout.render(results, c)
     for name in SECTIONS:
         sec = results.get(name)
         if isinstance(sec, dict) and "error" in sec:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import threading
 import types
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
@@ -55,6 +56,7 @@ class EventSink(Protocol):
 
 
 _UNKNOWN = object()  # an at-most-once effect's intent without its mark
+_counting = threading.Lock()
 
 _step: contextvars.ContextVar[Context | None] = contextvars.ContextVar("cairn_step", default=None)
 
@@ -318,7 +320,8 @@ class Context(JournaledCalls, ModelCalls):
         self._count(usd)
 
     def _count(self, usd: float) -> None:
-        self.cost_usd += usd
+        with _counting:  # ctx.parallel's calls count from threads of their own
+            self.cost_usd += usd
         if (frame := self._inside()) is not None:
             frame.cost += usd  # recorded with the call, so its replay counts it
 

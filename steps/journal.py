@@ -12,7 +12,8 @@ import inspect
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar, overload
 
 from cairn.core.errors import CairnError, CallFailed, JournalDiverged, StaleWrite
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
+PARALLEL_CALLS = 8  # ctx.parallel's threads: calls run at once, the rest wait their turn
 SHOWN_BYTES = 4096  # a call's result goes into its `call` event up to this size
 _SCOPE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")  # it goes into keys, as step names do
 
@@ -66,6 +68,16 @@ def as_json(value: Any, what: str, text: bool = False) -> Any:
             f"{what} returned {type(value).__name__}, which cannot be journaled ({exc}); "
             "return JSON: dicts, lists, strings, numbers, bools or None"
         ) from exc
+
+
+def _spec(call: Sequence[Any]) -> tuple[str, Callable[..., Any], tuple[Any, ...]]:
+    """A ctx.parallel item, (name, fn, *args), checked before any call starts."""
+    if isinstance(call, (str, bytes)) or len(call) < 2 or not callable(call[1]):
+        raise TypeError(
+            f"ctx.parallel: {call!r} is not (name, fn, *args); "
+            "use functools.partial(fn, key=value) for keyword arguments"
+        )
+    return str(call[0]), call[1], tuple(call[2:])
 
 
 def error_of(exc: Exception) -> dict[str, Any]:
@@ -226,6 +238,89 @@ class JournaledCalls(StepParts):
             self._failed(pos, name, exc, token)
             raise
         return self._returned(pos, name, result, token)  # type: ignore[no-any-return]
+
+    def parallel(
+        self,
+        calls: Iterable[Sequence[Any]],
+        /,
+        *,
+        max_workers: int = PARALLEL_CALLS,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """Journaled calls made side by side, for sync steps (in an async step, gather
+        ctx.acall and ctx.amodel with asyncio.gather): each item is (name, fn, *args), one
+        ctx.call(name, fn, *args); functools.partial carries keyword arguments.
+
+        Each call takes its journal place in the order of the list before any of them
+        starts, never in the order they finish, so a replay finds each one's record; the
+        calls recorded by an earlier attempt are replayed, the rest run on at most
+        max_workers threads (each with its own key, cost and ctx.db connection: one from
+        the worker's Postgres pool, CAIRN_DATABASE_POOL_SIZE, for as long as the call
+        holds it).
+
+        Returns:
+            The results in the order of the list.
+
+        Raises:
+            The failure at the lowest place, once every call has ended (the others'
+            records are kept, so a retry of the step does not make them again), with a
+            note naming its place; a stop (lost lease, cancel) before a call's own error.
+            With return_exceptions=True a call's Exception is returned in its place.
+        """
+        todo = [_spec(call) for call in calls]
+        if max_workers < 1:
+            raise ValueError(f"ctx.parallel(max_workers={max_workers}): at least 1")
+        # Every place taken here, in program order, before the first call starts.
+        begun = [self._begin(name, None) for name, _, _ in todo]
+        outcomes: list[Any] = [None] * len(todo)
+        failed: dict[int, BaseException] = {}
+        fresh = []
+        for i, (pos, _, recorded) in enumerate(begun):
+            if recorded is None:
+                fresh.append(i)
+                continue
+            try:
+                outcomes[i] = self._replay(recorded)
+            except Exception as exc:  # noqa: BLE001 (a recorded error: kept in its place)
+                failed[i] = exc
+
+        def made(i: int) -> Any:
+            name, fn, args = todo[i]
+            pos, n, _ = begun[i]
+            token = self._enter(name, pos, n)
+            try:
+                result = fn(*args)
+            except BaseException as exc:
+                self._failed(pos, name, exc, token)
+                raise
+            return self._returned(pos, name, result, token)
+
+        if fresh:
+            workers = min(max_workers, len(fresh))
+            with ThreadPoolExecutor(workers, thread_name_prefix="cairn-call") as pool:
+                # Each call in a copy of the step's context: cairn.current(), its scope.
+                ran = {i: pool.submit(contextvars.copy_context().run, made, i) for i in fresh}
+            for i, future in ran.items():
+                error = future.exception()
+                if error is None:
+                    outcomes[i] = future.result()
+                else:
+                    failed[i] = error
+        if failed:
+            for i, error in failed.items():
+                pos, name = begun[i][0], todo[i][0]
+                where = f"ctx.parallel: call {pos} ({name!r}) of step {self.cursor!r}"
+                error.add_note(where)  # str(error) stays the call's own, for retry policies
+                logger.info(
+                    "run %s: %s raised %s: %s", self.run_id, where, type(error).__name__, error
+                )
+                outcomes[i] = error
+            # A stop (lost lease, cancel) is the loop's to handle before any call's error.
+            stops = [i for i, error in failed.items() if not isinstance(error, Exception)]
+            raised = stops or ([] if return_exceptions else list(failed))
+            if raised:
+                raise failed[min(raised)]
+        return outcomes
 
     def _enter(self, name: str, pos: int, n: int) -> contextvars.Token[Any]:
         if self._hooks is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import importlib
 import os
 import re
@@ -50,14 +51,35 @@ class StepResult:
     state: keys merged into the run's state.
     window: the new model window (None leaves it as it was).
     cost_usd: cost not already counted by ctx.model (ctx.model counts its own calls).
+    sleep: seconds (or a timedelta) to park the run before the step `cursor` runs,
+        holding no worker and no broker message: beat wakes it when the time comes. A
+        signal does not end a sleep (it is kept for a later wait of its event); a
+        cancel stops the run at once. To be woken early by a signal, wait for it with
+        a timeout: StepResult.wait(event, cursor=..., timeout=...).
     """
 
     cursor: str
     state: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     window: list[dict[str, Any]] | None = None
     cost_usd: float = 0.0
+    sleep: float | dt.timedelta | None = None
     waits_for: Wait | None = None
     spawns: Spawn | None = None
+
+    def __post_init__(self) -> None:
+        if self.sleep is None:
+            return
+        seconds = self.sleep.total_seconds() if isinstance(self.sleep, dt.timedelta) else self.sleep
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+            raise ValueError(f"sleep={self.sleep!r}: give seconds >= 0 or a timedelta")
+        if self.waits_for is not None:
+            raise ValueError(
+                "a step sleeps or waits, not both: a wait's timeout= is a sleep a signal ends"
+            )
+        if self.cursor == DONE:
+            raise ValueError("sleep before 'done' has nothing to wake for: sleep, then end")
+        # A sleep is a wait for no event: the same parking, wake and cancel as a wait's.
+        object.__setattr__(self, "waits_for", Wait(event=None, timeout=float(seconds)))
 
     @classmethod
     def wait(

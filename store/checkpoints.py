@@ -30,6 +30,7 @@ from cairn.store.db import Database, channel, outage, translated
 from cairn.store.rows import (
     FOLD_AT,
     FOLD_BATCH,
+    WAKE_BATCH,
     _checkpoint,
     conflict,
     create_params,
@@ -483,6 +484,22 @@ class PgStore:
         """Pending runs no worker has taken, sent over older_than seconds ago, oldest
         first: {run_id, epoch, updated_at}."""
         return self.db.all("unclaimed", {"older_than": older_than, "limit": limit})
+
+    def wake(
+        self, batch: int = WAKE_BATCH, before_commit: Callable[[list[str]], None] | None = None
+    ) -> list[str]:
+        """Up to batch waiting runs whose time came (a sleep's end, a wait's timeout),
+        moved out of waiting and committed: the caller sends each once. Two wakers at
+        once never both get a run (see the query). before_commit: a test's fault point."""
+
+        def attempt() -> list[str]:
+            with self.db.connection() as conn, conn.transaction():
+                ids = [r["run_id"] for r in conn.execute(QUERIES["wake"], {"batch": batch})]
+                if before_commit is not None and ids:
+                    before_commit(ids)
+            return ids
+
+        return self.db.retry(attempt)
 
     def unchanged(self, rows: list[dict[str, Any]]) -> set[str]:
         """The run ids among rows (as stalled or unclaimed listed them) whose epoch and

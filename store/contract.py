@@ -254,6 +254,12 @@ class Maintenance(Protocol):
     def unchanged(self, rows: list[dict[str, Any]]) -> set[str]:
         """The run ids among rows with the same epoch and updated_at as listed."""
 
+    def wake(
+        self, batch: int = ..., before_commit: Callable[[list[str]], None] | None = None
+    ) -> list[str]:
+        """Waiting runs whose time came, moved out of waiting (to pending), up to batch:
+        each returned to one caller once, to send."""
+
     def fold_counts(self, batch: int = ...) -> int:
         """Fold the status deltas into the totals; rows folded."""
 

@@ -37,6 +37,9 @@ from cairn.store.sql import QUERIES
 # about 2 ms); a fold moves at most FOLD_BATCH rows per transaction.
 FOLD_AT = 10_000
 FOLD_BATCH = 50_000
+# Runs one wake pass moves out of waiting in one transaction; a pass calls it again
+# while a batch comes back full, so a backlog of due runs drains within the pass.
+WAKE_BATCH = 1000
 
 
 def appended(previous: Checkpoint, cp: Checkpoint) -> tuple[int, list[Message]]:

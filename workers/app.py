@@ -32,6 +32,7 @@ from cairn.workers.middleware import load as load_middleware
 from cairn.workers.outbox import Outbox
 from cairn.workers.reaper import Reaper
 from cairn.workers.tracing import Tracing
+from cairn.workers.wake import WAKE_TASK, Waker
 
 logger = logging.getLogger(__name__)
 
@@ -257,6 +258,19 @@ def fire_schedules(task: Task) -> int:
     return len(fired)
 
 
+def wake(task: Task) -> int:
+    """Send the waiting runs whose time came, each once (see cairn.workers.wake)."""
+    run = task.app.tasks[broker.RUN_TASK]
+    waker = Waker(
+        store=task.app.cairn.deps().store,
+        send=lambda run_id: run.apply_async((run_id,), queue=broker.RESUME),
+    )
+    with tracing.spanning("cairn.wake"):
+        woken = waker.wake()
+        tracing.note(runs_woken=len(woken))
+    return len(woken)
+
+
 def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Celery:
     """The worker's Celery app. Imports settings.workflows, so their steps are registered
     in every pool process. The loop's middleware: the metrics, then settings.middleware
@@ -278,6 +292,15 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
             # A pass that waited past a few ticks is stale: a later one does its work.
             "cairn-schedules": {
                 "task": schedules.FIRE_TASK,
+                "schedule": settings.schedule_tick,
+                "options": {
+                    "queue": broker.CONTROL,
+                    "expires": max(5.0, 5 * settings.schedule_tick),
+                },
+            },
+            # Sleeps and wait timeouts; a stale pass is skipped as the schedules' is.
+            "cairn-wake": {
+                "task": WAKE_TASK,
                 "schedule": settings.schedule_tick,
                 "options": {
                     "queue": broker.CONTROL,
@@ -308,6 +331,7 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
     app.task(name=broker.REAP_TASK, bind=True)(reap)
     app.task(name=broker.SWEEP_TASK, bind=True)(sweep)
     app.task(name=schedules.FIRE_TASK, bind=True)(fire_schedules)
+    app.task(name=WAKE_TASK, bind=True)(wake)
     return app
 
 

@@ -159,7 +159,10 @@ def _drive(cp: Checkpoint, lease: HeldLease, deps: Deps) -> RunStatus:
     fresh_run = cp.seq == (cp.forked_at or 0)
     stream, claimed = Announcer(deps.events, lease, origin=fresh_run), cp
     try:
-        waiting = cp.status == RunStatus.WAITING
+        # Waiting, or woken by beat (pending, its wait kept and over: see the wake query).
+        waiting = cp.status == RunStatus.WAITING or (
+            cp.status == RunStatus.PENDING and cp.wait_over
+        )
         if _idle_wake(cp, deps):
             stream.take_over(claimed, store)  # its worker may have died before its events
             return RunStatus.WAITING
@@ -252,7 +255,9 @@ def _going_on(
             extra=logs.at(cp, "state_migrated", to_version=flow.version),
         )
         state = upgraded
-    timed_out = cp.status == RunStatus.WAITING and cp.signal is None
+    # A wait's time came: still waiting (a message came first), or woken by beat (pending,
+    # its wait kept). A signal that came first wins.
+    timed_out = cp.wait_over and cp.signal is None
     return dataclasses.replace(
         cp,
         input=flow.validate(cp.input),

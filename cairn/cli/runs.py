@@ -214,6 +214,10 @@ def show(run_id: RunId, as_json: AsJson = False, database_url: DatabaseUrl = Non
         if row is None:
             fail(f"no run {run_id!r}; `cairn runs` lists the runs")
         _print_row(row)
+        run = client.get(run_id)
+        if run is not None and run.wakes_at is not None:  # a sleep, or a wait's timeout
+            why = f" (or on a signal {row['wait_event']!r})" if row["wait_event"] else ""
+            console.print(f"[bold]{'wakes':>10}[/] {run.wakes_at.isoformat()}{why}")
         try:
             client.store.load(run_id)
         except CairnError as exc:

@@ -196,8 +196,9 @@ class CairnDurability(BaseDurabilityCapability[AgentDepsT]):
     is the step's Context: `ctx.idempotency_key()` is that tool call's own key and
     `ctx.db` a transaction that commits with the call's journal record.
 
-    Tool calls run one after another inside a run, so a replay starts them in the order
-    the journal holds (pydantic-ai's parallel tool calls have no fixed order).
+    The tool calls of one model response run side by side (pydantic-ai's parallel tool
+    calls): each takes its journal place as its task starts, in the order the response
+    lists them, not as it finishes, so a replay finds each one's record.
     """
 
     engine_spec = DurabilityEngineSpec(
@@ -214,7 +215,8 @@ class CairnDurability(BaseDurabilityCapability[AgentDepsT]):
         # A toolset added per run was never wrapped: its calls would run again on replay.
         unsupported_runtime_toolset_kinds=frozenset({"function", "mcp", "dynamic"}),
         journal_discovery=True,
-        sequential_tools_in_durable_context=True,
+        # Places are taken at call start, in the order the tasks start: parallel is stable.
+        sequential_tools_in_durable_context=False,
         tool_config_key=None,
     )
 

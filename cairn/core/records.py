@@ -15,9 +15,10 @@ from cairn.core.status import RunStatus
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Wait:
     """A run parked until a signal of `event` arrives (or `timeout` seconds pass, and then
-    it goes on at `on_timeout`). Stored with the checkpoint: no worker holds the run."""
+    it goes on at `on_timeout`). Stored with the checkpoint: no worker holds the run.
+    event None: a sleep, which only its timeout ends (StepResult(sleep=...))."""
 
-    event: str
+    event: str | None
     timeout: float | None = None
     on_timeout: str | None = None
 
@@ -137,6 +138,8 @@ class Run:
     traceparent: str | None = None  # W3C trace context of the span that enqueued it
     forked_from: str | None = None  # a fork (Client.fork): the run it was forked from,
     forked_at: int | None = None  # and the seq
+    # A waiting run's wake time (its sleep's end, its wait's timeout), by Client.get.
+    wakes_at: dt.datetime | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Run:
@@ -155,6 +158,10 @@ class Run:
             out[key] = out[key].isoformat()
         if out["window"] is None:
             del out["window"]
+        if self.wakes_at is None:
+            del out["wakes_at"]
+        else:
+            out["wakes_at"] = self.wakes_at.isoformat()
         return out
 
 

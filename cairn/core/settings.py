@@ -218,7 +218,10 @@ class Settings:
 
     # A tick fires up to this late; each pass is one indexed query when nothing is due.
     schedule_tick: float = _setting(
-        1.0, "CAIRN_SCHEDULE_TICK", "`cairn beat`: seconds between passes that fire due schedules"
+        1.0,
+        "CAIRN_SCHEDULE_TICK",
+        "`cairn beat`: seconds between passes that fire due schedules and wake the runs whose "
+        "sleep or wait timeout is over",
     )
 
     # Observability (cairn.otel): spans through OpenTelemetry's own OTEL_* variables.

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from cairn.steps.model import ModelClient
     from cairn.store.contract import CheckpointStore
 
-# The reaper's look for waits whose timeout passed, with its other looks (runs quiet for
+# The reaper's look for signals left unseen, with its other looks (runs quiet for
 # this long) pushed out of reach: a local worker has no lost workers or messages.
 _NEVER = 1e9
 
@@ -85,7 +85,7 @@ class LocalWorker:
     def run_until_idle(self, max_deliveries: int = 10_000) -> int:
         """Deliver what was sent, and what that sends, until nothing is due now; returns
         how many deliveries ran. A step's retry is due after its delay, and a waiting run
-        once its timeout has passed (as the reaper finds it: strictly after), on the
+        once its timeout has passed (as beat's wake pass finds it: strictly after), on the
         worker's clock: move it (ManualClock.advance), then call this again. Raises RuntimeError past max_deliveries (a run that never
         settles)."""
         ran = 0
@@ -101,11 +101,13 @@ class LocalWorker:
 
     def _due(self) -> bool:
         """Whether a delivery is due, moving what came due into the ready queue: retries
-        past their delay, and waiting runs whose timeout passed (the reaper's job)."""
+        past their delay, and waiting runs whose time came (beat's wake pass)."""
         now = self.clock()
         while self._later and self._later[0][0] <= now:
             self._ready.append(heapq.heappop(self._later)[2])
         if not self._ready:
+            # Sleeps and wait timeouts (beat's wake pass), then signals left unseen.
+            self._ready.extend(self.store.wake())
             for row in self.store.stalled(_NEVER, _NEVER):
                 self._ready.append(row["run_id"])
         return bool(self._ready)

@@ -726,13 +726,84 @@ def test_a_waiting_run_is_stalled_once_its_timeout_passes_or_a_signal_waits_unse
     assert store.stalled(pending_after=300, running_after=60) == []  # a save is life
     store.signal("signalled", "paid", {}, "s-1")
     backend.elapse(30)
-    assert {r["run_id"] for r in store.stalled(pending_after=300, running_after=60)} == {"timeout"}
+    # A timeout that passed is the wake pass's, never the reaper's: one sender per wake.
+    assert store.stalled(pending_after=300, running_after=60) == []
     backend.elapse(31)  # the signal nobody picked up is older than running_after now
     found = store.stalled(pending_after=300, running_after=60)
-    assert {r["run_id"]: r["status"] for r in found} == {
-        "timeout": "waiting",
-        "signalled": "waiting",
-    }
+    assert {r["run_id"]: r["status"] for r in found} == {"signalled": "waiting"}
+    assert store.wake() == ["timeout"]
+
+
+# -- sleeps and timeouts: the wake pass --------------------------------------------------
+def test_a_sleep_wakes_once_when_its_time_comes_and_not_before(backend: Backend) -> None:
+    """A sleep is a wait for no event: parked with a wake time; wake() moves each due run
+    out of waiting (to pending, the wait kept and read as over) and returns it once."""
+    store = backend.store
+    _wait(store, _running(store, "late"), Wait(event=None, timeout=90))
+    _wait(store, _running(store, "soon"), Wait(event=None, timeout=30))
+    _wait(store, _running(store, "forever"), Wait(event="paid"))  # no wake time
+    sleeping = _get(store, "soon")
+    assert sleeping.status == RunStatus.WAITING and sleeping.wakes_at is not None
+    assert sleeping.to_json()["wakes_at"] == sleeping.wakes_at.isoformat()
+    loaded = _load(store, "soon")
+    assert (loaded.wait_event, loaded.wait_over, loaded.signal) == (None, False, None)
+    # A signal does not end a sleep: it is kept for a later wait of its event.
+    assert store.signal("soon", "paid", {}, "s-1") == ("waiting", True)
+    assert _load(store, "soon").signal is None
+    assert store.wake() == []
+    backend.elapse(31)
+    assert store.wake() == ["soon"]
+    assert store.wake() == []  # woken once: no longer waiting
+    woken = _load(store, "soon")
+    assert (woken.status, woken.wait_over, woken.cursor) == (RunStatus.PENDING, True, "settle")
+    assert _get(store, "soon").wakes_at is None
+    # The woken run's message may be lost (a waker killed before it sent): it was claimed
+    # before it slept, so the reaper finds it once it is quiet.
+    backend.elapse(61)
+    listed = {r["run_id"] for r in store.stalled(pending_after=300, running_after=60)}
+    assert listed == {"soon"}
+    assert store.wake(batch=1) == ["late"]  # the most overdue first, a batch at a time
+    assert store.wake() == []
+    assert _get(store, "forever").status == RunStatus.WAITING
+
+
+def test_a_cancel_stops_a_sleeping_run_at_once_and_nothing_wakes_it(backend: Backend) -> None:
+    store = backend.store
+    _wait(store, _running(store), Wait(event=None, timeout=30))
+    assert store.cancel("r1", "not needed") == RunStatus.CANCELLED
+    backend.elapse(31)
+    assert store.wake() == []
+    assert _get(store, "r1").wakes_at is None
+
+
+def test_two_wakers_at_once_wake_a_run_once(backend: Backend) -> None:
+    """One waker holds its batch, not committed (a beat's pass paused in its transaction):
+    another pass at that moment gets none of those runs, and never waits on them for
+    long; the first then commits them. Both stores: Postgres skips the locked rows,
+    MemoryStore's lock serialises the two."""
+    store = backend.store
+    for run_id in ("a", "b"):
+        _wait(store, _running(store, run_id), Wait(event=None, timeout=5))
+    backend.elapse(6)
+    inside, go = threading.Event(), threading.Event()
+    got: dict[str, list[str]] = {}
+
+    def hold(ids: list[str]) -> None:
+        inside.set()
+        assert go.wait(10)
+
+    first = threading.Thread(target=lambda: got.update(first=store.wake(before_commit=hold)))
+    first.start()
+    assert inside.wait(10)
+    second = threading.Thread(target=lambda: got.update(second=store.wake()))
+    second.start()
+    second.join(0.5)
+    go.set()
+    first.join(10)
+    second.join(10)
+    assert sorted(got["first"]) == ["a", "b"]
+    assert got["second"] == []
+    assert store.wake() == []
 
 
 def test_the_sweep_removes_old_terminal_runs_with_everything_they_own(backend: Backend) -> None:

@@ -37,6 +37,7 @@ def plan(ctx: cairn.Context) -> cairn.StepResult:
     assert_type(charged, dict[str, str])
     got = ctx.call("lookup", double, 21)
     assert_type(got, int)
+    assert_type(ctx.parallel([("lookup", double, 1), ("lookup", double, 2)]), list[Any])
     return cairn.StepResult(cursor="write", state={"charged": charged, "got": got})
 
 

@@ -7,6 +7,7 @@ effect, so a test can SIGKILL or SIGSTOP a worker at a chosen boundary.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -273,3 +274,75 @@ def spawn_itself(ctx: Context) -> StepResult:
 @recursive.step()
 def back(ctx: Context) -> StepResult:
     return StepResult(cursor="done")
+
+
+# A durable sleep (StepResult(sleep=...)) between two steps: `after` records when it ran.
+sleeper = workflow("sleeper")
+
+
+@sleeper.step()
+def nap(ctx: Context) -> StepResult:
+    state, seconds = {"slept_at": time.time()}, ctx.input["seconds"]
+    if ctx.input.get("wait"):  # a wait with a timeout: a sleep a signal "wake" ends early
+        return StepResult.wait("wake", cursor="after", timeout=seconds, state=state)
+    return StepResult(cursor="after", state=state, sleep=seconds)
+
+
+@sleeper.step()
+def after(ctx: Context) -> StepResult:
+    return StepResult(cursor="done", state={"woke_at": time.time(), "signal": ctx.signal})
+
+
+# Eight journaled calls side by side (ctx.parallel, or asyncio.gather over ctx.acall): the
+# slow half sleeps on its first attempt so a test can SIGKILL or SIGSTOP the worker while
+# the fast half is journaled; every execution is a `ran` line in the log, and even calls
+# send an email keyed per call after their sleep.
+fan_sync, fan_async = workflow("fan_sync"), workflow("fan_async")
+
+
+def _fan_call(ctx: Context, i: int) -> tuple[float, Any]:
+    """Call i's sleep (first attempt only) and its work after the sleep."""
+    marker = f"{ctx.input['log']}.slept.{i}"
+    seconds = ctx.input["pause"] if i >= 4 and not os.path.exists(marker) else 0.0
+    if seconds:
+        open(marker, "w").close()
+        _log(ctx, f"sleep-{i}")
+
+    def work() -> dict[str, Any]:
+        _log(ctx, f"ran-{i}")
+        if i % 2:  # no check of its own: a zombie's result reaches the journal's fence
+            return {"i": i, "pid": os.getpid()}
+        key = ctx.idempotency_key()  # checks the lease: a zombie stops here
+        httpx.post(
+            f"{ctx.config.mail_url}/v1/send",
+            json={"to": f"{i}@example.com", "subject": "fan", "body": "", "ref": ctx.run_id},
+            headers={"Idempotency-Key": key},
+            timeout=30,
+        ).raise_for_status()
+        return {"i": i, "key": key, "pid": os.getpid()}
+
+    return seconds, work
+
+
+def _fan_one(ctx: Context, i: int) -> dict[str, Any]:
+    seconds, work = _fan_call(ctx, i)
+    time.sleep(seconds)
+    return work()  # type: ignore[no-any-return]
+
+
+async def _afan_one(ctx: Context, i: int) -> dict[str, Any]:
+    seconds, work = _fan_call(ctx, i)
+    await asyncio.sleep(seconds)
+    return work()  # type: ignore[no-any-return]
+
+
+@fan_sync.step()
+def fan(ctx: Context) -> StepResult:
+    results = ctx.parallel([("fetch", _fan_one, ctx, i) for i in range(8)])
+    return StepResult(cursor="done", state={"results": results})
+
+
+@fan_async.step()
+async def afan(ctx: Context) -> StepResult:
+    results = await asyncio.gather(*(ctx.acall("fetch", _afan_one, ctx, i) for i in range(8)))
+    return StepResult(cursor="done", state={"results": list(results)})

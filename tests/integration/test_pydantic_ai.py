@@ -175,6 +175,54 @@ def test_a_killed_agent_run_resumes_without_asking_or_acting_again(
     assert [m["kind"] for m in window] == ["request", "response"] * 3  # the conversation
 
 
+# -- parallel tool calls: one response asking for three at once -------------------------
+def _fan_script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """Three fetches in one response (pydantic-ai runs them side by side), then the answer."""
+    prompt = messages[0].parts[-1].content  # type: ignore[union-attr]
+    made[str(prompt)].append("model")
+    if sum(1 for m in messages if m.kind == "response") == 0:
+        calls = [ToolCallPart("fetch", {"page": p}, tool_call_id=f"c-{p}") for p in "abc"]
+        return ModelResponse(parts=list(calls))
+    returns = [p for m in messages for p in m.parts if p.part_kind == "tool-return"]
+    return ModelResponse(
+        parts=[TextPart(" ".join(f"{r.tool_call_id}={r.content}" for r in returns))]
+    )
+
+
+fanner = Agent(FunctionModel(_fan_script), name="fanner", capabilities=[CairnDurability()])
+
+
+@fanner.tool_plain
+async def fetch(page: str) -> str:
+    ctx = cairn.current()
+    assert ctx is not None
+    await asyncio.sleep({"a": 0.06, "b": 0.03, "c": 0.0}[page])  # they finish c, b, a
+    made[ctx.input["prompt"]].append(page)
+    return f"{page}:{ctx.idempotency_key().rsplit(':', 1)[1]}"  # its place among the fetches
+
+
+agent_workflow("pai-fanner", fanner)
+FETCH = "fanner__function_toolset__<agent>.call_tool:fetch"
+
+
+def test_parallel_tool_calls_keep_their_places_on_replay(deps: loop.Deps) -> None:
+    prompt = f"fan out {uuid.uuid4().hex}"
+    run_id = _start(deps, "pai-fanner", prompt)
+    with pytest.raises(ProcessDied):  # "a" (place 1) finished last: killed before its record
+        loop.run(run_id, _killed(deps, "after", 1))
+    assert made[prompt] == ["model", "c", "b", "a"]
+    assert [c.pos for c in deps.store.journal(run_id, "agent", 0)] == [0, 2, 3]
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+    assert made[prompt] == ["model", "c", "b", "a", "a", "model"]  # only "a" made again
+    journal = deps.store.journal(run_id, "agent", 0)
+    ask = "fanner__model.request"
+    assert [c.name for c in journal] == [ask, FETCH, FETCH, FETCH, ask]
+    # Places in the order the model asked, whatever order they finished in; each its own.
+    assert [journal[i].result["result"] for i in (1, 2, 3)] == ["a:0", "b:1", "c:2"]
+    run = deps.store.get(run_id)
+    assert run is not None and run.state["output"] == "c-a=a:0 c-b=b:1 c-c=c:2"
+
+
 def test_outside_a_cairn_step_the_capability_does_nothing() -> None:
     result = asyncio.run(helper.run("outside"))  # run_sync would leave its loop open
     assert result.output == "answer after 2 tools"

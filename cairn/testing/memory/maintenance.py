@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cairn.core.status import TERMINAL, RunStatus
-from cairn.store.rows import FOLD_BATCH
+from cairn.store.rows import FOLD_BATCH, WAKE_BATCH
 from cairn.testing.memory.rows import _unconsumed
 from cairn.testing.memory.tables import _Tables
 
@@ -34,9 +34,9 @@ class _Maintenance(_Tables):
                     r.status == RunStatus.PENDING and r.updated_at < pending_since
                 )
                 due = r.retry_at is None or r.retry_at < running_since
-                woken = r.status == RunStatus.WAITING and (
-                    (r.wait_until is not None and r.wait_until < now)
-                    or any(s.created_at < running_since for _, s in _unconsumed(r, r.wait_event))
+                # A wait whose time came is wake()'s (see the SQL's stalled).
+                woken = r.status == RunStatus.WAITING and any(
+                    s.created_at < running_since for _, s in _unconsumed(r, r.wait_event)
                 )
                 if (quiet and due) or woken:
                     found.append(
@@ -48,6 +48,29 @@ class _Maintenance(_Tables):
                         }
                     )
             return found
+
+    def wake(
+        self, batch: int = WAKE_BATCH, before_commit: Callable[[list[str]], None] | None = None
+    ) -> list[str]:
+        """Up to batch waiting runs whose time came, the most overdue first, moved to
+        pending (their wait kept, read as over): each returned once (see the SQL's wake)."""
+        with self._lock:
+            now, stamp = self._now(), self._stamp()
+            due = sorted(
+                (
+                    r
+                    for r in self._rows.values()
+                    if r.status == RunStatus.WAITING
+                    and r.wait_until is not None
+                    and r.wait_until < now
+                ),
+                key=lambda r: (r.wait_until, r.run_id),
+            )[:batch]
+            if due and before_commit is not None:
+                before_commit([r.run_id for r in due])
+            for r in due:
+                r.status, r.updated_at = RunStatus.PENDING, stamp
+            return [r.run_id for r in due]
 
     def unclaimed(self, older_than: float, limit: int = 10_000) -> list[dict[str, Any]]:
         """Pending runs no worker has taken, sent over older_than seconds ago, oldest

@@ -227,6 +227,7 @@ class _Tables:
             traceparent=row.traceparent,
             forked_from=row.forked_from,
             forked_at=row.forked_at,
+            wakes_at=row.wait_until if row.status == RunStatus.WAITING else None,
         )
 
     @staticmethod

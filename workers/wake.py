@@ -1,0 +1,76 @@
+"""The wake pass: waiting runs whose time came (a sleep's end, a wait's timeout) are sent.
+
+A Celery task on beat's schedule (every CAIRN_SCHEDULE_TICK seconds, on the control
+queue, like the schedules' firer). Each due run is sent exactly once however many passes
+run at once (two `cairn beat`s) and wherever one is killed, because
+
+1. a pass moves its batch out of waiting (to pending) in one statement and commits before
+   it sends anything (CheckpointStore.wake): rows another pass holds are skipped, and a
+   run woken is no longer waiting, so no second pass gets it;
+2. a pass killed between its commit and its sends leaves pending runs with no message;
+   they were claimed before they waited, so the reaper's `stalled` finds them and sends
+   each once (its lease check and `mark_sent`);
+3. a pass paused (SIGSTOP) inside its transaction holds its rows' locks: the other passes
+   skip them, and it sends them when it goes on, or, killed, woke none of them.
+
+The index on the wake time (checkpoints_waiting) makes a pass cost the due runs only,
+however many runs sleep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from cairn.core import logs
+from cairn.store.rows import WAKE_BATCH
+
+if TYPE_CHECKING:
+    from cairn.store.contract import Maintenance
+
+logger = logging.getLogger(__name__)
+
+WAKE_TASK = "cairn.wake"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Waker:
+    """One pass wakes the due runs, a batch per transaction, and sends each through `send`.
+
+    hook(point, run_ids) is called at "woken" (a batch moved, not committed) and
+    "committed" (not sent yet): the crash tests' fault points.
+    """
+
+    store: Maintenance
+    send: Callable[[str], None]
+    batch: int = WAKE_BATCH
+    hook: Callable[[str, list[str]], None] | None = None
+
+    def wake(self) -> list[str]:
+        """One pass; returns the run ids it woke (and sent)."""
+        hook = self.hook
+        woken: list[str] = []
+        while True:
+            ids = self.store.wake(
+                self.batch,
+                before_commit=(lambda ids: hook("woken", ids)) if hook is not None else None,
+            )
+            if ids and hook is not None:
+                hook("committed", ids)
+            for run_id in ids:
+                self.send(run_id)
+            woken += ids
+            if len(ids) < self.batch:
+                break
+        if woken:
+            more = f" and {len(woken) - 10} more" if len(woken) > 10 else ""
+            logger.info(
+                "woke %d run(s): %s%s",
+                len(woken),
+                ", ".join(woken[:10]),
+                more,
+                extra=logs.run(None, "wake", runs=woken),
+            )
+        return woken
