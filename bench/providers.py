@@ -19,16 +19,31 @@ rep by rep in this one process:
 Reported per provider: ms per call (median over reps) of each, the ratio (the median of
 each rep's cairn ÷ its bare), and the ms cairn adds per call (the median of each rep's
 difference). Target: ≤ 1 ms added per call.
+
+Then an OpenAI Agents SDK agent of 5 turns (4 function tool calls, then the answer, as
+the stand-in's `TOOLS:` line scripts it), `runs` runs a rep, four ways interleaved:
+
+  plain    Runner.run on the SDK's own OpenAI provider: no durability, the floor.
+  sqlite   the same with the SDK's own session store, SQLiteSession on a file.
+  cairn    agent_workflow's run driven as above: every request and tool call journaled.
+  cairn+s  the same with session=True: the items in Postgres with the step's checkpoint.
+
+Reported: ms per turn (a run's wall time ÷ 5; for cairn the loop's whole run: lease,
+claim, step, save), each way's ratio to plain (the median of each rep's ratio) and the ms
+it adds a turn (the median of each rep's difference).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import sys
+import tempfile
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx
 
@@ -64,6 +79,19 @@ class ProviderSizes:
 
 
 QUICK = ProviderSizes(calls=20, reps=3)
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentSizes:
+    runs: int = 4  # agent runs per rep, each way (~20 s in all: the section's budget)
+    reps: int = 5
+
+
+AGENT_QUICK = AgentSizes(runs=3, reps=3)
+AGENT_FLOW = "bench_oa_agent"
+AGENT_TURNS = 5
+AGENT_PROMPT = "TOOLS: lookup, lookup, lookup, lookup\nWhere is my parcel?"
+AGENT_WAYS = ("plain", "sqlite", "cairn", "cairn+s")
 
 # (row, the SDK's request): the same small prompt and answer on each API.
 ASK = "REPLY: The parcel left the depot at nine and arrives tomorrow."
@@ -119,6 +147,59 @@ class _Bare:
     def close(self) -> None:
         self.anthropic.close()
         self.openai.close()
+
+
+class _AgentBench:
+    """The Agents SDK agent the four ways time, registered as cairn workflows once."""
+
+    _made: ClassVar[dict[str, Any]] = {}  # the agent and its workflows, made at the first section
+
+    def __init__(self, openai_url: str, tmp: Path) -> None:
+        from agents import Agent, OpenAIProvider, RunConfig, function_tool
+        from openai import AsyncOpenAI
+
+        from cairn.openai_agents import agent_workflow
+
+        if not self._made:
+
+            @function_tool
+            def lookup(query: str) -> str:
+                """Search the help pages."""
+                return f"help page about {query}"
+
+            agent = Agent(name="support", model="gpt-5-mini", tools=[lookup])
+            # The stand-in has no trace endpoint: the SDK's traces would go to OpenAI.
+            config = RunConfig(tracing_disabled=True)
+            agent_workflow(AGENT_FLOW, agent, config=config)
+            agent_workflow(AGENT_FLOW + "_session", agent, config=config, session=True)
+            self._made["agent"] = agent
+        self.agent = self._made["agent"]
+        self.client = AsyncOpenAI(api_key="local", base_url=openai_url, max_retries=0)
+        self.config = RunConfig(
+            tracing_disabled=True,
+            model_provider=OpenAIProvider(openai_client=self.client, use_responses=True),
+        )
+        self.tmp = tmp
+        self.loop = asyncio.new_event_loop()  # one loop: the SDK's client keeps its pool
+
+    def plain(self, session: bool) -> float:
+        from agents import Runner, SQLiteSession
+
+        memory = SQLiteSession(uuid.uuid4().hex, self.tmp / "sessions.db") if session else None
+        t0 = time.perf_counter()
+        result = self.loop.run_until_complete(
+            Runner.run(self.agent, AGENT_PROMPT, run_config=self.config, session=memory)
+        )
+        took = time.perf_counter() - t0
+        if memory is not None:
+            memory.close()
+        if len(result.raw_responses) != AGENT_TURNS:
+            raise RuntimeError(f"the agent took {len(result.raw_responses)} turns")
+        return took
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.client.close())
+        self.loop.close()
 
 
 def _standin() -> tuple[Any, str]:
@@ -201,6 +282,7 @@ def section(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
                 for way in order:
                     took = bare_s(row, size.calls) if way == "bare" else cairn_s(row, size.calls)
                     samples[row][way].append(took * 1000 / size.calls)
+        agents = _agents(deps, f"{model_url}/v1", agent_sizes(sz))
     finally:
         bare.close()
         model.close()
@@ -223,7 +305,69 @@ def section(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
                 "added_max_ms": max(c - b for c, b in pairs),
             }
         )
-    return {"calls": size.calls, "reps": size.reps, "rows": rows}
+    return {"calls": size.calls, "reps": size.reps, "rows": rows, "agents": agents}
+
+
+def agent_sizes(sz: Sizes) -> AgentSizes:
+    from bench import sections
+
+    return AGENT_QUICK if sz == sections.QUICK else AgentSizes()
+
+
+def _agents(deps: Any, openai_url: str, size: AgentSizes) -> dict[str, Any]:
+    """The 5-turn agent the four ways, interleaved rep by rep: ms per turn and ratios."""
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = _AgentBench(openai_url, Path(tmp))
+        store = deps.store
+
+        def cairn_run(session: bool) -> float:
+            run_id = f"{AGENT_FLOW}-{uuid.uuid4().hex[:10]}"
+            flow = AGENT_FLOW + ("_session" if session else "")
+            given = {"prompt": AGENT_PROMPT, "session_id": run_id} if session else {}
+            store.create_run(run_id, flow, {"prompt": AGENT_PROMPT, **given})
+            t0 = time.perf_counter()
+            if loop.run(run_id, deps) != "done":
+                raise RuntimeError(f"run {run_id} did not finish")
+            took = time.perf_counter() - t0
+            journaled = [c.name for c in store.journal(run_id, "agent", 0)]
+            if journaled.count("model") != AGENT_TURNS:
+                raise RuntimeError(f"run {run_id} journaled {journaled}")
+            return took
+
+        ways = {
+            "plain": lambda: bench.plain(False),
+            "sqlite": lambda: bench.plain(True),
+            "cairn": lambda: cairn_run(False),
+            "cairn+s": lambda: cairn_run(True),
+        }
+        per_turn: dict[str, list[float]] = {w: [] for w in AGENT_WAYS}
+        try:
+            for way in AGENT_WAYS:  # warm-up: imports, connections, the event loops
+                ways[way]()
+            for rep in range(size.reps):
+                progress(f"agents rep {rep + 1}/{size.reps}")
+                # Rotate who goes first, so none always meets a warmer machine.
+                order = AGENT_WAYS[rep % 4 :] + AGENT_WAYS[: rep % 4]
+                for way in order:
+                    took = sum(ways[way]() for _ in range(size.runs))
+                    per_turn[way].append(took * 1000 / (size.runs * AGENT_TURNS))
+        finally:
+            bench.close()
+    rows = []
+    for way in AGENT_WAYS:
+        pairs = list(zip(per_turn[way], per_turn["plain"], strict=True))
+        rows.append(
+            {
+                "way": way,
+                "ms_per_turn": median(per_turn[way]),
+                "ratio": median([w / p for w, p in pairs]),
+                "added_ms": median([w - p for w, p in pairs]),
+                "min_ms": min(per_turn[way]),
+                "max_ms": max(per_turn[way]),
+                "reps_ms": per_turn[way],
+            }
+        )
+    return {"runs": size.runs, "reps": size.reps, "turns": AGENT_TURNS, "rows": rows}
 
 
 def targets(results: dict[str, Any], add: Any) -> None:
@@ -262,5 +406,25 @@ def render(results: dict[str, Any], c: Any) -> None:
             f"{r['cairn_ms']:.3f}",
             f"{r['ratio']:.2f}×",
             f"{r['added_ms']:.3f}",
+        )
+    c.print(t)
+    agents = sec.get("agents")
+    if not isinstance(agents, dict):
+        return
+    t = Table(
+        title=f"11b. An OpenAI Agents SDK agent of {agents['turns']} turns (4 tool calls, then "
+        f"the answer), {agents['runs']} runs a rep each way, median of {agents['reps']} reps: "
+        "plain = Runner.run; sqlite = with SQLiteSession on a file; cairn = agent_workflow "
+        "run by the loop on PgStore + Redis; cairn+s = with session=True (Postgres)"
+    )
+    for col in ("way", "ms/turn", "× plain", "added ms/turn", "reps' ms/turn"):
+        t.add_column(col, justify="left" if col == "way" else "right")
+    for r in agents["rows"]:
+        t.add_row(
+            r["way"],
+            f"{r['ms_per_turn']:.2f}",
+            f"{r['ratio']:.2f}×",
+            f"{r['added_ms']:.2f}",
+            f"{r['min_ms']:.2f}..{r['max_ms']:.2f}",
         )
     c.print(t)

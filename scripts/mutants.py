@@ -48,6 +48,7 @@ SAME_SEQ = "tests/fleet/test_crash.py::test_zombie_at_the_same_seq_commits_no_ct
 CLAIM = "tests/integration/test_loop.py::test_claim_fences_the_old_owner_before_the_new_owners_first_save"
 COUNTER_LOST = "tests/integration/test_loop.py::test_a_run_whose_epoch_counter_redis_lost_is_leased_above_its_stored_epoch"
 COUNTER_ENDS = "tests/integration/test_lease.py::test_the_epoch_counter_expires_and_goes_with_the_lease_of_an_ended_run"
+PARALLEL = "tests/integration/test_parallel.py"
 JOURNAL_REPLAY = "tests/contract/test_journal.py::test_a_replay_after_a_crash_makes_no_call_twice"
 J = "tests/contract/test_journal.py"
 LOST = "tests/integration/test_lost_commit.py"
@@ -591,6 +592,40 @@ MUTANTS = [
         "stop=stop_before_delay(self.give_up_after),",
         'stop=__import__("tenacity").stop_after_delay(self.give_up_after),',
         (f"{PROVIDERS}::test_a_retry_after_is_honoured_and_bounded[chat]",),
+    ),
+    Mutant(
+        "M58",
+        "a wake sent twice: the wake pass without its guard (no row lock, no status re-check)",
+        "store/sql/queries.sql",
+        "              FOR UPDATE SKIP LOCKED))\n   AND c.status = 'waiting'",
+        "              ))",
+        ("tests/contract/test_store_contract.py::test_two_wakers_at_once_wake_a_run_once[pg]",),
+    ),
+    Mutant(
+        "M59",
+        "an Agents SDK session's items commit before the step's save: a killed turn leaves them",
+        "store/sessions.py",
+        '        conn.execute(QUERIES["agent_session_add"], params)',
+        '        conn.execute(QUERIES["agent_session_add"], params)\n        conn.commit()',
+        (
+            "tests/integration/test_openai_agents.py::test_a_turn_killed_or_fenced_before_its_save_leaves_no_item",
+        ),
+    ),
+    Mutant(
+        "M60",
+        "gathered calls take their journal places in completion order, not at call start",
+        "steps/journal.py",
+        "        pos, n, recorded = self._begin(name, max_cost)\n        if recorded is not None:\n            return self._replay(recorded)  # type: ignore[no-any-return]\n        token = self._enter(name, pos, n)\n        try:\n            result = fn(*args, **kwargs)\n            if inspect.isawaitable(result):\n                result = await result\n",
+        "        result = fn(*args, **kwargs)\n        if inspect.isawaitable(result):\n            result = await result\n        pos, n, recorded = self._begin(name, max_cost)\n        if recorded is not None:\n            return self._replay(recorded)  # type: ignore[no-any-return]\n        token = self._enter(name, pos, n)\n        try:\n            pass\n",
+        (f"{PARALLEL}::test_gathered_calls_take_their_places_in_program_order_and_replay_so",),
+    ),
+    Mutant(
+        "M61",
+        "ctx.parallel's calls take their journal places in completion order",
+        "steps/journal.py",
+        "        def made(i: int) -> Any:\n            name, fn, args = todo[i]\n            pos, n, _ = begun[i]\n            token = self._enter(name, pos, n)\n            try:\n                result = fn(*args)\n",
+        "        finished = iter(sorted(begun[i][:2] for i in fresh))  # k-th to end: k-th place\n\n        def made(i: int) -> Any:\n            name, fn, args = todo[i]\n            early = fn(*args)\n            pos, n = next(finished)\n            token = self._enter(name, pos, n)\n            try:\n                result = early\n",
+        (f"{PARALLEL}::test_places_are_taken_in_program_order_whatever_order_the_calls_finish",),
     ),
 ]
 

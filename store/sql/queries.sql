@@ -397,7 +397,8 @@ SELECT pos FROM recorded;
 -- What Client.get shows: position, result and error, not the window.
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
        r.created_at, c.updated_at, r.input, c.state, r.parent_id, r.concurrency_key,
-       r.priority, r.traceparent, r.forked_from, r.forked_at
+       r.priority, r.traceparent, r.forked_from, r.forked_at,
+       CASE WHEN c.status = 'waiting' THEN c.wait_until END AS wakes_at
   FROM checkpoints c JOIN runs r USING (run_id)
  WHERE c.run_id = %(run_id)s;
 
@@ -499,14 +500,35 @@ SELECT run_id, status, epoch, updated_at FROM checkpoints
      OR (status = 'pending' AND updated_at < now() - make_interval(secs => %(pending_after)s)))
    AND (retry_at IS NULL OR retry_at < now() - make_interval(secs => %(running_after)s))
 UNION ALL
--- Waiting runs whose timeout passed, or with a signal nobody picked up.
-SELECT run_id, status, epoch, updated_at FROM checkpoints c
- WHERE status = 'waiting'
-   AND (wait_until < now()
-        OR EXISTS (SELECT 1 FROM signals s
-                    WHERE s.run_id = c.run_id AND s.event = c.wait_event
-                      AND s.consumed_seq IS NULL
-                      AND s.created_at < now() - make_interval(secs => %(running_after)s)));
+-- Waiting runs with a signal nobody picked up, found from the unconsumed signals (their
+-- partial index), so a million sleeping runs cost this pass nothing. A wait whose time
+-- came is `wake`'s, never the reaper's: a send that left the run waiting would let the
+-- wake send it a second time.
+SELECT DISTINCT c.run_id, c.status, c.epoch, c.updated_at
+  FROM signals s JOIN checkpoints c ON c.run_id = s.run_id AND c.wait_event = s.event
+ WHERE s.consumed_seq IS NULL
+   AND s.created_at < now() - make_interval(secs => %(running_after)s)
+   AND c.status = 'waiting';
+
+-- name: wake
+-- Waiting runs whose time came (a sleep's end, a wait's timeout), up to `batch`, the most
+-- overdue first, each moved out of waiting (to pending, with its wait kept: the delivery
+-- reads it as over) by this one statement, which the caller commits before it sends them.
+-- The guard: rows another waker has locked are skipped, and a row it woke is no longer
+-- waiting, so two beats' passes wake a run once. A waker killed after its commit leaves
+-- pending runs with no message: the reaper sends them (claimed before, so `stalled`).
+-- Walks checkpoints_waiting (wait_until, status = 'waiting'): due rows only. The batch is
+-- an array so the update finds its rows by primary key: joined on a subquery instead, the
+-- planner hash-joined it with a seq scan of every waiting row (4 ms at 21,000 sleepers).
+UPDATE checkpoints c SET status = 'pending', updated_at = now()
+ WHERE c.run_id = ANY (ARRAY(
+           SELECT run_id FROM checkpoints
+            WHERE status = 'waiting' AND wait_until < now()
+            ORDER BY wait_until
+            LIMIT %(batch)s
+              FOR UPDATE SKIP LOCKED))
+   AND c.status = 'waiting'
+RETURNING c.run_id;
 
 -- name: unclaimed
 -- Runs sent but never taken by a worker, oldest first: are there more of them than
@@ -897,3 +919,31 @@ SELECT r.workflow, x.cursor, count(*) AS runs
    AND x.cursor IS NOT NULL
  GROUP BY r.workflow, x.cursor
  ORDER BY r.workflow, x.cursor;
+
+-- name: agent_session_items
+-- An Agents SDK session's newest `limit` items (all when NULL), oldest first.
+SELECT item FROM (
+    SELECT id, item FROM agent_session_items
+     WHERE session_id = %(session_id)s
+     ORDER BY id DESC
+     LIMIT %(limit)s
+) newest
+ ORDER BY id;
+
+-- name: agent_session_add
+-- Append items (a JSON array) to a session in their order, as one statement. Inside a
+-- step it runs in the step's transaction (ctx.db): the turn commits with the checkpoint,
+-- or not at all for a killed step or a zombie whose save is fenced.
+INSERT INTO agent_session_items (session_id, item, run_id)
+SELECT %(session_id)s, e.item, %(run_id)s
+  FROM jsonb_array_elements(%(items)s) WITH ORDINALITY AS e (item, n)
+ ORDER BY e.n;
+
+-- name: agent_session_pop
+-- Remove a session's newest item and return it (no row: the session is empty).
+DELETE FROM agent_session_items
+ WHERE id = (SELECT max(id) FROM agent_session_items WHERE session_id = %(session_id)s)
+RETURNING item;
+
+-- name: agent_session_clear
+DELETE FROM agent_session_items WHERE session_id = %(session_id)s;

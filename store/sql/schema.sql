@@ -1,4 +1,4 @@
--- cairn's schema as it stands: what migrations/0001..0013 build, in one file to read.
+-- cairn's schema as it stands: what migrations/0001..0014 build, in one file to read.
 -- Databases are made and upgraded by the migrations (`cairn db upgrade`);
 -- tests/integration/test_schema.py builds one database from them and one from this file and asserts
 -- their schema-only dumps are equal, so this file cannot drift. A new migration edits
@@ -488,3 +488,15 @@ CREATE TABLE schedules (
 );
 -- The firer's question every CAIRN_SCHEDULE_TICK: which active schedules are due?
 CREATE INDEX schedules_due ON schedules (next_at) WHERE NOT paused;
+
+-- The OpenAI Agents SDK's sessions (cairn.openai_agents.CairnSession): a conversation's
+-- items, oldest first by id, written inside a step through its own transaction (ctx.db)
+-- so a turn commits with its checkpoint or not at all; run_id: the run that wrote it.
+CREATE TABLE agent_session_items (
+    id          bigserial PRIMARY KEY,
+    session_id  text NOT NULL,
+    item        jsonb NOT NULL,
+    run_id      text,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX agent_session_items_session ON agent_session_items (session_id, id);

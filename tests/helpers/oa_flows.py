@@ -117,3 +117,9 @@ guarded = agent_workflow("oa_guarded", guarded_agent, config=CONFIG)
 
 # The same support agent, its text streamed as token events.
 streamed = agent_workflow("oa_streamed", support, config=CONFIG, stream=True)
+
+# -- a chat: each run one turn of a conversation kept in cairn's Postgres (CairnSession) ----
+chatter = Agent(name="chat", instructions="Chat with the customer.", model=MODEL, tools=[lookup])
+chat = agent_workflow("oa_chat", chatter, config=CONFIG, session=True)
+# The refunds agent as a chat: a turn that waits for approval keeps its items so far.
+refund_chat = agent_workflow("oa_refund_chat", refunder, config=CONFIG, session=True)

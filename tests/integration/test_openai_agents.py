@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from cairn.core.errors import RetryLater
+from cairn.core.errors import RetryLater, StaleWrite
 from cairn.core.records import Checkpoint
 from cairn.core.settings import Settings
 from cairn.core.status import RunStatus
@@ -246,3 +246,144 @@ def test_a_tools_transient_error_retries_the_step_instead_of_telling_the_model(
     assert loop.run(run_id, deps) == RunStatus.DONE  # the mail API is back
     assert [c.name for c in deps.store.journal(run_id, "agent", 0)] == NAMES
     assert model.stats()["requests"] == 4 and len(mail.messages()) == 1
+
+
+# -- sessions: a conversation across runs, in cairn's Postgres ------------------------------
+def _turn(deps: loop.Deps, session_id: str, prompt: str) -> str:
+    run_id = f"oa_chat-{uuid.uuid4().hex[:8]}"
+    assert deps.store.create_run(run_id, "oa_chat", {"prompt": prompt, "session_id": session_id})
+    return run_id
+
+
+def _kinds(items: list[Any]) -> list[str]:
+    return [i.get("type", "message") for i in items]
+
+
+FIRST_TURN = ["message", "function_call", "function_call_output", "message"]
+
+
+def test_a_session_spans_runs_each_turn_seeing_the_ones_before(
+    deps: loop.Deps, model: ModelServer
+) -> None:
+    from cairn.openai_agents import session_items
+
+    sid = f"chat-{uuid.uuid4().hex[:8]}"
+    first = _turn(deps, sid, "TOOLS: lookup\nWhere is my parcel?")
+    assert loop.run(first, deps) == RunStatus.DONE
+    items = session_items(sid, settings=deps.settings)
+    assert _kinds(items) == FIRST_TURN
+    assert items[0]["content"] == "TOOLS: lookup\nWhere is my parcel?"
+    second = _turn(deps, sid, "REPLY: tomorrow\nAnd when does it arrive?")
+    assert loop.run(second, deps) == RunStatus.DONE
+    after = session_items(sid, settings=deps.settings)
+    assert after[:4] == items and _kinds(after[4:]) == ["message", "message"]
+    assert after[-1]["content"][0]["text"] == "tomorrow"
+    # The second turn's one request carried the whole conversation, the first turn's too.
+    last = model.received("responses")[-1]["input"]
+    assert _kinds(last) == FIRST_TURN + ["message"]
+    assert model.stats()["requests"] == 3
+    assert session_items(sid, limit=2, settings=deps.settings) == after[-2:]
+    assert session_items("nobody-said-this", settings=deps.settings) == []
+
+
+class DieBeforeSave(Middleware):
+    """The process killed after the step returned, before its checkpoint's commit."""
+
+    def after_effect(self, cp: Checkpoint) -> None:
+        raise ProcessDied
+
+
+class TakenOver(Middleware):
+    """Another worker claims the run after the step returned, before its save: this one
+    is a zombie whose save is fenced."""
+
+    def __init__(self, deps: loop.Deps) -> None:
+        self.deps = deps
+
+    def after_effect(self, cp: Checkpoint) -> None:
+        lease = self.deps.leases.holder(cp.run_id)
+        assert lease is not None
+        assert self.deps.store.claim(cp.run_id, lease.epoch + 1) is not None
+
+
+@pytest.mark.parametrize("kill", [DieBeforeSave, TakenOver])
+def test_a_turn_killed_or_fenced_before_its_save_leaves_no_item(
+    deps: loop.Deps, model: ModelServer, kill: type[Middleware]
+) -> None:
+    from cairn.openai_agents import session_items
+
+    sid = f"chat-{uuid.uuid4().hex[:8]}"
+    run_id = _turn(deps, sid, "TOOLS: lookup\nWhere is my parcel?")
+    hook = TakenOver(deps) if kill is TakenOver else DieBeforeSave()
+    ended = StaleWrite if kill is TakenOver else ProcessDied  # the zombie's save refused
+    with pytest.raises(ended):
+        loop.run(run_id, dataclasses.replace(deps, middleware=Chain([hook])))
+    # Every request made and its items written in the step's transaction: none committed.
+    assert model.stats()["requests"] == 2
+    assert session_items(sid, settings=deps.settings) == []
+    assert deps.store.load(run_id).seq == 0  # type: ignore[union-attr]  # nothing saved
+    if kill is TakenOver:
+        return  # the new owner's delivery is another worker's; its step is as below
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+    # The resumed step wrote the turn once, from the journal: no request made again.
+    assert _kinds(session_items(sid, settings=deps.settings)) == FIRST_TURN
+    assert model.stats()["requests"] == 2
+
+
+def test_a_session_on_the_memory_store_says_it_needs_postgres(model: ModelServer) -> None:
+    import cairn
+    from cairn.testing import LocalWorker
+
+    worker = LocalWorker(model=ModelClient(openai_base_url=model.openai_url))
+    with cairn.Client(store=worker.store, send=worker.send) as client:
+        run_id = client.enqueue("oa_chat", {"prompt": "hi", "session_id": "s"})
+        worker.run_until_idle()
+        run = client.get(run_id)
+    assert run is not None and run.status == RunStatus.FAILED
+    assert "CairnSession needs PgStore (Postgres)" in (run.error or "")
+
+
+def test_a_turn_that_waits_for_approval_commits_its_items_so_far(
+    deps: loop.Deps, model: ModelServer
+) -> None:
+    from cairn.openai_agents import session_items
+
+    sid = f"chat-{uuid.uuid4().hex[:8]}"
+    run_id = f"oa_refund_chat-{uuid.uuid4().hex[:8]}"
+    deps.store.create_run(
+        run_id, "oa_refund_chat", {"prompt": "TOOLS: refund\nRefund 42.", "session_id": sid}
+    )
+    assert loop.run(run_id, deps) == RunStatus.WAITING
+    # Saved with the wait: the question and the call waiting for a person.
+    assert _kinds(session_items(sid, settings=deps.settings)) == ["message", "function_call"]
+    [pending] = deps.store.get(run_id).state["pending"]  # type: ignore[union-attr]
+    deps.store.signal(run_id, APPROVAL, {"approvals": {pending["call_id"]: True}}, "s1")
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    assert _kinds(session_items(sid, settings=deps.settings)) == FIRST_TURN
+    assert model.stats()["requests"] == 2
+
+
+def test_outside_a_step_a_session_is_the_sdks_session_protocol_on_postgres(
+    settings: Settings,
+) -> None:
+    from agents.memory import Session
+
+    from cairn.openai_agents import CairnSession
+
+    session = CairnSession(f"chat-{uuid.uuid4().hex[:8]}", settings=settings)
+    assert isinstance(session, Session)
+
+    async def story() -> None:
+        said = [{"role": "user", "content": f"n{i}"} for i in range(3)]
+        await session.add_items(said)  # type: ignore[arg-type]
+        assert await session.get_items() == said
+        assert await session.get_items(limit=2) == said[1:]
+        assert await session.pop_item() == said[2]
+        assert await session.get_items() == said[:2]
+        await session.clear_session()
+        assert await session.get_items() == [] and await session.pop_item() is None
+
+    try:
+        asyncio.run(story())
+    finally:
+        session.close()

@@ -12,7 +12,9 @@ Inside the workflow's step, every model request of the agent is a cairn model ca
 fleet's rate limit, priced against the run's budget), and every function tool call and
 guardrail check a journaled call (ctx.acall), so a run killed anywhere resumes on another
 worker without asking or acting again. A tool that needs approval parks the run, holding no
-worker, until the signal "approval". Needs the extra: `pip install 'cairn[openai-agents]'`.
+worker, until the signal "approval". With session=True the run is one turn of a chat
+whose items live in cairn's Postgres (CairnSession), committed with the step's
+checkpoint. Needs the extra: `pip install 'cairn[openai-agents]'`.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from cairn.contrib.openai_agents._journal import (
     note_cairn_error,
 )
 from cairn.contrib.openai_agents._model import CairnModel, CairnModelProvider
+from cairn.contrib.openai_agents._session import CairnSession, session_items
 from cairn.core.errors import CairnError, InvalidInput
 from cairn.steps.context import Context
 from cairn.steps.registry import DONE, Retry, StepResult, Workflow
@@ -61,9 +64,11 @@ __all__ = [
     "APPROVAL",
     "CairnModel",
     "CairnModelProvider",
+    "CairnSession",
     "GuardrailTripped",
     "agent_workflow",
     "run_config",
+    "session_items",
 ]
 
 APPROVAL = "approval"
@@ -109,6 +114,16 @@ def _validated(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def _validated_turn(data: dict[str, Any]) -> dict[str, Any]:
+    session_id = data.get("session_id")
+    if not isinstance(session_id, str) or not session_id.strip():
+        raise InvalidInput(
+            "an Agents SDK run with a session wants {'prompt': ..., 'session_id': a non-empty "
+            "string}"
+        )
+    return _validated(data)
+
+
 def _pending(items: list[ToolApprovalItem]) -> list[dict[str, Any]]:
     return [
         {"call_id": i.call_id, "tool": i.name, "agent": i.agent.name, "arguments": i.arguments}
@@ -148,6 +163,7 @@ def agent_workflow(
     config: RunConfig | None = None,
     max_turns: int = DEFAULT_MAX_TURNS,
     stream: bool = False,
+    session: bool = False,
     retry: Retry | None = None,
     **options: Any,
 ) -> Workflow:
@@ -162,16 +178,22 @@ def agent_workflow(
     malformed one is refused, the reason in state["rejected"]). A tripped guardrail fails
     the run with GuardrailTripped. context(ctx): the agent's context object for this step.
 
+    session=True: each run is a turn of the conversation input["session_id"] (enqueue with
+    {"prompt": ..., "session_id": ...}), its history read from and its new items written to
+    a CairnSession in the step's transaction, so they commit with the step's checkpoint:
+    a killed or fenced step leaves no item, and the next turn sees this one's.
+
     Wraps the function tools and guardrails of agent and of the agents it hands off to in
     place (journal_agents); outside a cairn step they run as before.
     """
     journal_agents(agent)
     settings = run_config(config, stream=stream)
-    flow = cairn_workflow(name, validate=_validated, **options)
+    flow = cairn_workflow(name, validate=_validated_turn if session else _validated, **options)
 
     @flow.step("agent", retry=retry)
     async def run_agent(ctx: Context) -> StepResult:
         given = context(ctx) if context is not None else None
+        memory = CairnSession(ctx.input["session_id"]) if session else None
         pending = ctx.state.get("pending")
         start: str | RunState[Any, Any]
         if pending:
@@ -198,6 +220,7 @@ def agent_workflow(
                 max_turns=max_turns,
                 hooks=_HOOKS,
                 run_config=settings,
+                session=memory,
             )
         except InputGuardrailTripwireTriggered as exc:
             g = exc.guardrail_result
