@@ -23,7 +23,7 @@ def test_worker_serves_step_and_run_metrics(
     worker_env, create, store: PgStore, tmp_path: Path
 ) -> None:
     port = _free_port()
-    cmd = [sys.executable, "-m", "workers.cli", "worker", "-c", "2", "-n", "m@%h"]
+    cmd = [sys.executable, "-m", "cairn.cli", "worker", "-c", "2", "-n", "m@%h"]
     w = fleet.Proc([*cmd, "--metrics-port", str(port)], worker_env, tmp_path / "m.log", "m")
     try:
         fleet.wait_ready(w)
