@@ -193,25 +193,10 @@ def agent_workflow(
     @flow.step("agent", retry=retry)
     async def run_agent(ctx: Context) -> StepResult:
         given = context(ctx) if context is not None else None
+        start = await _start(ctx, agent, given)
+        if isinstance(start, StepResult):  # a bad approval: wait for a good one
+            return start
         memory = CairnSession(ctx.input["session_id"]) if session else None
-        pending = ctx.state.get("pending")
-        start: str | RunState[Any, Any]
-        if pending:
-            try:
-                decisions = _decisions(ctx.signal, pending)
-            except ValueError as exc:  # a bad signal loses nothing: wait for a good one
-                return StepResult.wait(
-                    APPROVAL, cursor="agent", state={"pending": pending, "rejected": str(exc)}
-                )
-            start = await RunState.from_json(agent, ctx.state["run_state"], context_override=given)
-            for item in start.get_interruptions():
-                journal_agent(item.agent)  # a handoff() agent this process has not met
-                if decisions[str(item.call_id)]:
-                    start.approve(item)
-                else:
-                    start.reject(item)
-        else:
-            start = ctx.input["prompt"]
         try:
             result = await Runner.run(
                 agent,
@@ -222,39 +207,79 @@ def agent_workflow(
                 run_config=settings,
                 session=memory,
             )
-        except InputGuardrailTripwireTriggered as exc:
-            g = exc.guardrail_result
-            raise GuardrailTripped("input", g.guardrail.get_name(), g.output.output_info) from exc
-        except OutputGuardrailTripwireTriggered as exc:
-            o = exc.guardrail_result
-            raise GuardrailTripped("output", o.guardrail.get_name(), o.output.output_info) from exc
         except AgentsException as exc:
-            if (cause := cairn_cause(exc)) is not None:
-                raise cause from exc  # a tool's Transient: the step's retry policy decides
-            raise
-        usage = _usage(ctx.state.get("usage"), result.context_wrapper.usage)
-        if result.interruptions:
-            return StepResult.wait(
-                APPROVAL,
-                cursor="agent",
-                state={
-                    "pending": _pending(result.interruptions),
-                    "run_state": result.to_state().to_json(),
-                    "rejected": None,
-                    "usage": usage,
-                },
-            )
-        return StepResult(
-            cursor=DONE,
+            error = _cairn_error(exc)
+            if error is exc:
+                raise
+            raise error from exc
+        return _outcome(ctx, result)
+
+    return flow
+
+
+async def _start(
+    ctx: Context, agent: Agent[Any], given: Any
+) -> str | RunState[Any, Any] | StepResult:
+    """Where the step's Runner.run starts: the prompt, or, after an approval signal, the
+    SDK's RunState with each pending call approved or rejected; a malformed signal loses
+    nothing: the step waits again, the reason in state["rejected"]."""
+    pending = ctx.state.get("pending")
+    if not pending:
+        prompt: str = ctx.input["prompt"]  # or the SDK's input items, as validated
+        return prompt
+    try:
+        decisions = _decisions(ctx.signal, pending)
+    except ValueError as exc:
+        return StepResult.wait(
+            APPROVAL, cursor="agent", state={"pending": pending, "rejected": str(exc)}
+        )
+    start = await RunState.from_json(agent, ctx.state["run_state"], context_override=given)
+    for item in start.get_interruptions():
+        journal_agent(item.agent)  # a handoff() agent this process has not met
+        if decisions[str(item.call_id)]:
+            start.approve(item)
+        else:
+            start.reject(item)
+    return start
+
+
+def _cairn_error(exc: AgentsException) -> BaseException:
+    """What the step raises for the SDK's exception: a tripped guardrail as GuardrailTripped
+    (the run fails), a tool's cairn error as itself (a Transient: the step's retry policy
+    decides), anything else as it was."""
+    if isinstance(exc, InputGuardrailTripwireTriggered):
+        g = exc.guardrail_result
+        return GuardrailTripped("input", g.guardrail.get_name(), g.output.output_info)
+    if isinstance(exc, OutputGuardrailTripwireTriggered):
+        o = exc.guardrail_result
+        return GuardrailTripped("output", o.guardrail.get_name(), o.output.output_info)
+    cause = cairn_cause(exc)
+    return exc if cause is None else cause
+
+
+def _outcome(ctx: Context, result: Any) -> StepResult:
+    """The step's result: a wait for approval while tool calls are pending, else done."""
+    usage = _usage(ctx.state.get("usage"), result.context_wrapper.usage)
+    if result.interruptions:
+        return StepResult.wait(
+            APPROVAL,
+            cursor="agent",
             state={
-                "output": jsonable(to_jsonable_python(result.final_output, fallback=str)),
-                "agent": result.last_agent.name,
-                "pending": None,
-                "run_state": None,
+                "pending": _pending(result.interruptions),
+                "run_state": result.to_state().to_json(),
                 "rejected": None,
                 "usage": usage,
             },
-            window=[jsonable(item) for item in result.to_input_list()],
         )
-
-    return flow
+    return StepResult(
+        cursor=DONE,
+        state={
+            "output": jsonable(to_jsonable_python(result.final_output, fallback=str)),
+            "agent": result.last_agent.name,
+            "pending": None,
+            "run_state": None,
+            "rejected": None,
+            "usage": usage,
+        },
+        window=[jsonable(item) for item in result.to_input_list()],
+    )
