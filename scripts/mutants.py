@@ -627,6 +627,16 @@ MUTANTS = [
         "        finished = iter(sorted(begun[i][:2] for i in fresh))  # k-th to end: k-th place\n\n        def made(i: int) -> Any:\n            name, fn, args = todo[i]\n            early = fn(*args)\n            pos, n = next(finished)\n            token = self._enter(name, pos, n)\n            try:\n                result = early\n",
         (f"{PARALLEL}::test_places_are_taken_in_program_order_whatever_order_the_calls_finish",),
     ),
+    Mutant(
+        "M62",
+        "a transactional enqueue sends its run before the caller commits",
+        "cairn/client/client.py",
+        "                )  # fmt: skip\n                return run_id\n",
+        "                )  # fmt: skip\n                self.send(run_id, priority=prio)\n                return run_id\n",
+        (
+            "tests/integration/test_transactional_enqueue.py::test_a_rolled_back_enqueue_leaves_no_run_and_sends_nothing",
+        ),
+    ),
 ]
 
 

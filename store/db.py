@@ -174,15 +174,24 @@ class Database:
         the pool between statements); yields heard(seconds): whether a notification came
         within that time. Behind PgBouncer in transaction mode none ever does, so callers
         look again now and then whatever they hear."""
+        with self.hearing(name) as heard:
+            yield lambda seconds: heard(seconds) is not None
+
+    @contextlib.contextmanager
+    def hearing(self, name: str) -> Iterator[Callable[[float], str | None]]:
+        """listening, with what was said: heard(seconds) is the payload of the next
+        notification on channel name within that time, else None."""
         options: dict[str, Any] = {"autocommit": True, "connect_timeout": 5}
         if not self.prepare:
             options["prepare_threshold"] = None
         with translated(self.url), psycopg.connect(self.url, **options) as conn:
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(name)))
 
-            def heard(seconds: float) -> bool:
+            def heard(seconds: float) -> str | None:
                 with translated(self.url):
-                    return any(True for _ in conn.notifies(timeout=seconds, stop_after=1))
+                    for note in conn.notifies(timeout=seconds, stop_after=1):
+                        return note.payload
+                    return None
 
             yield heard
 

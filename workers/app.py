@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import threading
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
@@ -26,6 +27,7 @@ from cairn.store.events import RedisEvents
 from cairn.store.lease import Leases
 from cairn.store.schedules import ScheduleStore
 from cairn.workers import broker, celerylog, loop, metrics, schedules
+from cairn.workers.dispatch import Dispatcher
 from cairn.workers.metrics import Metrics
 from cairn.workers.middleware import NONE, Chain, Middleware
 from cairn.workers.middleware import load as load_middleware
@@ -332,7 +334,22 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
     app.task(name=broker.SWEEP_TASK, bind=True)(sweep)
     app.task(name=schedules.FIRE_TASK, bind=True)(fire_schedules)
     app.task(name=WAKE_TASK, bind=True)(wake)
+    # Beat (alone, or embedded in a worker) sends the runs enqueued in callers'
+    # transactions as their commits land (cairn.workers.dispatch).
+    signals.beat_init.connect(_start_dispatcher, weak=False, dispatch_uid="cairn-dispatch")
     return app
+
+
+def _start_dispatcher(sender: Any = None, **_: object) -> None:
+    runtime: Runtime = sender.app.cairn
+    store, send, s = runtime.deps().store, runtime.send, runtime.settings
+    if isinstance(store, PgStore) and send is not None:
+        # LISTEN holds a session: through PgBouncer in transaction mode it hears nothing,
+        # so it may go straight to Postgres (CAIRN_LISTEN_URL); one connection, no pool.
+        listen = Database(s.listen_url, max_size=1) if s.listen_url else store.db
+        Dispatcher(
+            store=store, send=lambda run_id, prio: send(run_id, False, prio), listen=listen
+        ).start()
 
 
 @signals.worker_process_shutdown.connect

@@ -2,7 +2,7 @@
 thread (asyncio.to_thread, as DBOS's enqueue_async does), made from Client's own
 (`_threaded`), so the two cannot drift; only wait (LISTEN/NOTIFY on an async connection)
 and events (asyncio Redis reads) are asyncio's own, as they hold no thread while they
-wait. tests/unit/test_client_parity.py checks the two faces method by method.
+wait, and enqueue on the caller's AsyncConnection, whose transaction is its event loop's. tests/unit/test_client_parity.py checks the two faces method by method.
 """
 
 from __future__ import annotations
@@ -14,9 +14,12 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Self, TypeVar
 
+from cairn.client.checks import checked, flow
 from cairn.client.client import Client
+from cairn.core import tracing
 from cairn.core.records import Run
 from cairn.core.settings import Settings
+from cairn.store.transactional import acreate_run_in, is_async
 
 if TYPE_CHECKING:
     from cairn.client.events import AsyncEventLog
@@ -45,6 +48,9 @@ def _threaded(
     functools.update_wrapper(threaded, method, assigned=("__module__", "__name__", "__doc__"))
     threaded.__qualname__ = f"AsyncClient.{method.__name__}"
     return threaded
+
+
+_enqueue_threaded = _threaded(Client.enqueue)
 
 
 class AsyncClient:
@@ -98,7 +104,40 @@ class AsyncClient:
         if self._redis_log is not None:
             await self._redis_log.close()
 
-    enqueue = _threaded(Client.enqueue)
+    async def enqueue(
+        self,
+        workflow: str,
+        input: dict[str, Any] | None = None,
+        *,
+        run_id: str | None = None,
+        max_cost_usd: float | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        priority: int | None = None,
+        connection: object | None = None,
+    ) -> str:
+        """Client.enqueue for asyncio, in a worker thread; with connection= your psycopg
+        AsyncConnection, the run is written in its open transaction by this event loop
+        (a sync Connection goes to Client.enqueue in the thread), and sent once it
+        commits, as there (docs/guides/enqueue.md)."""
+        if not is_async(connection):
+            return await _enqueue_threaded(
+                self, workflow, input, run_id=run_id, max_cost_usd=max_cost_usd,
+                concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
+                priority=priority, connection=connection,
+            )  # fmt: skip
+        # The checks, the flow defaults and the span are Client's; only the statements are
+        # awaited here, on the caller's connection, in the caller's event loop.
+        run_id, data = checked(self.settings, workflow, input, run_id)
+        key, limit, prio = flow(workflow, concurrency_key, concurrency_limit, priority)
+        self.sync._on_postgres()
+        with tracing.enqueuing(workflow, run_id, concurrency_key=key, priority=prio) as trace:
+            await acreate_run_in(
+                connection, run_id, workflow, data, max_cost_usd=max_cost_usd, priority=prio,
+                concurrency_key=key, concurrency_limit=limit, traceparent=trace,
+            )  # fmt: skip
+        return run_id
+
     send = _threaded(Client.send)
     get = _threaded(Client.get)
     list = _threaded(Client.list)

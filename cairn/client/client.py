@@ -37,6 +37,7 @@ from cairn.core.status import CANCEL_REASON, STOPPED, RunStatus
 from cairn.store.checkpoints import PgStore
 from cairn.store.db import Database
 from cairn.store.schedules import Schedule
+from cairn.store.transactional import create_run_in
 from cairn.workers import health
 from cairn.workers import schedules as sched
 
@@ -137,6 +138,7 @@ class Client:
         concurrency_key: str | None = None,
         concurrency_limit: int | None = None,
         priority: int | None = None,
+        connection: object | None = None,
     ) -> str:
         """Record the run and send it to the workers; returns its run id.
 
@@ -153,10 +155,25 @@ class Client:
         priority: higher starts first (-100..100). Both limit and priority default to
         the workflow's (cairn.workflow(..., concurrency_limit=, priority=)) when it is
         registered here, else to 1 and 0.
+        connection: your psycopg 3 Connection (AsyncClient: an AsyncConnection too), in
+        your open transaction: the run is written in it and sent once it commits (by
+        beat's dispatcher; by the reaper after CAIRN_PENDING_AFTER if that one missed
+        it); a rollback leaves no run and sends nothing. Needs Postgres
+        (docs/guides/enqueue.md).
         """
         run_id, data = checked(self.settings, workflow, input, run_id)
         key, limit, prio = flow(workflow, concurrency_key, concurrency_limit, priority)
         with tracing.enqueuing(workflow, run_id, concurrency_key=key, priority=prio) as trace:
+            if connection is not None:
+                # Nothing is sent from here: the caller's commit is not ours to see, and
+                # a send before it could start a run the caller then rolls back.
+                self._on_postgres()
+                create_run_in(
+                    connection, run_id, workflow, data, max_cost_usd=max_cost_usd,
+                    priority=prio, concurrency_key=key, concurrency_limit=limit,
+                    traceparent=trace,
+                )  # fmt: skip
+                return run_id
             created = self.store.create_run(
                 run_id, workflow, data, max_cost_usd=max_cost_usd, priority=prio,
                 concurrency_key=key, concurrency_limit=limit, traceparent=trace,
@@ -168,6 +185,13 @@ class Client:
                 if run is not None and run.status == RunStatus.PENDING:
                     self.send(run_id, priority=run.priority)
         return run_id
+
+    def _on_postgres(self) -> None:
+        if not isinstance(self.store, PgStore):
+            raise InvalidInput(
+                f"enqueue(connection=...) writes the run in your Postgres transaction: it "
+                f"needs a Client on Postgres, not {type(self.store).__name__}"
+            )
 
     def _send_admitted(self, workflow: str, key: str, run_id: str | None = None) -> bool:
         """Send the key's runs admitted and not sent yet; whether run_id was one."""

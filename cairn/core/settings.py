@@ -26,6 +26,12 @@ class Settings:
     database_url: str = _setting(
         "postgresql://postgres@127.0.0.1:54329/cairn", "CAIRN_DATABASE_URL", "the checkpoint store"
     )
+    listen_url: str | None = _setting(
+        None,
+        "CAIRN_LISTEN_URL",
+        "beat's LISTEN for runs enqueued in a caller's transaction (default: the database "
+        "URL); straight to Postgres when that one goes through PgBouncer in transaction mode",
+    )
     redis_url: str = _setting(
         "redis://127.0.0.1:63790/0",
         "CAIRN_REDIS_URL",

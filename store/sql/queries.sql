@@ -947,3 +947,9 @@ RETURNING item;
 
 -- name: agent_session_clear
 DELETE FROM agent_session_items WHERE session_id = %(session_id)s;
+
+-- name: notify_enqueued
+-- Enqueue in the caller's transaction (store/transactional.py): beat's dispatcher hears
+-- the run id once that transaction commits (Postgres holds a NOTIFY until then, and drops
+-- it at a rollback) and sends the run.
+SELECT pg_notify('cairn_enqueued', %(run_id)s);

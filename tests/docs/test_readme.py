@@ -17,7 +17,7 @@ from cairn.core.settings import markdown_table
 from cairn.testing.standins import MailServer
 from tests.helpers import pages
 
-PYTHON = [b for b in pages.ALL if b.lang == "python" and b.page not in pages.WHOLE]
+PYTHON = [b for b in pages.ALL if b.lang == "python" and b.page not in pages.WHOLE and not b.skip]
 SHELL = [b for b in pages.ALL if b.lang == "bash"]
 
 
@@ -100,3 +100,10 @@ def test_the_shell_blocks_that_are_not_run_say_why() -> None:
     for page in pages.PAGES:  # run a page's shell blocks in a test rather than skipping them
         assert len([b for b in skipped if b.page == page]) <= 2, page
     assert len(skipped) <= 6
+
+
+def test_a_python_block_is_not_run_only_for_a_package_cairn_does_not_test_with() -> None:
+    # Django's recipe: Django is no test dependency (it needs a project to run in).
+    skipped = [b for b in pages.ALL if b.lang == "python" and b.skip]
+    assert [b.id for b in skipped] == ["docs/guides/enqueue.md:python4"]
+    assert all("Django" in b.skip for b in skipped)

@@ -1,0 +1,151 @@
+"""Enqueue in the caller's transaction: the run row written on the caller's own psycopg
+connection, and a NOTIFY that Postgres delivers only when that transaction commits.
+
+Nothing here sends: the caller's commit is out of our sight, and a send before it could
+start a run the caller then rolls back. Beat's dispatcher (cairn.workers.dispatch) hears
+the notification and sends the run; a notification nobody heard (no dispatcher, a killed
+one, PgBouncer in transaction mode between them) leaves a pending run that was never
+claimed, which the reaper's `stalled` sends after CAIRN_PENDING_AFTER.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Generator, Iterator
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from cairn.core.errors import InvalidInput
+from cairn.core.records import START
+from cairn.store.db import Database, translated
+from cairn.store.rows import conflict, create_params
+from cairn.store.sql import QUERIES
+
+CHANNEL = "cairn_enqueued"  # queries.sql: notify_enqueued says it alike
+
+
+Row = dict[str, Any] | None
+# One enqueue's statements, each sent the row its previous one returned: written once
+# for psycopg's two drivers (the sync Connection's and the AsyncConnection's).
+Statements = Generator[tuple[str, dict[str, Any]], Row, bool]
+
+
+def is_async(connection: object) -> bool:
+    """Whether connection is a psycopg AsyncConnection (AsyncClient awaits those)."""
+    return isinstance(connection, psycopg.AsyncConnection)
+
+
+def _refused(connection: object) -> InvalidInput:
+    return InvalidInput(
+        f"connection= must be a psycopg 3 Connection or AsyncConnection, not "
+        f"{type(connection).__name__} (SQLAlchemy: conn.connection.driver_connection; "
+        "Django: connection.connection)"
+    )
+
+
+def _create(names: tuple[str, ...], params: dict[str, Any]) -> Statements:
+    first = yield names[0], params
+    for name in names[1:]:  # admit, after the keyed insert
+        yield name, params
+    return first is not None
+
+
+def _enqueue(
+    run_id: str,
+    workflow: str,
+    input: dict[str, Any],
+    max_cost_usd: float | None,
+    priority: int,
+    concurrency_key: str | None,
+    concurrency_limit: int,
+    traceparent: str | None,
+) -> Statements:
+    """PgStore.create_run's statements, then the notification the dispatcher sends the
+    run on; returns whether the run is new. Raises RunIdConflict."""
+    params = create_params(
+        run_id, workflow, input, START, max_cost_usd, priority, concurrency_key,
+        concurrency_limit, traceparent,
+    )  # fmt: skip
+    names = ("create_run",) if concurrency_key is None else ("create_keyed_run", "admit")
+    created = yield from _create(names, params)
+    if not created:
+        # Another transaction's run with this id blocks the insert until it ends: a
+        # committed one is read here (the idempotent repeat), a rolled-back one is not.
+        row = yield "existing_run", params
+        if row is None:  # swept between the two statements: create it afresh
+            created = yield from _create(names, params)
+        else:
+            conflict(run_id, row)
+            yield "rearm_failed", {"run_id": run_id}
+    yield "notify_enqueued", {"run_id": run_id}
+    return created
+
+
+def create_run_in(connection: object, run_id: str, workflow: str, input: dict[str, Any], *,
+                  max_cost_usd: float | None = None, priority: int = 0,
+                  concurrency_key: str | None = None, concurrency_limit: int = 1,
+                  traceparent: str | None = None) -> bool:  # fmt: skip
+    """PgStore.create_run on the caller's connection, in its transaction, with the
+    notification the dispatcher sends the run on; True if the run is new. Commits nothing:
+    the caller's commit does. In a savepoint of the caller's transaction (an autocommit
+    connection: a transaction of its own), so a refusal (RunIdConflict, a value Postgres
+    refuses) leaves that transaction usable.
+
+    Raises InvalidInput (not a psycopg Connection) or RunIdConflict.
+    """
+    if not isinstance(connection, psycopg.Connection):
+        if is_async(connection):
+            raise InvalidInput(
+                "connection= is a psycopg AsyncConnection: await AsyncClient.enqueue with "
+                "it, or pass a sync Connection to Client.enqueue"
+            )
+        raise _refused(connection)
+    steps = _enqueue(
+        run_id, workflow, input, max_cost_usd, priority, concurrency_key, concurrency_limit,
+        traceparent,
+    )  # fmt: skip
+    conn = connection
+    with translated(), conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        row: Row = None
+        while True:
+            try:
+                name, values = steps.send(row)
+            except StopIteration as done:
+                return bool(done.value)
+            cur.execute(QUERIES[name], values)
+            row = cur.fetchone() if cur.description else None
+
+
+async def acreate_run_in(connection: object, run_id: str, workflow: str,
+                         input: dict[str, Any], *, max_cost_usd: float | None = None,
+                         priority: int = 0, concurrency_key: str | None = None,
+                         concurrency_limit: int = 1,
+                         traceparent: str | None = None) -> bool:  # fmt: skip
+    """create_run_in on the caller's psycopg AsyncConnection, awaited in its event loop."""
+    if not isinstance(connection, psycopg.AsyncConnection):
+        raise _refused(connection)
+    steps = _enqueue(
+        run_id, workflow, input, max_cost_usd, priority, concurrency_key, concurrency_limit,
+        traceparent,
+    )  # fmt: skip
+    conn = connection
+    with translated():
+        async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            row: Row = None
+            while True:
+                try:
+                    name, values = steps.send(row)
+                except StopIteration as done:
+                    return bool(done.value)
+                await cur.execute(QUERIES[name], values)
+                row = await cur.fetchone() if cur.description else None
+
+
+@contextlib.contextmanager
+def enqueued(db: Database) -> Iterator[Callable[[float], str | None]]:
+    """LISTEN for committed transactional enqueues on a connection of db's own: yields
+    heard(seconds), the next run id within that time, else None."""
+    with db.hearing(CHANNEL) as heard:
+        yield heard
