@@ -28,10 +28,13 @@ from celery.utils.log import get_multiprocessing_logger
 from cairn.core import logs
 from cairn.core.settings import Settings
 from cairn.workers import broker, schedules
+from cairn.workers.wake import WAKE_TASK
 
 logger = logging.getLogger(__name__)
 
-TASKS = frozenset({broker.RUN_TASK, broker.REAP_TASK, broker.SWEEP_TASK, schedules.FIRE_TASK})
+TASKS = frozenset(
+    {broker.RUN_TASK, broker.REAP_TASK, broker.SWEEP_TASK, schedules.FIRE_TASK, WAKE_TASK}
+)
 # Celery's per-task lines: the worker's (received, retry, succeeded) and beat's (sent).
 _TASK_LINES = (LOG_RECEIVED, LOG_RETRY, LOG_SUCCESS)
 _BEAT_SENDS = "Scheduler: Sending due task"
