@@ -29,10 +29,14 @@ def _ready(settings, queue: str) -> int:
 def test_a_message_that_keeps_coming_back_is_dropped_at_the_delivery_limit(
     client, settings
 ) -> None:
-    client.enqueue("invoice", OK)  # the Client declares the queues as the workers do
     deliveries = 0
     with Connection(settings.broker) as conn:
         channel = conn.channel()
+        # The queues as a worker declares them at start: the Client's producer declares a
+        # queue once per connection, and an earlier test on this vhost may have met it.
+        for queue in broker.queues(settings):
+            queue(channel).declare()
+        client.enqueue("invoice", OK)
         # What a worker killed mid-task amounts to: the message goes back to the queue.
         while (message := channel.basic_get(broker.RUNS, no_ack=False)) is not None:
             deliveries += 1
