@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import logging
@@ -187,11 +188,15 @@ class Database:
         with translated(self.url), psycopg.connect(self.url, **options) as conn:
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(name)))
 
+            said: collections.deque[str] = collections.deque()
+
             def heard(seconds: float) -> str | None:
-                with translated(self.url):
-                    for note in conn.notifies(timeout=seconds, stop_after=1):
-                        return note.payload
-                    return None
+                if not said:
+                    # Drained whole: psycopg reads the notifications that came together in
+                    # one batch, and a generator left after the first drops the others.
+                    with translated(self.url):
+                        said.extend(n.payload for n in conn.notifies(timeout=seconds, stop_after=1))
+                return said.popleft() if said else None
 
             yield heard
 
