@@ -73,6 +73,9 @@ class Plan:
         self._fd = -1
         self._fd_pid = 0
         self._patched = False
+        # The runs this process is in a step of: a threads worker runs several at once, and
+        # a kill cuts short a call in flight in each of them, not only in the one that died.
+        self._in_step: set[str] = set()
         # "run seq cursor attempt" of the running step, per context, not per thread: a
         # threads worker runs many steps at once, and a step's own threads that copy its
         # context (asyncio.to_thread, LangGraph's executor for a streamed graph) send
@@ -109,6 +112,12 @@ class Plan:
         return (run_id, seq, point) in self.kills or decide(
             self.seed, run_id, seq, point, self.rates[boundary]
         )
+
+    def step_started(self, run_id: str) -> None:
+        self._in_step.add(run_id)
+
+    def step_ended(self, run_id: str) -> None:
+        self._in_step.discard(run_id)
 
     def hit(self, boundary: str, run_id: str, seq: int, cursor: str) -> None:
         if boundary == "before_effect":
@@ -152,6 +161,7 @@ class Plan:
                 "run_id": run_id,
                 "seq": seq,
                 "cursor": cursor,
+                "runs": sorted(self._in_step | {run_id}),
                 "pid": os.getpid(),
                 "ts": time.time(),
             }
@@ -212,6 +222,7 @@ class FaultHooks(Middleware):
         return cls(Plan.load(os.environ["CAIRN_FAULTS"]))
 
     def before_step(self, cp: Checkpoint) -> None:
+        self.plan.step_started(cp.run_id)
         self.plan.hit("before_effect", cp.run_id, cp.seq, cp.cursor)
 
     def after_effect(self, cp: Checkpoint) -> None:
@@ -233,5 +244,6 @@ class FaultHooks(Middleware):
         exception: BaseException | None,
         seconds: float,
     ) -> None:
+        self.plan.step_ended(cp.run_id)
         if saved is not None:
             self.plan.hit("after_save", cp.run_id, cp.seq, cp.cursor)

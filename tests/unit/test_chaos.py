@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -146,6 +147,23 @@ def test_model_requests_beyond_the_journal_and_the_kills_are_a_problem() -> None
     assert chaos.report._model_check(10, {"model": 7}, kills)["excess"] == 0
     assert chaos.report._model_check(11, {"model": 7}, kills)["excess"] == 1
     assert chaos.report._model_check(None, {}, kills)["excess"] == 0
+
+
+def test_a_kill_names_every_run_its_process_was_in_a_step_of(tmp_path: Path) -> None:
+    # A threads worker runs several steps at once: the kill cuts short a call in flight
+    # in each, so the model check allows one per run it names.
+    (tmp_path / "killed").mkdir()
+    code = (
+        "from cairn.testing import faults; "
+        f"p = faults.Plan({{'dir': {str(tmp_path)!r}, 'kills': [['a', 2, 'after_effect']]}}); "
+        "p.step_started('b'); p.step_started('c'); p.step_ended('c'); p.step_started('a'); "
+        "p.hit('after_effect', 'a', 2, 'send')"
+    )
+    died = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
+    assert died.returncode == -9, died.stderr
+    [kill] = [r for r in faults.read_journal(str(tmp_path)) if r["e"] == "kill"]
+    assert kill["runs"] == ["a", "b"] and kill["run_id"] == "a"
+    assert chaos.report._model_check(2 + 2, {"model": 2}, [kill])["excess"] == 0
 
 
 def _event(kind: str, seq: int, cursor: str, attempt: int, data: Any = None) -> Event:
