@@ -54,9 +54,12 @@ TEMPLATE = "cairn_test_template" + (f"_{SLOT}" if SLOT else "") + (f"_h{HALF}" i
 _MINE = slice(None) if HALF is None else slice(6 * int(HALF), 6 * int(HALF) + 6)
 
 # Clear our own prefix so a developer's shell settings cannot leak into a test; the
-# ports stay, so scripts/services.sh (the outage tests) restarts the servers we use.
+# ports stay, so scripts/services.sh (the outage tests) restarts the servers we use, and
+# so do the tests' own (CAIRN_TEST_*: the slot, the servers' addresses): pytest-xdist
+# starts its workers after this ran in the controller, and they read them again.
+_KEEP = ("CAIRN_PG_PORT", "CAIRN_REDIS_PORT", "CAIRN_RABBITMQ_PORT")
 for _name in [n for n in os.environ if n.startswith("CAIRN_")]:
-    if _name not in ("CAIRN_PG_PORT", "CAIRN_REDIS_PORT", "CAIRN_RABBITMQ_PORT"):
+    if _name not in _KEEP and not _name.startswith("CAIRN_TEST_"):
         del os.environ[_name]
 if PGBOUNCER_PORT:
     # Every process the tests start (the chaos crew, the CLI) turns prepared statements

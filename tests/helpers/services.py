@@ -1,5 +1,6 @@
 """The servers this pytest process uses, as scripts/services.sh started them: read once,
-when tests/conftest.py imports this, before it clears the CAIRN_* variables."""
+when tests/conftest.py imports this, before it clears the CAIRN_* variables (but for
+CAIRN_TEST_*)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import pytest
 from cairn.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE_DB = Settings.from_env().database_url
-BASE_REDIS = Settings.from_env().redis_url
+# Kept as CAIRN_TEST_* (which tests/conftest.py does not clear) for pytest-xdist's workers,
+# started after the controller cleared CAIRN_DATABASE_URL and CAIRN_REDIS_URL.
+BASE_DB = os.environ.setdefault("CAIRN_TEST_DATABASE_URL", Settings.from_env().database_url)
+BASE_REDIS = os.environ.setdefault("CAIRN_TEST_REDIS_URL", Settings.from_env().redis_url)
 # CAIRN_TEST_PGBOUNCER_PORT: the tests' runs, workers and clients reach Postgres through
 # PgBouncer in transaction mode on that port (scripts/test runs the crash tests so).
 PGBOUNCER_PORT = os.environ.get("CAIRN_TEST_PGBOUNCER_PORT")
