@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import time
 from typing import Any
 
 import redis
@@ -32,6 +33,12 @@ def account(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()[:12]
 
 
+# How long a bucket with no limit of its own, found with no back-off, is taken for clear
+# without asking Redis: its only state is a back-off another worker's 429 set, which this
+# process then learns of this much later at most (a call of its own may meet the 429).
+CLEAR_FOR = 0.1
+
+
 class RateLimiter:
     """Books model calls against limits every worker shares.
 
@@ -54,6 +61,7 @@ class RateLimiter:
             )
         )
         self._script = _script(client, "ratelimit.lua")
+        self._clear_until: dict[str, float] = {}  # unlimited buckets' keys: CLEAR_FOR
 
     @classmethod
     def from_settings(cls, settings: Any, client: redis.Redis) -> RateLimiter:
@@ -76,14 +84,20 @@ class RateLimiter:
         and nothing was booked. A call of more tokens than a minute allows books a
         whole minute's: it waits for a full bucket instead of forever."""
         name, limit = self.bucket(provider, model)
+        where = key(provider, name, who)
+        unlimited = not (limit.rpm or limit.tpm)
+        if unlimited and time.monotonic() < self._clear_until.get(where, 0.0):
+            return True, 0.0  # nothing to book, and no back-off a moment ago
         per_req = 60_000 / limit.rpm if limit.rpm else 0
         per_tok = 60_000 / limit.tpm if limit.tpm else 0
         tokens = min(tokens, limit.tpm) if limit.tpm else 0
+        asked = time.monotonic()
         with translated():
             booked, wait_us = self._script(
-                keys=[key(provider, name, who)],
-                args=["take", per_req, per_tok, tokens, int(longest * 1000)],
+                keys=[where], args=["take", per_req, per_tok, tokens, int(longest * 1000)]
             )
+        if unlimited and booked and not wait_us:
+            self._clear_until[where] = asked + CLEAR_FOR
         return bool(booked), wait_us / 1e6
 
     def settle(self, provider: str, model: str, who: str, unused: int) -> None:
@@ -98,7 +112,7 @@ class RateLimiter:
     def back_off(self, provider: str, model: str, who: str, seconds: float) -> None:
         """No call of this bucket starts, on any worker, for `seconds` from now."""
         name, _ = self.bucket(provider, model)
+        where = key(provider, name, who)
+        self._clear_until.pop(where, None)
         with translated():
-            self._script(
-                keys=[key(provider, name, who)], args=["backoff", max(int(seconds * 1000), 1)]
-            )
+            self._script(keys=[where], args=["backoff", max(int(seconds * 1000), 1)])

@@ -15,7 +15,7 @@ import cairn
 from cairn.core.errors import RetryLater
 from cairn.core.settings import Settings
 from cairn.steps.model import ModelClient, RateLimited
-from cairn.store import Leases, PgStore
+from cairn.store import Leases, PgStore, ratelimit
 from cairn.store.ratelimit import Limit, RateLimiter
 from cairn.testing.standins import ModelServer
 from cairn.workers import loop
@@ -152,3 +152,27 @@ def test_bad_limits_are_a_clear_error_at_start(env: dict[str, str], says: str) -
         Settings.from_env(env)
     assert says in str(exc.value)
     assert Settings.from_env({"CAIRN_RATE_LIMITS": '{"claude-x": {"rpm": 5}}'}).rate_limits
+
+
+def test_a_bucket_with_no_limit_found_clear_is_not_asked_again_for_a_moment(
+    r: redis_lib.Redis,
+) -> None:
+    # No limit of its own: the bucket's only state is a back-off another worker sets. A
+    # worker that found it clear books without Redis for CLEAR_FOR, and then asks again.
+    one, two = RateLimiter(r), RateLimiter(r)
+    who = "k" + str(time.time_ns())
+    assert one.take("openai", "gpt-x", who, 10, 5.0) == (True, 0.0)
+    asked = []
+    r_call = one._script
+    one._script = lambda **kw: asked.append(kw) or r_call(**kw)  # type: ignore[method-assign]
+    two.back_off("openai", "gpt-x", who, 3.0)
+    assert one.take("openai", "gpt-x", who, 10, 5.0) == (True, 0.0) and asked == []
+    time.sleep(ratelimit.CLEAR_FOR)
+    booked, wait = one.take("openai", "gpt-x", who, 10, 5.0)
+    assert booked and 2.0 < wait <= 3.0 and len(asked) == 1
+    # Still backing off: not taken for clear, so the next call asks (and waits) too.
+    assert one.take("openai", "gpt-x", who, 10, 5.0)[1] > 2.0 and len(asked) == 2
+    # A limited bucket is asked every time.
+    limited = RateLimiter(r, Limit(rpm=600))
+    assert limited.take("openai", "gpt-y", who, 10, 5.0) == (True, 0.0)
+    assert limited.take("openai", "gpt-y", who, 10, 5.0)[1] > 0.05
