@@ -327,9 +327,9 @@ MUTANTS = [
         "a ctx.db write inside a journaled call commits apart from the call's record",
         "store/checkpoints.py",
         "        conn = tx.open if tx is not None else None\n        if conn is None:\n"
-        '            return self.db.one("record_call", params) is not None',
+        '            row = self.db.one("record_call", params)',
         "        conn = None\n        if conn is None:\n"
-        '            return self.db.one("record_call", params) is not None',
+        '            row = self.db.one("record_call", params)',
         (f"{J}::test_ctx_db_in_a_call_commits_with_the_calls_record",),
     ),
     Mutant(
@@ -636,6 +636,22 @@ MUTANTS = [
         (
             "tests/integration/test_transactional_enqueue.py::test_a_rolled_back_enqueue_leaves_no_run_and_sends_nothing",
         ),
+    ),
+    Mutant(
+        "M80",
+        "a journaled call's record ignores the cancel its statement read",
+        "steps/journal.py",
+        "        self._cancelled(recorded.cancel_reason, asked)",
+        "        self._cancel_read = asked",
+        (f"{J}::test_an_async_step_is_stopped_by_cancel_and_budget_as_a_sync_one",),
+    ),
+    Mutant(
+        "M81",
+        "the check before a journaled call stands on a read of any age",
+        "steps/context.py",
+        "        if read is not None and time.monotonic() - read < fresh:",
+        "        if read is not None and fresh > 0:",
+        (f"{J}::test_a_cancel_older_than_the_last_read_stops_the_next_call_before_it_starts",),
     ),
 ]
 

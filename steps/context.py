@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
+import time
 import types
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
@@ -56,6 +57,9 @@ class EventSink(Protocol):
 
 
 _UNKNOWN = object()  # an at-most-once effect's intent without its mark
+# How old a read of the run by the step's own statements may be and still stand for a
+# journaled call's cancel check (a cancel that lands inside it is seen at the call's record).
+CANCEL_FRESH = 0.005
 _counting = threading.Lock()
 
 _step: contextvars.ContextVar[Context | None] = contextvars.ContextVar("cairn_step", default=None)
@@ -83,6 +87,7 @@ class Context(JournaledCalls, ModelCalls):
         fresh: bool = False,
         hooks: CallHooks | None = None,
         events: EventSink | None = None,
+        cancel_read: float | None = None,
     ) -> None:
         self.run_id = cp.run_id
         self.cursor = cp.cursor
@@ -112,6 +117,9 @@ class Context(JournaledCalls, ModelCalls):
         # this worker's own save is fresh: nobody can have recorded calls for it).
         self._fresh = fresh
         self._journals: dict[str, Journal] = {}  # by cursor: the step's, and its scopes'
+        # When a statement of this step last read the run not cancelled (monotonic; the
+        # loop's save before a fresh step counts): see _ensure_before_call.
+        self._cancel_read = cancel_read
 
     @property
     def epoch(self) -> int:
@@ -219,14 +227,33 @@ class Context(JournaledCalls, ModelCalls):
         """Raise cairn.LeaseLost unless this worker still holds the run (Redis is asked
         when the last renewal is older than half the lease: a process resumed after a
         pause learns here that it lost the run), and with cancel, cairn.Cancelled if the
-        run was cancelled (one Postgres read). The check ctx.idempotency_key() and the
-        journaled calls make before an effect, for code with an effect of its own."""
+        run was cancelled (one Postgres read). The check ctx.idempotency_key() makes
+        before an effect, for code with an effect of its own."""
         self._lease.ensure()
-        if not cancel:
+        if cancel:
+            self._check_cancel(0.0)
+
+    def _ensure_before_call(self) -> None:
+        """ensure_owner before a journaled call, whose cancel check is the last read of
+        the run by this step's own statements (the previous call's record, the save before
+        this step) when that is younger than CANCEL_FRESH: a call right after another
+        costs one round trip, its record, and a cancel is still seen before the next call
+        or at this one's record."""
+        self._lease.ensure()
+        self._check_cancel(CANCEL_FRESH)
+
+    def _check_cancel(self, fresh: float) -> None:
+        read = self._cancel_read
+        if read is not None and time.monotonic() - read < fresh:
             return
-        reason = self._store.cancel_reason(self.run_id)
+        asked = time.monotonic()
+        self._cancelled(self._store.cancel_reason(self.run_id), asked)
+
+    def _cancelled(self, reason: str | None, asked: float) -> None:
+        """A read of the run's cancel reason, by a statement sent at asked (monotonic)."""
         if reason is not None:
             raise Cancelled(f"run {self.run_id} was cancelled: {reason}")
+        self._cancel_read = asked
 
     def once(
         self,

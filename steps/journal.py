@@ -12,6 +12,7 @@ import inspect
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar, overload
@@ -130,6 +131,10 @@ class StepParts:
     if TYPE_CHECKING:  # the context's own, called by its parts
 
         def ensure_owner(self, *, cancel: bool = True) -> None: ...
+
+        def _ensure_before_call(self) -> None: ...
+
+        def _cancelled(self, reason: str | None, asked: float) -> None: ...
 
         def _tell(self, kind: str, data: Any) -> None: ...
 
@@ -344,7 +349,7 @@ class JournaledCalls(StepParts):
         pos, n = self._position(name)
         recorded = self._recorded(pos, name)
         if recorded is None:
-            self.ensure_owner()
+            self._ensure_before_call()
             if max_cost is not None:
                 self._afford(max_cost, f"ctx.call({name!r})")
         return pos, n, recorded
@@ -448,11 +453,14 @@ class JournaledCalls(StepParts):
     def _record(self, call: Call, tx: StepTx | None = None) -> None:
         v = self._scoped()
         at = self._cp if v.cursor == self.cursor else dataclasses.replace(self._cp, cursor=v.cursor)
-        if not self._store.record_call(at, self.visit, call, tx):
+        asked = time.monotonic()
+        recorded = self._store.record_call(at, self.visit, call, tx)
+        if recorded is None:
             # Another worker claimed the run: what this call did is not ours to keep.
             raise StaleWrite(self.run_id, self.seq, self._lease.epoch)
         assert v.records is not None
         v.records[call.pos] = call
+        self._cancelled(recorded.cancel_reason, asked)  # kept, but the step goes no further
 
     def _recordable(self, exc: BaseException) -> TypeGuard[Exception]:
         """A permanent error of the call itself: not cairn's own (cancel, budget, lost

@@ -172,7 +172,7 @@ class ModelCalls(StepParts):
         assert self._model is not None
         # A model call costs money and shapes the run: a worker that lost the run must not
         # make one (a process resumed after SIGSTOP finds out here), nor a cancelled run.
-        self.ensure_owner()
+        self._ensure_before_call()
         if self._cap is not None:
             self._afford(self._model.worst_cost(**request), "the next model call")
         if pos is not None and self._hooks is not None:

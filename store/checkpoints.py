@@ -19,6 +19,7 @@ from cairn.core.records import (
     Attempt,
     Call,
     Checkpoint,
+    Recorded,
     Run,
     RunFilter,
     Saved,
@@ -414,9 +415,12 @@ class PgStore:
         error, cost_usd, created_at): what a step's model requests and tools returned."""
         return self.db.all("calls", {"run_id": run_id, "limit": limit})
 
-    def record_call(self, cp: Checkpoint, visit: int, call: Call, tx: StepTx | None = None) -> bool:
-        """Journal call for the step at cp (its seq, cursor and epoch); False if fenced: the
-        run moved on, or a newer epoch claimed it. With the call's own transaction (ctx.db
+    def record_call(
+        self, cp: Checkpoint, visit: int, call: Call, tx: StepTx | None = None
+    ) -> Recorded | None:
+        """Journal call for the step at cp (its seq, cursor and epoch), with the run's cancel
+        reason as the statement read it; None if fenced: the run moved on, or a newer
+        epoch claimed it. With the call's own transaction (ctx.db
         inside the call), the record runs in it and commits it: the call's writes land with
         its record or not at all."""
         params = {
@@ -433,15 +437,16 @@ class PgStore:
         }
         conn = tx.open if tx is not None else None
         if conn is None:
-            return self.db.one("record_call", params) is not None
-        with translated():
-            self.db.hold_row(conn)
-            row = conn.execute(QUERIES["record_call"], params).fetchone()
-            if row is not None:
-                conn.commit()
-            else:
-                conn.rollback()
-        return row is not None
+            row = self.db.one("record_call", params)
+        else:
+            with translated():
+                self.db.hold_row(conn)
+                row = conn.execute(QUERIES["record_call"], params).fetchone()
+                if row is not None:
+                    conn.commit()
+                else:
+                    conn.rollback()
+        return Recorded(row["cancel_reason"]) if row is not None else None
 
     # -- queries for the CLI, the reaper and the sweep -------------------------------
     def list_runs(self, which: RunFilter | None = None) -> list[Run]:

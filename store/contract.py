@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         Attempt,
         Call,
         Checkpoint,
+        Recorded,
         Run,
         RunFilter,
         Saved,
@@ -105,9 +106,12 @@ class RunStore(Protocol):
     def journal(self, run_id: str, cursor: str, visit: int) -> list[Call]:
         """The calls recorded for the step's visit, in order."""
 
-    def record_call(self, cp: Checkpoint, visit: int, call: Call, tx: StepTx | None = None) -> bool:
-        """Journal call for the step at cp, fenced like a save; False if fenced. tx: the
-        call's own transaction (ctx.db inside it), committed with the record."""
+    def record_call(
+        self, cp: Checkpoint, visit: int, call: Call, tx: StepTx | None = None
+    ) -> Recorded | None:
+        """Journal call for the step at cp, fenced like a save; None if fenced, else the
+        run's cancel reason as the record read it. tx: the call's own transaction (ctx.db
+        inside it), committed with the record."""
 
     def record_intent(self, cp: Checkpoint, key: str) -> tuple[str, Any]:
         """An at-most-once effect's intent, fenced: written, open, done (with result) or

@@ -183,11 +183,13 @@ def _drive(cp: Checkpoint, lease: HeldLease, deps: Deps) -> RunStatus:
             stream.take_over(claimed, store)
             why = "worker lost" if resumed else "signal" if cp.signal else "timeout"
             stream.tell(cp, "resumed", {"reason": why})
-        fresh = False  # the first step may be a replay; the ones after our own saves are not
+        # The first step may be a replay; the ones after our own saves are not, and their
+        # save read the run not cancelled (at `read`, monotonic).
+        read: float | None = None
         while cp.cursor != DONE and cp.status != RunStatus.WAITING:
             if deps.stopping():
                 raise HandOff(f"run {run_id}: worker shutting down at {cp.cursor!r}")
-            cp, fresh = _step(cp, flow, lease, deps, stream, fresh), True
+            cp, read = _step(cp, flow, lease, deps, stream, read)
         if cp.status == RunStatus.DONE:
             stream.ended(cp, RunStatus.DONE, None)
         return cp.status
@@ -335,10 +337,11 @@ def _step(
     lease: HeldLease,
     deps: Deps,
     stream: Announcer,
-    fresh: bool = False,
-) -> Checkpoint:
-    """Run the step at cp.cursor and save its checkpoint; returns the saved checkpoint.
-    fresh: this worker saved the step before, so no journal can hold calls of this one."""
+    read: float | None = None,
+) -> tuple[Checkpoint, float]:
+    """Run the step at cp.cursor and save its checkpoint; returns the saved checkpoint and
+    when its save (which found the run not cancelled) was sent. read: when this worker's
+    save of the step before was, so no journal can hold calls of this one."""
     settings, store, middleware = deps.settings, deps.store, deps.middleware
     fn = _step_function(cp, flow)
     lease.ensure()
@@ -355,12 +358,13 @@ def _step(
         model=deps.model,
         config=settings,
         retry_on=flow.retries[cp.cursor].on,
-        fresh=fresh,
+        fresh=read is not None,
         hooks=middleware,
         events=deps.events,
+        cancel_read=read,
     )
     try:
-        if not fresh:  # after the first, step_saved's "next" says which step starts
+        if read is None:  # after the first, step_saved's "next" says which step starts
             stream.tell(cp, "step_started", {})
         middleware.before_step(cp)
         result = _call(fn, ctx, cp, flow, attempt, deps, stream)
@@ -371,6 +375,7 @@ def _step(
             wait = dataclasses.replace(wait, event=nxt.wait_event)
         middleware.after_effect(cp)
         lease.ensure()  # last chance to stop before a write that would be fenced anyway
+        asked = time.monotonic()
         saved = store.save(nxt, cp, ctx.transaction, _with_key(attempt, ctx), wait, spawned)
     except BaseException as exc:
         middleware.after_step(cp, started, exception=exc)
@@ -385,7 +390,7 @@ def _step(
         raise Stop(RunStatus.CANCELLED, saved.cancel_reason, at=nxt)
     if saved.signalled:
         raise HandOff(f"run {cp.run_id}: the signal it now waits for had come; going on")
-    return nxt
+    return nxt, asked
 
 
 def _step_function(cp: Checkpoint, flow: registry.Workflow) -> Callable[[Context], Any]:

@@ -48,6 +48,15 @@ class Call:
     cost_usd: float = 0.0
 
 
+@dataclasses.dataclass(frozen=True)
+class Recorded:
+    """A journaled call's record, written (or found written by the same writer): and the
+    run's cancel reason as the record's own statement read it, so a step learns of a
+    cancel with no round trip of its own."""
+
+    cancel_reason: str | None = None
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class StepRecord:
     """One step attempt that ended, as `Client.history` returns it: where it ran (seq,

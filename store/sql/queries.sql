@@ -375,6 +375,7 @@ SELECT cursor, visit, pos, name, result, error, cost_usd, created_at
 -- (same epoch, same name) and gets it back: recorded, not fenced.
 -- A record is progress: a step killed again and again while its journal grows is not
 -- poison, so its delivery count restarts at this delivery (written only when above 1).
+-- It returns the run's cancel reason too: the step's check before its next call.
 WITH recorded AS (
     INSERT INTO journal AS j (run_id, cursor, visit, pos, name, seq, epoch, result, error,
                               cost_usd)
@@ -391,7 +392,8 @@ WITH recorded AS (
       FROM recorded
      WHERE c.run_id = recorded.run_id AND c.deliveries > 1
 )
-SELECT pos FROM recorded;
+SELECT recorded.pos, c.cancel_reason
+  FROM recorded JOIN checkpoints c ON c.run_id = recorded.run_id;
 
 -- name: get_run
 -- What Client.get shows: position, result and error, not the window.

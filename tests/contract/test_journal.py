@@ -23,7 +23,8 @@ from cairn.core import errors
 from cairn.core.records import Checkpoint
 from cairn.core.settings import Settings
 from cairn.core.status import RunStatus
-from cairn.steps import Context, StepResult, workflow
+from cairn.steps import Context, StepResult, context, workflow
+from cairn.steps.context import CANCEL_FRESH
 from cairn.steps.model import ModelClient, text_of
 from cairn.testing import ManualClock, MemoryLeases, MemoryStore
 from cairn.testing.standins import ModelServer
@@ -429,21 +430,41 @@ guarded = workflow("journal-async-guards")
 async def spend(ctx: Context) -> StepResult:
     await ctx.acall("first", lambda: calls[ctx.run_id].append("first"))
     ctx._store.cancel(ctx.run_id, "stop now") if ctx.input.get("cancel") else None
+    await asyncio.sleep(ctx.input.get("pause", 0))
     for _ in range(3):
         await ctx.amodel(messages=[], max_tokens=8, metadata={"user_id": ctx.run_id})
     return StepResult(cursor="done")
 
 
-def test_an_async_step_is_stopped_by_cancel_and_budget_as_a_sync_one(deps: loop.Deps) -> None:
+@pytest.mark.parametrize("fresh", [0.0, 3600.0])
+def test_an_async_step_is_stopped_by_cancel_and_budget_as_a_sync_one(
+    deps: loop.Deps, fresh: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The cancel lands right after the first call's record. A call's check stands on the
+    # last read of the run when it is younger than CANCEL_FRESH: with 0 the model call
+    # reads and never starts; with an hour it starts on the record's read, and its own
+    # record reads the cancel and stops the step: one call at most after a cancel.
+    monkeypatch.setattr(context, "CANCEL_FRESH", fresh)
     cancelled = _start(deps, "journal-async-guards", {"cancel": True})
     assert loop.run(cancelled, deps) == RunStatus.CANCELLED
-    assert calls[cancelled] == ["first"]  # no model call after the cancel
+    assert calls[cancelled] == (["first"] if fresh == 0 else ["first", "model"])
+    recorded = [c.name for c in deps.store.journal(cancelled, "spend", 0)]
+    assert recorded == calls[cancelled]  # a call made is kept, even the one after a cancel
     capped = _start(deps, "journal-async-guards", max_cost_usd=0.035)
     assert loop.run(capped, deps) == RunStatus.BUDGET_EXCEEDED
     # Each call costs 0.01 and could cost 0.02: the third could take 0.02 spent to 0.04.
     assert calls[capped] == ["first", "model", "model"]
     error = _load(deps, capped).error or ""
     assert "spent $0.020000; the next model call could cost up to $0.020000" in error
+
+
+def test_a_cancel_older_than_the_last_read_stops_the_next_call_before_it_starts(
+    deps: loop.Deps,
+) -> None:
+    # Past CANCEL_FRESH the check before a call reads the run again.
+    run_id = _start(deps, "journal-async-guards", {"cancel": True, "pause": 4 * CANCEL_FRESH})
+    assert loop.run(run_id, deps) == RunStatus.CANCELLED
+    assert calls[run_id] == ["first"]
 
 
 class _Seen(Middleware):

@@ -38,7 +38,7 @@ from cairn.core.errors import (
     UnknownRun,
     WaitTimedOut,
 )
-from cairn.core.records import Attempt, Call, Checkpoint, Run, RunFilter, Wait
+from cairn.core.records import Attempt, Call, Checkpoint, Recorded, Run, RunFilter, Wait
 from cairn.core.status import STOPPED, RunStatus
 from cairn.store.contract import CheckpointStore, HeldLease, LeaseManager, Schedules
 from cairn.store.lease import LeaseToken
@@ -884,6 +884,15 @@ def test_a_journal_record_is_fenced_like_a_save(any_store: CheckpointStore) -> N
     assert any_store.journal("r1", "two", 0) == [call]
     assert any_store.record_call(dataclasses.replace(cp, epoch=2), 0, Call(pos=1, name="x"))
     assert not any_store.record_call(dataclasses.replace(cp, run_id="nope"), 0, call)
+
+
+def test_a_journal_record_reads_the_runs_cancel_reason(any_store: CheckpointStore) -> None:
+    # The step's check before its next call stands on it (steps/context.py, CANCEL_FRESH).
+    cp = _running(any_store)
+    assert any_store.record_call(cp, 0, Call(pos=0, name="x")) == Recorded(None)
+    assert any_store.cancel("r1", "customer left") == RunStatus.RUNNING
+    assert any_store.record_call(cp, 0, Call(pos=1, name="x")) == Recorded("customer left")
+    assert [c.pos for c in any_store.journal("r1", "two", 0)] == [0, 1]  # kept all the same
 
 
 def test_a_journal_record_is_progress_and_restarts_the_delivery_count(

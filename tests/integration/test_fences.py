@@ -51,7 +51,10 @@ def _fence(cp: Checkpoint) -> Fence:
 # Each fenced write of a step, at the checkpoint cp (its run, seq and epoch): True if it
 # landed, False if fenced.
 WRITES: dict[str, tuple[str, Callable[[PgStore, Checkpoint], bool]]] = {
-    "record_call": ("journal", lambda s, cp: s.record_call(cp, 0, Call(pos=0, name="tool"))),
+    "record_call": (
+        "journal",
+        lambda s, cp: s.record_call(cp, 0, Call(pos=0, name="tool")) is not None,
+    ),
     "record_intent": ("effects", lambda s, cp: s.record_intent(cp, "k")[0] == "written"),
     "mark_done": ("effects", lambda s, cp: s.mark_done(cp, "k", {"ok": True})),
     "graph_put": (

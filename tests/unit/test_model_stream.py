@@ -158,7 +158,7 @@ def test_on_restart_exception_propagates(model: ModelServer, client: ModelClient
 
 def test_stream_gives_up_as_model_unavailable(model: ModelServer) -> None:
     model.control(fail_every=1, fail_status=429)  # retry-after 0: retried at once
-    c = ModelClient(base_url=model.url, give_up_after=0.2)
+    c = ModelClient(base_url=model.url, give_up_after=1.0)
     try:
         with pytest.raises(ModelUnavailable) as info:
             c.stream(lambda _: None, messages=ASK)

@@ -15,6 +15,7 @@ from cairn.core.records import (
     Attempt,
     Call,
     Checkpoint,
+    Recorded,
     Saved,
     Spawned,
     Wait,
@@ -294,9 +295,12 @@ class _Runs(_Tables):
             )
         return [_loaded(call) for _, call in found]
 
-    def record_call(self, cp: Checkpoint, visit: int, call: Call, tx: Any = None) -> bool:
-        """Journal call for the step at cp, fenced like a save (record_call in the SQL);
-        False if fenced. The same writer recording it again gets True."""
+    def record_call(
+        self, cp: Checkpoint, visit: int, call: Call, tx: Any = None
+    ) -> Recorded | None:
+        """Journal call for the step at cp, fenced like a save (record_call in the SQL),
+        with the run's cancel reason; None if fenced. The same writer recording it again
+        gets it recorded."""
         stored = dataclasses.replace(
             call,
             result=_dump(call.result) if call.error is None else None,
@@ -306,13 +310,13 @@ class _Runs(_Tables):
         with self._lock:
             row = self._rows.get(cp.run_id)
             if row is None or row.seq != cp.seq or row.epoch > cp.epoch:
-                return False
+                return None
             key = (cp.cursor, visit, call.pos)
             if key in row.journal:
                 held, epoch = row.journal[key]
                 if not (epoch == cp.epoch and held.name == call.name):
-                    return False
+                    return None
             else:
                 row.journal[key] = (stored, cp.epoch)
             row.deliveries = min(row.deliveries, 1)  # progress: not poison
-            return True
+            return Recorded(row.cancel_reason)
