@@ -175,8 +175,8 @@ MUTANTS = [
         "M17",
         "an effect is not checked against a cancel",
         "steps/context.py",
-        "        reason = self._store.cancel_reason(self.run_id)",
-        "        reason = None",
+        "        self._cancelled(self._store.cancel_reason(self.run_id), asked)",
+        "        self._cancelled(None, asked)",
         (
             "tests/fleet/test_lifecycle.py::test_cancel_a_running_run_stops_it_before_its_next_effect",
         ),
