@@ -9,10 +9,12 @@ rep by rep in this one process:
          `openai.OpenAI`, retries off), `create` called in a loop: the floor.
   cairn  one step making the same calls through `ctx.model`, driven in process
          (workers.loop.run on PgStore + Redis leases, no broker) with what a worker
-         gives a step: its ModelClient from settings (the fleet's rate limiter booked and
-         settled in Redis on every call, no limit set), the metrics middleware and the
-         run events. Each call is checked against the lease, booked, sent, priced,
-         journaled in Postgres (a row as it returns) and told as a `message` event.
+         gives a step: its ModelClient from settings (the fleet's rate limiter, no limit
+         set: asked in Redis when its bucket was last found clear over 100 ms ago), the
+         metrics middleware and the run events. Each call is checked against the lease
+         and the cancel (the last record's read of it), booked, sent, priced, journaled in
+         Postgres (a row as it returns, one round trip, committed without waiting for
+         the disk: see PgStore.record_call) and told as a `message` event.
          Timed inside the step, around its calls only (the run's claim and save are
          per-step costs, measured by the per_step section).
 

@@ -326,10 +326,8 @@ MUTANTS = [
         "M31",
         "a ctx.db write inside a journaled call commits apart from the call's record",
         "store/checkpoints.py",
-        "        conn = tx.open if tx is not None else None\n        if conn is None:\n"
-        '            row = self.db.one("record_call", params)',
-        "        conn = None\n        if conn is None:\n"
-        '            row = self.db.one("record_call", params)',
+        "        conn = tx.open if tx is not None else None\n        params[",
+        "        conn = None\n        params[",
         (f"{J}::test_ctx_db_in_a_call_commits_with_the_calls_record",),
     ),
     Mutant(

@@ -422,7 +422,14 @@ class PgStore:
         reason as the statement read it; None if fenced: the run moved on, or a newer
         epoch claimed it. With the call's own transaction (ctx.db
         inside the call), the record runs in it and commits it: the call's writes land with
-        its record or not at all."""
+        its record or not at all.
+
+        A record alone commits without waiting for its WAL to reach the disk: a killed
+        worker loses nothing (the server has it), and the step's save, which waits,
+        flushes it with everything before it. Only a crash of Postgres itself can lose
+        the last records (three wal_writer_delays' worth at most, 600 ms by default) of a
+        step not yet saved: their calls are made again, as a call cut short by a kill is. A record
+        with the call's own writes commits as the session does: those are the user's."""
         params = {
             "run_id": cp.run_id,
             "seq": cp.seq,
@@ -436,6 +443,7 @@ class PgStore:
             "cost_usd": call.cost_usd,
         }
         conn = tx.open if tx is not None else None
+        params["commit"] = "off" if conn is None else None
         if conn is None:
             row = self.db.one("record_call", params)
         else:

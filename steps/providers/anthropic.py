@@ -7,7 +7,7 @@ from typing import Any
 
 from cairn.steps.prices import tokens_of
 from cairn.steps.providers import Attempt, hold, seconds_until
-from cairn.steps.providers.transport import SdkClient
+from cairn.steps.providers.transport import SdkClient, answered_headers
 
 # A request without max_tokens (the API requires one) asks for this many.
 DEFAULT_MAX_TOKENS = 1024
@@ -28,8 +28,9 @@ class AnthropicProvider(SdkClient):
     # -- a request -----------------------------------------------------------------------
     def create(self, api: str, request: dict[str, Any], attempt: Attempt) -> Any:
         request.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
-        raw = self.client.messages.with_raw_response.create(**request)
-        attempt.headers, message = raw.headers, raw.parse()
+        answered_headers()  # none left over from another request
+        message = self.client.messages.create(**request)
+        attempt.headers = answered_headers()
         return message
 
     def stream(

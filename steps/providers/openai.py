@@ -7,7 +7,7 @@ from typing import Any
 
 from cairn.steps.prices import tokens_of
 from cairn.steps.providers import Attempt, duration, hold
-from cairn.steps.providers.transport import SdkClient
+from cairn.steps.providers.transport import SdkClient, answered_headers
 
 # What a request that bounds its answer by none is taken to write at most, for the rate
 # limiter's booking and the budget's worst case (settled with the usage after).
@@ -34,8 +34,9 @@ class OpenAIProvider(SdkClient):
 
     # -- a request -----------------------------------------------------------------------
     def create(self, api: str, request: dict[str, Any], attempt: Attempt) -> Any:
-        raw = self._api(api).with_raw_response.create(**request)
-        attempt.headers, answer = raw.headers, raw.parse()
+        answered_headers()  # none left over from another request
+        answer = self._api(api).create(**request)
+        attempt.headers = answered_headers()
         return answer
 
     def stream(

@@ -376,6 +376,8 @@ SELECT cursor, visit, pos, name, result, error, cost_usd, created_at
 -- A record is progress: a step killed again and again while its journal grows is not
 -- poison, so its delivery count restarts at this delivery (written only when above 1).
 -- It returns the run's cancel reason too: the step's check before its next call.
+-- commit: 'off' commits it asynchronously (a record alone: see record_call), NULL as the
+-- session does (a record with the call's own ctx.db writes).
 WITH recorded AS (
     INSERT INTO journal AS j (run_id, cursor, visit, pos, name, seq, epoch, result, error,
                               cost_usd)
@@ -392,7 +394,9 @@ WITH recorded AS (
       FROM recorded
      WHERE c.run_id = recorded.run_id AND c.deliveries > 1
 )
-SELECT recorded.pos, c.cancel_reason
+SELECT recorded.pos, c.cancel_reason,
+       set_config('synchronous_commit',
+                  coalesce(%(commit)s, current_setting('synchronous_commit')), true)
   FROM recorded JOIN checkpoints c ON c.run_id = recorded.run_id;
 
 -- name: get_run
