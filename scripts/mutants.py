@@ -651,6 +651,16 @@ MUTANTS = [
         "        if read is not None and fresh > 0:",
         (f"{J}::test_a_cancel_older_than_the_last_read_stops_the_next_call_before_it_starts",),
     ),
+    Mutant(
+        "M82",
+        "a record that commits a call's own ctx.db writes does not wait for the disk",
+        "store/checkpoints.py",
+        '        params["commit"] = "off" if conn is None else None',
+        '        params["commit"] = "off"',
+        (
+            "tests/integration/test_store.py::test_a_record_alone_commits_without_waiting_for_the_disk_and_one_with_writes_waits",
+        ),
+    ),
 ]
 
 

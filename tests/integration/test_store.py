@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
+import psycopg
 import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
+from psycopg.rows import dict_row
 
 from cairn.core.errors import CorruptCheckpoint, IncompatibleCheckpoint, RunIdConflict, StaleWrite
-from cairn.core.records import RunFilter
+from cairn.core.records import Call, RunFilter
 from cairn.core.status import STOPPED, RunStatus
 from cairn.steps.registry import DONE
 from cairn.store import CHECKPOINT_VERSION, Checkpoint, PgStore
@@ -309,3 +312,26 @@ def test_runs_listed_by_status_page_newest_first_like_the_whole_list(store: PgSt
     assert [r.run_id for r in page1 + page2] == failed
     assert store.list_runs(RunFilter(status=RunStatus.RUNNING)) == []
     assert len(store.list_runs(RunFilter(status=RunStatus.PENDING))) == 4
+
+
+def test_a_record_alone_commits_without_waiting_for_the_disk_and_one_with_writes_waits(
+    store: PgStore, sql, settings
+) -> None:
+    # What each record's transaction held at its commit, seen by a trigger at its end.
+    sql(
+        "CREATE TABLE seen (setting text);"
+        "CREATE FUNCTION note() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " INSERT INTO seen VALUES (current_setting('synchronous_commit')); RETURN NULL; END $$;"
+        "CREATE TRIGGER note AFTER INSERT ON journal FOR EACH ROW EXECUTE FUNCTION note()"
+    )
+    cp = _advance(_run(store), cursor="one")
+    store.save(cp, store.load("r1"))
+    assert store.record_call(cp, 0, Call(pos=0, name="tool", result=1))
+    # a call's own ctx.db transaction (a pooled connection: rows as dicts)
+    with psycopg.connect(settings.database_url, row_factory=dict_row) as conn:
+        conn.execute("CREATE TABLE mine (x int); INSERT INTO mine VALUES (1)")
+        assert store.record_call(cp, 0, Call(pos=1, name="tool"), SimpleNamespace(open=conn))
+    assert [r[0] for r in sql("SELECT setting FROM seen")] == ["off", "on"]
+    assert sql("SELECT x FROM mine") == [(1,)]
+    with store.db.connection() as pooled:  # local to the record's transaction: not kept
+        assert pooled.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"] == "on"
