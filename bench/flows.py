@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from celery import shared_task
+from celery.signals import task_prerun
 
 from bench.common import message
 from cairn import Child, Context, StepResult, workflow
@@ -114,3 +115,41 @@ def spread(ctx: Context) -> StepResult:
 def total(ctx: Context) -> StepResult:
     kids = ctx.children()
     return StepResult(cursor="done", state={"done": sum(1 for k in kids if k.status == "done")})
+
+
+# -- bench/latency.py: enqueue to the first step's start --------------------------------------
+LATENCY = "bench_latency"
+LATENCY_IDS = "lat-"  # its runs' ids begin so: only theirs are stamped at their task's start
+STAMPS = "bench:latency:stamps"
+latency = workflow(LATENCY)
+
+
+def _stamp(tag: str) -> None:
+    """tag and the wall clock now, pushed to Redis: when a step or task began."""
+    global _redis
+    if _redis is None:
+        import redis
+
+        _redis = redis.Redis.from_url(os.environ["CAIRN_REDIS_URL"])
+    _redis.rpush(STAMPS, f"{tag} {time.time()}")
+
+
+@latency.step()
+def first(ctx: Context) -> StepResult:
+    """Its first line stamps when the step began; the run ends there."""
+    _stamp(ctx.run_id)
+    return StepResult(cursor="done")
+
+
+@shared_task(name="bench.stamp", ignore_result=True)
+def stamp_task(tag: str) -> None:
+    """The floor: a bare Celery task that stamps when it began, as `first` does."""
+    _stamp(tag)
+
+
+@task_prerun.connect
+def _task_began(task: Any = None, args: Any = None, **_: Any) -> None:
+    """A cairn run's task began (before the loop's lease, claim and load): stamped apart,
+    to split the latency into the queue's part and the loop's."""
+    if task is not None and task.name == "cairn.run" and str(args[0]).startswith(LATENCY_IDS):
+        _stamp(f"task:{args[0]}")

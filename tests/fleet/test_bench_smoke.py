@@ -160,3 +160,11 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
 
     targets = [t for t in data["targets"] if t["target"].startswith("flow")]
     assert len(targets) == 3 and targets[0]["pass"] is True, targets
+
+    lat = data["latency"]["rows"]  # both ways on each broker, idle and loaded
+    assert {(r["broker"], r["load"]) for r in lat} >= {("redis", "idle"), ("redis", "loaded")}
+    for r in lat:
+        assert r["floor"]["p50"] > 0 and r["cairn"]["p50"] > 0, r
+        assert r["floor"]["n"] == r["cairn"]["n"] > 0, r
+    idle = next(r for r in lat if r["load"] == "idle")
+    assert all(v > 0 for v in idle["parts_p50_ms"].values()) and len(idle["parts_p50_ms"]) == 3
