@@ -402,8 +402,9 @@ class Client:
         self.redis.close()
 
 
-def wait_done(url: str, run_ids: list[str], timeout: float) -> float:
-    """Wait until every run is done; returns the latest final save time (epoch seconds)."""
+def wait_done(url: str, run_ids: list[str], timeout: float, every: float = 0.02) -> float:
+    """Wait until every run is done, looking every `every` seconds; returns the latest
+    final save time (epoch seconds)."""
     deadline = time.monotonic() + timeout
     with psycopg.connect(url, autocommit=True) as conn:
         while True:
@@ -421,7 +422,7 @@ def wait_done(url: str, run_ids: list[str], timeout: float) -> float:
                 return float(last)
             if time.monotonic() > deadline:
                 raise RuntimeError(f"timed out: {done}/{len(run_ids)} runs done")
-            time.sleep(0.02)
+            time.sleep(every)
 
 
 def through_celery(

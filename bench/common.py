@@ -36,6 +36,7 @@ SECTIONS = (
     "providers",
     "fanout",
     "latency",
+    "db_cost",
 )
 BENCH_REDIS_DB = 15
 INSTALL_HINT = "not installed: pip install -e '.[bench]'"

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bench import fanout, flow, latency, providers, stream
+from bench import dbcost, fanout, flow, latency, providers, stream
 from bench.common import SECTIONS
 
 
@@ -285,6 +285,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     providers.targets(results, add)
     fanout.targets(results, add)
     latency.targets(results, add)
+    dbcost.targets(results, add)
     return out
 
 
@@ -576,6 +577,7 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
     providers.render(results, c)
     fanout.render(results, c)
     latency.render(results, c)
+    dbcost.render(results, c)
     for name in SECTIONS:
         sec = results.get(name)
         if isinstance(sec, dict) and "error" in sec:

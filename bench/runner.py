@@ -16,6 +16,7 @@ import psycopg
 import redis
 
 from bench import (
+    dbcost,
     fanout,
     flow,
     latency,
@@ -129,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         "providers": providers.section,
         "fanout": fanout.section,
         "latency": latency.section,
+        "db_cost": dbcost.section,
     }
     try:
         for name in chosen:

@@ -166,5 +166,7 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
     for r in lat:
         assert r["floor"]["p50"] > 0 and r["cairn"]["p50"] > 0, r
         assert r["floor"]["n"] == r["cairn"]["n"] > 0, r
+    cost = data["db_cost"]["best"]  # Postgres's CPU and WAL over the window, per run
+    assert cost["pg_cpu_ms_per_run"] > 0 and cost["wal_bytes_per_run"] > 0, cost
     idle = next(r for r in lat if r["load"] == "idle")
     assert all(v > 0 for v in idle["parts_p50_ms"].values()) and len(idle["parts_p50_ms"]) == 3
