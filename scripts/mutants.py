@@ -99,8 +99,10 @@ MUTANTS = [
         "M5",
         "a rejected save commits the step's ctx.db writes",
         "store/checkpoints.py",
-        "                else:\n                    conn.rollback()",
-        "                else:\n                    conn.commit()",
+        "row = conn.execute(query, params).fetchone()\n                if row is not None:\n"
+        "                    conn.commit()\n                else:\n                    conn.rollback()",
+        "row = conn.execute(query, params).fetchone()\n                if row is not None:\n"
+        "                    conn.commit()\n                else:\n                    conn.commit()",
         (f"tests/integration/test_store.py::{OWN_WRITES}",),
     ),
     Mutant(
@@ -115,7 +117,7 @@ MUTANTS = [
         "M7",
         "no lease check before a model call",
         "steps/modelcalls.py",
-        "        self.ensure_owner()\n        if self._cap is not None:",
+        "        self._ensure_before_call()\n        if self._cap is not None:",
         "        if self._cap is not None:",
         (f"{ZOMBIE}[prefork-two]", f"{ZOMBIE}[threads-two]"),
     ),
