@@ -13,6 +13,9 @@ scripts/services.sh's server answers), two ways interleaved one for one:
          floor plus cairn's part (the insert, and in the worker the lease, the claim, the
          load, the middleware, the events).
 
+Then, with no worker: what `enqueue(..., connection=conn)` adds to the caller's own
+transaction (an order row and its commit, alone and with the run enqueued inside).
+
 Idle: one at a time, each sent once the one before stamped and the worker sat idle for
 a moment. Loaded: sent at a steady rate (a message every `gap` seconds, about half of
 what the worker carries), each way's latencies matched to their stamps. Reported per
@@ -145,10 +148,46 @@ def _loaded(ways: _Ways, n: int, gap: float) -> dict[str, list[float]]:
     return ways.stamps(2 * n, timeout=120)
 
 
+def _in_transaction(url: str, redis_url: str, n: int) -> dict[str, Any]:
+    """What `enqueue(..., connection=conn)` adds to the caller's own transaction: an order
+    row inserted and committed (the floor), and the same with the run enqueued inside it
+    (its row and its outbox notice, sent by beat's dispatcher after the commit), timed
+    from BEGIN to the end of COMMIT, interleaved."""
+    import psycopg
+
+    settings = cairn.Settings(database_url=url, redis_url=redis_url)
+    client = cairn.Client(url, redis_url, settings=settings)
+    got: dict[str, list[float]] = {"floor": [], "cairn": []}
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS bench_orders (id text PRIMARY KEY, n int)")
+            for i in range(2 * n + 20):  # the first 20: warm-up
+                way = ("floor", "cairn")[i % 2]
+                order = f"order-{uuid.uuid4().hex[:12]}"
+                t0 = time.perf_counter()
+                with conn.transaction():
+                    conn.execute("INSERT INTO bench_orders VALUES (%s, %s)", (order, i))
+                    if way == "cairn":
+                        client.enqueue(flows.LATENCY, {}, run_id=f"tx-{order}", connection=conn)
+                if i >= 20:
+                    got[way].append((time.perf_counter() - t0) * 1000)
+    finally:
+        client.close()
+    floor, run = _summary(got["floor"]), _summary(got["cairn"])
+    return {"floor": floor, "cairn": run, "added_p50_ms": run["p50"] - floor["p50"]}
+
+
 def section(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
     size = QUICK_SIZES if sz == QUICK else LatencySizes()
     amqp_url = _rabbitmq()
     rows: list[dict[str, Any]] = []
+    url = dbs.fresh("latency_tx")
+    cairn_sys.cairn_setup(url)
+    progress(f"latency: {size.idle} transactions of each way, the run enqueued inside or not")
+    try:
+        in_tx = _in_transaction(url, redis_url, size.idle)
+    finally:
+        dbs.drop(url)
     for name, amqp in (("redis", None), *((("rabbitmq", amqp_url),) if amqp_url else ())):
         url = dbs.fresh(f"latency_{name}")
         cairn_sys.cairn_setup(url)
@@ -183,11 +222,22 @@ def section(dbs: Databases, redis_url: str, sz: Sizes) -> dict[str, Any]:
                     "parts_p50_ms": parts if load == "idle" else {},
                 }
             )
-    return {"sizes": dataclasses.asdict(size), "rows": rows}
+    return {"sizes": dataclasses.asdict(size), "rows": rows, "in_transaction": in_tx}
 
 
 def targets(results: dict[str, Any], add: Any) -> None:
     sec = results.get("latency") or {}
+    tx = sec.get("in_transaction")
+    if tx:
+        add(
+            "transactional enqueue's added latency to the caller's commit (stated)",
+            True,
+            f"an order row's transaction {tx['floor']['p50']:.2f} ms p50 alone, "
+            f"{tx['cairn']['p50']:.2f} ms with the run enqueued inside: "
+            f"+{tx['added_p50_ms']:.2f} ms (p99 {tx['floor']['p99']:.2f} / "
+            f"{tx['cairn']['p99']:.2f} ms)",
+            stated=True,
+        )
     for r in sec.get("rows", []):
         if r["load"] != "idle":
             continue

@@ -166,6 +166,8 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
     for r in lat:
         assert r["floor"]["p50"] > 0 and r["cairn"]["p50"] > 0, r
         assert r["floor"]["n"] == r["cairn"]["n"] > 0, r
+    tx = data["latency"]["in_transaction"]  # an order's commit, with a run enqueued inside
+    assert tx["floor"]["p50"] > 0 and tx["cairn"]["n"] == tx["floor"]["n"] > 0, tx
     cost = data["db_cost"]["best"]  # Postgres's CPU and WAL over the window, per run
     assert cost["pg_cpu_ms_per_run"] > 0 and cost["wal_bytes_per_run"] > 0, cost
     idle = next(r for r in lat if r["load"] == "idle")
