@@ -663,6 +663,26 @@ MUTANTS = [
             "tests/integration/test_store.py::test_a_record_alone_commits_without_waiting_for_the_disk_and_one_with_writes_waits",
         ),
     ),
+    Mutant(
+        "M83",
+        "`cairn deploy check` takes a reordered call for a good one",
+        "workers/deploycheck.py",
+        "        return verdict(False, str(exc))",
+        "        return verdict(True)",
+        (
+            "tests/integration/test_deploy_check.py::test_the_check_names_each_run_new_code_would_break",
+        ),
+    ),
+    Mutant(
+        "M84",
+        "`cairn deploy check` makes the calls its record lacks",
+        "workers/deploycheck.py",
+        '        raise _Beyond("a new call")  # the record holds no call at this place',
+        "        super()._ensure_before_call()",
+        (
+            "tests/integration/test_deploy_check.py::test_the_check_names_each_run_new_code_would_break",
+        ),
+    ),
 ]
 
 

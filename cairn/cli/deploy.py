@@ -1,0 +1,99 @@
+"""`cairn deploy`: check new code against the runs in flight before deploying it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated
+
+import typer
+
+from cairn.cli.common import (
+    AsJson,
+    DatabaseUrl,
+    Workflows,
+    dumps,
+    err,
+    fail,
+    load_settings,
+    open_client,
+)
+
+app = typer.Typer(help="Deploys: new code against the runs in flight.", no_args_is_help=True)
+
+LIVE = ("running", "pending", "waiting", "queued")
+
+
+@app.command("check")
+def deploy_check(
+    runs: Annotated[
+        list[str] | None,
+        typer.Option("--run", help="Check this run only (repeat for more)."),
+    ] = None,
+    limit: Annotated[
+        int, typer.Option(min=1, help="At most this many live runs of each status, newest first.")
+    ] = 10_000,
+    as_json: AsJson = False,
+    database_url: DatabaseUrl = None,
+    workflows: Workflows = None,
+) -> None:
+    """Replay the live runs on this code: exit 1 naming any it would break.
+
+    Steps, state and input are checked, and each step replayed on its
+    journal. Nothing is sent or written: the replay serves recorded calls
+    and stops before any call, effect or ctx.db its record lacks.
+    """
+    from cairn.core.errors import CairnError
+    from cairn.core.records import RunFilter
+    from cairn.core.status import RunStatus
+    from cairn.steps import registry
+    from cairn.workers.deploycheck import check_run
+
+    settings = load_settings(database_url=database_url, workflows=workflows)
+    try:
+        registry.import_modules(settings.workflows)
+    except CairnError as exc:
+        fail(exc, 2)
+    findings = []
+    with open_client(settings) as client:
+        store = client.store
+        ids = list(runs or [])
+        if not ids:
+            for status in LIVE:
+                which = RunFilter(status=RunStatus(status), limit=limit)
+                ids += [r.run_id for r in store.list_runs(which)]
+        for run_id in ids:
+            cp = store.load(run_id)
+            if cp is None:
+                fail(f"no run {run_id!r}", 2)
+            findings.append(check_run(store, cp))
+    broken = [f for f in findings if not f.ok]
+    if as_json:
+        print(
+            dumps(
+                {
+                    "ok": not broken,
+                    "checked": len(findings),
+                    "broken": len(broken),
+                    "runs": [dataclasses.asdict(f) for f in findings],
+                }
+            )
+        )
+    else:
+        from rich.markup import escape
+
+        for f in broken:
+            err.print(
+                f"[bold red]{escape(f.run_id)}[/] {escape(f.workflow)}.{escape(f.step)}: "
+                + escape(f.problem),
+                soft_wrap=True,
+            )
+        calls = sum(f.replayed for f in findings)
+        if broken:
+            print(f"{len(broken)} of {len(findings)} live run(s) would break on this code")
+        else:
+            print(
+                f"ok: {len(findings)} live run(s) go on with this code "
+                f"({calls} recorded call(s) replayed)"
+            )
+    if broken:
+        raise typer.Exit(1)

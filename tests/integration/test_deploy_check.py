@@ -1,0 +1,265 @@
+"""`cairn deploy check`: live runs replayed on new code, each code a module of its own,
+checked by the real CLI in a process of its own against runs left mid-step in Postgres."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cairn.core.errors import RetryLater
+from cairn.core.status import RunStatus
+from cairn.store import PgStore
+from cairn.workers import loop
+from tests.helpers.services import ROOT
+
+# The code the runs started on: a first step, then one of three journaled calls whose
+# run stops after the second is recorded (a Transient), as a deploy would find it.
+V1 = """
+import cairn
+from cairn import Transient
+
+flow = cairn.workflow("deploy_check_demo")
+
+
+def lookup(what):
+    return {"what": what}
+
+
+@flow.step()
+def start(ctx):
+    return cairn.StepResult(cursor="fetch", state={"order": ctx.input["order"]})
+
+
+@flow.step()
+def fetch(ctx):
+    a = ctx.call("customer", lookup, ctx.state["order"])
+    b = ctx.call("items", lookup, a["what"])
+    if ctx.input.get("stop"):
+        raise Transient("the deploy comes")
+    ctx.call("total", lookup, b["what"])
+    return cairn.StepResult(cursor="done")
+"""
+
+HEAD = """
+import cairn
+
+def lookup(what):
+    return {"what": what}
+
+"""
+
+# New code, and what the check must say of it.
+VERSIONS = {
+    # A call added after the recorded ones, a step added after: both fine.
+    "same": (
+        True,
+        """
+flow = cairn.workflow("deploy_check_demo")
+
+@flow.step()
+def start(ctx):
+    return cairn.StepResult(cursor="fetch", state={"order": ctx.input["order"]})
+
+@flow.step()
+def fetch(ctx):
+    a = ctx.call("customer", lookup, ctx.state["order"])
+    b = ctx.call("items", lookup, a["what"])
+    ctx.call("tax", lookup, 1)
+    ctx.call("total", lookup, b["what"])
+    return cairn.StepResult(cursor="ship")
+
+@flow.step()
+def ship(ctx):
+    return cairn.StepResult(cursor="done")
+""",
+        "",
+    ),
+    # A rename declared, but the visit in flight recorded its calls under the old name:
+    # the new code would make them again, under new keys.
+    "renamed_with_entry": (
+        False,
+        """
+flow = cairn.workflow("deploy_check_demo", renamed={"fetch": "gather"})
+
+@flow.step()
+def start(ctx):
+    return cairn.StepResult(cursor="gather", state={"order": ctx.input["order"]})
+
+@flow.step()
+def gather(ctx):
+    a = ctx.call("customer", lookup, ctx.state["order"])
+    ctx.call("items", lookup, a["what"])
+    return cairn.StepResult(cursor="done")
+""",
+        "recorded 2 call(s) under its old name: they would be made again",
+    ),
+    "reordered": (
+        False,
+        """
+flow = cairn.workflow("deploy_check_demo")
+
+@flow.step()
+def start(ctx):
+    return cairn.StepResult(cursor="fetch", state={"order": ctx.input["order"]})
+
+@flow.step()
+def fetch(ctx):
+    b = ctx.call("items", lookup, 1)
+    ctx.call("customer", lookup, b["what"])
+    return cairn.StepResult(cursor="done")
+""",
+        "call 0 is 'items' in this attempt but the journal recorded 'customer'",
+    ),
+    "call_renamed": (
+        False,
+        """
+flow = cairn.workflow("deploy_check_demo")
+
+@flow.step()
+def start(ctx):
+    return cairn.StepResult(cursor="fetch", state={"order": ctx.input["order"]})
+
+@flow.step()
+def fetch(ctx):
+    a = ctx.call("customer", lookup, ctx.state["order"])
+    ctx.call("line_items", lookup, a["what"])
+    return cairn.StepResult(cursor="done")
+""",
+        "call 1 is 'line_items' in this attempt but the journal recorded 'items'",
+    ),
+    "step_renamed": (
+        False,
+        """
+flow = cairn.workflow("deploy_check_demo")
+
+@flow.step()
+def start(ctx):
+    return cairn.StepResult(cursor="gather", state={"order": ctx.input["order"]})
+
+@flow.step()
+def gather(ctx):
+    return cairn.StepResult(cursor="done")
+""",
+        "has no step 'fetch': it was renamed or removed",
+    ),
+    "state_field_gone": (
+        False,
+        """
+flow = cairn.workflow("deploy_check_demo")
+
+@flow.step()
+def start(ctx):
+    return cairn.StepResult(cursor="fetch", state={"order_id": ctx.input["order"]})
+
+@flow.step()
+def fetch(ctx):
+    a = ctx.call("customer", lookup, ctx.state["order_id"])
+    ctx.call("items", lookup, a["what"])
+    return cairn.StepResult(cursor="done")
+""",
+        "the step raised KeyError: 'order_id'",
+    ),
+    "calls_skipped": (
+        False,
+        """
+flow = cairn.workflow("deploy_check_demo")
+
+@flow.step()
+def start(ctx):
+    return cairn.StepResult(cursor="fetch", state={"order": ctx.input["order"]})
+
+@flow.step()
+def fetch(ctx):
+    ctx.call("customer", lookup, ctx.state["order"])
+    return cairn.StepResult(cursor="done")
+""",
+        "the step returned after 1 of the 2 calls its journal recorded",
+    ),
+}
+
+
+@pytest.fixture
+def live(deps: loop.Deps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Three runs of V1 left inside `fetch` with two calls recorded, one pending run."""
+    (tmp_path / "deploy_check_v1.py").write_text(V1)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("deploy_check_v1")
+    ids = []
+    for i in range(3):
+        run_id = f"dc-{i}-{time.time_ns()}"
+        deps.store.create_run(run_id, "deploy_check_demo", {"order": i, "stop": True})
+        with pytest.raises(RetryLater):
+            loop.run(run_id, deps)
+        ids.append(run_id)
+    deps.store.create_run(f"dc-new-{time.time_ns()}", "deploy_check_demo", {"order": 9})
+    return ids
+
+
+def _check(tmp_path: Path, settings: Any, name: str, *extra: str) -> subprocess.CompletedProcess:
+    (tmp_path / f"deploy_check_{name}.py").write_text(HEAD + textwrap.dedent(VERSIONS[name][1]))
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}",
+        "CAIRN_DATABASE_URL": settings.database_url,
+        "CAIRN_REDIS_URL": settings.redis_url,
+        "COLUMNS": "200",
+    }
+    argv = [sys.executable, "-m", "cairn.cli", "deploy", "check"]
+    argv += ["--workflows", f"deploy_check_{name}", *extra]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+
+
+@pytest.mark.parametrize("name", list(VERSIONS))
+def test_the_check_names_each_run_new_code_would_break(
+    live: list[str], store: PgStore, settings: Any, tmp_path: Path, name: str
+) -> None:
+    ok, _, says = VERSIONS[name]
+    before = {r: store.load(r) for r in live}
+    done = _check(tmp_path, settings, name, "--json")
+    assert done.returncode == (0 if ok else 1), done.stderr
+    report = json.loads(done.stdout)
+    assert report["checked"] == 4 and report["broken"] == (0 if ok else 3), report
+    mid = [r for r in report["runs"] if r["run_id"] in live]
+    assert all(r["ok"] is ok and says in r["problem"] for r in mid), mid
+    if ok:
+        assert all(r["replayed"] == 2 == r["recorded"] for r in mid), mid
+    # Nothing written: the runs stand as they were, their journals as they were.
+    for run_id, cp in before.items():
+        assert store.load(run_id) == cp
+        assert [c.name for c in store.journal(run_id, "fetch", 0)] == ["customer", "items"]
+
+
+def test_the_plain_report_names_the_run_and_why_in_a_line(
+    live: list[str], settings: Any, tmp_path: Path
+) -> None:
+    done = _check(tmp_path, settings, "reordered", "--run", live[0])
+    assert done.returncode == 1
+    assert f"{live[0]} deploy_check_demo.fetch: step 'fetch' of run" in done.stderr
+    assert done.stdout.strip() == "1 of 1 live run(s) would break on this code"
+    fine = _check(tmp_path, settings, "same", "--run", live[0], "--run", live[1])
+    assert fine.returncode == 0, fine.stderr
+    assert (
+        fine.stdout.strip()
+        == "ok: 2 live run(s) go on with this code (4 recorded call(s) replayed)"
+    )
+    missing = _check(tmp_path, settings, "same", "--run", "no-such-run")
+    assert missing.returncode == 2 and "no run 'no-such-run'" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    assert store_status(settings, live) == {RunStatus.RUNNING}
+
+
+def store_status(settings: Any, ids: list[str]) -> set[str]:
+    import psycopg
+
+    with psycopg.connect(settings.database_url) as conn:
+        rows = conn.execute("SELECT status FROM checkpoints WHERE run_id = ANY(%s)", (ids,))
+        return {r[0] for r in rows}
