@@ -111,23 +111,14 @@ def check_run(store: CheckpointStore, cp: Checkpoint) -> Finding:
         fn = _step_function(going, flow)
     except Exception as exc:  # noqa: BLE001 (Stop, or past max_steps)
         return found(False, str(exc), going.cursor)
-    if going.cursor != cp.cursor and cp.cursor != START:
-        # Renamed: the visit in flight recorded its calls (and keyed its effects) under
-        # the old name, which the new code's replay neither reads nor keys by.
-        old = store.journal(cp.run_id, cp.cursor, cp.visits.get(cp.cursor, 0))
-        if old:
-            return found(
-                False,
-                f"step {cp.cursor!r} is {going.cursor!r} in this code, and the visit in "
-                f"flight recorded {len(old)} call(s) under its old name: they would be made "
-                "again (with new keys). Deploy the rename once the runs in it saved it",
-                going.cursor,
-                recorded=len(old),
-            )
-    recorded = len(store.journal(going.run_id, going.cursor, going.visits.get(going.cursor, 0)))
+    # A step renamed while the run was inside it: the worker goes on with the visit under
+    # the name it began as (its journal, its keys), and so does the replay.
+    renamed = cp.cursor not in (START, going.cursor) and flow.current(cp.cursor)
+    at = dataclasses.replace(going, cursor=cp.cursor) if renamed == going.cursor else going
+    recorded = len(store.journal(at.run_id, at.cursor, at.visits.get(at.cursor, 0)))
     if not recorded:
         return found(True, "", going.cursor)  # no record to hold the code to
-    ctx = _Replay(going, store=store, lease=_Lease(going), model=_Model())  # type: ignore[arg-type]
+    ctx = _Replay(at, store=store, lease=_Lease(at), model=_Model())  # type: ignore[arg-type]
 
     def verdict(ok: bool, problem: str = "", stopped_at: str = "") -> Finding:
         return found(

@@ -175,6 +175,10 @@ def _drive(cp: Checkpoint, lease: HeldLease, deps: Deps) -> RunStatus:
         )
         flow = registry.get(cp.workflow)
         cp = _going_on(cp, flow, lease, resumed)
+        # A step renamed by a deploy while this run was inside it: the visit in flight
+        # recorded its calls and keyed its effects under the name it began as, and keeps it.
+        renamed = claimed.cursor not in (START, cp.cursor) and flow.current(claimed.cursor)
+        begun_as = claimed.cursor if renamed == cp.cursor else None
         if resumed:
             where = f"{cp.cursor!r} (seq {cp.seq})"
             logger.warning("run %s: resuming at %s", run_id, where, extra=logs.at(cp, "resume"))
@@ -189,7 +193,8 @@ def _drive(cp: Checkpoint, lease: HeldLease, deps: Deps) -> RunStatus:
         while cp.cursor != DONE and cp.status != RunStatus.WAITING:
             if deps.stopping():
                 raise HandOff(f"run {run_id}: worker shutting down at {cp.cursor!r}")
-            cp, read = _step(cp, flow, lease, deps, stream, read)
+            cp, read = _step(cp, flow, lease, deps, stream, read, begun_as)
+            begun_as = None
         if cp.status == RunStatus.DONE:
             stream.ended(cp, RunStatus.DONE, None)
         return cp.status
@@ -338,10 +343,12 @@ def _step(
     deps: Deps,
     stream: Announcer,
     read: float | None = None,
+    begun_as: str | None = None,
 ) -> tuple[Checkpoint, float]:
     """Run the step at cp.cursor and save its checkpoint; returns the saved checkpoint and
     when its save (which found the run not cancelled) was sent. read: when this worker's
-    save of the step before was, so no journal can hold calls of this one."""
+    save of the step before was, so no journal can hold calls of this one. begun_as: the
+    name the visit began under, before a deploy renamed its step (its journal and keys)."""
     settings, store, middleware = deps.settings, deps.store, deps.middleware
     fn = _step_function(cp, flow)
     lease.ensure()
@@ -352,7 +359,7 @@ def _step(
         signal_id=cp.signal["id"] if cp.signal else None,
     )
     ctx = Context(
-        cp,
+        cp if begun_as is None else dataclasses.replace(cp, cursor=begun_as),
         store=store,
         lease=lease,
         model=deps.model,

@@ -83,10 +83,9 @@ def ship(ctx):
 """,
         "",
     ),
-    # A rename declared, but the visit in flight recorded its calls under the old name:
-    # the new code would make them again, under new keys.
+    # A rename declared: the visit in flight goes on under the name it began as.
     "renamed_with_entry": (
-        False,
+        True,
         """
 flow = cairn.workflow("deploy_check_demo", renamed={"fetch": "gather"})
 
@@ -100,7 +99,7 @@ def gather(ctx):
     ctx.call("items", lookup, a["what"])
     return cairn.StepResult(cursor="done")
 """,
-        "recorded 2 call(s) under its old name: they would be made again",
+        "",
     ),
     "reordered": (
         False,
@@ -263,3 +262,59 @@ def store_status(settings: Any, ids: list[str]) -> set[str]:
     with psycopg.connect(settings.database_url) as conn:
         rows = conn.execute("SELECT status FROM checkpoints WHERE run_id = ANY(%s)", (ids,))
         return {r[0] for r in rows}
+
+
+RENAMED = """
+import cairn
+from cairn import Transient
+
+flow = cairn.workflow("deploy_rename_demo")
+MADE = []
+STOP = True
+
+
+def lookup(what):
+    MADE.append((what, cairn.current().idempotency_key()))
+    return {"what": what}
+
+
+@flow.step()
+def start(ctx):
+    return cairn.StepResult(cursor="fetch")
+
+
+@flow.step()
+def fetch(ctx):
+    ctx.call("customer", lookup, "c")
+    ctx.call("items", lookup, "i")
+    if STOP:
+        raise Transient("the deploy comes")
+    ctx.call("total", lookup, "t")
+    return cairn.StepResult(cursor="done")
+"""
+
+
+def test_a_step_renamed_while_a_run_is_inside_it_goes_on_with_nothing_made_twice(
+    deps: loop.Deps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "deploy_rename_v1.py").write_text(RENAMED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = importlib.import_module("deploy_rename_v1")
+    run_id = f"rn-{time.time_ns()}"
+    deps.store.create_run(run_id, "deploy_rename_demo", {})
+    with pytest.raises(RetryLater):
+        loop.run(run_id, deps)
+    # The deploy: `fetch` is `gather` now, declared renamed, and the step goes through.
+    flow = code.flow
+    flow.steps["gather"], flow.retries["gather"] = flow.steps.pop("fetch"), flow.retries["fetch"]
+    flow.renamed["fetch"] = "gather"
+    code.STOP = False
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    key = f"cairn:{run_id}:fetch:0"
+    assert code.MADE == [
+        ("c", f"{key}:customer:0"),
+        ("i", f"{key}:items:0"),
+        ("t", f"{key}:total:0"),  # the visit's own keys, under the name it began as
+    ]
+    steps = [(h["cursor"], h["outcome"]) for h in deps.store.history(run_id)]
+    assert steps[-1] == ("gather", "saved")
