@@ -160,3 +160,7 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
 
     targets = [t for t in data["targets"] if t["target"].startswith("flow")]
     assert len(targets) == 3 and targets[0]["pass"] is True, targets
+
+    waits = data["waits"]  # counts, not timings: every wait woke, on the client's connections
+    assert waits["waits"] == 100 and waits["burst"] == 50, waits
+    assert waits["connections"] <= 2 and waits["wake_ms"]["p50"] > 0, waits
