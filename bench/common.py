@@ -37,6 +37,7 @@ SECTIONS = (
     "fanout",
     "latency",
     "db_cost",
+    "waits",
 )
 BENCH_REDIS_DB = 15
 INSTALL_HINT = "not installed: pip install -e '.[bench]'"

@@ -25,6 +25,7 @@ from cairn.store import (
     keys,  # the Redis keys of a run's stream and of the serve hub's wake streams (stream)
     upgrade,  # a fresh database migrated as `cairn db upgrade` does
 )
+from cairn.store.db import channel  # a run's notification channel, heard bare (waits)
 from cairn.store.events import RedisEvents  # the event log under a worker's Outbox (stream)
 from cairn.store.ratelimit import Limit, RateLimiter  # the limiter itself (ratelimit section)
 from cairn.store.sql import (
@@ -59,6 +60,7 @@ __all__ = [
     "Tracing",
     "admin",
     "broker",
+    "channel",
     "encode",
     "fleet",
     "keys",

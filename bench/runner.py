@@ -27,6 +27,7 @@ from bench import (
     sections,
     stream,
     waiting,
+    waits,
 )
 from bench.common import ROOT, SECTIONS, Databases, base_db, bench_redis, progress, set_quiet
 
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         "fanout": fanout.section,
         "latency": latency.section,
         "db_cost": dbcost.section,
+        "waits": waits.section,
     }
     try:
         for name in chosen:

@@ -76,6 +76,9 @@ class Sizes:
     # tracing's overhead, judged on short untraced/traced runs back to back: pairs, steps
     tracing_pairs: int = 40
     tracing_pair_steps: int = 100
+    # bench/waits.py: runs waited for at once on one AsyncClient; those stopped one by one
+    waits: int = 1000
+    waits_samples: int = 300
 
 
 QUICK = Sizes(
@@ -108,6 +111,8 @@ QUICK = Sizes(
     stream_cpu_reps=1,
     tracing_pairs=4,
     tracing_pair_steps=10,
+    waits=100,
+    waits_samples=50,
 )
 
 # A budget no bench window reaches, so cairn carries the whole window like every peer

@@ -61,6 +61,7 @@ LG_ZOMBIE = (
     "test_a_zombie_paused_inside_a_langgraph_put_neither_forks_the_thread_nor_runs_a_node_twice"
 )
 PROVIDERS = "tests/integration/test_providers.py"
+WAITS = "tests/integration/test_wait_many.py"
 
 MUTANTS = [
     Mutant(
@@ -692,6 +693,20 @@ MUTANTS = [
         (
             "tests/integration/test_deploy_check.py::test_a_step_renamed_while_a_run_is_inside_it_goes_on_with_nothing_made_twice",
         ),
+        "M70",
+        "the waits' listening connection, back after a drop, does not read the waited runs again",
+        "store/waits.py",
+        "            self._fresh = [w for ws in self._waiters.values() for w in ws]\n",
+        "            pass\n",
+        (f"{WAITS}::test_waiters_wake_for_runs_that_stopped_while_their_connection_was_down",),
+    ),
+    Mutant(
+        "M71",
+        "a notification that comes while the waits' listener sleeps wakes nobody (waits poll)",
+        "store/waits.py",
+        "                self._heard.add(n.relname.decode())\n",
+        "                pass\n",
+        ("tests/integration/test_wait.py::test_wait_is_woken_by_the_status_change_not_by_polling",),
     ),
 ]
 

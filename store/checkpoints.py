@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +25,7 @@ from cairn.core.records import (
     Wait,
 )
 from cairn.core.status import RunStatus
-from cairn.store.db import Database, channel, outage, translated
+from cairn.store.db import Database, outage, translated
 from cairn.store.rows import (
     FOLD_AT,
     FOLD_BATCH,
@@ -41,7 +39,6 @@ from cairn.store.rows import (
     replay_params,
     rewound,
     save_params,
-    settled,
 )
 from cairn.store.schedules import ScheduleStore
 from cairn.store.sql import QUERIES
@@ -378,31 +375,16 @@ class PgStore:
 
     def wait(self, run_id: str, timeout: float | None = None, poll: float = 2.0) -> Run:
         """The run once it is stopped or waiting (cairn.status.SETTLED), woken by the
-        notification its status change sends, and looking again every poll seconds in case
+        notification its status change sends, heard on the one connection all this
+        database's waits share (store/waits.py), and read again every poll seconds in case
         none can come (PgBouncer in transaction mode). Raises UnknownRun, or WaitTimedOut
         after timeout seconds (None: no limit)."""
-        deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
-        with self.db.listening(channel(run_id)) as heard:
-            while True:  # listening before the first look: a change between is not missed
-                run = self.get(run_id)
-                left = settled(run_id, run, timeout, deadline)
-                if left is None:
-                    return run  # type: ignore[return-value]
-                heard(min(poll, left))
+        return self.db.listener().wait(run_id, timeout, poll)
 
     async def wait_async(self, run_id: str, timeout: float | None = None, poll: float = 2.0) -> Run:
-        """wait() for asyncio: LISTEN on an async connection of its own, so no thread is
-        held while the run goes on; each look is a short get() in a worker thread."""
-        from cairn.store.aio import listening
-
-        deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
-        async with listening(self.db, channel(run_id)) as heard:
-            while True:
-                run = await asyncio.to_thread(self.get, run_id)
-                left = settled(run_id, run, timeout, deadline)
-                if left is None:
-                    return run  # type: ignore[return-value]
-                await heard(min(poll, left))
+        """wait() for asyncio, on the same shared connection: the task awaits its news,
+        holding no thread and no connection of its own."""
+        return await self.db.listener().wait_async(run_id, timeout, poll)
 
     # -- journal ---------------------------------------------------------------------
     def journal(self, run_id: str, cursor: str, visit: int) -> list[Call]:

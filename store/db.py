@@ -6,10 +6,11 @@ import collections
 import contextlib
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 import psycopg_pool
@@ -25,6 +26,9 @@ from tenacity import (
 
 from cairn.core.errors import StoreError, StoreUnavailable
 from cairn.store.sql import QUERIES, migrations
+
+if TYPE_CHECKING:
+    from cairn.store.waits import Listener
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -112,8 +116,14 @@ class Database:
         give_up_after: float = 30.0,
         prepare: bool = True,
         hold: float = 10.0,
+        listen_url: str | None = None,
     ) -> None:
         self.url = url
+        # Where waits LISTEN (CAIRN_LISTEN_URL): straight to Postgres when url goes
+        # through PgBouncer in transaction mode, which passes no notifications.
+        self.listen_url = listen_url
+        self._listener: Listener | None = None
+        self._listener_lock = threading.Lock()
         self.give_up_after = give_up_after
         self.prepare = prepare
         # How long a fenced write's transaction may sit idle holding its run's row (the
@@ -148,8 +158,26 @@ class Database:
         return self
 
     def close(self) -> None:
+        with self._listener_lock:
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
         self.pool.close()
         self._opened = False
+
+    def listener(self) -> Listener:
+        """The one connection every wait on this database listens on (store/waits.py),
+        opened with the first wait."""
+        from cairn.store.waits import Listener
+
+        with self._listener_lock:
+            if self._listener is None:
+                self._listener = Listener(
+                    self.listen_url or self.url,
+                    prepare=self.prepare,
+                    give_up_after=self.give_up_after,
+                )
+            return self._listener
 
     def retry(self, fn: Callable[[], T]) -> T:
         # The first try runs bare: building a tenacity Retrying costs ~30 us, a tenth of
@@ -170,18 +198,11 @@ class Database:
             yield conn
 
     @contextlib.contextmanager
-    def listening(self, name: str) -> Iterator[Callable[[float], bool]]:
-        """LISTEN on channel name over a connection of its own (a pooled one goes back to
-        the pool between statements); yields heard(seconds): whether a notification came
-        within that time. Behind PgBouncer in transaction mode none ever does, so callers
-        look again now and then whatever they hear."""
-        with self.hearing(name) as heard:
-            yield lambda seconds: heard(seconds) is not None
-
-    @contextlib.contextmanager
     def hearing(self, name: str) -> Iterator[Callable[[float], str | None]]:
-        """listening, with what was said: heard(seconds) is the payload of the next
-        notification on channel name within that time, else None."""
+        """LISTEN on channel name over a connection of its own (a pooled one goes back to
+        the pool between statements); yields heard(seconds): the payload of the next
+        notification on it within that time, else None. Behind PgBouncer in transaction
+        mode none ever comes."""
         options: dict[str, Any] = {"autocommit": True, "connect_timeout": 5}
         if not self.prepare:
             options["prepare_threshold"] = None

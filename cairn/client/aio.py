@@ -1,8 +1,8 @@
 """AsyncClient: Client's face for asyncio. Each of its methods runs Client's in a worker
 thread (asyncio.to_thread, as DBOS's enqueue_async does), made from Client's own
-(`_threaded`), so the two cannot drift; only wait (LISTEN/NOTIFY on an async connection)
-and events (asyncio Redis reads) are asyncio's own, as they hold no thread while they
-wait, and enqueue on the caller's AsyncConnection, whose transaction is its event loop's. tests/unit/test_client_parity.py checks the two faces method by method.
+(`_threaded`), so the two cannot drift; only wait (a task awaiting news from the Client's
+one listening connection, store/waits.py) and events (asyncio Redis reads) are asyncio's
+own, as they hold no thread while they wait, and enqueue on the caller's AsyncConnection, whose transaction is its event loop's. tests/unit/test_client_parity.py checks the two faces method by method.
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ _enqueue_threaded = _threaded(Client.enqueue)
 class AsyncClient:
     """Client for asyncio apps (FastAPI, aiohttp): every method of Client, awaited, with
     the same parameters, over a Client of its own (`sync`). A call runs in a worker thread,
-    so the event loop never blocks on Postgres or the broker; wait listens for its run's
-    notification on an async connection and events reads Redis with asyncio, holding no
-    thread while they wait.
+    so the event loop never blocks on Postgres or the broker; wait awaits its run's
+    notification, heard on the Client's one listening connection, and events reads Redis
+    with asyncio, holding no thread while they wait.
 
         async with cairn.AsyncClient() as client:
             run_id = await client.enqueue("invoice", {"customer": "acme", "email": "a@acme.test"})
@@ -162,8 +162,9 @@ class AsyncClient:
 
     async def wait(self, run_id: str, timeout: float | None = 60.0) -> Run:
         """Client.wait for asyncio: the run once stopped or waiting for a signal, woken by
-        LISTEN/NOTIFY on an async connection (no thread held while it waits). Raises
-        UnknownRun, or cairn.WaitTimedOut after timeout seconds (None: no limit)."""
+        LISTEN/NOTIFY on the one connection all the client's waits share (no thread and no
+        connection held per wait). Raises UnknownRun, or cairn.WaitTimedOut after timeout
+        seconds (None: no limit)."""
         return await self.store.wait_async(run_id, timeout)
 
     async def events(

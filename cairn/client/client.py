@@ -101,6 +101,7 @@ class Client:
                 max_size=pool_size,
                 give_up_after=s.client_give_up_after,
                 prepare=s.database_prepare,
+                listen_url=s.listen_url,  # its waits' one connection
             )
             store = PgStore(self._db)
         self.store: CheckpointStore = store
@@ -366,8 +367,10 @@ class Client:
 
     def wait(self, run_id: str, timeout: float | None = 60.0) -> Run:
         """The run once it is done, failed, cancelled (any stopped status) or waiting for a
-        signal: woken by Postgres LISTEN/NOTIFY, not by polling. Raises UnknownRun, or
-        cairn.WaitTimedOut (a TimeoutError) after timeout seconds (None: no limit)."""
+        signal: woken by Postgres LISTEN/NOTIFY, not by polling. All of a Client's waits
+        share one listening connection, opened on the first wait and closed with the
+        Client. Raises UnknownRun, or cairn.WaitTimedOut (a TimeoutError) after timeout
+        seconds (None: no limit)."""
         return self.store.wait(run_id, timeout)
 
     def history(self, run_id: str) -> builtins.list[StepRecord]:

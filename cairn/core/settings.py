@@ -29,8 +29,9 @@ class Settings:
     listen_url: str | None = _setting(
         None,
         "CAIRN_LISTEN_URL",
-        "beat's LISTEN for runs enqueued in a caller's transaction (default: the database "
-        "URL); straight to Postgres when that one goes through PgBouncer in transaction mode",
+        "where LISTEN goes (default: the database URL): beat's, for runs enqueued in a "
+        "caller's transaction, and a client's one connection for its waits; straight to "
+        "Postgres when the database URL goes through PgBouncer in transaction mode",
     )
     redis_url: str = _setting(
         "redis://127.0.0.1:63790/0",

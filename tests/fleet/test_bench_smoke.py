@@ -172,3 +172,6 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
     assert cost["pg_cpu_ms_per_run"] > 0 and cost["wal_bytes_per_run"] > 0, cost
     idle = next(r for r in lat if r["load"] == "idle")
     assert all(v > 0 for v in idle["parts_p50_ms"].values()) and len(idle["parts_p50_ms"]) == 3
+    waits = data["waits"]  # counts, not timings: every wait woke, on the client's connections
+    assert waits["waits"] == 100 and waits["burst"] == 50, waits
+    assert waits["connections"] <= 2 and waits["wake_ms"]["p50"] > 0, waits
