@@ -693,6 +693,8 @@ MUTANTS = [
         (
             "tests/integration/test_deploy_check.py::test_a_step_renamed_while_a_run_is_inside_it_goes_on_with_nothing_made_twice",
         ),
+    ),
+    Mutant(
         "M70",
         "the waits' listening connection, back after a drop, does not read the waited runs again",
         "store/waits.py",
