@@ -35,6 +35,7 @@ SECTIONS = (
     "flow",
     "providers",
     "fanout",
+    "sleep",
 )
 BENCH_REDIS_DB = 15
 INSTALL_HINT = "not installed: pip install -e '.[bench]'"

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bench import fanout, flow, providers, stream
+from bench import fanout, flow, providers, sleep, stream
 from bench.common import SECTIONS
 
 
@@ -284,6 +284,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     flow.targets(results, add)
     providers.targets(results, add)
     fanout.targets(results, add)
+    sleep.targets(results, add)
     return out
 
 
@@ -574,6 +575,7 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
     flow.render(results, c)
     providers.render(results, c)
     fanout.render(results, c)
+    sleep.render(results, c)
     for name in SECTIONS:
         sec = results.get(name)
         if isinstance(sec, dict) and "error" in sec:

@@ -15,7 +15,18 @@ from typing import Any
 import psycopg
 import redis
 
-from bench import fanout, flow, million, pai, providers, report, sections, stream, waiting
+from bench import (
+    fanout,
+    flow,
+    million,
+    pai,
+    providers,
+    report,
+    sections,
+    sleep,
+    stream,
+    waiting,
+)
 from bench.common import ROOT, SECTIONS, Databases, base_db, bench_redis, progress, set_quiet
 
 DEFAULT_JSON = ROOT / "bench" / "results.json"
@@ -117,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         "flow": flow.section,
         "providers": providers.section,
         "fanout": fanout.section,
+        "sleep": sleep.section,
     }
     try:
         for name in chosen:

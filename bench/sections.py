@@ -76,6 +76,10 @@ class Sizes:
     # tracing's overhead, judged on short untraced/traced runs back to back: pairs, steps
     tracing_pairs: int = 40
     tracing_pair_steps: int = 100
+    # bench/sleep.py: sleeping runs, how many of them are due, passes timed
+    sleep_sleeping: int = 1_000_000
+    sleep_due: int = 1_000
+    sleep_reps: int = 7
 
 
 QUICK = Sizes(
@@ -108,6 +112,9 @@ QUICK = Sizes(
     stream_cpu_reps=1,
     tracing_pairs=4,
     tracing_pair_steps=10,
+    sleep_sleeping=10_000,
+    sleep_due=100,
+    sleep_reps=3,
 )
 
 # A budget no bench window reaches, so cairn carries the whole window like every peer

@@ -61,6 +61,8 @@ LG_ZOMBIE = (
     "test_a_zombie_paused_inside_a_langgraph_put_neither_forks_the_thread_nor_runs_a_node_twice"
 )
 PROVIDERS = "tests/integration/test_providers.py"
+DEBOUNCE = "tests/contract/test_store_contract.py"
+DEBOUNCE_FLEET = "tests/fleet/test_debounce.py"
 
 MUTANTS = [
     Mutant(
@@ -597,8 +599,8 @@ MUTANTS = [
         "M58",
         "a wake sent twice: the wake pass without its guard (no row lock, no status re-check)",
         "store/sql/queries.sql",
-        "              FOR UPDATE SKIP LOCKED))\n   AND c.status = 'waiting'",
-        "              ))",
+        "                  FOR UPDATE SKIP LOCKED))\n       AND c.status = 'waiting'",
+        "                  ))",
         ("tests/contract/test_store_contract.py::test_two_wakers_at_once_wake_a_run_once[pg]",),
     ),
     Mutant(
@@ -635,6 +637,24 @@ MUTANTS = [
         "                )  # fmt: skip\n                self.send(run_id, priority=prio)\n                return run_id\n",
         (
             "tests/integration/test_transactional_enqueue.py::test_a_rolled_back_enqueue_leaves_no_run_and_sends_nothing",
+        ),
+    ),
+    Mutant(
+        "M63",
+        "a debounce that starts two runs: the key is not stored, so no enqueue meets another",
+        "store/sql/queries.sql",
+        "now() + make_interval(secs => %(debounce)s), %(workflow)s, %(key)s)",
+        "now() + make_interval(secs => %(debounce)s), %(workflow)s, NULL)",
+        (f"{DEBOUNCE}::test_two_debounced_enqueues_racing_make_one_run", DEBOUNCE_FLEET),
+    ),
+    Mutant(
+        "M64",
+        "a stream of debounced enqueues puts the start off for ever (max_wait ignored)",
+        "store/sql/queries.sql",
+        "c.created_at + make_interval(secs => %(max_wait)s)),",
+        "NULL),",
+        (
+            f"{DEBOUNCE}::test_debounced_enqueues_collapse_into_one_run_that_wakes_once_with_the_latest_input",
         ),
     ),
 ]

@@ -160,3 +160,7 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
 
     targets = [t for t in data["targets"] if t["target"].startswith("flow")]
     assert len(targets) == 3 and targets[0]["pass"] is True, targets
+
+    slept = data["sleep"]  # beat's wake pass among sleeping runs (bench/sleep.py)
+    assert slept["wake_ms"] > 0 and slept["wake_none_due_ms"] > 0, slept
+    assert slept["counts_exact"], slept
