@@ -38,6 +38,7 @@ SECTIONS = (
     "latency",
     "db_cost",
     "waits",
+    "sleep",
 )
 BENCH_REDIS_DB = 15
 INSTALL_HINT = "not installed: pip install -e '.[bench]'"

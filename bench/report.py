@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bench import dbcost, fanout, flow, latency, providers, stream, waits
+from bench import dbcost, fanout, flow, latency, providers, sleep, stream, waits
 from bench.common import SECTIONS
 
 
@@ -287,6 +287,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     latency.targets(results, add)
     dbcost.targets(results, add)
     waits.targets(results, add)
+    sleep.targets(results, add)
     return out
 
 
@@ -580,6 +581,7 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
     latency.render(results, c)
     dbcost.render(results, c)
     waits.render(results, c)
+    sleep.render(results, c)
     for name in SECTIONS:
         sec = results.get(name)
         if isinstance(sec, dict) and "error" in sec:

@@ -25,6 +25,7 @@ from bench import (
     providers,
     report,
     sections,
+    sleep,
     stream,
     waiting,
     waits,
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         "latency": latency.section,
         "db_cost": dbcost.section,
         "waits": waits.section,
+        "sleep": sleep.section,
     }
     try:
         for name in chosen:

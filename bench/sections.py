@@ -79,6 +79,10 @@ class Sizes:
     # bench/waits.py: runs waited for at once on one AsyncClient; those stopped one by one
     waits: int = 1000
     waits_samples: int = 300
+    # bench/sleep.py: sleeping runs, how many of them are due, passes timed
+    sleep_sleeping: int = 1_000_000
+    sleep_due: int = 1_000
+    sleep_reps: int = 7
 
 
 QUICK = Sizes(
@@ -113,6 +117,9 @@ QUICK = Sizes(
     tracing_pair_steps=10,
     waits=100,
     waits_samples=50,
+    sleep_sleeping=10_000,
+    sleep_due=100,
+    sleep_reps=3,
 )
 
 # A budget no bench window reaches, so cairn carries the whole window like every peer

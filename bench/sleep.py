@@ -1,9 +1,11 @@
-"""Durable sleep at scale: `python -m bench.sleep [--sleeping N] [--due D] [--reps R]`.
+"""Durable sleep at scale: `python -m bench --only sleep`, or alone `python -m bench.sleep
+[--sleeping N] [--due D] [--reps R]`.
 
 N runs sleep (waiting, their wake time days ahead) and D more are due: the time of beat's
 wake pass (PgStore.wake: the D moved out of waiting and committed, what a tick costs
 Postgres), of a pass with none due (every other tick), and of the reaper's `stalled` beside
-them (it must not read the sleepers either), each the median of R, on a fresh database.
+them (it must not read the sleepers either), each the median of R, on a fresh database;
+then whether the status counts still equal a GROUP BY (the pass counts its own moves).
 """
 
 from __future__ import annotations
@@ -43,9 +45,15 @@ def _median_ms(samples: list[float]) -> float:
     return round(1000 * statistics.median(samples), 2)
 
 
-def sleep_bench(sleeping: int, due: int, reps: int) -> dict[str, Any]:
+# beat's pass at 1,000,000 sleeping runs with 1,000 due: a tick's cost to Postgres
+TARGET_MS = 20.0
+COUNTED = "SELECT status, count(*) FROM checkpoints GROUP BY status"
+
+
+def sleep_bench(sleeping: int, due: int, reps: int, dbs: Databases | None = None) -> dict[str, Any]:
     """The wake pass and the reaper's look, timed among `sleeping` runs with `due` due."""
-    dbs = Databases()
+    mine = dbs is None
+    dbs = dbs or Databases()
     url = dbs.fresh("sleep")
     out: dict[str, Any] = {"sleeping": sleeping, "due": due}
     try:
@@ -70,14 +78,56 @@ def sleep_bench(sleeping: int, due: int, reps: int) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 store.stalled(300.0, 7.5)
                 stalled.append(time.perf_counter() - t0)
+            counts = {s: int(r["n"]) for s, r in store.counts().items()}
+            out["counts_exact"] = counts == dict(conn.execute(COUNTED).fetchall())
             store.db.close()
         out.update(
             wake_ms=_median_ms(woken), wake_none_due_ms=_median_ms(idle),
-            stalled_ms=_median_ms(stalled),
+            stalled_ms=_median_ms(stalled), reps=reps,
         )  # fmt: skip
     finally:
-        dbs.close()
+        if mine:
+            dbs.close()
+        else:
+            dbs.drop(url)
     return out
+
+
+def section(dbs: Databases, redis_url: str, sz: Any) -> dict[str, Any]:
+    """`python -m bench --only sleep`."""
+    del redis_url  # Postgres only
+    return sleep_bench(sz.sleep_sleeping, sz.sleep_due, sz.sleep_reps, dbs)
+
+
+def targets(results: dict[str, Any], add: Any) -> None:
+    sec = results.get("sleep")
+    if not isinstance(sec, dict) or "wake_ms" not in sec:
+        return
+    add(
+        f"beat's wake pass ≤ {TARGET_MS:g} ms with {sec['due']:,} due among "
+        f"{sec['sleeping']:,} sleeping (median)",
+        sec["wake_ms"] <= TARGET_MS and sec["counts_exact"],
+        f"{sec['wake_ms']:.1f} ms; none due {sec['wake_none_due_ms']:.2f} ms; the reaper's "
+        f"stalled {sec['stalled_ms']:.2f} ms; counts exact: {sec['counts_exact']}",
+    )
+
+
+def render(results: dict[str, Any], c: Any) -> None:
+    from rich.table import Table
+
+    sec = results.get("sleep")
+    if not isinstance(sec, dict) or "wake_ms" not in sec:
+        return
+    t = Table(
+        title=f"13. Durable sleep: {sec['sleeping']:,} sleeping runs, {sec['due']:,} due; "
+        f"median of {sec['reps']} passes"
+    )
+    for col in ("what", "ms"):
+        t.add_column(col, justify="left" if col == "what" else "right")
+    t.add_row(f"wake pass, {sec['due']:,} due", f"{sec['wake_ms']:.2f}")
+    t.add_row("wake pass, none due", f"{sec['wake_none_due_ms']:.2f}")
+    t.add_row("the reaper's stalled", f"{sec['stalled_ms']:.2f}")
+    c.print(t)
 
 
 def main() -> None:

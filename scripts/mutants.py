@@ -62,6 +62,8 @@ LG_ZOMBIE = (
 )
 PROVIDERS = "tests/integration/test_providers.py"
 WAITS = "tests/integration/test_wait_many.py"
+DEBOUNCE = "tests/contract/test_store_contract.py"
+DEBOUNCE_FLEET = "tests/fleet/test_debounce.py"
 
 MUTANTS = [
     Mutant(
@@ -598,8 +600,8 @@ MUTANTS = [
         "M58",
         "a wake sent twice: the wake pass without its guard (no row lock, no status re-check)",
         "store/sql/queries.sql",
-        "              FOR UPDATE SKIP LOCKED))\n   AND c.status = 'waiting'",
-        "              ))",
+        "                  FOR UPDATE SKIP LOCKED))\n       AND c.status = 'waiting'",
+        "                  ))",
         ("tests/contract/test_store_contract.py::test_two_wakers_at_once_wake_a_run_once[pg]",),
     ),
     Mutant(
@@ -709,6 +711,24 @@ MUTANTS = [
         "                self._heard.add(n.relname.decode())\n",
         "                pass\n",
         ("tests/integration/test_wait.py::test_wait_is_woken_by_the_status_change_not_by_polling",),
+    ),
+    Mutant(
+        "M63",
+        "a debounce that starts two runs: the key is not stored, so no enqueue meets another",
+        "store/sql/queries.sql",
+        "now() + make_interval(secs => %(debounce)s), %(workflow)s, %(key)s)",
+        "now() + make_interval(secs => %(debounce)s), %(workflow)s, NULL)",
+        (f"{DEBOUNCE}::test_two_debounced_enqueues_racing_make_one_run", DEBOUNCE_FLEET),
+    ),
+    Mutant(
+        "M64",
+        "a stream of debounced enqueues puts the start off for ever (max_wait ignored)",
+        "store/sql/queries.sql",
+        "c.created_at + make_interval(secs => %(max_wait)s)),",
+        "NULL),",
+        (
+            f"{DEBOUNCE}::test_debounced_enqueues_collapse_into_one_run_that_wakes_once_with_the_latest_input",
+        ),
     ),
 ]
 

@@ -33,6 +33,7 @@ from cairn.store.rows import (
     _checkpoint,
     conflict,
     create_params,
+    debounce_params,
     fork_params,
     forked,
     list_query,
@@ -95,6 +96,30 @@ class PgStore:
         conflict(run_id, row)
         self.db.one("rearm_failed", {"run_id": run_id})
         return False
+
+    def debounce(
+        self,
+        run_id: str,
+        workflow: str,
+        input: dict[str, Any],
+        key: str,
+        debounce: float,
+        max_wait: float | None = None,
+        *,
+        max_cost_usd: float | None = None,
+        priority: int = 0,
+        traceparent: str | None = None,
+    ) -> tuple[str, bool]:
+        """The (workflow, key)'s run that has not started, with this input, starting
+        `debounce` seconds from now (at most max_wait after its first enqueue): run_id,
+        created, or the one already waiting. Returns (its run id, created). It waits for
+        the wake pass, which sends it: the caller sends nothing."""
+        row = self.db.one("debounce", debounce_params(
+            run_id, workflow, input, key, debounce, max_wait, max_cost_usd, priority,
+            traceparent,
+        ))  # fmt: skip
+        assert row is not None
+        return row["run_id"], bool(row["created"])
 
     def fork(
         self,

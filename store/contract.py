@@ -144,6 +144,23 @@ class AdminStore(Protocol):
         """Insert a run at seq 0; False if it existed (a failed one is re-armed). With a
         concurrency key: admitted if one of the key's slots is free, else queued."""
 
+    def debounce(
+        self,
+        run_id: str,
+        workflow: str,
+        input: dict[str, Any],
+        key: str,
+        debounce: float,
+        max_wait: float | None = None,
+        *,
+        max_cost_usd: float | None = None,
+        priority: int = 0,
+        traceparent: str | None = None,
+    ) -> tuple[str, bool]:
+        """The (workflow, key)'s run not started yet, made (as run_id) or given this input
+        and a start `debounce` seconds from now, at most max_wait after its first enqueue:
+        (its run id, created). It waits at seq 0 until wake() sends it."""
+
     def admitted(self, workflow: str, key: str) -> list[tuple[str, int]]:
         """The key's runs admitted and not sent yet, each (run id, priority), marked sent:
         the caller sends them (each run is returned to one caller)."""

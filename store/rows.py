@@ -22,6 +22,7 @@ from cairn.core.errors import (
 )
 from cairn.core.records import (
     CHECKPOINT_VERSION,
+    START,
     Attempt,
     Checkpoint,
     Message,
@@ -182,6 +183,24 @@ def create_params(
         "limit": concurrency_limit,
         "traceparent": traceparent,
     }
+
+
+def debounce_params(
+    run_id: str,
+    workflow: str,
+    input: dict[str, Any],
+    key: str,
+    debounce: float,
+    max_wait: float | None,
+    max_cost_usd: float | None,
+    priority: int,
+    traceparent: str | None,
+) -> dict[str, Any]:
+    """The debounce query's parameters."""
+    params = create_params(
+        run_id, workflow, input, START, max_cost_usd, priority, key, 1, traceparent
+    )
+    return {**params, "debounce": debounce, "max_wait": max_wait}
 
 
 def _checkpoint(row: dict[str, Any]) -> Checkpoint:

@@ -5,14 +5,16 @@ Nothing here sends: the caller's commit is out of our sight, and a send before i
 start a run the caller then rolls back. Beat's dispatcher (cairn.workers.dispatch) hears
 the notification and sends the run; a notification nobody heard (no dispatcher, a killed
 one, PgBouncer in transaction mode between them) leaves a pending run that was never
-claimed, which the reaper's `stalled` sends after CAIRN_PENDING_AFTER.
+claimed, which the reaper's `stalled` sends after CAIRN_PENDING_AFTER. A debounced
+enqueue (debounce_in) needs no notification: its run waits, and beat's wake pass sends it
+once it is committed and due.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Generator, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -20,13 +22,14 @@ from psycopg.rows import dict_row
 from cairn.core.errors import InvalidInput
 from cairn.core.records import START
 from cairn.store.db import Database, translated
-from cairn.store.rows import conflict, create_params
+from cairn.store.rows import conflict, create_params, debounce_params
 from cairn.store.sql import QUERIES
 
 CHANNEL = "cairn_enqueued"  # queries.sql: notify_enqueued says it alike
 
 
 Row = dict[str, Any] | None
+T = TypeVar("T")
 # One enqueue's statements, each sent the row its previous one returned: written once
 # for psycopg's two drivers (the sync Connection's and the AsyncConnection's).
 Statements = Generator[tuple[str, dict[str, Any]], Row, bool]
@@ -95,6 +98,33 @@ def create_run_in(connection: object, run_id: str, workflow: str, input: dict[st
 
     Raises InvalidInput (not a psycopg Connection) or RunIdConflict.
     """
+    steps = _enqueue(
+        run_id, workflow, input, max_cost_usd, priority, concurrency_key, concurrency_limit,
+        traceparent,
+    )  # fmt: skip
+    return bool(_run(_sync(connection), steps))
+
+
+def debounce_in(connection: object, run_id: str, workflow: str, input: dict[str, Any],
+                key: str, debounce: float, max_wait: float | None = None, *,
+                max_cost_usd: float | None = None, priority: int = 0,
+                traceparent: str | None = None) -> str:  # fmt: skip
+    """PgStore.debounce on the caller's connection, in a savepoint of its transaction:
+    the run id the enqueue collapsed into. No notification: the wake pass sends the run
+    when its quiet period ends, and only a committed one (it is waiting until then)."""
+    steps = _debounce(
+        run_id, workflow, input, key, debounce, max_wait, max_cost_usd, priority, traceparent
+    )
+    return str(_run(_sync(connection), steps))
+
+
+def _debounce(*args: Any) -> Generator[tuple[str, dict[str, Any]], Row, str]:
+    row = yield "debounce", debounce_params(*args)
+    assert row is not None
+    return str(row["run_id"])
+
+
+def _sync(connection: object) -> psycopg.Connection[Any]:
     if not isinstance(connection, psycopg.Connection):
         if is_async(connection):
             raise InvalidInput(
@@ -102,18 +132,18 @@ def create_run_in(connection: object, run_id: str, workflow: str, input: dict[st
                 "it, or pass a sync Connection to Client.enqueue"
             )
         raise _refused(connection)
-    steps = _enqueue(
-        run_id, workflow, input, max_cost_usd, priority, concurrency_key, concurrency_limit,
-        traceparent,
-    )  # fmt: skip
-    conn = connection
+    return connection
+
+
+def _run(conn: psycopg.Connection[Any], steps: Generator[tuple[str, dict[str, Any]], Row, T]) -> T:
+    """Drive one enqueue's statements on conn, in a savepoint; what they returned."""
     with translated(), conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         row: Row = None
         while True:
             try:
                 name, values = steps.send(row)
             except StopIteration as done:
-                return bool(done.value)
+                return done.value  # type: ignore[no-any-return]
             cur.execute(QUERIES[name], values)
             row = cur.fetchone() if cur.description else None
 
@@ -124,12 +154,27 @@ async def acreate_run_in(connection: object, run_id: str, workflow: str,
                          concurrency_limit: int = 1,
                          traceparent: str | None = None) -> bool:  # fmt: skip
     """create_run_in on the caller's psycopg AsyncConnection, awaited in its event loop."""
-    if not isinstance(connection, psycopg.AsyncConnection):
-        raise _refused(connection)
     steps = _enqueue(
         run_id, workflow, input, max_cost_usd, priority, concurrency_key, concurrency_limit,
         traceparent,
     )  # fmt: skip
+    return bool(await _arun(connection, steps))
+
+
+async def adebounce_in(connection: object, run_id: str, workflow: str, input: dict[str, Any],
+                       key: str, debounce: float, max_wait: float | None = None, *,
+                       max_cost_usd: float | None = None, priority: int = 0,
+                       traceparent: str | None = None) -> str:  # fmt: skip
+    """debounce_in on the caller's psycopg AsyncConnection, awaited in its event loop."""
+    steps = _debounce(
+        run_id, workflow, input, key, debounce, max_wait, max_cost_usd, priority, traceparent
+    )
+    return str(await _arun(connection, steps))
+
+
+async def _arun(connection: object, steps: Generator[tuple[str, dict[str, Any]], Row, T]) -> T:
+    if not isinstance(connection, psycopg.AsyncConnection):
+        raise _refused(connection)
     conn = connection
     with translated():
         async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
@@ -138,7 +183,7 @@ async def acreate_run_in(connection: object, run_id: str, workflow: str,
                 try:
                     name, values = steps.send(row)
                 except StopIteration as done:
-                    return bool(done.value)
+                    return done.value  # type: ignore[no-any-return]
                 await cur.execute(QUERIES[name], values)
                 row = await cur.fetchone() if cur.description else None
 

@@ -160,8 +160,9 @@ def _drive(cp: Checkpoint, lease: HeldLease, deps: Deps) -> RunStatus:
     stream, claimed = Announcer(deps.events, lease, origin=fresh_run), cp
     try:
         # Waiting, or woken by beat (pending, its wait kept and over: see the wake query).
-        waiting = cp.status == RunStatus.WAITING or (
-            cp.status == RunStatus.PENDING and cp.wait_over
+        # A run that saved nothing waited for its debounce's quiet period: it starts afresh.
+        waiting = not fresh_run and (
+            cp.status == RunStatus.WAITING or (cp.status == RunStatus.PENDING and cp.wait_over)
         )
         if _idle_wake(cp, deps):
             stream.take_over(claimed, store)  # its worker may have died before its events

@@ -1,4 +1,5 @@
-"""The wake pass: waiting runs whose time came (a sleep's end, a wait's timeout) are sent.
+"""The wake pass: waiting runs whose time came (a sleep's end, a wait's timeout, a debounced
+enqueue's quiet period) are sent.
 
 A Celery task on beat's schedule (every CAIRN_SCHEDULE_TICK seconds, on the control
 queue, like the schedules' firer). Each due run is sent exactly once however many passes
@@ -8,8 +9,9 @@ run at once (two `cairn beat`s) and wherever one is killed, because
    it sends anything (CheckpointStore.wake): rows another pass holds are skipped, and a
    run woken is no longer waiting, so no second pass gets it;
 2. a pass killed between its commit and its sends leaves pending runs with no message;
-   they were claimed before they waited, so the reaper's `stalled` finds them and sends
-   each once (its lease check and `mark_sent`);
+   the reaper's `stalled` finds them (as claimed runs, or a debounced run that was never
+   claimed as pending past CAIRN_PENDING_AFTER) and sends each once (its lease check
+   and `mark_sent`);
 3. a pass paused (SIGSTOP) inside its transaction holds its rows' locks: the other passes
    skip them, and it sends them when it goes on, or, killed, woke none of them.
 

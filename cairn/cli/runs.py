@@ -155,12 +155,29 @@ def enqueue(
         int | None,
         typer.Option("--priority", help="-100..100, higher starts first [the workflow's, or 0]."),
     ] = None,
+    debounce_key: Annotated[
+        str | None,
+        typer.Option(
+            "--debounce-key",
+            help="Enqueues of the workflow with this key collapse into one run (with --debounce).",
+        ),
+    ] = None,
+    debounce: Annotated[
+        float | None,
+        typer.Option(
+            "--debounce", help="Seconds without another enqueue of the key before the run starts."
+        ),
+    ] = None,
+    max_wait: Annotated[
+        float | None,
+        typer.Option("--max-wait", help="Seconds after the first enqueue it starts at the latest."),
+    ] = None,
     as_json: AsJson = False,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
     workflows: Workflows = None,
 ) -> None:
-    """Enqueue a run and print its id."""
+    """Enqueue a run and print its id (a debounced one: the key's run not started yet)."""
     settings = load_settings(database_url=database_url, redis_url=redis_url, workflows=workflows)
     data = _input(input, input_file)
     from cairn.core.errors import CairnError
@@ -175,6 +192,7 @@ def enqueue(
             created = client.enqueue(
                 workflow, data, run_id=run_id, concurrency_key=concurrency_key,
                 concurrency_limit=concurrency_limit, priority=priority,
+                debounce_key=debounce_key, debounce=debounce, max_wait=max_wait,
             )  # fmt: skip
         print(dumps({"run_id": created}) if as_json else created)
     except CairnError as exc:

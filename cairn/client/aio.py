@@ -14,12 +14,12 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Self, TypeVar
 
-from cairn.client.checks import checked, flow
+from cairn.client.checks import checked, checked_debounce, flow
 from cairn.client.client import Client
 from cairn.core import tracing
 from cairn.core.records import Run
 from cairn.core.settings import Settings
-from cairn.store.transactional import acreate_run_in, is_async
+from cairn.store.transactional import acreate_run_in, adebounce_in, is_async
 
 if TYPE_CHECKING:
     from cairn.client.events import AsyncEventLog
@@ -115,6 +115,9 @@ class AsyncClient:
         concurrency_limit: int | None = None,
         priority: int | None = None,
         connection: object | None = None,
+        debounce_key: str | None = None,
+        debounce: float | None = None,
+        max_wait: float | None = None,
     ) -> str:
         """Client.enqueue for asyncio, in a worker thread; with connection= your psycopg
         AsyncConnection, the run is written in its open transaction by this event loop
@@ -124,14 +127,21 @@ class AsyncClient:
             return await _enqueue_threaded(
                 self, workflow, input, run_id=run_id, max_cost_usd=max_cost_usd,
                 concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
-                priority=priority, connection=connection,
+                priority=priority, connection=connection, debounce_key=debounce_key,
+                debounce=debounce, max_wait=max_wait,
             )  # fmt: skip
         # The checks, the flow defaults and the span are Client's; only the statements are
         # awaited here, on the caller's connection, in the caller's event loop.
+        debounced = checked_debounce(debounce_key, debounce, max_wait, run_id, concurrency_key)
         run_id, data = checked(self.settings, workflow, input, run_id)
         key, limit, prio = flow(workflow, concurrency_key, concurrency_limit, priority)
         self.sync._on_postgres()
         with tracing.enqueuing(workflow, run_id, concurrency_key=key, priority=prio) as trace:
+            if debounced is not None:
+                return await adebounce_in(
+                    connection, run_id, workflow, data, *debounced, max_cost_usd=max_cost_usd,
+                    priority=prio, traceparent=trace,
+                )  # fmt: skip
             await acreate_run_in(
                 connection, run_id, workflow, data, max_cost_usd=max_cost_usd, priority=prio,
                 concurrency_key=key, concurrency_limit=limit, traceparent=trace,

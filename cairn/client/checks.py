@@ -8,7 +8,13 @@ import uuid
 from typing import Any
 
 from cairn.core.errors import InvalidInput
-from cairn.core.inputs import check_event, check_flow, check_input, check_run_id
+from cairn.core.inputs import (
+    check_debounce,
+    check_event,
+    check_flow,
+    check_input,
+    check_run_id,
+)
 from cairn.core.settings import Settings
 from cairn.core.status import RunStatus
 from cairn.steps import registry
@@ -38,6 +44,19 @@ def flow(workflow: str, key: Any, limit: Any, priority: Any) -> tuple[str | None
         limit if limit is not None else flow.concurrency_limit if flow else 1,
         priority if priority is not None else flow.priority if flow else 0,
     )
+
+
+def checked_debounce(
+    key: Any, debounce: Any, max_wait: Any, run_id: str | None, concurrency_key: str | None
+) -> tuple[str, float, float | None] | None:
+    """Enqueue's debounce options checked (None: not debounced)."""
+    if key is None and debounce is None and max_wait is None:
+        return None
+    if run_id is not None:
+        raise InvalidInput("a debounced enqueue takes no run_id: its debounce_key picks the run")
+    if concurrency_key is not None:
+        raise InvalidInput("debounce_key and concurrency_key cannot be combined yet")
+    return check_debounce(key, debounce, max_wait)
 
 
 def checked_fork(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from cairn.client.checks import (
     checked,
+    checked_debounce,
     checked_fork,
     checked_replay,
     checked_schedule,
@@ -37,7 +38,7 @@ from cairn.core.status import CANCEL_REASON, STOPPED, RunStatus
 from cairn.store.checkpoints import PgStore
 from cairn.store.db import Database
 from cairn.store.schedules import Schedule
-from cairn.store.transactional import create_run_in
+from cairn.store.transactional import create_run_in, debounce_in
 from cairn.workers import health
 from cairn.workers import schedules as sched
 
@@ -140,6 +141,9 @@ class Client:
         concurrency_limit: int | None = None,
         priority: int | None = None,
         connection: object | None = None,
+        debounce_key: str | None = None,
+        debounce: float | None = None,
+        max_wait: float | None = None,
     ) -> str:
         """Record the run and send it to the workers; returns its run id.
 
@@ -161,10 +165,32 @@ class Client:
         beat's dispatcher; by the reaper after CAIRN_PENDING_AFTER if that one missed
         it); a rollback leaves no run and sends nothing. Needs Postgres
         (docs/guides/enqueue.md).
+        debounce_key, debounce, max_wait: the enqueues of this workflow with this key
+        collapse into one run, which starts once no enqueue came for `debounce` seconds
+        (but at most max_wait seconds after the first; None: no bound) with the latest
+        input; each returns that run's id until it starts. Beat's wake pass sends it, as
+        it ends a sleep. Takes no run_id nor concurrency_key.
+
+        Raises:
+            InvalidInput: a bad input, run id or option (debounce <= 0, max_wait below
+                debounce, a debounce without a key); nothing written.
+            RunIdConflict: run_id names a run with another workflow or input.
         """
+        debounced = checked_debounce(debounce_key, debounce, max_wait, run_id, concurrency_key)
         run_id, data = checked(self.settings, workflow, input, run_id)
         key, limit, prio = flow(workflow, concurrency_key, concurrency_limit, priority)
         with tracing.enqueuing(workflow, run_id, concurrency_key=key, priority=prio) as trace:
+            if debounced is not None:  # nothing sent: the wake pass sends it when due
+                if connection is not None:
+                    self._on_postgres()
+                    return debounce_in(
+                        connection, run_id, workflow, data, *debounced,
+                        max_cost_usd=max_cost_usd, priority=prio, traceparent=trace,
+                    )  # fmt: skip
+                return self.store.debounce(
+                    run_id, workflow, data, *debounced, max_cost_usd=max_cost_usd,
+                    priority=prio, traceparent=trace,
+                )[0]  # fmt: skip
             if connection is not None:
                 # Nothing is sent from here: the caller's commit is not ours to see, and
                 # a send before it could start a run the caller then rolls back.

@@ -8,6 +8,7 @@ comes back from Postgres as it went in.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -106,6 +107,32 @@ def check_flow(
             f"(higher starts first, 0 by default), not {priority!r}"
         )
     return concurrency_key, concurrency_limit, priority
+
+
+def check_debounce(key: Any, debounce: Any, max_wait: Any) -> tuple[str, float, float | None]:
+    """Enqueue's debounce options: a key (a run id's characters), the quiet period in
+    seconds (> 0) and the most a stream of enqueues may postpone the start (>= debounce;
+    None: no bound)."""
+    if key is None:
+        raise InvalidInput(
+            "debounce needs a debounce_key: the enqueues with one key collapse into one run"
+        )
+    if not (isinstance(key, str) and 1 <= len(key) <= RUN_ID_MAX and RUN_ID.fullmatch(key)):
+        raise InvalidInput(f"debounce key {key!r} is not valid: use {RUN_ID_RULE}")
+    if not _seconds(debounce) or debounce <= 0:
+        raise InvalidInput(
+            f"debounce must be a number of seconds above 0 (the quiet period), not {debounce!r}"
+        )
+    if max_wait is not None and (not _seconds(max_wait) or max_wait < debounce):
+        raise InvalidInput(
+            f"max_wait must be a number of seconds at least debounce ({debounce:g}), "
+            f"not {max_wait!r}"
+        )
+    return key, float(debounce), None if max_wait is None else float(max_wait)
+
+
+def _seconds(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _whole(value: Any) -> bool:

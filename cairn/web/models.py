@@ -116,6 +116,23 @@ class NewRun(BaseModel):
     priority: Annotated[int, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY), WHOLE] | None = Field(
         default=None, description="Higher starts first (default: the workflow's, or 0)."
     )
+    debounce_key: str | None = Field(
+        default=None,
+        description="The runs of the workflow with this key collapse into one: each POST "
+        "returns the run not started yet, which starts with the latest input once no POST "
+        "came for `debounce` seconds. No run_id (nor Idempotency-Key) with it.",
+        examples=["conv-42"],
+        json_schema_extra=RUN_ID_SCHEMA,
+    )
+    debounce: float | None = Field(
+        default=None, gt=0, description="The quiet period, in seconds (with debounce_key)."
+    )
+    max_wait: float | None = Field(
+        default=None,
+        gt=0,
+        description="The latest start, in seconds after the first POST (at least debounce; "
+        "default: no bound).",
+    )
 
 
 class Fork(BaseModel):

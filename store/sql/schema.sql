@@ -72,12 +72,19 @@ CREATE TABLE checkpoints (
     flow_version  integer,
     -- a copy of the run's created_at, set by create_run's one statement and never
     -- changed, so lists filtered by status walk one index (checkpoints_status_newest)
-    created_at  timestamptz NOT NULL DEFAULT now()
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    -- a debounced run: the enqueues of this workflow and key collapse into it while it
+    -- waits at seq 0 for its quiet period (migration 0015)
+    debounce_workflow  text,
+    debounce_key       text
 ) WITH (fillfactor = 70);
 
 CREATE INDEX checkpoints_active ON checkpoints (status) WHERE status IN ('pending', 'running');
 CREATE INDEX checkpoints_waiting ON checkpoints (wait_until) WHERE status = 'waiting';
 CREATE INDEX checkpoints_status_newest ON checkpoints (status, created_at DESC, run_id DESC);
+-- One debounced run per (workflow, key) until it starts: two enqueuers racing meet here.
+CREATE UNIQUE INDEX checkpoints_debounce ON checkpoints (debounce_workflow, debounce_key)
+    WHERE status = 'waiting' AND seq = 0 AND debounce_key IS NOT NULL;
 
 -- The model window, append-only: a save writes only the messages that are new.
 -- The live window is the rows idx in [win_start, win_end) of the checkpoint.
@@ -187,10 +194,13 @@ END $$;
 
 -- Row triggers for inserts and updates: the per-step save is an upsert, and a statement
 -- trigger would run on every step; these run only when a row is new or its status moves.
+-- The wake pass counts its batch itself, one row per status, and says so with the
+-- transaction's setting cairn.counted (queries.sql: wake; migration 0016).
 CREATE TRIGGER checkpoints_count_insert AFTER INSERT ON checkpoints
     FOR EACH ROW EXECUTE FUNCTION cairn_count_change();
 CREATE TRIGGER checkpoints_count_update AFTER UPDATE OF status ON checkpoints
-    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status
+                       AND current_setting('cairn.counted', true) IS DISTINCT FROM 'on')
     EXECUTE FUNCTION cairn_count_change();
 
 -- A statement trigger for deletes: retention's batch of 1,000 (cascaded from runs, which

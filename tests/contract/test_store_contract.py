@@ -806,6 +806,75 @@ def test_two_wakers_at_once_wake_a_run_once(backend: Backend) -> None:
     assert store.wake() == []
 
 
+# -- debounce: enqueues that collapse into one run, sent by the wake pass ---------------
+def test_debounced_enqueues_collapse_into_one_run_that_wakes_once_with_the_latest_input(
+    backend: Backend,
+) -> None:
+    """Each enqueue of a key returns the run not started yet and moves its start to
+    `debounce` after it (at most max_wait after the first); wake() sends it once, with
+    the last input; the next enqueue of the key makes a new run."""
+    store = backend.store
+    assert store.debounce("d1", "probe", {"n": 1}, "conv-42", 10, 20) == ("d1", True)
+    run = _get(store, "d1")
+    assert (run.status, run.seq, run.cursor) == (RunStatus.WAITING, 0, "")
+    assert run.wakes_at is not None
+    backend.elapse(8)
+    assert store.debounce("d2", "probe", {"n": 2}, "conv-42", 10, 20) == ("d1", False)
+    assert store.debounce("o1", "other", {"n": 9}, "conv-42", 5) == ("o1", True)  # its own
+    assert store.debounce("k1", "probe", {"n": 9}, "conv-7", 5) == ("k1", True)
+    backend.elapse(8)  # 16 s after the first, 8 after the last: still quiet
+    assert sorted(store.wake()) == ["k1", "o1"]  # the other key's, the other workflow's
+    assert store.debounce("d3", "probe", {"n": 3}, "conv-42", 10, 20) == ("d1", False)
+    backend.elapse(5)  # 21 s after the first: past max_wait, the last came 5 s ago
+    assert store.wake() == ["d1"]
+    assert store.wake() == []
+    woken = _load(store, "d1")
+    assert (woken.status, woken.input, woken.seq) == (RunStatus.PENDING, {"n": 3}, 0)
+    assert store.get("d2") is None and store.get("d3") is None
+    # Started (sent): the key is free, and the next enqueue is a new run.
+    assert store.debounce("d4", "probe", {"n": 4}, "conv-42", 10) == ("d4", True)
+    assert store.cancel("d4", "no") == RunStatus.CANCELLED
+    assert store.debounce("d5", "probe", {"n": 5}, "conv-42", 10) == ("d5", True)
+    counts = {s: int(r["n"]) for s, r in store.counts().items()}
+    assert counts == {"pending": 3, "cancelled": 1, "waiting": 1}
+
+
+def test_a_debounced_run_that_sleeps_later_does_not_take_its_keys_enqueues(
+    backend: Backend,
+) -> None:
+    """Only a run not started holds its key: one woken, run and parked in a sleep (waiting
+    again, past seq 0) is no longer the key's."""
+    store = backend.store
+    store.debounce("d1", "probe", {"n": 1}, "k", 1)
+    backend.elapse(2)
+    assert store.wake() == ["d1"]
+    claimed = store.claim("d1", 1)
+    assert claimed is not None
+    _wait(store, claimed, Wait(event=None, timeout=60))
+    assert _get(store, "d1").status == RunStatus.WAITING
+    assert store.debounce("d2", "probe", {"n": 2}, "k", 1) == ("d2", True)
+    assert _load(store, "d1").input == {"n": 1}
+
+
+def test_two_debounced_enqueues_racing_make_one_run(backend: Backend) -> None:
+    """Many enqueuers of one key at once: one run, which every one of them returns."""
+    store = backend.store
+    got: list[tuple[str, bool]] = []
+    threads = [
+        threading.Thread(
+            target=lambda n=n: got.append(store.debounce(f"d{n}", "probe", {"n": n}, "k", 30))
+        )
+        for n in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(got) == 8
+    assert len({run_id for run_id, _ in got}) == 1
+    assert sum(created for _, created in got) == 1
+
+
 def test_the_sweep_removes_old_terminal_runs_with_everything_they_own(backend: Backend) -> None:
     store = backend.store
     for run_id, status in (

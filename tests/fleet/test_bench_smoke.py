@@ -175,3 +175,6 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
     waits = data["waits"]  # counts, not timings: every wait woke, on the client's connections
     assert waits["waits"] == 100 and waits["burst"] == 50, waits
     assert waits["connections"] <= 2 and waits["wake_ms"]["p50"] > 0, waits
+    slept = data["sleep"]  # beat's wake pass among sleeping runs (bench/sleep.py)
+    assert slept["wake_ms"] > 0 and slept["wake_none_due_ms"] > 0, slept
+    assert slept["counts_exact"], slept

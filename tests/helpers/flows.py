@@ -346,3 +346,12 @@ def fan(ctx: Context) -> StepResult:
 async def afan(ctx: Context) -> StepResult:
     results = await asyncio.gather(*(ctx.acall("fetch", _afan_one, ctx, i) for i in range(8)))
     return StepResult(cursor="done", state={"results": list(results)})
+
+
+# One step that keeps the input it started with: a debounced run's (tests/fleet/test_debounce.py).
+echo = workflow("echo")
+
+
+@echo.step()
+def said(ctx: Context) -> StepResult:
+    return StepResult(cursor="done", state={"input": dict(ctx.input)})

@@ -90,6 +90,13 @@ CASES = [
      ["cannot be imported", "PYTHONPATH"]),
     ("enqueue-duplicate-name", ["enqueue", "mine", "--workflows", "mine,twin"], {},
      ["already registered", "rename"]),
+    ("enqueue-debounce-not-positive", ["enqueue", "mine", "--workflows", "mine",
+     "--debounce-key", "k", "--debounce", "0"], {}, ["debounce must be", "above 0"]),
+    ("enqueue-max-wait-below-debounce", ["enqueue", "mine", "--workflows", "mine",
+     "--debounce-key", "k", "--debounce", "5", "--max-wait", "1"], {},
+     ["max_wait", "at least debounce (5)"]),
+    ("enqueue-debounce-without-key", ["enqueue", "mine", "--workflows", "mine",
+     "--debounce", "5"], {}, ["needs a debounce_key"]),
     ("enqueue-unreachable", ["enqueue", "mine", "--workflows", "mine"],
      {"CAIRN_DATABASE_URL": NOWHERE}, ["unreachable", "CAIRN_DATABASE_URL"]),
     # runs

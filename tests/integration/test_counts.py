@@ -81,6 +81,29 @@ def test_every_transition_is_counted(store: PgStore, sql) -> None:
     assert store_counts(store) == {}
 
 
+def test_a_wake_pass_counts_its_batch_in_one_row_per_status(store: PgStore, sql) -> None:
+    """The wake pass (and a debounced run it wakes) counts its own moves, two delta rows a
+    batch instead of two a run; the same move made any other way is the trigger's still."""
+    for n in range(6):
+        store.create_run(f"s{n}", "probe", {"x": n}, "one")
+    sql("UPDATE checkpoints SET status = 'waiting', wait_until = now() - interval '1 s'")
+    store.debounce("d1", "probe", {"x": 9}, "k", 0.001)
+    time.sleep(0.01)
+    assert store.fold_counts() > 0
+    assert store.wake(batch=4) and store_counts(store) == true_counts(sql)
+    assert sql("SELECT status, n FROM run_count_deltas ORDER BY status") == [
+        ("pending", 4),
+        ("waiting", -4),
+    ]
+    assert len(store.wake()) == 3 and store.wake() == []
+    assert store_counts(store) == true_counts(sql) == {"pending": 7}
+    assert sql("SELECT count(*) FROM run_count_deltas") == [(4,)]
+    # Outside a wake pass the trigger counts the same move, row by row.
+    sql("UPDATE checkpoints SET status = 'waiting' WHERE run_id IN ('s0', 's1')")
+    sql("UPDATE checkpoints SET status = 'pending' WHERE run_id IN ('s0', 's1')")
+    assert store_counts(store) == true_counts(sql) == {"pending": 7}
+
+
 def test_a_reader_folds_a_long_tail_of_deltas(store: PgStore, sql) -> None:
     store.create_run("r", "probe", {}, "one")
     # As if no reaper had run for thousands of transitions (pairs that cancel out).

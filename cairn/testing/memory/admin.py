@@ -76,6 +76,48 @@ class _Admin(_Tables):
                 self._rearmed(row)
             return False
 
+    def debounce(
+        self,
+        run_id: str,
+        workflow: str,
+        input: dict[str, Any],
+        key: str,
+        debounce: float,
+        max_wait: float | None = None,
+        *,
+        max_cost_usd: float | None = None,
+        priority: int = 0,
+        traceparent: str | None = None,
+    ) -> tuple[str, bool]:
+        """The (workflow, key)'s run not started yet, made or given this input and a later
+        start (see the SQL's debounce): (its run id, created)."""
+        text = _dump(input)
+        with self._lock:
+            now, stamp = self._now(), self._stamp()
+            start = now + dt.timedelta(seconds=debounce)
+            row = next(
+                (
+                    r
+                    for r in self._rows.values()
+                    if r.debounce == (workflow, key)
+                    and r.status == RunStatus.WAITING
+                    and r.seq == 0
+                ),
+                None,
+            )
+            if row is None:
+                row = self._new_row(
+                    run_id, workflow, text, stamp, max_cost_usd=max_cost_usd,
+                    priority=priority, traceparent=traceparent, status=RunStatus.WAITING,
+                    wait_until=start, debounce=(workflow, key),
+                )  # fmt: skip
+                return run_id, True
+            if max_wait is not None:
+                start = min(start, row.created_at + dt.timedelta(seconds=max_wait))
+            row.input, row.max_cost_usd, row.priority = text, max_cost_usd, priority
+            row.wait_until, row.updated_at = start, stamp
+            return row.run_id, False
+
     def admitted(self, workflow: str, key: str) -> list[tuple[str, int]]:
         """The key's runs admitted and not sent yet, each (run id, priority), marked sent."""
         with self._lock:

@@ -78,6 +78,8 @@ class _Row:
     wait_event: str | None = None
     wait_until: dt.datetime | None = None
     wait_timeout_cursor: str | None = None
+    # a debounced run: the enqueues of this workflow and key collapse into it until it starts
+    debounce: tuple[str, str] | None = None
     flow_version: int | None = None
     parent_id: str | None = None  # a child run: its parent, the parent's spawn, its depth
     parent_seq: int | None = None

@@ -72,7 +72,9 @@ def step_json(step: StepRecord) -> dict[str, Any]:
             422: "The request breaks a rule of this document (invalid_request), or one "
             "the server checks: run_id and Idempotency-Key both sent and not equal, an "
             "input its workflow refuses, over CAIRN_MAX_INPUT_BYTES or with NUL in a "
-            "string (invalid_input); a workflow not registered (unknown_workflow).",
+            "string (invalid_input); a workflow not registered (unknown_workflow); a "
+            "debounce without a debounce_key, a max_wait below the debounce, or a run id "
+            "with a debounce_key (invalid_input).",
         },
     ),
 )
@@ -103,7 +105,8 @@ def start_run(
         run_id = client.enqueue(
             new.workflow, new.input, run_id=run_id, max_cost_usd=new.max_cost_usd,
             concurrency_key=new.concurrency_key, concurrency_limit=new.concurrency_limit,
-            priority=new.priority,
+            priority=new.priority, debounce_key=new.debounce_key, debounce=new.debounce,
+            max_wait=new.max_wait,
         )  # fmt: skip
     return run_json(client, run_id)
 
