@@ -119,7 +119,7 @@ def render(results: dict[str, Any], c: Any) -> None:
     if not isinstance(sec, dict) or "wake_ms" not in sec:
         return
     t = Table(
-        title=f"13. Durable sleep: {sec['sleeping']:,} sleeping runs, {sec['due']:,} due; "
+        title=f"16. Durable sleep: {sec['sleeping']:,} sleeping runs, {sec['due']:,} due; "
         f"median of {sec['reps']} passes"
     )
     for col in ("what", "ms"):

@@ -172,7 +172,7 @@ def render(results: dict[str, Any], c: Any) -> None:
     if not isinstance(sec, dict) or "wake_ms" not in sec:
         return
     t = Table(
-        title=f"13. Waits: {sec['waits']:,} AsyncClient.wait on one client, "
+        title=f"15. Waits: {sec['waits']:,} AsyncClient.wait on one client, "
         f"{sec['connections']} Postgres connections while they wait; {sec['samples']} runs "
         f"stopped one at a time, then {sec['burst']:,} in one statement "
         f"(all woken in {sec['burst_ms']:.1f} ms)"
