@@ -141,6 +141,8 @@ def check_run(store: CheckpointStore, cp: Checkpoint) -> Finding:
     except JournalDiverged as exc:
         return verdict(False, str(exc))
     except Exception as exc:  # noqa: BLE001 (the step's own code, on its recorded answers)
+        if isinstance(exc, flow.retries[going.cursor].on):  # its policy retries it: as live
+            return verdict(True, stopped_at=f"{type(exc).__name__}, which its step retries")
         return verdict(False, f"the step raised {type(exc).__name__}: {exc}")
     finally:
         ctx.close()
