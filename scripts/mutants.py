@@ -713,6 +713,18 @@ MUTANTS = [
         ("tests/integration/test_wait.py::test_wait_is_woken_by_the_status_change_not_by_polling",),
     ),
     Mutant(
+        "M86",
+        "a run found cancelled stops before its stream is told what its dead worker saved",
+        "workers/loop.py",
+        "            stream.take_over(claimed, store)\n        if _idle_wake(cp, deps):\n"
+        "            return RunStatus.WAITING\n",
+        "            pass\n        if _idle_wake(cp, deps):\n            return RunStatus.WAITING\n"
+        "        stream.take_over(claimed, store)\n",
+        (
+            "tests/fleet/test_seams.py::test_a_run_cancelled_after_its_worker_died_between_a_commit_and_its_events_tells_both",
+        ),
+    ),
+    Mutant(
         "M63",
         "a debounce that starts two runs: the key is not stored, so no enqueue meets another",
         "store/sql/queries.sql",

@@ -164,16 +164,19 @@ def _drive(cp: Checkpoint, lease: HeldLease, deps: Deps) -> RunStatus:
         waiting = not fresh_run and (
             cp.status == RunStatus.WAITING or (cp.status == RunStatus.PENDING and cp.wait_over)
         )
-        if _idle_wake(cp, deps):
-            stream.take_over(claimed, store)  # its worker may have died before its events
-            return RunStatus.WAITING
-        _refuse_poison(cp, deps.settings)
         # A crash resume: the run was running, or a worker claimed it (our claim is not its
         # first) and died in its first step. (A waiting run was saved and released on
         # purpose; a failed run enqueued again starts its deliveries afresh.)
         resumed = cp.status == RunStatus.RUNNING or (
             cp.status == RunStatus.PENDING and cp.deliveries > 1
         )
+        if resumed or waiting or cp.cancel_reason is not None:
+            # Before anything this delivery tells or stops: its last worker may have died
+            # between a commit and the events that announce it.
+            stream.take_over(claimed, store)
+        if _idle_wake(cp, deps):
+            return RunStatus.WAITING
+        _refuse_poison(cp, deps.settings)
         flow = registry.get(cp.workflow)
         cp = _going_on(cp, flow, lease, resumed)
         # A step renamed by a deploy while this run was inside it: the visit in flight
@@ -185,7 +188,6 @@ def _drive(cp: Checkpoint, lease: HeldLease, deps: Deps) -> RunStatus:
             logger.warning("run %s: resuming at %s", run_id, where, extra=logs.at(cp, "resume"))
             deps.middleware.resumed(cp)
         if resumed or waiting:
-            stream.take_over(claimed, store)
             why = "worker lost" if resumed else "signal" if cp.signal else "timeout"
             stream.tell(cp, "resumed", {"reason": why})
         # The first step may be a replay; the ones after our own saves are not, and their

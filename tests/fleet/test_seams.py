@@ -201,3 +201,39 @@ def test_a_worker_killed_between_a_steps_commit_and_its_events_leaves_a_truthful
         text = "".join(e.data["text"] for e in events if e.kind == "token" and e.cursor == step)
         whole = [e.data["text"] for e in events if e.kind == "message" and e.cursor == step]
         assert text == said or said in whole, (step, text, whole)
+
+
+def test_a_run_cancelled_after_its_worker_died_between_a_commit_and_its_events_tells_both(
+    start_worker: Callable[..., fleet.Proc],
+    start_beat: Callable[[], fleet.Proc],
+    client: Client,
+    tmp_path: Path,
+) -> None:
+    """The whole worker SIGKILLed right after the save of `two`, before its events; the
+    run is cancelled while no worker holds it; the delivery that finds it cancelled first
+    tells the stream the save it was not told, then the cancel."""
+    kill = {
+        "CAIRN_MIDDLEWARE": "tests.helpers.seam_flows:KillAfterCommit",
+        "CAIRN_TEST_KILL_AFTER": "two",
+        "CAIRN_TEST_KILL_DIR": str(tmp_path),
+        "CAIRN_TEST_KILL_WHOLE": "1",
+    }
+    start_worker(concurrency=1, **kill, **FLOWS)
+    run_id = client.enqueue("seam_stream", {})
+    wait_for(lambda: (tmp_path / f"{run_id}.two").exists(), 60, "the kill")
+    assert client.cancel(run_id, "customer left").status == "running"  # stops at its next turn
+    start_worker(concurrency=1, **FLOWS)
+    start_beat()  # the reaper sends the run the dead worker held
+    done = client.wait(run_id, timeout=60)
+    assert done.status == "cancelled", done.error
+    wait_for(
+        lambda: any(e.kind == "run_ended" and not e.durable for e in _stream(client, run_id)),
+        LEASE_TTL + 30,
+        "the stream to be told the run's end",
+    )
+    events = list(client.events(run_id, timeout=20))
+    saved = [h for h in client.history(run_id) if h.outcome == "saved"]
+    assert [h.cursor for h in saved] == ["one", "two"]
+    assert _said(events) == sorted((h.seq, h.cursor, h.visit, h.epoch) for h in saved)
+    assert [e.cursor for e in events if e.kind == "step_saved" and e.data.get("late")] == ["two"]
+    assert events[-1].kind == "run_ended" and events[-1].data["status"] == "cancelled"
