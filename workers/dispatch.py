@@ -61,15 +61,11 @@ class Dispatcher:
     def serve(self, stop: threading.Event) -> None:
         """Listen and send until stop is set; a lost connection is opened again (what was
         said meanwhile is the reaper's)."""
-        again = False
         while not stop.is_set():
             try:
                 with enqueued(self.listen or self.store.db) as heard:
                     self.listening.set()
-                    # Its first start is part of beat's, whose own start line may come
-                    # first: a DEBUG line then. Listening again after a failure is news.
-                    logger.log(
-                        logging.INFO if again else logging.DEBUG,
+                    logger.info(
                         "dispatcher: listening for runs enqueued in callers' transactions",
                         extra=logs.run(None, "dispatch"),
                     )
@@ -78,7 +74,6 @@ class Dispatcher:
                         if run_id is not None:
                             self._dispatch(run_id)
             except CairnError as exc:
-                again = True
                 logger.warning(
                     "dispatcher: %s; listening again in 1s (the reaper sends what it missed)",
                     exc,

@@ -72,6 +72,8 @@ def test_a_json_beat_with_nothing_to_do_logs_nothing_after_its_start(
     env = {**worker_env, "CAIRN_LOG_FORMAT": "json", "CAIRN_SCHEDULE_TICK": "0.5"}
     beat = fleet.start_beat(env, tmp_path / "beat.log", tmp_path / "schedule", wait=60)
     try:
+        # Its start: the ready line, and the dispatcher's (a thread of its own: either first).
+        wait_for(lambda: "dispatcher: listening" in beat.text(), 30, "beat's dispatcher")
         begun = len(beat.text().splitlines())
         # A pass of the reaper every 0.5 s (worker_env) and of the schedules: each sent
         # many times over, each a DEBUG line.
