@@ -690,7 +690,7 @@ MUTANTS = [
         "M85",
         "a step renamed by a deploy mid-visit goes on under its new name (new keys)",
         "workers/loop.py",
-        "        begun_as = claimed.cursor if renamed == cp.cursor else None",
+        "        begun_as = renamed_from(claimed.cursor, cp.cursor, flow)",
         "        begun_as = None",
         (
             "tests/integration/test_deploy_check.py::test_a_step_renamed_while_a_run_is_inside_it_goes_on_with_nothing_made_twice",

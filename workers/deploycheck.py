@@ -22,7 +22,7 @@ from cairn.steps import registry
 from cairn.steps.context import Context
 from cairn.steps.registry import DONE
 from cairn.workers import asyncsteps
-from cairn.workers.loop import Stop, _going_on, _step_function
+from cairn.workers.loop import Stop, _going_on, _step_function, renamed_from
 
 if TYPE_CHECKING:
     from cairn.core.records import Checkpoint
@@ -113,8 +113,8 @@ def check_run(store: CheckpointStore, cp: Checkpoint) -> Finding:
         return found(False, str(exc), going.cursor)
     # A step renamed while the run was inside it: the worker goes on with the visit under
     # the name it began as (its journal, its keys), and so does the replay.
-    renamed = cp.cursor not in (START, going.cursor) and flow.current(cp.cursor)
-    at = dataclasses.replace(going, cursor=cp.cursor) if renamed == going.cursor else going
+    begun_as = renamed_from(cp.cursor, going.cursor, flow)
+    at = going if begun_as is None else dataclasses.replace(going, cursor=begun_as)
     recorded = len(store.journal(at.run_id, at.cursor, at.visits.get(at.cursor, 0)))
     if not recorded:
         return found(True, "", going.cursor)  # no record to hold the code to

@@ -179,10 +179,7 @@ def _drive(cp: Checkpoint, lease: HeldLease, deps: Deps) -> RunStatus:
         _refuse_poison(cp, deps.settings)
         flow = registry.get(cp.workflow)
         cp = _going_on(cp, flow, lease, resumed)
-        # A step renamed by a deploy while this run was inside it: the visit in flight
-        # recorded its calls and keyed its effects under the name it began as, and keeps it.
-        renamed = claimed.cursor not in (START, cp.cursor) and flow.current(claimed.cursor)
-        begun_as = claimed.cursor if renamed == cp.cursor else None
+        begun_as = renamed_from(claimed.cursor, cp.cursor, flow)
         if resumed:
             where = f"{cp.cursor!r} (seq {cp.seq})"
             logger.warning("run %s: resuming at %s", run_id, where, extra=logs.at(cp, "resume"))
@@ -281,6 +278,14 @@ def _going_on(
         status=RunStatus.RUNNING,
         resumes=cp.resumes + int(resumed),
     )
+
+
+def renamed_from(saved: str, going: str, flow: registry.Workflow) -> str | None:
+    """The name a step's visit in flight began as (saved), when a deploy renamed the step
+    to `going` since: the visit's journal and keys stay under it. None: not renamed."""
+    if saved not in (START, going) and flow.current(saved) == going:
+        return saved
+    return None
 
 
 def _take(run_id: str, deps: Deps) -> tuple[HeldLease, Checkpoint]:

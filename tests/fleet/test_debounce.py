@@ -19,6 +19,7 @@ from cairn.core.status import RunStatus
 from cairn.testing import fleet
 from tests.helpers.runs import wait_for
 from tests.helpers.services import ROOT
+from tests.helpers.wakes import beat_wakes, spawn_waker
 
 KEYS = [f"conv-{k}" for k in range(10)]
 ROUNDS = 6
@@ -46,27 +47,6 @@ with open(out, "w") as f:
     json.dump(got, f)
 """
 
-# A wake pass that SIGKILLs itself at its first batch, committed and not sent.
-WAKER = """
-import json, os, signal, sys, time
-from cairn.client.client import Client
-from cairn.workers.wake import Waker
-
-out = sys.argv[1]
-
-def hook(point, ids):
-    if point == "committed":
-        with open(out, "w") as f:
-            json.dump(ids, f)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-with Client() as client:
-    waker = Waker(store=client.store, send=client.send, batch=4, hook=hook)
-    until = time.monotonic() + 120
-    while time.monotonic() < until and not waker.wake():
-        time.sleep(0.005)
-"""
-
 
 def _spawn(script: str, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as f:  # the child keeps its copy
@@ -77,16 +57,6 @@ def _spawn(script: str, args: list[str], env: dict[str, str], log: Path) -> subp
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-
-
-def _wakes(text: str) -> list[str]:
-    """The runs the worker's wake passes (beat's task) woke, from its JSON log lines."""
-    woken: list[str] = []
-    for line in text.splitlines():
-        if line.startswith("{") and '"wake"' in line:
-            entry = json.loads(line)
-            woken += entry["runs"] if entry.get("action") == "wake" else []
-    return woken
 
 
 def test_two_enqueuers_racing_with_beat_and_a_wake_pass_killed_start_one_run_per_key(
@@ -111,7 +81,6 @@ def test_two_enqueuers_racing_with_beat_and_a_wake_pass_killed_start_one_run_per
         )
         for n, o in zip("ab", outs, strict=True)
     ]
-    killed_out = tmp_path / "woken-killed.json"
     waker: subprocess.Popen[bytes] | None = None
     procs = [worker, beat]
     try:
@@ -128,9 +97,9 @@ def test_two_enqueuers_racing_with_beat_and_a_wake_pass_killed_start_one_run_per
             for key in KEYS
         }
         beat.kill()  # no pass from beat now: the runs come due with it dead
-        waker = _spawn(WAKER, [str(killed_out)], env, tmp_path / "waker.log")
+        waker, killed_out = spawn_waker(env, tmp_path, "committed", batch=4)
         wait_for(lambda: waker.poll() is not None, 60, "the wake pass to be killed")
-        assert waker.returncode == -signal.SIGKILL, (tmp_path / "waker.log").read_text()
+        assert waker.returncode == -signal.SIGKILL, (tmp_path / "waker-committed.log").read_text()
         beat = fleet.start_beat(env, tmp_path / "beat2.log", tmp_path / "beat2-schedule")
         procs.append(beat)
         wait_for(
@@ -160,5 +129,5 @@ def test_two_enqueuers_racing_with_beat_and_a_wake_pass_killed_start_one_run_per
     # Woken once each: the killed pass's batch (sent by the reaper), beat's passes the rest.
     killed = json.loads(killed_out.read_text())
     assert killed
-    woken = Counter(killed + _wakes(worker_log))
+    woken = Counter(killed + beat_wakes(worker_log))
     assert woken == Counter(last.values()), {r: n for r, n in woken.items() if n != 1}

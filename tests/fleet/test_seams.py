@@ -148,6 +148,27 @@ def _said(events: list[Any]) -> list[tuple[Any, ...]]:
     return sorted((e.seq, e.cursor, e.visit, e.attempt) for e in events if e.kind == "step_saved")
 
 
+def _killing_after(cursor: str, tmp_path: Path, whole: bool) -> dict[str, str]:
+    """A worker's environment that SIGKILLs it (with whole, its main process too) right
+    after the commit of the save of `cursor`, before its events: once a run."""
+    return {
+        "CAIRN_MIDDLEWARE": "tests.helpers.seam_flows:KillAfterCommit",
+        "CAIRN_TEST_KILL_AFTER": cursor,
+        "CAIRN_TEST_KILL_DIR": str(tmp_path),
+        "CAIRN_TEST_KILL_WHOLE": "1" if whole else "0",
+    }
+
+
+def _told_to_the_end(client: Client, run_id: str) -> list[Any]:
+    """The run's stream, once it has been told the run's end."""
+    wait_for(
+        lambda: any(e.kind == "run_ended" and not e.durable for e in _stream(client, run_id)),
+        LEASE_TTL + 30,
+        "the stream to be told the run's end",
+    )
+    return list(client.events(run_id, timeout=20))
+
+
 @pytest.mark.parametrize(
     ("cursor", "whole"), [("two", False), ("three", False), ("three", True)],
     ids=["two", "three", "three-whole-worker"],
@@ -166,13 +187,7 @@ def test_a_worker_killed_between_a_steps_commit_and_its_events_leaves_a_truthful
     finds the delivery that never let go of the run and sends it again): the stream's
     step_saved events are the history's saved rows, no saved attempt is called
     abandoned, and every step's answer is in the stream once it stands."""
-    kill = {
-        "CAIRN_MIDDLEWARE": "tests.helpers.seam_flows:KillAfterCommit",
-        "CAIRN_TEST_KILL_AFTER": cursor,
-        "CAIRN_TEST_KILL_DIR": str(tmp_path),
-        "CAIRN_TEST_KILL_WHOLE": "1" if whole else "0",
-    }
-    start_worker(concurrency=1, **kill, **FLOWS)
+    start_worker(concurrency=1, **_killing_after(cursor, tmp_path, whole), **FLOWS)
     run_id = client.enqueue("seam_stream", {})
     wait_for(lambda: (tmp_path / f"{run_id}.{cursor}").exists(), 60, "the kill")
     if whole:  # a worker to take the run again, and the reaper to send it
@@ -180,12 +195,7 @@ def test_a_worker_killed_between_a_steps_commit_and_its_events_leaves_a_truthful
         start_beat()
     done = client.wait(run_id, timeout=60)
     assert done.status == "done", done.error
-    wait_for(
-        lambda: any(e.kind == "run_ended" and not e.durable for e in _stream(client, run_id)),
-        LEASE_TTL + 30,
-        "the stream to be told the run's end",
-    )
-    events = list(client.events(run_id, timeout=20))
+    events = _told_to_the_end(client, run_id)
     saved = [h for h in client.history(run_id) if h.outcome == "saved"]
     assert _said(events) == sorted((h.seq, h.cursor, h.visit, h.epoch) for h in saved)
     abandoned = {(e.data["cursor"], e.data["visit"], e.data["attempt"]) for e in events
@@ -212,13 +222,7 @@ def test_a_run_cancelled_after_its_worker_died_between_a_commit_and_its_events_t
     """The whole worker SIGKILLed right after the save of `two`, before its events; the
     run is cancelled while no worker holds it; the delivery that finds it cancelled first
     tells the stream the save it was not told, then the cancel."""
-    kill = {
-        "CAIRN_MIDDLEWARE": "tests.helpers.seam_flows:KillAfterCommit",
-        "CAIRN_TEST_KILL_AFTER": "two",
-        "CAIRN_TEST_KILL_DIR": str(tmp_path),
-        "CAIRN_TEST_KILL_WHOLE": "1",
-    }
-    start_worker(concurrency=1, **kill, **FLOWS)
+    start_worker(concurrency=1, **_killing_after("two", tmp_path, whole=True), **FLOWS)
     run_id = client.enqueue("seam_stream", {})
     wait_for(lambda: (tmp_path / f"{run_id}.two").exists(), 60, "the kill")
     assert client.cancel(run_id, "customer left").status == "running"  # stops at its next turn
@@ -226,12 +230,7 @@ def test_a_run_cancelled_after_its_worker_died_between_a_commit_and_its_events_t
     start_beat()  # the reaper sends the run the dead worker held
     done = client.wait(run_id, timeout=60)
     assert done.status == "cancelled", done.error
-    wait_for(
-        lambda: any(e.kind == "run_ended" and not e.durable for e in _stream(client, run_id)),
-        LEASE_TTL + 30,
-        "the stream to be told the run's end",
-    )
-    events = list(client.events(run_id, timeout=20))
+    events = _told_to_the_end(client, run_id)
     saved = [h for h in client.history(run_id) if h.outcome == "saved"]
     assert [h.cursor for h in saved] == ["one", "two"]
     assert _said(events) == sorted((h.seq, h.cursor, h.visit, h.epoch) for h in saved)

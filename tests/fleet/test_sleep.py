@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,53 +16,10 @@ from cairn.client.client import Client
 from cairn.core.status import RunStatus
 from cairn.testing import fleet
 from tests.helpers.runs import wait_for
-from tests.helpers.services import ROOT
+from tests.helpers.wakes import beat_wakes, spawn_waker
 
 RUNS = 30
 NAP = 5.0
-
-# A wake pass in its own process, looping until its first batch, where it stops at fault
-# point `die`: "committed" (woken and committed, not sent: SIGKILL) or "woken" (moved,
-# not committed, its rows locked: SIGSTOP; the test continues it). It writes the batch
-# to `out` first, and after a SIGCONT sends it as a pass does and writes "sent".
-WAKER = """
-import json, os, signal, sys, time
-from cairn.client.client import Client
-from cairn.workers.wake import Waker
-
-die, out = sys.argv[1], sys.argv[2]
-
-def hook(point, ids):
-    if point == die:
-        with open(out, "w") as f:
-            json.dump(ids, f)
-        os.kill(os.getpid(), signal.SIGKILL if die == "committed" else signal.SIGSTOP)
-
-with Client() as client:
-    waker = Waker(store=client.store, send=client.send, batch=5, hook=hook)
-    until = time.monotonic() + 60
-    while time.monotonic() < until:
-        if waker.wake():
-            break
-        time.sleep(0.005)
-with open(out + ".sent", "w") as f:
-    f.write("sent")
-"""
-
-
-def _waker(env: dict[str, str], tmp_path: Path, die: str) -> tuple[subprocess.Popen[bytes], Path]:
-    script = tmp_path / "waker.py"
-    script.write_text(WAKER)
-    out = tmp_path / f"woken-{die}.json"
-    with (tmp_path / f"waker-{die}.log").open("ab") as log:  # the child keeps its copy
-        proc = subprocess.Popen(
-            [sys.executable, str(script), die, str(out)],
-            env={**env, "PYTHONPATH": str(ROOT)},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return proc, out
 
 
 def _state(pid: int) -> str:
@@ -73,16 +28,6 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
-
-
-def _beat_wakes(text: str) -> list[str]:
-    """The runs the worker's wake passes (beat's task) woke, from its JSON log lines."""
-    woken: list[str] = []
-    for line in text.splitlines():
-        if line.startswith("{") and '"wake"' in line:
-            entry = json.loads(line)
-            woken += entry["runs"] if entry.get("action") == "wake" else []
-    return woken
 
 
 def test_sleeping_runs_are_woken_once_with_two_beats_and_wake_passes_killed_and_paused(
@@ -94,8 +39,8 @@ def test_sleeping_runs_are_woken_once_with_two_beats_and_wake_passes_killed_and_
         fleet.start_beat(env, tmp_path / f"beat{i}.log", tmp_path / f"beat{i}-schedule")
         for i in range(2)
     ]
-    killer, killed_out = _waker(env, tmp_path, "committed")
-    pauser, paused_out = _waker(env, tmp_path, "woken")
+    killer, killed_out = spawn_waker(env, tmp_path, "committed")
+    pauser, paused_out = spawn_waker(env, tmp_path, "woken")
     procs = [worker, *beats]
     try:
         fleet.wait_ready(worker)
@@ -139,7 +84,7 @@ def test_sleeping_runs_are_woken_once_with_two_beats_and_wake_passes_killed_and_
     assert killed and paused and (tmp_path / f"{paused_out.name}.sent").exists()
     assert not (tmp_path / f"{killed_out.name}.sent").exists()
     # Exactly once: every run in one pass's batch, the killed pass's sent by the reaper.
-    woken = Counter(killed + paused + _beat_wakes(worker.text()))
+    woken = Counter(killed + paused + beat_wakes(worker.text()))
     assert woken == Counter(ids), {r: n for r, n in woken.items() if n != 1}
     for run in runs.values():
         assert (
