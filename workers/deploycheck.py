@@ -120,12 +120,14 @@ def check_run(store: CheckpointStore, cp: Checkpoint) -> Finding:
         return found(True, "", going.cursor)  # no record to hold the code to
     ctx = _Replay(at, store=store, lease=_Lease(at), model=_Model())  # type: ignore[arg-type]
 
-    def verdict(ok: bool, problem: str = "", stopped_at: str = "") -> Finding:
+    def verdict(
+        ok: bool, problem: str = "", stopped_at: str = "", served: int | None = None
+    ) -> Finding:
         return found(
             ok,
             problem,
             going.cursor,
-            replayed=min(ctx._calls, recorded),
+            replayed=min(ctx._calls if served is None else served, recorded),
             recorded=recorded,
             stopped_at=stopped_at,
         )
@@ -139,7 +141,8 @@ def check_run(store: CheckpointStore, cp: Checkpoint) -> Finding:
         # or an effect or ctx.db before its end: the code agrees as far as it went.
         return verdict(True, stopped_at=str(beyond))
     except JournalDiverged as exc:
-        return verdict(False, str(exc))
+        # The diverging call took its place in the count: it was not served.
+        return verdict(False, str(exc), served=ctx._calls - 1)
     except Exception as exc:  # noqa: BLE001 (the step's own code, on its recorded answers)
         if isinstance(exc, flow.retries[going.cursor].on):  # its policy retries it: as live
             return verdict(True, stopped_at=f"{type(exc).__name__}, which its step retries")
