@@ -35,3 +35,14 @@ def test_the_readme_is_a_landing_page_whose_links_land() -> None:
     links = re.findall(r"\]\(((?:docs/)[^)#]+)(?:#[^)]*)?\)", readme)
     assert links, "the README links to the docs pages"
     assert [link for link in links if not (ROOT / link).exists()] == []
+
+
+def test_the_benchmarks_page_names_every_section() -> None:
+    # The page's `--only` list is what a reader copies: every section python -m bench has,
+    # once each (a merge once left two half lists there).
+    from bench.common import SECTIONS
+
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    lists = re.findall(r"`--only ((?:\w+,)+\w+)`", text)
+    assert lists, "docs/benchmarks.md: no `--only a,b,...` list"
+    assert [tuple(lst.split(",")) for lst in lists] == [SECTIONS]

@@ -120,6 +120,8 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
     for prefix in (
         "cairn in-process per-step cost ≤ 1.2× tiny floor",
         "cairn through Celery ≤ 1.4× tiny floor",
+        "a no-op step in process, run events and tracing off ≤ 1.6× tiny floor",
+        "a journaled call (ctx.call) ≤ 1.5× tiny floor",
         "per-run fixed cost ≤ 2× a Celery no-op task's",
         "tracing overhead per no-op step ≤ 10% (no-op exporter",
         "tracing overhead per no-op step, batch OTLP exporter (stated",
