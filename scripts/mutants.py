@@ -742,6 +742,23 @@ MUTANTS = [
             f"{DEBOUNCE}::test_debounced_enqueues_collapse_into_one_run_that_wakes_once_with_the_latest_input",
         ),
     ),
+    Mutant(
+        "M87",
+        "ctx.messages() reads the steer messages without its journal record: a replay takes "
+        "them again, and a fenced worker's read counts as delivered",
+        "steps/journal.py",
+        'return [m["message"] for m in self.call(STEERED, pending)]',
+        'return [m["message"] for m in pending()]',
+        ("tests/contract/test_steering.py", "tests/fleet/test_steering.py"),
+    ),
+    Mutant(
+        "M88",
+        "a steer message delivered again: the last one a read got counts as undelivered",
+        "store/sql/queries.sql",
+        " WHERE run_id = %(run_id)s AND n > (",
+        " WHERE run_id = %(run_id)s AND n >= (",
+        ("tests/contract/test_steering.py",),
+    ),
 ]
 
 

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar, overload
 
 from cairn.core.errors import CairnError, CallFailed, JournalDiverged, StaleWrite
-from cairn.core.records import Call
+from cairn.core.records import STEERED, Call
 
 if TYPE_CHECKING:
     from cairn.core.records import Checkpoint
@@ -194,6 +194,19 @@ class JournaledCalls(StepParts):
             self._failed(pos, name, exc, token)
             raise
         return self._returned(pos, name, result, token)  # type: ignore[no-any-return]
+
+    def messages(self) -> list[Any]:
+        """The steer messages sent to this run (Client.steer) that no earlier
+        ctx.messages() of the run read, oldest first: each is delivered once. A journaled
+        read: a replay of this step gets the same messages at the same place; a worker
+        that lost the run records nothing, so the next owner's read gets them; a message
+        sent after the read waits for the next one. Call it at each turn of an agent loop
+        (before its model call) to take in what its user added meanwhile."""
+
+        def pending() -> list[dict[str, Any]]:
+            return [{"n": n, "message": m} for n, m in self._store.steers_pending(self.run_id)]
+
+        return [m["message"] for m in self.call(STEERED, pending)]
 
     # Two signatures: from `Callable[..., Awaitable[T] | T]` alone a type checker cannot
     # tell T of a coroutine function (mypy infers Never).

@@ -24,7 +24,7 @@ from cairn.core.records import (
     Spawned,
     Wait,
 )
-from cairn.core.status import RunStatus
+from cairn.core.status import TERMINAL, RunStatus
 from cairn.store.db import Database, outage, translated
 from cairn.store.rows import (
     FOLD_AT,
@@ -317,6 +317,25 @@ class PgStore:
             },
         )
         return (RunStatus(row["status"]), row["stored"]) if row else None
+
+    def steer(self, run_id: str, message: Any) -> tuple[RunStatus, int | None] | None:
+        """Store a steer message as the run's next: (the run's status, the message's number
+        in the run, None when the run has ended and nothing was stored), or None: no such
+        run."""
+        params = {
+            "run_id": run_id,
+            "message": Jsonb(message),
+            "terminal": sorted(TERMINAL),
+        }
+        locked, stored = self.db.each(("steer_lock", "steer_insert"), params)
+        if locked is None:
+            return None
+        return RunStatus(locked["status"]), stored["n"] if stored else None
+
+    def steers_pending(self, run_id: str) -> list[tuple[int, Any]]:
+        """The run's steer messages no journal record delivered yet, oldest first: (n,
+        message) each."""
+        return [(r["n"], r["message"]) for r in self.db.all("steers_pending", {"run_id": run_id})]
 
     def cancel_reason(self, run_id: str) -> str | None:
         row = self.db.one("cancel_reason", {"run_id": run_id})

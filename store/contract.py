@@ -113,6 +113,10 @@ class RunStore(Protocol):
         run's cancel reason as the record read it. tx: the call's own transaction (ctx.db
         inside it), committed with the record."""
 
+    def steers_pending(self, run_id: str) -> list[tuple[int, Any]]:
+        """The run's steer messages that no journal record of it delivered (ctx.messages()
+        records what it read), oldest first: (n, message) each."""
+
     def record_intent(self, cp: Checkpoint, key: str) -> tuple[str, Any]:
         """An at-most-once effect's intent, fenced: written, open, done (with result) or
         fenced."""
@@ -223,6 +227,10 @@ class AdminStore(Protocol):
         self, run_id: str, event: str, payload: Any, signal_id: str, traceparent: str | None = None
     ) -> tuple[RunStatus, bool] | None:
         """Store a signal: (the run's status, whether it was new), or None: no such run."""
+
+    def steer(self, run_id: str, message: Any) -> tuple[RunStatus, int | None] | None:
+        """Store a steer message as the run's next: (the run's status, its number in the
+        run, None when the run has ended and nothing was stored), or None: no such run."""
 
     def fork(
         self,

@@ -1,4 +1,4 @@
-"""`cairn runs`: list runs, and every operation on one: enqueue, show, events, signal,
+"""`cairn runs`: list runs, and every operation on one: enqueue, show, events, signal, steer,
 cancel, resolve (here), fork, rewind and replay (cairn.cli.forks).
 
 `cairn enqueue`, `cairn show`, ... were these commands' names before they were gathered
@@ -65,7 +65,7 @@ def runs(
     as_json: AsJson = False,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Runs: list (the default), enqueue, show, events, signal, cancel, resolve, fork,
+    """Runs: list (the default), enqueue, show, events, signal, steer, cancel, resolve, fork,
     rewind, replay.
 
     With no command, list runs newest first, a page at a time, with the totals by status
@@ -395,6 +395,39 @@ def signal(
         print(dumps({"run_id": run_id, "event": event, "stored": stored}))
         return
     console.print(f"{run_id}: {event} " + ("sent" if stored else "already sent (same --id)"))
+
+
+@app.command()
+def steer(
+    run_id: RunId,
+    message: Annotated[str, typer.Argument(help="The message: text, or JSON with --json-message.")],
+    json_message: Annotated[
+        bool, typer.Option("--json-message", help="Read MESSAGE as JSON (a chat message object).")
+    ] = False,
+    as_json: AsJson = False,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Send a running agent a message: delivered once, in order, at its step's next
+    ctx.messages()."""
+    data: Any = message
+    if json_message:
+        try:
+            data = json.loads(message)
+        except json.JSONDecodeError as exc:
+            fail(f"message is not JSON ({exc}); leave out --json-message to send it as text", 2)
+    from cairn.core.errors import CairnError
+
+    settings = load_settings(database_url=database_url, redis_url=redis_url)
+    try:
+        with open_client(settings) as client:
+            n = client.steer(run_id, data)
+    except CairnError as exc:
+        fail(exc, 2)
+    if as_json:
+        print(dumps({"run_id": run_id, "n": n}))
+        return
+    console.print(f"{run_id}: message {n} stored; its step reads it at its next ctx.messages()")
 
 
 @app.command()

@@ -159,6 +159,7 @@ class AsyncClient:
     forks = _threaded(Client.forks)
     replay = _threaded(Client.replay)
     signal = _threaded(Client.signal)
+    steer = _threaded(Client.steer)
     resolve = _threaded(Client.resolve)
     history = _threaded(Client.history)
     calls = _threaded(Client.calls)

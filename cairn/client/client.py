@@ -30,7 +30,7 @@ from cairn.client.checks import (
 )
 from cairn.client.sender import Sender, no_broker
 from cairn.core import tracing
-from cairn.core.errors import CairnError, InvalidInput, UnknownRun
+from cairn.core.errors import CairnError, InvalidInput, RunEnded, UnknownRun
 from cairn.core.inputs import check_input, check_run_id
 from cairn.core.records import CallRecord, Run, RunFilter, StepRecord
 from cairn.core.settings import Settings
@@ -376,6 +376,23 @@ class Client:
         if stored and status not in STOPPED:
             self.send(run_id)  # a waiting run wakes; a busy one finds it at its wait
         return stored
+
+    def steer(self, run_id: str, message: Any) -> int:
+        """Send a running agent a message (JSON: a string, or a dict such as {"role":
+        "user", "content": ...}): stored durably, and delivered once, in order, to the step
+        at its next ctx.messages(). Returns the message's number in the run (1, 2, ...).
+        Raises UnknownRun, or RunEnded when the run has ended (done, failed, cancelled)."""
+        check_input({"message": message}, self.settings.max_input_bytes)
+        found = self.store.steer(run_id, message)
+        if found is None:
+            raise UnknownRun(f"no run {run_id!r}")
+        status, n = found
+        if n is None:
+            raise RunEnded(
+                f"run {run_id} has ended ({status}): no step would read the message; "
+                "enqueue a new run, or fork this one (cairn runs fork)"
+            )
+        return n
 
     def resolve(self, run_id: str, *, done: bool, result: Any = None) -> Run:
         """Settle a run stopped as unknown (an at-most-once effect whose outcome was lost):

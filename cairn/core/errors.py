@@ -138,6 +138,11 @@ class RunNotStopped(CairnError):
     """Client.rewind of a run that is not stopped (pending, running, waiting, queued)."""
 
 
+class RunEnded(CairnError):
+    """Client.steer of a run that has ended (done, failed, cancelled, over budget): no
+    step would read the message."""
+
+
 class WindowTooLarge(CairnError):
     """The model window is still over the size limit after compaction."""
 

@@ -35,6 +35,11 @@ class Spawned:
     traceparent: str | None = None  # the spawning step's span: the children's traces go on
 
 
+# The journal's name for ctx.messages(): its record, [{"n": .., "message": ..}, ...], is
+# which steer messages that read delivered (the SQL's steers_pending reads it by name).
+STEERED = "cairn.messages"
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Call:
     """One journaled call inside a step (ctx.call, ctx.model): its place in the step's

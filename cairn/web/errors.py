@@ -23,6 +23,7 @@ from starlette.routing import BaseRoute, Match
 from cairn.core.errors import (
     CairnError,
     InvalidInput,
+    RunEnded,
     RunIdConflict,
     RunNotStopped,
     Transient,
@@ -35,6 +36,7 @@ _ERROR_STATUS: list[tuple[type[CairnError], int]] = [
     (UnknownRun, 404),
     (RunIdConflict, 409),
     (RunNotStopped, 409),
+    (RunEnded, 409),
     (InvalidInput, 422),
     (UnknownWorkflow, 422),
     (Transient, 503),

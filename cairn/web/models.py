@@ -196,6 +196,22 @@ class NewSignal(BaseModel):
     )
 
 
+class NewSteer(BaseModel):
+    """A message for a running agent, read by its step at its next ctx.messages()."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    message: Any = Field(
+        description="JSON: a string, or an object such as a chat message.",
+        examples=["Also check the invoice date."],
+    )
+
+
+class Steered(BaseModel):
+    """A steer message stored: its number in the run (1, 2, ...), delivered in that order."""
+
+    n: int = Field(ge=1)
+
+
 class NewSchedule(BaseModel):
     """A workflow started on a clock: a cron expression (UTC) or every N seconds."""
 

@@ -300,6 +300,35 @@ WITH run AS (
 )
 SELECT run.status, EXISTS (SELECT 1 FROM stored) AS stored FROM run;
 
+-- name: steer_lock
+-- A steer message's first statement: the run's row lock, which numbers its messages in the
+-- order they commit (a read between two sees a prefix of them, never a gap it would
+-- skip for good). The next statement takes a new snapshot, so it sees the last one's n.
+SELECT c.status FROM runs r JOIN checkpoints c USING (run_id)
+ WHERE r.run_id = %(run_id)s
+   FOR NO KEY UPDATE OF r;
+
+-- name: steer_insert
+-- The message, as the run's next; nothing for a run that has ended (terminal).
+INSERT INTO steer_messages (run_id, n, message)
+SELECT %(run_id)s, coalesce(max(n), 0) + 1, %(message)s
+  FROM steer_messages
+ WHERE run_id = %(run_id)s
+HAVING EXISTS (SELECT 1 FROM checkpoints
+                WHERE run_id = %(run_id)s AND status <> ALL (%(terminal)s))
+RETURNING n;
+
+-- name: steers_pending
+-- The run's steer messages that no journal record of it delivered (ctx.messages() records
+-- what it read as [{n, message}, ...]), oldest first.
+SELECT n, message FROM steer_messages
+ WHERE run_id = %(run_id)s AND n > (
+       SELECT coalesce(max((m ->> 'n')::bigint), 0)
+         FROM journal j CROSS JOIN LATERAL jsonb_array_elements(j.result) m
+        WHERE j.run_id = %(run_id)s AND j.name = 'cairn.messages'
+          AND jsonb_typeof(j.result) = 'array')
+ ORDER BY n;
+
 -- name: cancel_reason
 SELECT cancel_reason FROM checkpoints WHERE run_id = %(run_id)s;
 

@@ -510,3 +510,16 @@ CREATE TABLE agent_session_items (
     created_at  timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX agent_session_items_session ON agent_session_items (session_id, id);
+
+-- Steering (migration 0019): messages for a running agent (Client.steer), numbered in
+-- their run in the order they were stored, read by the step at its next ctx.messages()
+-- (a journaled read: the journal record says which a visit got, so each is delivered
+-- once, and a fenced worker's read records nothing). No delivered flag: the journal is
+-- the truth, and a flag beside it could disagree.
+CREATE TABLE steer_messages (
+    run_id      text NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    n           bigint NOT NULL,
+    message     jsonb NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (run_id, n)
+);

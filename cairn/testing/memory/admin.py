@@ -13,7 +13,7 @@ from typing import Any
 
 from cairn.core.errors import RunIdConflict
 from cairn.core.records import START, Run, RunFilter
-from cairn.core.status import ACTIVE, REARMABLE, RunStatus
+from cairn.core.status import ACTIVE, REARMABLE, TERMINAL, RunStatus
 from cairn.store.rows import settled
 from cairn.testing.memory.rows import _dump, _loaded, _Row, _Signal
 from cairn.testing.memory.tables import _Tables
@@ -160,6 +160,19 @@ class _Admin(_Tables):
                     event=event, payload=text, created_at=stamp, traceparent=traceparent
                 )
             return row.status, stored
+
+    def steer(self, run_id: str, message: Any) -> tuple[RunStatus, int | None] | None:
+        """Store a steer message as the run's next: (the run's status, its number, None
+        when the run has ended), or None: no such run."""
+        text = _dump(message)
+        with self._lock:
+            row = self._rows.get(run_id)
+            if row is None:
+                return None
+            if row.status in TERMINAL:
+                return row.status, None
+            row.steers.append(text)
+            return row.status, len(row.steers)
 
     def cancel(self, run_id: str, reason: str) -> RunStatus | None:
         """Ask the run to stop: one no worker holds (pending, waiting) at once, a running

@@ -97,6 +97,8 @@ class _Row:
     history: list[tuple[dict[str, Any], _Snap | None]] = dataclasses.field(default_factory=list)
     # journal: (cursor, visit, pos) -> (the call with its result and error as JSON text, epoch)
     journal: dict[tuple[str, int, int], tuple[Call, int]] = dataclasses.field(default_factory=dict)
+    # steer messages, the n-th at index n - 1 (as JSON text)
+    steers: list[str] = dataclasses.field(default_factory=list)
 
 
 def _signal_of(signal_id: str, signal: _Signal) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from cairn.core.errors import CairnError, StaleWrite, StoreError
 from cairn.core.records import (
     CHECKPOINT_VERSION,
     START,
+    STEERED,
     Attempt,
     Call,
     Checkpoint,
@@ -294,6 +295,21 @@ class _Runs(_Tables):
                 if key[:2] == (cursor, visit)
             )
         return [_loaded(call) for _, call in found]
+
+    def steers_pending(self, run_id: str) -> list[tuple[int, Any]]:
+        """The run's steer messages no journal record delivered yet (steers_pending in the
+        SQL), oldest first."""
+        with self._lock:
+            row = self._rows.get(run_id)
+            if row is None:
+                return []
+            read = [
+                json.loads(call.result)
+                for call, _ in row.journal.values()
+                if call.name == STEERED and call.result is not None
+            ]
+            last = max((m["n"] for got in read if isinstance(got, list) for m in got), default=0)
+            return [(n, json.loads(m)) for n, m in enumerate(row.steers, 1) if n > last]
 
     def record_call(
         self, cp: Checkpoint, visit: int, call: Call, tx: Any = None

@@ -1,4 +1,5 @@
-"""POST /runs/{run_id}/signals/{event}: what a waiting run waits for."""
+"""POST /runs/{run_id}/signals/{event}: what a waiting run waits for; POST
+/runs/{run_id}/steer: a message for a running agent."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from fastapi import APIRouter, Body, Header, Path
 from cairn.core.inputs import RUN_ID_MAX, check_run_id
 from cairn.web.deps import ClientDep
 from cairn.web.errors import errors
-from cairn.web.models import EVENT_NAME_PATTERN, RUN_ID_SCHEMA, NewSignal
+from cairn.web.models import EVENT_NAME_PATTERN, RUN_ID_SCHEMA, NewSignal, NewSteer, Steered
 from cairn.web.routers.runs import run_json
 
 router = APIRouter(tags=["runs"])
@@ -54,3 +55,24 @@ def signal(
     signal_id = body.signal_id if body.signal_id is not None else idempotency_key
     stored = client.signal(run_id, event, body.payload, signal_id=signal_id)
     return {"stored": stored, "run": run_json(client, run_id)}
+
+
+@router.post(
+    "/runs/{run_id}/steer",
+    status_code=202,
+    response_model=Steered,
+    responses=errors(
+        404,
+        409,
+        422,
+        why={
+            409: "The run has ended: no step would read the message (run_ended).",
+            422: "The request breaks a rule of this document (invalid_request), or the "
+            "message is over CAIRN_MAX_INPUT_BYTES or has NUL in a string (invalid_input).",
+        },
+    ),
+)
+def steer(run_id: str, body: NewSteer, client: ClientDep) -> Steered:
+    """Send a running agent a message: stored durably, delivered once and in order to its
+    step at the next ctx.messages()."""
+    return Steered(n=client.steer(run_id, body.message))

@@ -1,0 +1,173 @@
+"""Steering a running agent (Client.steer, ctx.messages()): each message delivered once, in
+order, at the step's next read; a replay reads what the journal says the visit got; a
+worker that lost the run records nothing, so the next owner gets the messages.
+
+On the in-memory twins and on Postgres + Redis. The kill on real workers is
+tests/fleet/test_steering.py's.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cairn.client import Client
+from cairn.core import errors
+from cairn.core.settings import Settings
+from cairn.core.status import RunStatus
+from cairn.steps import Context, StepResult, workflow
+from cairn.testing import ManualClock, MemoryLeases, MemoryStore
+from cairn.workers import loop
+
+SETTINGS = Settings(
+    database_url="postgresql://unused.invalid/x", redis_url="redis://unused.invalid/0"
+)
+
+# run id -> what each turn read; the turn after whose read its process dies once; the
+# messages a test sends at a turn (from inside the step: a user typing meanwhile)
+seen: defaultdict[str, list[list[Any]]] = defaultdict(list)
+dies_at: dict[str, int] = {}
+sends: dict[tuple[str, int], list[Any]] = {}
+
+
+class ProcessDied(BaseException):
+    """The step's process killed (SIGKILL): nothing after it runs or records."""
+
+
+@pytest.fixture(params=["memory", "pg"])
+def deps(request: pytest.FixtureRequest) -> Iterator[loop.Deps]:
+    if request.param == "memory":
+        clock = ManualClock()
+        yield loop.Deps(
+            settings=SETTINGS, store=MemoryStore(clock), leases=MemoryLeases(clock), model=None
+        )
+        return
+    yield loop.Deps(
+        settings=request.getfixturevalue("settings"),
+        store=request.getfixturevalue("store"),
+        leases=request.getfixturevalue("leases"),
+        model=None,
+    )
+
+
+def _client(deps: loop.Deps) -> Client:
+    return Client(settings=deps.settings, store=deps.store, send=lambda run_id, priority: None)
+
+
+def _start(deps: loop.Deps, flow: str, data: dict[str, Any] | None = None) -> str:
+    run_id = f"{flow}-{uuid.uuid4().hex[:8]}"
+    assert deps.store.create_run(run_id, flow, data or {})
+    return run_id
+
+
+agent = workflow("steer-agent")
+
+
+@agent.step()
+def turns(ctx: Context) -> StepResult:
+    """Four turns of an agent loop: take in what the user added, then a journaled call."""
+    client = _client_of[ctx.run_id]
+    for turn in range(4):
+        for message in sends.pop((ctx.run_id, turn), []):
+            client.steer(ctx.run_id, message)
+        got = ctx.messages()
+        seen[ctx.run_id].append(got)
+        if dies_at.get(ctx.run_id) == turn:
+            del dies_at[ctx.run_id]
+            raise ProcessDied
+        ctx.call("turn", lambda turn=turn: turn)
+    return StepResult(cursor="done")
+
+
+_client_of: dict[str, Client] = {}
+
+
+def _run(deps: loop.Deps, **to_send: list[Any]) -> tuple[str, Client]:
+    run_id = _start(deps, "steer-agent")
+    client = _client_of[run_id] = _client(deps)
+    for turn, messages in to_send.items():
+        sends[(run_id, int(turn[1:]))] = messages
+    return run_id, client
+
+
+def _redeliver(run_id: str, deps: loop.Deps) -> RunStatus:
+    lease = deps.leases.holder(run_id)
+    if lease is not None:
+        assert deps.leases.break_dead(run_id, lease)
+    return loop.run(run_id, deps)
+
+
+def test_each_message_reaches_the_next_read_once_in_order(deps: loop.Deps) -> None:
+    run_id, client = _run(deps, t0=[], t2=["also check the date", {"role": "user", "x": 1}])
+    assert client.steer(run_id, "first") == 1
+    assert client.steer(run_id, "second") == 2
+
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    assert seen[run_id] == [
+        ["first", "second"],
+        [],
+        ["also check the date", {"role": "user", "x": 1}],
+        [],
+    ]
+
+
+def test_a_replay_reads_what_the_visit_got_and_new_messages_come_next(deps: loop.Deps) -> None:
+    run_id, client = _run(deps, t1=["sent at turn 1"])
+    client.steer(run_id, "before the start")
+    dies_at[run_id] = 1  # after turn 1's read was recorded, before its call
+
+    with pytest.raises(ProcessDied):
+        loop.run(run_id, deps)
+    client.steer(run_id, "sent while no worker had it")
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+
+    # The first attempt's reads, then the replay's: turns 0 and 1 from the journal (the
+    # same messages at the same place), the new one at the first read the journal lacks.
+    assert seen[run_id] == [
+        ["before the start"],
+        ["sent at turn 1"],
+        ["before the start"],
+        ["sent at turn 1"],
+        ["sent while no worker had it"],
+        [],
+    ]
+
+
+fenced = workflow("steer-fenced")
+
+
+@fenced.step()
+def late(ctx: Context) -> StepResult:
+    if ctx.input.get("claimed_by_another"):
+        # Another worker claims the run now (this one paused past its lease, say).
+        assert ctx._store.claim(ctx.run_id, ctx._lease.epoch + 5) is not None
+    seen[ctx.run_id].append(ctx.messages())
+    return StepResult(cursor="done")
+
+
+def test_a_worker_that_lost_the_run_takes_no_message(deps: loop.Deps) -> None:
+    run_id = _start(deps, "steer-fenced", {"claimed_by_another": True})
+    client = _client(deps)
+    client.steer(run_id, "for whoever owns the run")
+    with pytest.raises(errors.Superseded):
+        loop.run(run_id, deps)
+    assert seen[run_id] == []  # its read was fenced: the step never got the message
+    # What the next owner reads: the message, still undelivered.
+    assert deps.store.steers_pending(run_id) == [(1, "for whoever owns the run")]
+
+
+def test_steer_refuses_what_no_step_would_read(deps: loop.Deps) -> None:
+    client = _client(deps)
+    with pytest.raises(errors.UnknownRun):
+        client.steer("no-such-run", "hello")
+    run_id = _start(deps, "steer-fenced")
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    with pytest.raises(errors.RunEnded, match="has ended"):
+        client.steer(run_id, "too late")
+    with pytest.raises(errors.InvalidInput):
+        client.steer(run_id, float("nan"))
+    assert deps.store.steers_pending(run_id) == []
