@@ -181,6 +181,10 @@ BAD_REQUESTS = [
      "nope"),
     ("signal payload with NUL", "POST", "/runs/nope/signals/go", '{"payload": "\\u0000"}', {},
      422, "invalid_input", "NUL"),
+    ("steer an unknown run", "POST", "/runs/nope/steer", '{"message": "hi"}', {}, 404,
+     "unknown_run", "nope"),
+    ("steer without a message", "POST", "/runs/nope/steer", "{}", {}, 422, "invalid_request",
+     "message"),
     ("bogus status", "GET", "/runs?status=bogus", None, {}, 422, "invalid_request", "status"),
     ("limit 0", "GET", "/runs?limit=0", None, {}, 422, "invalid_request", "limit"),
     ("limit too large", "GET", "/runs?limit=100000", None, {}, 422, "invalid_request", "limit"),
@@ -255,6 +259,8 @@ def test_cancel_and_signal_over_http(
                "payment_timeout_s": 600}  # fmt: skip
     run_id = api.post("/runs", json={"workflow": "invoice", "input": invoice}).json()["run_id"]
     _wait_status(api, run_id, "waiting")
+    steered = api.post(f"/runs/{run_id}/steer", json={"message": {"role": "user", "content": "hi"}})
+    assert (steered.status_code, steered.json()) == (202, {"n": 1})
     body = {"payload": {"paid": 120}, "signal_id": "psp-1"}
     first = api.post(f"/runs/{run_id}/signals/payment", json=body)
     again = api.post(f"/runs/{run_id}/signals/payment", json=body)
@@ -262,6 +268,8 @@ def test_cancel_and_signal_over_http(
     assert (first.json()["stored"], again.json()["stored"]) == (True, False)
     done = _wait_status(api, run_id, "done")
     assert done["cursor"] == "done"
+    late = api.post(f"/runs/{run_id}/steer", json={"message": "too late"})
+    assert late.status_code == 409 and late.json()["error"]["type"] == "run_ended"
 
 
 class _Silent:

@@ -19,7 +19,7 @@ BIN = Path(sys.executable).parent
 
 # The operations on runs, under `cairn runs`; the first six were top-level commands once.
 OLD_SPELLINGS = ["enqueue", "show", "events", "signal", "cancel", "resolve"]
-OPERATIONS = ["list", *OLD_SPELLINGS, "fork", "rewind", "replay"]
+OPERATIONS = ["list", *OLD_SPELLINGS, "steer", "fork", "rewind", "replay"]
 
 COMMANDS = [
     "worker",
@@ -150,6 +150,28 @@ def test_json_of_enqueue_signal_cancel_and_the_time_filters(cli_env) -> None:
     assert json.loads(later.stdout) == {"runs": [], "totals": {"cancelled": 1}, "next_after": None}
     span = _cairn("runs", "--json", "--since", "2000-01-01", "--until", "2999-01-01", env=cli_env)
     assert [r["run_id"] for r in json.loads(span.stdout)["runs"]] == ["j-1"]
+
+
+def test_steer_stores_a_message_and_says_what_went_wrong_in_one_line(cli_env, store) -> None:
+    store.create_run("s-1", "probe", {}, "one")
+    out = _cairn("runs", "steer", "s-1", "also check the date", "--json", env=cli_env)
+    assert json.loads(out.stdout) == {"run_id": "s-1", "n": 1}
+    chat = '{"role": "user", "content": "hi"}'
+    out = _cairn("runs", "steer", "s-1", chat, "--json-message", "--json", env=cli_env)
+    assert json.loads(out.stdout)["n"] == 2
+    assert store.steers_pending("s-1") == [
+        (1, "also check the date"),
+        (2, {"role": "user", "content": "hi"}),
+    ]
+    bad = _cairn("runs", "steer", "s-1", "{not json", "--json-message", env=cli_env)
+    assert bad.returncode == 2 and "message is not JSON" in bad.stderr
+    gone = _cairn("runs", "steer", "nope", "hi", env=cli_env)
+    assert gone.returncode == 2 and "no run 'nope'" in gone.stderr
+    _cairn("cancel", "s-1", env=cli_env)
+    ended = _cairn("runs", "steer", "s-1", "too late", env=cli_env)
+    assert ended.returncode == 2 and "has ended" in ended.stderr
+    for failed in (bad, gone, ended):
+        assert "Traceback" not in failed.stderr and len(failed.stderr.strip().splitlines()) == 1
 
 
 def test_resolve_settles_an_unknown_run(cli_env, store: PgStore) -> None:
