@@ -57,6 +57,7 @@ PAUSED_CHARGE = "tests/fleet/test_crash.py::test_a_worker_paused_inside_an_at_mo
 OWN_WRITES = "test_the_steps_own_writes_commit_with_the_save_and_roll_back_with_a_rejection"
 FENCES = "tests/integration/test_fences.py"
 SEAMS = "tests/fleet/test_seams.py"
+SEALING = "tests/integration/test_sealing.py"
 LG_ZOMBIE = (
     "test_a_zombie_paused_inside_a_langgraph_put_neither_forks_the_thread_nor_runs_a_node_twice"
 )
@@ -744,11 +745,11 @@ MUTANTS = [
     ),
     Mutant(
         "M87",
-        "ctx.messages() reads the steer messages without its journal record: a replay takes "
-        "them again, and a fenced worker's read counts as delivered",
+        "a replayed ctx.messages() reads the messages not yet delivered instead of those its "
+        "journal record names: the messages it got are lost, the next ones come early",
         "steps/journal.py",
-        'return [m["message"] for m in self.call(STEERED, pending)]',
-        'return [m["message"] for m in pending()]',
+        "            return [m for _, m in self._store.steers(self.run_id, numbers)]",
+        "            return [m for _, m in self._store.steers_pending(self.run_id)]",
         ("tests/contract/test_steering.py", "tests/fleet/test_steering.py"),
     ),
     Mutant(
@@ -758,6 +759,22 @@ MUTANTS = [
         " WHERE run_id = %(run_id)s AND n > (",
         " WHERE run_id = %(run_id)s AND n >= (",
         ("tests/contract/test_steering.py",),
+    ),
+    Mutant(
+        "M89",
+        "a payload column written in clear with CAIRN_PAYLOAD_KEYS set",
+        "store/rows.py",
+        "    return Jsonb(sealing.seal(value))",
+        "    return Jsonb(value)",
+        (f"{SEALING}::test_every_payload_is_sealed_in_both_servers_and_opens_for_the_reader",),
+    ),
+    Mutant(
+        "M90",
+        "event data written to Redis in clear with CAIRN_PAYLOAD_KEYS set",
+        "cairn/core/events.py",
+        '"data": sealing.seal(data) if data is not None else None,',
+        '"data": data,',
+        (f"{SEALING}::test_every_payload_is_sealed_in_both_servers_and_opens_for_the_reader",),
     ),
 ]
 

@@ -203,10 +203,21 @@ class JournaledCalls(StepParts):
         sent after the read waits for the next one. Call it at each turn of an agent loop
         (before its model call) to take in what its user added meanwhile."""
 
-        def pending() -> list[dict[str, Any]]:
-            return [{"n": n, "message": m} for n, m in self._store.steers_pending(self.run_id)]
-
-        return [m["message"] for m in self.call(STEERED, pending)]
+        # The record holds the messages' numbers, not the messages: they stay in their own
+        # table (sealed there too, with CAIRN_PAYLOAD_KEYS), and the SQL that finds the
+        # undelivered ones reads the numbers.
+        pos, n, recorded = self._begin(STEERED, None)
+        if recorded is not None:
+            numbers = self._replay(recorded)
+            return [m for _, m in self._store.steers(self.run_id, numbers)]
+        token = self._enter(STEERED, pos, n)
+        try:
+            got = self._store.steers_pending(self.run_id)
+        except BaseException as exc:
+            self._failed(pos, STEERED, exc, token)
+            raise
+        self._returned(pos, STEERED, [number for number, _ in got], token)
+        return [m for _, m in got]
 
     # Two signatures: from `Callable[..., Awaitable[T] | T]` alone a type checker cannot
     # tell T of a coroutine function (mypy infers Never).

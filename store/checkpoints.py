@@ -14,6 +14,7 @@ from cairn.core.errors import (
 )
 from cairn.core.records import (
     START,
+    STEERED,
     Attempt,
     Call,
     Checkpoint,
@@ -40,6 +41,7 @@ from cairn.store.rows import (
     replay_params,
     rewound,
     save_params,
+    sealed,
 )
 from cairn.store.schedules import ScheduleStore
 from cairn.store.sql import QUERIES
@@ -93,7 +95,7 @@ class PgStore:
                 concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
                 traceparent=traceparent,
             )  # fmt: skip
-        conflict(run_id, row)
+        conflict(run_id, row, input)
         self.db.one("rearm_failed", {"run_id": run_id})
         return False
 
@@ -311,7 +313,7 @@ class PgStore:
             {
                 "run_id": run_id,
                 "event": event,
-                "payload": Jsonb(payload),
+                "payload": sealed(payload),
                 "signal_id": signal_id,
                 "traceparent": traceparent,
             },
@@ -324,13 +326,18 @@ class PgStore:
         run."""
         params = {
             "run_id": run_id,
-            "message": Jsonb(message),
+            "message": sealed(message),
             "terminal": sorted(TERMINAL),
         }
         locked, stored = self.db.each(("steer_lock", "steer_insert"), params)
         if locked is None:
             return None
         return RunStatus(locked["status"]), stored["n"] if stored else None
+
+    def steers(self, run_id: str, numbers: list[int]) -> list[tuple[int, Any]]:
+        """The run's steer messages of these numbers, in order: (n, message) each."""
+        rows = self.db.all("steers", {"run_id": run_id, "numbers": list(numbers)})
+        return [(r["n"], r["message"]) for r in rows]
 
     def steers_pending(self, run_id: str) -> list[tuple[int, Any]]:
         """The run's steer messages no journal record delivered yet, oldest first: (n,
@@ -387,7 +394,7 @@ class PgStore:
             "run_id": cp.run_id,
             "seq": cp.seq,
             "epoch": cp.epoch,
-            "result": Jsonb(result),
+            "result": sealed(result),
         }
         row = self.db.one("mark_done", params)
         return bool(row and row["owned"])
@@ -412,7 +419,7 @@ class PgStore:
         """Settle the run's unknown effects (done, with result; or not done: they run
         again) and re-arm it if it stopped as unknown: (re-armed, the keys settled)."""
         row = self.db.one(
-            "resolve_intents", {"run_id": run_id, "done": done, "result": Jsonb(result)}
+            "resolve_intents", {"run_id": run_id, "done": done, "result": sealed(result)}
         )
         assert row is not None
         return bool(row["rearmed"]), list(row["keys"])
@@ -464,8 +471,11 @@ class PgStore:
             "visit": visit,
             "pos": call.pos,
             "name": call.name,
-            "result": Jsonb(call.result) if call.error is None else None,
-            "error": Jsonb(call.error) if call.error is not None else None,
+            # A steer read's record (its message numbers) stays readable to the SQL.
+            "result": (Jsonb(call.result) if call.name == STEERED else sealed(call.result))
+            if call.error is None
+            else None,
+            "error": sealed(call.error) if call.error is not None else None,
             "cost_usd": call.cost_usd,
         }
         conn = tx.open if tx is not None else None

@@ -113,6 +113,9 @@ class RunStore(Protocol):
         run's cancel reason as the record read it. tx: the call's own transaction (ctx.db
         inside it), committed with the record."""
 
+    def steers(self, run_id: str, numbers: list[int]) -> list[tuple[int, Any]]:
+        """The run's steer messages of these numbers (a replayed read), in order."""
+
     def steers_pending(self, run_id: str) -> list[tuple[int, Any]]:
         """The run's steer messages that no journal record of it delivered (ctx.messages()
         records what it read), oldest first: (n, message) each."""

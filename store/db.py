@@ -16,6 +16,7 @@ import psycopg
 import psycopg_pool
 from psycopg import sql
 from psycopg.rows import dict_row
+from psycopg.types.json import set_json_loads
 from tenacity import (
     Retrying,
     before_sleep_log,
@@ -24,6 +25,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from cairn.core import sealing
 from cairn.core.errors import StoreError, StoreUnavailable
 from cairn.store.sql import QUERIES, migrations
 
@@ -105,6 +107,13 @@ def retrying(give_up_after: float) -> Retrying:
     )
 
 
+def opening(conn: psycopg.Connection[Any]) -> None:
+    """A pooled connection opens the sealed payloads it loads (cairn.core.sealing): the
+    json and jsonb it reads pass through open_text, which costs an unsealed value one
+    search of its bytes."""
+    set_json_loads(sealing.open_text, conn)
+
+
 class Database:
     """A small pool plus named-query helpers (procrastinate's connector shape)."""
 
@@ -143,6 +152,7 @@ class Database:
             min_size=1,
             max_size=max_size,
             kwargs=options,
+            configure=opening,
             open=False,
             # A caller waits for a connection no longer than it would retry in all,
             # the 2 s diagnosis of a timeout (_why_unreachable) included.

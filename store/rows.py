@@ -11,6 +11,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from cairn.core import sealing
 from cairn.core.errors import (
     CorruptCheckpoint,
     IncompatibleCheckpoint,
@@ -77,10 +78,17 @@ def list_query(which: RunFilter) -> tuple[str, dict[str, Any]]:
     return ("list_runs_by_status" if which.status else "list_runs"), dataclasses.asdict(which)
 
 
-def conflict(run_id: str, row: dict[str, Any]) -> None:
+def sealed(value: Any) -> Jsonb:
+    """A payload as its jsonb column takes it: sealed when CAIRN_PAYLOAD_KEYS holds a key
+    (cairn.core.sealing); the store's connections open it on the way back."""
+    return Jsonb(sealing.seal(value))
+
+
+def conflict(run_id: str, row: dict[str, Any], input: dict[str, Any]) -> None:
     """RunIdConflict unless the existing run (existing_run's row) has this workflow and
     input: the same run id is the same run, or a mistake."""
-    if not (row["same_workflow"] and row["same_input"]):
+    same_input = sealing.ring().open(row["input"]) == input
+    if not (row["same_workflow"] and same_input):
         what = "workflow" if not row["same_workflow"] else "input"
         raise RunIdConflict(
             f"run id {run_id!r} already names a {row['workflow']!r} run with another "
@@ -173,9 +181,9 @@ def create_params(
     return {
         "run_id": run_id,
         "workflow": workflow,
-        "input": Jsonb(input),
+        "input": sealed(input),
         "cursor": cursor,
-        "state": Jsonb({}),
+        "state": sealed({}),
         "version": CHECKPOINT_VERSION,
         "max_cost_usd": max_cost_usd,
         "priority": priority,
@@ -240,7 +248,7 @@ def save_params(
         "run_id": cp.run_id,
         "seq": cp.seq,
         "cursor": cp.cursor,
-        "state": Jsonb(cp.state),
+        "state": sealed(cp.state),
         "visits": Jsonb(cp.visits),
         "win_start": cp.win_start,
         "win_end": cp.win_end,
@@ -268,12 +276,13 @@ def save_params(
     query = QUERIES["save_plain"]
     if messages or attempt.signal_id is not None or spawn is not None:
         query = QUERIES["save"]
-        params["first_idx"], params["messages"] = first_idx, Jsonb(messages)
+        params["first_idx"] = first_idx
+        params["messages"] = Jsonb([sealing.seal(m) for m in messages])
     if spawn is not None:
         query = QUERIES["save_spawn"]
         params["children"] = Jsonb(
             [
-                {"run_id": r, "workflow": w, "input": i, "ord": n}
+                {"run_id": r, "workflow": w, "input": sealing.seal(i), "ord": n}
                 for n, (r, w, i) in enumerate(spawn.children)
             ]
         )

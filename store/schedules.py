@@ -15,10 +15,9 @@ import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from psycopg.types.json import Jsonb
-
 from cairn.core.records import CHECKPOINT_VERSION, START
 from cairn.store.db import Database
+from cairn.store.rows import sealed
 from cairn.store.sql import QUERIES as RUN_QUERIES
 from cairn.store.sql import _parse, sql_text
 
@@ -59,7 +58,7 @@ class Schedule:
         return {
             "name": self.name,
             "workflow": self.workflow,
-            "input": Jsonb(dict(self.input)),
+            "input": sealed(dict(self.input)),
             "cron": self.cron,
             "every": self.every,
             "catch_up": self.catch_up,
@@ -147,9 +146,9 @@ class ScheduleStore:
                         {
                             "run_id": run_id,
                             "workflow": row["workflow"],
-                            "input": Jsonb(row["input"]),
+                            "input": sealed(row["input"]),
                             "cursor": START,
-                            "state": Jsonb({}),
+                            "state": sealed({}),
                             "version": CHECKPOINT_VERSION,
                             "max_cost_usd": None,
                             "priority": 0,

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from cairn.core import sealing
 from cairn.store.db import Database, translated
 from cairn.store.sql import QUERIES
 
@@ -41,7 +42,11 @@ def add(
     """Append new to the session, in order; run_id: the run writing them, if any."""
     if not new:
         return
-    params = {"session_id": session_id, "items": Jsonb(list(new)), "run_id": run_id}
+    params = {
+        "session_id": session_id,
+        "items": Jsonb([sealing.seal(item) for item in new]),
+        "run_id": run_id,
+    }
     with translated():
         conn.execute(QUERIES["agent_session_add"], params)
 

@@ -80,7 +80,7 @@ def _enqueue(
         if row is None:  # swept between the two statements: create it afresh
             created = yield from _create(names, params)
         else:
-            conflict(run_id, row)
+            conflict(run_id, row, input)
             yield "rearm_failed", {"run_id": run_id}
     yield "notify_enqueued", {"run_id": run_id}
     return created

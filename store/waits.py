@@ -203,7 +203,10 @@ class Listener:
                 conn.close()
 
     def _connect(self) -> psycopg.Connection[Any]:
+        from cairn.store.db import opening
+
         conn = psycopg.connect(self.url, **self._options)
+        opening(conn)  # it reads the runs it wakes for: their sealed state opened
         conn.add_notify_handler(lambda n: self._heard.add(n.channel))
         self.backend_pid = conn.info.backend_pid
         self._listening = set()

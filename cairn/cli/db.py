@@ -126,3 +126,45 @@ def db_upgrade(
     if migrations is not None:
         mine = upgrade(url, migrations)
         console.print(f"applied your migrations: {mine}" if mine else "your schema is up to date")
+
+
+@app.command("new-key")
+def db_new_key(
+    key_id: Annotated[str, typer.Argument(help="The key's id, named in each value it seals.")],
+) -> None:
+    """Print a new payload key as CAIRN_PAYLOAD_KEYS takes it (`<id>:<key>`): put it first
+    to seal with it, keep the older keys after it to open what they sealed."""
+    from cairn.core.sealing import KeyRing, new_key
+
+    entry = f"{key_id}:{new_key()}"
+    try:
+        KeyRing(entry)
+    except ValueError as exc:
+        fail(exc, 2)
+    print(entry)
+
+
+@app.command("rotate-key")
+def db_rotate_key(
+    batch: Annotated[int, typer.Option("--batch", help="Rows a transaction.", min=1)] = 500,
+    as_json: AsJson = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Seal every stored payload again under CAIRN_PAYLOAD_KEYS's first key (clear ones
+    too), in batches, while the fleet runs. Afterwards the older keys can go."""
+    from cairn.core.errors import CairnError
+    from cairn.store.db import Database
+    from cairn.store.sealed import reseal
+
+    settings = load_settings(database_url=database_url)
+    db = Database(settings.database_url, give_up_after=settings.store_give_up_after)
+    try:
+        done = reseal(db, batch, None if as_json else lambda what, n: err.print(f"{what}: {n:,}"))
+    except (CairnError, ValueError) as exc:
+        fail(exc, 2)
+    finally:
+        db.close()
+    if as_json:
+        print(dumps({"sealed": done}))
+        return
+    console.print(f"sealed {sum(done.values()):,} payloads under the first key")

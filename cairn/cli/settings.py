@@ -31,8 +31,9 @@ def settings_cmd(
         f.metadata["env"]: _redacted(getattr(settings, f.name))
         for f in dataclasses.fields(settings)
     }
-    if settings.api_token:
-        values["CAIRN_API_TOKEN"] = "***"
+    for f in dataclasses.fields(settings):
+        if not f.repr and getattr(settings, f.name):  # the secrets
+            values[f.metadata["env"]] = "***"
     if as_json:
         print(dumps(values))
         return

@@ -12,6 +12,7 @@ import re
 import time
 from typing import Any
 
+from cairn.core import sealing
 from cairn.core.errors import EventRefused
 
 KIND = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
@@ -69,6 +70,13 @@ class Event:
 
     @classmethod
     def parse(cls, entry_id: str, blob: str) -> Event:
+        if sealing.is_sealed(blob):
+            # Its data opened; passed on re-encoded (json()), never as the sealed text.
+            e = sealing.open_text(blob)
+            return cls(
+                entry_id, e["kind"], e.get("data"), e.get("cursor"), e.get("visit"),
+                e.get("attempt"), e.get("seq"), e.get("ts", 0.0),
+            )  # fmt: skip
         e = json.loads(blob)
         return cls(
             entry_id,
@@ -85,7 +93,7 @@ class Event:
     @classmethod
     def unparsed(cls, entry_id: str, blob: str) -> Event:
         """Its id, kind and raw JSON only: what a server needs to pass it on."""
-        if blob.startswith(_KIND_AT):  # encode() writes the kind first
+        if blob.startswith(_KIND_AT) and not sealing.is_sealed(blob):  # kind first
             end = blob.find('"', len(_KIND_AT))
             return cls(entry_id, blob[len(_KIND_AT) : end], raw=blob)
         return cls.parse(entry_id, blob)
@@ -126,7 +134,7 @@ def encode(
     entry is one holds the run from its beginning (store.events.is_origin)."""
     event = {
         "kind": kind,
-        "data": data,
+        "data": sealing.seal(data) if data is not None else None,
         "cursor": cursor,
         "visit": visit,
         "attempt": attempt,

@@ -198,6 +198,16 @@ class Settings:
         "`cairn serve`: the bearer token every request but `/healthz` must carry",
         repr=False,
     )
+    # A secret too. Read from the environment by every process that writes or reads
+    # payloads (cairn.core.sealing.ring); checked here so a bad ring fails at start.
+    payload_keys: str | None = _setting(
+        None,
+        "CAIRN_PAYLOAD_KEYS",
+        "payloads encrypted at rest (input, state, window, journaled results, signals, "
+        "events): comma-separated `<id>:<key>`, the first sealing, all opening; "
+        "`cairn db new-key` makes a key",
+        repr=False,
+    )
     web_host: str = _setting("127.0.0.1", "CAIRN_WEB_HOST", "`cairn serve`: address to listen on")
     web_port: int = _setting(8000, "CAIRN_WEB_PORT", "`cairn serve`: port to listen on")
     model_rpm: int = _setting(
@@ -253,6 +263,10 @@ class Settings:
     def __post_init__(self) -> None:
         _check_rate_limits(self)
         _check_prices(self)
+        if self.payload_keys:
+            from cairn.core.sealing import KeyRing
+
+            KeyRing(self.payload_keys)  # PayloadKeyError says what is wrong with it
         if self.log_format not in ("text", "json"):
             raise ValueError(f"CAIRN_LOG_FORMAT={self.log_format!r}: use text or json")
         template = self.trace_url_template

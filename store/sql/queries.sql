@@ -83,10 +83,10 @@ UPDATE slots s SET sent = true
 RETURNING s.run_id, r.priority;
 
 -- name: existing_run
--- A retried enqueue of a known run id: the same workflow and input (jsonb equality, so
--- key order does not matter) is the same run; anything else is a conflict.
-SELECT r.workflow = %(workflow)s AS same_workflow, r.input = %(input)s AS same_input,
-       r.workflow, c.status
+-- A retried enqueue of a known run id: the same workflow and input is the same run;
+-- anything else is a conflict. The input is compared by the caller (rows.conflict), once
+-- opened: a sealed input (CAIRN_PAYLOAD_KEYS) differs from every other sealing of it.
+SELECT r.workflow = %(workflow)s AS same_workflow, r.input, r.workflow, c.status
   FROM runs r JOIN checkpoints c USING (run_id)
  WHERE r.run_id = %(run_id)s;
 
@@ -318,12 +318,18 @@ HAVING EXISTS (SELECT 1 FROM checkpoints
                 WHERE run_id = %(run_id)s AND status <> ALL (%(terminal)s))
 RETURNING n;
 
+-- name: steers
+-- The steer messages of these numbers (a replayed ctx.messages()), in order.
+SELECT n, message FROM steer_messages
+ WHERE run_id = %(run_id)s AND n = ANY(%(numbers)s)
+ ORDER BY n;
+
 -- name: steers_pending
 -- The run's steer messages that no journal record of it delivered (ctx.messages() records
--- what it read as [{n, message}, ...]), oldest first.
+-- the numbers of those it read, [1, 2]), oldest first.
 SELECT n, message FROM steer_messages
  WHERE run_id = %(run_id)s AND n > (
-       SELECT coalesce(max((m ->> 'n')::bigint), 0)
+       SELECT coalesce(max((m #>> '{}')::bigint), 0)
          FROM journal j CROSS JOIN LATERAL jsonb_array_elements(j.result) m
         WHERE j.run_id = %(run_id)s AND j.name = 'cairn.messages'
           AND jsonb_typeof(j.result) = 'array')

@@ -21,14 +21,16 @@ FLOWS = {"CAIRN_WORKFLOWS": "tests.helpers.steer_flows"}
 
 
 def _delivered(db_url: str, run_id: str) -> list[Any]:
-    """The messages the run's journal says its reads got, in order."""
+    """The messages the run's journal says its reads got (their numbers), in order."""
     with psycopg.connect(db_url, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT result FROM journal WHERE run_id = %s AND name = 'cairn.messages' "
-            "ORDER BY visit, pos",
+            "SELECT s.message FROM journal j"
+            " CROSS JOIN LATERAL jsonb_array_elements(j.result) WITH ORDINALITY AS r (n, k)"
+            " JOIN steer_messages s ON s.run_id = j.run_id AND s.n = (r.n #>> '{}')::bigint"
+            " WHERE j.run_id = %s AND j.name = 'cairn.messages' ORDER BY j.visit, j.pos, r.k",
             (run_id,),
         ).fetchall()
-    return [m["message"] for (result,) in rows for m in result]
+    return [message for (message,) in rows]
 
 
 def test_a_message_sent_while_the_run_is_killed_is_delivered_once(

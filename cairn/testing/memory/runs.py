@@ -308,8 +308,15 @@ class _Runs(_Tables):
                 for call, _ in row.journal.values()
                 if call.name == STEERED and call.result is not None
             ]
-            last = max((m["n"] for got in read if isinstance(got, list) for m in got), default=0)
+            last = max((n for got in read if isinstance(got, list) for n in got), default=0)
             return [(n, json.loads(m)) for n, m in enumerate(row.steers, 1) if n > last]
+
+    def steers(self, run_id: str, numbers: list[int]) -> list[tuple[int, Any]]:
+        """The run's steer messages of these numbers, in order."""
+        with self._lock:
+            row = self._rows.get(run_id)
+            kept = row.steers if row else []
+            return [(n, json.loads(kept[n - 1])) for n in sorted(numbers) if 0 < n <= len(kept)]
 
     def record_call(
         self, cp: Checkpoint, visit: int, call: Call, tx: Any = None
