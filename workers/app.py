@@ -278,6 +278,8 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
     in every pool process. The loop's middleware: the metrics, then settings.middleware
     (CAIRN_MIDDLEWARE), then `middleware`."""
     registry.import_modules(settings.workflows)
+    # Stated once the workflows are in: the default is a hash of them.
+    settings = settings.with_options(code_version=registry.code_version(settings.code_version))
     app = Celery("cairn")
     app.conf.update(
         broker.conf(settings),
