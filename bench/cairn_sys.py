@@ -195,7 +195,7 @@ class InProcess:
             store=self.store,
             leases=self.leases,
             model=None,
-            middleware=Chain([*traced, Metrics()]),
+            middleware=Chain([*traced, Metrics(self.settings.code_version)]),
             events=Outbox(RedisEvents(self.leases.client), self.settings)
             if self.settings.events_maxlen
             else None,
