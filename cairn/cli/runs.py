@@ -1,5 +1,6 @@
 """`cairn runs`: list runs, and every operation on one: enqueue, show, events, signal,
-cancel, resolve (here), fork, rewind and replay (cairn.cli.forks).
+cancel, resolve (here), fork, rewind and replay (cairn.cli.forks), export
+(cairn.cli.export).
 
 `cairn enqueue`, `cairn show`, ... were these commands' names before they were gathered
 here: `old_spellings` keeps them working, hidden, for one release."""
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from cairn.cli import forks
+from cairn.cli import export, forks
 from cairn.cli.common import (
     COLOURS,
     AsJson,
@@ -459,6 +460,7 @@ def resolve(
 
 
 app.add_typer(forks.app)  # fork, rewind, replay
+app.add_typer(export.app)  # export
 
 # The top-level names these commands had before `cairn runs` gathered them: same options,
 # same output, left out of `cairn --help`. For one release; the docs say `cairn runs ...`.
