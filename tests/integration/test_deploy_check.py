@@ -390,3 +390,18 @@ def test_a_file_that_is_not_an_export_is_one_line_of_error(tmp_path: Path) -> No
         done = _cairn(tmp_path, nowhere, "deploy", "check", "--runs", str(path))
         assert done.returncode == 2 and says in done.stderr, done.stderr
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_checkpoint_this_code_cannot_read_is_broken_live_and_exported(
+    live: list[str], settings: Any, tmp_path: Path, sql: Any
+) -> None:
+    sql("UPDATE checkpoints SET version = 9 WHERE run_id = %s", live[0])
+    exported = tmp_path / "runs.jsonl"
+    out = _cairn(tmp_path, settings.database_url, "runs", "export", str(exported), "--run", live[0])
+    assert out.returncode == 0, out.stderr
+    for where in (["--run", live[0]], ["--runs", str(exported)]):
+        done = _check(tmp_path, settings, "same", *where, "--json")
+        assert done.returncode == 1, done.stderr
+        [run] = json.loads(done.stdout)["runs"]
+        assert run["run_id"] == live[0] and not run["ok"], run
+        assert "payload version 9" in run["problem"], run
