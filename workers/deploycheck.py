@@ -192,6 +192,8 @@ def export_run(store: CheckpointStore, run_id: str) -> dict[str, Any] | None:
     # The visit in flight is the one past the step's saved visits: its calls are recorded
     # under the step's name as saved (a run at seq 0 has not saved its first step's, and a
     # step renamed since keeps the name it began as), whatever the code calls it now.
+    # All the run's calls are read to find them (an operator's read, once per release):
+    # a scope's ("<step>/<scope>") are recorded apart from the step's own.
     saved = row["visits"] if isinstance(row["visits"], dict) else {}
     calls = [
         {k: c[k] for k in ("cursor", "visit", "pos", "name", "result", "error", "cost_usd")}
