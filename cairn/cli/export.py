@@ -55,27 +55,36 @@ def export(
     from cairn.core.records import RunFilter
     from cairn.workers.deploycheck import export_run
 
-    with open_client(load_settings(database_url=database_url)) as client:
-        store = client.store
-        ids = list(runs or [])
-        if not ids:
-            for s in status or LIVE:
-                which = RunFilter(status=s, workflow=workflow, limit=limit)
-                ids += [r.run_id for r in store.list_runs(which)]
-        if sample is not None and sample < len(ids):
-            ids = random.sample(ids, sample)
-        lines = []
-        for run_id in ids:
-            record = export_run(store, run_id)
-            if record is None:
-                fail(f"no run {run_id!r}; `cairn runs` lists the runs", 2)
-            lines.append(json.dumps(record, separators=(",", ":")) + "\n")
-    text = "".join(lines)
-    if str(file) == "-":
-        sys.stdout.write(text)
-    else:
-        try:
-            file.write_text(text)
-        except OSError as exc:
-            fail(f"cannot write {file}: {exc.strerror or exc}", 2)
-    err.print(f"exported {len(lines)} run(s)" + ("" if str(file) == "-" else f" to {file}"))
+    to_stdout = str(file) == "-"
+    # Written a run at a time (windows can be large), to a part file renamed when whole.
+    part = file.with_name(f"{file.name}.part")
+    try:
+        out = sys.stdout if to_stdout else part.open("w")
+    except OSError as exc:
+        fail(f"cannot write {file}: {exc.strerror or exc}", 2)
+    n, whole = 0, False
+    try:
+        with open_client(load_settings(database_url=database_url)) as client:
+            store = client.store
+            ids = list(runs or [])
+            if not ids:
+                for s in status or LIVE:
+                    which = RunFilter(status=s, workflow=workflow, limit=limit)
+                    ids += [r.run_id for r in store.list_runs(which)]
+            if sample is not None and sample < len(ids):
+                ids = random.sample(ids, sample)
+            for run_id in ids:
+                record = export_run(store, run_id)
+                if record is None:
+                    fail(f"no run {run_id!r}; `cairn runs` lists the runs", 2)
+                out.write(json.dumps(record, separators=(",", ":")) + "\n")
+                n += 1
+        whole = True
+    finally:
+        if not to_stdout:
+            out.close()
+            if whole:
+                part.replace(file)
+            else:
+                part.unlink(missing_ok=True)
+    err.print(f"exported {n} run(s)" + ("" if to_stdout else f" to {file}"))

@@ -378,6 +378,13 @@ def test_an_export_by_id_workflow_status_or_sample(
     assert len(sample) == 2 and len(set(sample)) == 2
     missing = _cairn(tmp_path, settings.database_url, "runs", "export", "-", "--run", "nope")
     assert missing.returncode == 2 and "no run 'nope'" in missing.stderr
+    # A file is whole or not there: never a part of the runs asked for.
+    half = tmp_path / "half.jsonl"
+    argv = ["runs", "export", str(half), "--run", live[0], "--run", "nope"]
+    assert _cairn(tmp_path, settings.database_url, *argv).returncode == 2
+    assert sorted(p.name for p in tmp_path.glob("half*")) == []
+    nowhere = _cairn(tmp_path, settings.database_url, "runs", "export", "/no/such/dir/r.jsonl")
+    assert nowhere.returncode == 2 and "cannot write /no/such/dir/r.jsonl" in nowhere.stderr
 
 
 def test_a_file_that_is_not_an_export_is_one_line_of_error(tmp_path: Path) -> None:
