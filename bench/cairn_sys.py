@@ -168,8 +168,12 @@ def create_run(
     return run_id
 
 
+# What a worker states by default (a 12-hex-digit hash), so each history row carries one.
+CODE_VERSION = "0123456789ab"
+
+
 def settings_for(url: str, redis_url: str, **over: Any) -> Settings:
-    return Settings(database_url=url, redis_url=redis_url, **over)
+    return Settings(database_url=url, redis_url=redis_url, **{"code_version": CODE_VERSION, **over})
 
 
 class InProcess:
@@ -191,7 +195,7 @@ class InProcess:
             store=self.store,
             leases=self.leases,
             model=None,
-            middleware=Chain([*traced, Metrics()]),
+            middleware=Chain([*traced, Metrics(self.settings.code_version)]),
             events=Outbox(RedisEvents(self.leases.client), self.settings)
             if self.settings.events_maxlen
             else None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import importlib
 import os
 import re
@@ -334,6 +335,20 @@ def get(name: str) -> Workflow:
             f"unknown workflow {name!r} (registered: {known}); "
             "add its module to CAIRN_WORKFLOWS on the workers and the enqueuer"
         ) from None
+
+
+def code_version(configured: str | None = None) -> str:
+    """The code version a worker states (CAIRN_CODE_VERSION): configured, or else a short
+    hash of this process's registered workflows: each workflow's name (sorted) with its
+    steps' names in the order they were registered (the first is where a run starts).
+
+    The hash changes when a workflow or a step is added, removed or renamed, and only then:
+    a change inside a step's code (a reordered call) keeps it, which is why a deploy should
+    state its version (a release tag, a commit)."""
+    if configured:
+        return configured
+    lines = [f"{name}:{','.join(_REGISTRY[name].steps)}" for name in sorted(_REGISTRY)]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
 
 
 def import_modules(modules: Iterable[str]) -> None:

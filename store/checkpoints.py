@@ -208,9 +208,10 @@ class PgStore:
         row = self.load_row(run_id)
         return _checkpoint(row) if row else None
 
-    def claim(self, run_id: str, epoch: int) -> Checkpoint | None:
-        """Fence the run at epoch and return it; None if a newer epoch already holds it."""
-        row = self.db.one("claim", {"run_id": run_id, "epoch": epoch})
+    def claim(self, run_id: str, epoch: int, code_version: str | None = None) -> Checkpoint | None:
+        """Fence the run at epoch and return it; None if a newer epoch already holds it.
+        A run's first claim records code_version as the one that started it."""
+        row = self.db.one("claim", {"run_id": run_id, "epoch": epoch, "code_version": code_version})
         return _checkpoint(row) if row else None
 
     # -- the per-step write ----------------------------------------------------------
@@ -300,6 +301,7 @@ class PgStore:
                 "started": attempt.started if attempt else 0.0,
                 "worker": attempt.worker if attempt else "",
                 "effect_key": attempt.effect_key if attempt else None,
+                "code_version": attempt.code_version if attempt else None,
             },
         )
         return int(row["attempts"]) if row else None

@@ -62,8 +62,9 @@ class RunStore(Protocol):
     def load(self, run_id: str) -> Checkpoint | None:
         """The run's checkpoint with its live window, or None: no such run."""
 
-    def claim(self, run_id: str, epoch: int) -> Checkpoint | None:
-        """Fence the run at epoch and return it; None if it stopped or its epoch is not older."""
+    def claim(self, run_id: str, epoch: int, code_version: str | None = None) -> Checkpoint | None:
+        """Fence the run at epoch and return it; None if it stopped or its epoch is not older.
+        A run's first claim records code_version (the worker's) as the one that started it."""
 
     def save(
         self,

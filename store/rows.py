@@ -264,6 +264,7 @@ def save_params(
         "worker": attempt.worker,
         "step_cost": cp.cost_usd - previous.cost_usd,
         "effect_key": attempt.effect_key,
+        "code_version": attempt.code_version,
         "consumed": attempt.signal_id,
         "wait_event": wait.event if wait else None,
         "wait_timeout": wait.timeout if wait else None,

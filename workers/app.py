@@ -278,6 +278,8 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
     in every pool process. The loop's middleware: the metrics, then settings.middleware
     (CAIRN_MIDDLEWARE), then `middleware`."""
     registry.import_modules(settings.workflows)
+    # Stated once the workflows are in: the default is a hash of them.
+    settings = settings.with_options(code_version=registry.code_version(settings.code_version))
     app = Celery("cairn")
     app.conf.update(
         broker.conf(settings),
@@ -313,7 +315,8 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
     )
     # Tracing first: the other middleware's work falls inside the run's and step's spans.
     traced = [Tracing()] if tracing.setup(settings, "cairn-worker") else []
-    chain = Chain([*traced, Metrics(), *load_middleware(settings.middleware), *middleware])
+    metered = Metrics(settings.code_version)
+    chain = Chain([*traced, metered, *load_middleware(settings.middleware), *middleware])
     ModelClient.check_settings(settings)
     # Loaded once here, before the pool forks: each pool process (and each replacement
     # of a killed one) would otherwise pay about a second of CPU for it. After the

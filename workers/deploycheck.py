@@ -8,16 +8,23 @@ recorded call (and every done `ctx.once`) from the record and stops at the first
 the record does not hold: a new call, a model call, an effect, `ctx.db`. So nothing is
 sent, written or called. Code that acts outside ctx (a bare HTTP call in a step) is not
 replay-safe to begin with, and runs in the check as it would on a replay.
+
+The runs come from the store, or from a file `cairn runs export` wrote (`exported`: each
+run's checkpoint row and the journal of the step visit it is in, one JSON object a
+line), which the check reads with no database: CI holds new code to production's runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import inspect
-from typing import TYPE_CHECKING, Any
+import json
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, cast
 
-from cairn.core.errors import JournalDiverged
-from cairn.core.records import START
+from cairn.core.errors import CairnError, JournalDiverged
+from cairn.core.records import START, Call
 from cairn.steps import registry
 from cairn.steps.context import Context
 from cairn.steps.registry import DONE
@@ -26,7 +33,10 @@ from cairn.workers.loop import Stop, _going_on, _step_function, renamed_from
 
 if TYPE_CHECKING:
     from cairn.core.records import Checkpoint
-    from cairn.store.contract import CheckpointStore
+    from cairn.store.contract import CheckpointStore, RunStore
+
+# A line's format; a reader refuses another.
+EXPORT_FORMAT = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +100,19 @@ class _Replay(Context):
         raise _Beyond("ctx.db")  # the step's own writes
 
 
-def check_run(store: CheckpointStore, cp: Checkpoint) -> Finding:
+def check_row(store: CheckpointStore | Exported, row: dict[str, Any]) -> Finding:
+    """The verdict on one live run's checkpoint row as stored (load_row's): one this code
+    cannot read (another payload version, a corrupt row) is broken too."""
+    from cairn.store.rows import _checkpoint
+
+    try:
+        cp = _checkpoint(row)
+    except CairnError as exc:  # IncompatibleCheckpoint, CorruptCheckpoint
+        return Finding(row["run_id"], row["workflow"], row["cursor"], False, str(exc))
+    return check_run(store, cp)
+
+
+def check_run(store: CheckpointStore | Exported, cp: Checkpoint) -> Finding:
     """The verdict on one live run's checkpoint (store: to read its journal)."""
 
     def found(ok: bool, problem: str = "", step: str | None = None, **more: Any) -> Finding:
@@ -118,7 +140,8 @@ def check_run(store: CheckpointStore, cp: Checkpoint) -> Finding:
     recorded = len(store.journal(at.run_id, at.cursor, at.visits.get(at.cursor, 0)))
     if not recorded:
         return found(True, "", going.cursor)  # no record to hold the code to
-    ctx = _Replay(at, store=store, lease=_Lease(at), model=_Model())  # type: ignore[arg-type]
+    runs = cast("RunStore", store)  # an export's answers what the replay asks
+    ctx = _Replay(at, store=runs, lease=_Lease(at), model=_Model())  # type: ignore[arg-type]
 
     def verdict(
         ok: bool, problem: str = "", stopped_at: str = "", served: int | None = None
@@ -156,3 +179,94 @@ def check_run(store: CheckpointStore, cp: Checkpoint) -> Finding:
             "recorded: this code skips calls the run already made",
         )
     return verdict(True)
+
+
+# -- runs exported to a file (`cairn runs export`, `cairn deploy check --runs`) ---------
+def export_run(store: CheckpointStore, run_id: str) -> dict[str, Any] | None:
+    """One run as a line of an export: its checkpoint row as stored (window included) and
+    the calls recorded for the step visit it is in (its scoped calls too); None: no such
+    run."""
+    row = store.load_row(run_id)
+    if row is None:
+        return None
+    # The visit in flight is the one past the step's saved visits: its calls are recorded
+    # under the step's name as saved (a run at seq 0 has not saved its first step's, and a
+    # step renamed since keeps the name it began as), whatever the code calls it now.
+    # All the run's calls are read to find them (an operator's read, once per release):
+    # a scope's ("<step>/<scope>") are recorded apart from the step's own.
+    saved = row["visits"] if isinstance(row["visits"], dict) else {}
+    calls = [
+        {k: c[k] for k in ("cursor", "visit", "pos", "name", "result", "error", "cost_usd")}
+        for c in store.calls(run_id, limit=1_000_000)
+        if c["visit"] == saved.get(c["cursor"].split("/", 1)[0], 0)
+    ]
+    checkpoint = {k: v.isoformat() if isinstance(v, dt.datetime) else v for k, v in row.items()}
+    return {"cairn_export": EXPORT_FORMAT, "run_id": run_id, "checkpoint": checkpoint,
+            "journal": calls}  # fmt: skip
+
+
+class BadExport(CairnError):
+    """A file that is not an export of runs (`cairn runs export`) this code reads."""
+
+
+def read_export(lines: Iterable[str], where: str) -> Iterator[dict[str, Any]]:
+    """The exported runs of lines (a file's, named `where` in errors), each as
+    export_run made it, its checkpoint's timestamps parsed again."""
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BadExport(
+                f"{where}:{n} is not JSON ({exc}): not a `cairn runs export` file"
+            ) from None
+        if not isinstance(record, dict) or "checkpoint" not in record:
+            raise BadExport(f"{where}:{n} holds no run: not a `cairn runs export` file")
+        if record.get("cairn_export") != EXPORT_FORMAT:
+            raise BadExport(
+                f"{where}:{n} is export format {record.get('cairn_export')!r}, this code reads "
+                f"{EXPORT_FORMAT}: export the runs again with this version's `cairn runs export`"
+            )
+        cp = record["checkpoint"]
+        if isinstance(cp.get("updated_at"), str):
+            cp["updated_at"] = dt.datetime.fromisoformat(cp["updated_at"])
+        yield record
+
+
+class Exported:
+    """What the replay reads of a store, for exported runs: their journals, no database.
+    The rest of a run (its children, its ledger) an export does not hold: a step that asks
+    stops the replay there, as at anything new."""
+
+    def __init__(self, records: Iterable[dict[str, Any]]) -> None:
+        self._calls: dict[tuple[str, str, int], list[Call]] = {}
+        for record in records:
+            for c in record["journal"]:
+                key = (record["run_id"], c["cursor"], c["visit"])
+                self._calls.setdefault(key, []).append(
+                    Call(pos=c["pos"], name=c["name"], result=c["result"], error=c["error"],
+                         cost_usd=c["cost_usd"])
+                )  # fmt: skip
+
+    def journal(self, run_id: str, cursor: str, visit: int) -> list[Call]:
+        return sorted(self._calls.get((run_id, cursor, visit), []), key=lambda c: c.pos)
+
+    def children(self, run_id: str, seq: int | None = None, limit: int = 10_000) -> Any:
+        raise _Beyond("the run's children, which an export does not hold")
+
+    def cancel_reason(self, run_id: str) -> str | None:
+        return None
+
+    def steers(self, run_id: str, numbers: list[int]) -> Any:
+        raise _Beyond("the run's steer messages, which an export does not hold")
+
+    def was_done(self, key: str) -> tuple[bool, Any]:
+        raise _Beyond("an effect")
+
+    def transaction(self) -> Any:
+        raise _Beyond("ctx.db")
+
+    @staticmethod
+    def outage(exc: BaseException) -> Exception | None:
+        return None

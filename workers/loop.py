@@ -303,7 +303,7 @@ def _take(run_id: str, deps: Deps) -> tuple[HeldLease, Checkpoint]:
     lease = _acquire(run_id, 0, deps)
     try:
         for _ in range(2):
-            claimed = store.claim(run_id, lease.epoch)
+            claimed = store.claim(run_id, lease.epoch, deps.settings.code_version)
             if claimed is not None:
                 return lease, claimed
             cp = store.load(run_id)
@@ -365,6 +365,7 @@ def _step(
         started=time.time(),
         worker=lease.token.owner,
         signal_id=cp.signal["id"] if cp.signal else None,
+        code_version=settings.code_version,
     )
     ctx = Context(
         cp if begun_as is None else dataclasses.replace(cp, cursor=begun_as),

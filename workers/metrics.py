@@ -31,6 +31,11 @@ RUNS = Counter(
     "Run task deliveries by how they ended (done, failed, deferred, lost, retry, error).",
     ["outcome"],
 )
+STARTED = Counter(
+    "cairn_runs_started_total",
+    "Runs whose first step was saved, by workflow and the saving worker's code version.",
+    ["workflow", "code_version"],
+)
 RESUMES = Counter("cairn_resumes_total", "Runs resumed after their worker was lost.", ["workflow"])
 COST = Counter("cairn_model_cost_usd_total", "Model cost counted from usage.", ["workflow"])
 RATE_WAITS = Counter(
@@ -108,7 +113,11 @@ def outcome(status: str | None, exception: BaseException | None) -> str:
 
 
 class Metrics(Middleware):
-    """The loop's Prometheus metrics, as a middleware."""
+    """The loop's Prometheus metrics, as a middleware; code_version: the worker's
+    (CAIRN_CODE_VERSION), the label of the runs it starts."""
+
+    def __init__(self, code_version: str | None = None) -> None:
+        self.code_version = code_version or ""
 
     def resumed(self, cp: Checkpoint) -> None:
         _child(RESUMES, cp.workflow).inc()
@@ -123,6 +132,8 @@ class Metrics(Middleware):
     ) -> None:
         if saved is not None:
             step_saved(cp.workflow, cp.cursor, seconds, saved.cost_usd - cp.cost_usd)
+            if cp.seq == 0:  # the run's first step: this version started it
+                _child(STARTED, cp.workflow, self.code_version).inc()
 
     def after_run(
         self, run_id: str, *, status: str | None, exception: BaseException | None

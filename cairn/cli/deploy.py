@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -29,6 +30,13 @@ def deploy_check(
         list[str] | None,
         typer.Option("--run", help="Check this run only (repeat for more)."),
     ] = None,
+    exported: Annotated[
+        Path | None,
+        typer.Option(
+            "--runs",
+            help="Check the runs of this file (`cairn runs export`), with no database.",
+        ),
+    ] = None,
     limit: Annotated[
         int, typer.Option(min=1, help="At most this many live runs of each status, newest first.")
     ] = 10_000,
@@ -40,13 +48,15 @@ def deploy_check(
 
     Steps, state and input are checked, and each step replayed on its
     journal. Nothing is sent or written: the replay serves recorded calls
-    and stops before any call, effect or ctx.db its record lacks.
+    and stops before any call, effect or ctx.db its record lacks. With
+    --runs FILE the runs are those `cairn runs export` wrote there, and no
+    database is needed (CI).
     """
     from cairn.core.errors import CairnError
     from cairn.core.records import RunFilter
     from cairn.core.status import RunStatus
     from cairn.steps import registry
-    from cairn.workers.deploycheck import check_run
+    from cairn.workers.deploycheck import Exported, check_row, read_export
 
     settings = load_settings(database_url=database_url, workflows=workflows)
     try:
@@ -54,18 +64,34 @@ def deploy_check(
     except CairnError as exc:
         fail(exc, 2)
     findings = []
-    with open_client(settings) as client:
-        store = client.store
-        ids = list(runs or [])
-        if not ids:
-            for status in LIVE:
-                which = RunFilter(status=RunStatus(status), limit=limit)
-                ids += [r.run_id for r in store.list_runs(which)]
-        for run_id in ids:
-            cp = store.load(run_id)
-            if cp is None:
-                fail(f"no run {run_id!r}", 2)
-            findings.append(check_run(store, cp))
+    if exported is not None:
+        try:
+            with exported.open() as lines:
+                records = list(read_export(lines, str(exported)))
+        except OSError as exc:
+            fail(f"cannot read {exported}: {exc.strerror or exc}", 2)
+        except CairnError as exc:  # BadExport
+            fail(exc, 2)
+        if runs:
+            records = [r for r in records if r["run_id"] in runs]
+            missing = set(runs) - {r["run_id"] for r in records}
+            if missing:
+                fail(f"no run {min(missing)!r} in {exported}", 2)
+        store = Exported(records)
+        findings = [check_row(store, r["checkpoint"]) for r in records]
+    else:
+        with open_client(settings) as client:
+            live = client.store
+            ids = list(runs or [])
+            if not ids:
+                for status in LIVE:
+                    which = RunFilter(status=RunStatus(status), limit=limit)
+                    ids += [r.run_id for r in live.list_runs(which)]
+            for run_id in ids:
+                row = live.load_row(run_id)
+                if row is None:
+                    fail(f"no run {run_id!r}", 2)
+                findings.append(check_row(live, row))
     broken = [f for f in findings if not f.ok]
     if as_json:
         print(

@@ -1,5 +1,6 @@
 """`cairn runs`: list runs, and every operation on one: enqueue, show, events, signal, steer,
-cancel, resolve (here), fork, rewind and replay (cairn.cli.forks).
+cancel, resolve (here), fork, rewind and replay (cairn.cli.forks), export
+(cairn.cli.export).
 
 `cairn enqueue`, `cairn show`, ... were these commands' names before they were gathered
 here: `old_spellings` keeps them working, hidden, for one release."""
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from cairn.cli import forks
+from cairn.cli import export, forks
 from cairn.cli.common import (
     COLOURS,
     AsJson,
@@ -233,6 +234,8 @@ def show(run_id: RunId, as_json: AsJson = False, database_url: DatabaseUrl = Non
             fail(f"no run {run_id!r}; `cairn runs` lists the runs")
         _print_row(row)
         run = client.get(run_id)
+        if run is not None and run.started_version is not None:
+            console.print(f"[bold]{'started on':>10}[/] code version {run.started_version}")
         if run is not None and run.wakes_at is not None:  # a sleep, or a wait's timeout
             why = f" (or on a signal {row['wait_event']!r})" if row["wait_event"] else ""
             console.print(f"[bold]{'wakes':>10}[/] {run.wakes_at.isoformat()}{why}")
@@ -288,7 +291,9 @@ def _print_children(run_id: str, kids: list[Run]) -> None:
 
 
 def _print_timeline(steps: list[StepRecord]) -> None:
-    timeline = Table("seq", "step", "visit", "outcome", "started", "seconds", "worker", "cost $")
+    timeline = Table(
+        "seq", "step", "visit", "outcome", "started", "seconds", "worker", "version", "cost $"
+    )
     timeline.add_column("effect key / error", overflow="fold")
     colours = {"saved": "green", "retry": "yellow"}
     previous_worker = None
@@ -306,6 +311,7 @@ def _print_timeline(steps: list[StepRecord]) -> None:
             s.started_at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
             f"{s.seconds:.3f}",
             f"[bold]{worker}[/]" if moved else worker,
+            s.code_version or "",
             f"{s.cost_usd:.6f}",
             s.error or s.effect_key or "",
         )
@@ -487,6 +493,7 @@ def resolve(
 
 
 app.add_typer(forks.app)  # fork, rewind, replay
+app.add_typer(export.app)  # export
 
 # The top-level names these commands had before `cairn runs` gathered them: same options,
 # same output, left out of `cairn --help`. For one release; the docs say `cairn runs ...`.

@@ -67,7 +67,8 @@ class StepRecord:
     """One step attempt that ended, as `Client.history` returns it: where it ran (seq,
     cursor, visit), how it ended (outcome: saved, retry, or how it stopped the run), when
     and on which worker at which lease epoch, what it cost, its effect key, its error, and
-    where a saved step went on (next_cursor)."""
+    where a saved step went on (next_cursor), and the code version (CAIRN_CODE_VERSION) of
+    the worker that recorded it (None: a fork's or a rewind's mark, or before versions)."""
 
     seq: int
     cursor: str
@@ -81,6 +82,7 @@ class StepRecord:
     effect_key: str | None = None
     error: str | None = None
     next_cursor: str | None = None
+    code_version: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> StepRecord:
@@ -154,6 +156,9 @@ class Run:
     forked_at: int | None = None  # and the seq
     # A waiting run's wake time (its sleep's end, its wait's timeout), by Client.get.
     wakes_at: dt.datetime | None = None
+    # The code version (CAIRN_CODE_VERSION) of the worker that started it (None: no worker
+    # has yet, or one before versions were recorded).
+    started_version: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Run:
@@ -294,3 +299,4 @@ class Attempt:
     worker: str = ""  # the lease owner (host:pid:nonce)
     effect_key: str | None = None
     signal_id: str | None = None  # the signal the step received (consumed by the save)
+    code_version: str | None = None  # the worker's (CAIRN_CODE_VERSION)

@@ -53,6 +53,12 @@ class Settings:
         "CAIRN_MIDDLEWARE",
         "comma-separated `module:Class` middleware the workers call around every run and step",
     )
+    code_version: str | None = _setting(
+        None,
+        "CAIRN_CODE_VERSION",
+        "this worker's code version, recorded on the runs it starts and the steps it saves "
+        "(default: a hash of its registered workflows' and steps' names; set it per release)",
+    )
     # Recovery from a lost worker takes about this plus the reaper interval.
     lease_ttl: float = _setting(
         10.0, "CAIRN_LEASE_TTL", "seconds a lease lives without a heartbeat (renewed every TTL/3)"

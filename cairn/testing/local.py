@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from cairn.core.errors import Deferred, HandOff, RetryLater, Superseded
 from cairn.core.settings import Settings
+from cairn.steps import registry
 from cairn.testing.memory import Clock, MemoryEvents, MemoryLeases, MemoryStore
 from cairn.workers import loop
 from cairn.workers.middleware import NONE, Chain
@@ -61,6 +62,10 @@ class LocalWorker:
         self.clock: Clock = clock or time.time
         self.store: CheckpointStore = store if store is not None else MemoryStore(self.clock)
         self.settings = settings or Settings()
+        # The version the runs it starts and the steps it saves record, as a worker's.
+        self.settings = self.settings.with_options(
+            code_version=registry.code_version(self.settings.code_version)
+        )
         self.leases = MemoryLeases(self.clock)
         self.events = MemoryEvents(self.leases, self.clock) if events else None
         self.deps = loop.Deps(

@@ -110,11 +110,14 @@ SELECT {{checkpoint_columns}}
 -- checkpoint as `load` does: a delivery's first and only read. A claim is a sign of life
 -- like a save (updated_at): the reaper does not list a run a worker has just taken. A run
 -- that has stopped, or is queued for its concurrency key, is left as it is (no row: the
--- worker loads it to see why).
+-- worker loads it to see why). A run's first claim (epoch 0: never claimed; a fork's too)
+-- records the worker's code version as the one that started it.
 WITH c AS (
     UPDATE checkpoints
        SET epoch = %(epoch)s, retry_at = NULL, updated_at = now(),
-           deliveries = deliveries + CASE WHEN status = 'waiting' THEN 0 ELSE 1 END
+           deliveries = deliveries + CASE WHEN status = 'waiting' THEN 0 ELSE 1 END,
+           started_version = coalesce(started_version,
+                                      CASE WHEN epoch = 0 THEN %(code_version)s::text END)
      WHERE run_id = %(run_id)s AND epoch < %(epoch)s
        AND status NOT IN ('done', 'failed', 'cancelled', 'budget_exceeded', 'incompatible',
                           'unknown', 'queued')
@@ -168,11 +171,11 @@ c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_start,
 -- checkpoint it saved (what a fork or a rewind goes on from; the state only if changed).
     INSERT INTO step_history (run_id, seq, cursor, visit, outcome, started_at, worker, epoch,
                               cost_usd, effect_key, next_cursor, visits, win_start, win_end,
-                              total_cost, flow_version, state)
+                              total_cost, flow_version, state, code_version)
     SELECT saved.run_id, %(seq)s - 1, %(step)s, %(visit)s, 'saved', to_timestamp(%(started)s),
            %(worker)s, %(epoch)s, %(step_cost)s, %(effect_key)s, %(cursor)s, %(visits)s,
            %(win_start)s, %(win_end)s, %(cost_usd)s, %(flow_version)s,
-           CASE WHEN %(state_changed)s THEN %(state)s END
+           CASE WHEN %(state_changed)s THEN %(state)s END, %(code_version)s
       FROM saved
 
 -- fragment: save_answer
@@ -267,9 +270,9 @@ WITH c AS (
     RETURNING run_id, attempts
 ), history AS (
     INSERT INTO step_history (run_id, seq, cursor, visit, outcome, started_at, worker, epoch,
-                              cost_usd, effect_key, error)
+                              cost_usd, effect_key, error, code_version)
     SELECT c.run_id, %(seq)s, %(step)s, %(visit)s, %(outcome)s, to_timestamp(%(started)s),
-           %(worker)s, %(epoch)s, 0, %(effect_key)s, %(error)s
+           %(worker)s, %(epoch)s, 0, %(effect_key)s, %(error)s, %(code_version)s
       FROM c WHERE %(step)s::text IS NOT NULL
 )
 SELECT run_id, attempts FROM c;
@@ -341,7 +344,7 @@ SELECT cancel_reason FROM checkpoints WHERE run_id = %(run_id)s;
 -- name: history
 -- A run's step timeline, oldest first (next_cursor: where a saved step went on).
 SELECT seq, cursor, visit, outcome, started_at, ended_at, worker, epoch, cost_usd,
-       effect_key, error, next_cursor
+       effect_key, error, next_cursor, code_version
   FROM step_history WHERE run_id = %(run_id)s ORDER BY id;
 
 -- name: was_done
@@ -469,7 +472,7 @@ SELECT recorded.pos, c.cancel_reason,
 -- What Client.get shows: position, result and error, not the window.
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
        r.created_at, c.updated_at, r.input, c.state, r.parent_id, r.concurrency_key,
-       r.priority, r.traceparent, r.forked_from, r.forked_at,
+       r.priority, r.traceparent, r.forked_from, r.forked_at, c.started_version,
        CASE WHEN c.status = 'waiting' THEN c.wait_until END AS wakes_at
   FROM checkpoints c JOIN runs r USING (run_id)
 
@@ -490,7 +493,7 @@ SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c
 -- their key; `ord` is the place the spawn gave them).
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
        r.created_at, c.updated_at, c.state, r.parent_id, r.parent_seq, r.concurrency_key,
-       r.priority
+       r.priority, c.started_version
   FROM runs r JOIN checkpoints c USING (run_id)
  WHERE r.parent_id = %(run_id)s
    AND (%(seq)s::bigint IS NULL OR r.parent_seq = %(seq)s)
@@ -510,7 +513,8 @@ SELECT EXISTS (
 -- Newest first, a page at a time: `after` is the last run of the previous page (keyset
 -- paging on runs_newest, so page 1,000 costs what page 1 does).
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
-       r.created_at, c.updated_at, r.parent_id, r.concurrency_key, r.priority
+       r.created_at, c.updated_at, r.parent_id, r.concurrency_key, r.priority,
+       c.started_version
   FROM runs r JOIN checkpoints c USING (run_id)
  WHERE (%(status)s::text IS NULL OR c.status = %(status)s)
    AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s)
@@ -527,7 +531,8 @@ SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c
 -- (checkpoints.created_at is a copy of the run's), so a rare status costs what the first
 -- page does.
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
-       c.created_at, c.updated_at, r.parent_id, r.concurrency_key, r.priority
+       c.created_at, c.updated_at, r.parent_id, r.concurrency_key, r.priority,
+       c.started_version
   FROM checkpoints c JOIN runs r USING (run_id)
  WHERE c.status = %(status)s
    AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s)
@@ -960,7 +965,7 @@ SELECT (SELECT status FROM cur) AS status, (SELECT seq FROM moved) AS seq,
 -- name: forks
 -- A run's forks, oldest first.
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
-       r.created_at, c.updated_at, r.forked_from, r.forked_at
+       r.created_at, c.updated_at, r.forked_from, r.forked_at, c.started_version
   FROM runs r JOIN checkpoints c USING (run_id)
  WHERE r.forked_from = %(run_id)s
  ORDER BY r.created_at, r.run_id;

@@ -76,7 +76,10 @@ CREATE TABLE checkpoints (
     -- a debounced run: the enqueues of this workflow and key collapse into it while it
     -- waits at seq 0 for its quiet period (migration 0015)
     debounce_workflow  text,
-    debounce_key       text
+    debounce_key       text,
+    -- the code version (CAIRN_CODE_VERSION) of the worker that started the run: its first
+    -- claim sets it (NULL: not claimed yet, or claimed before migration 0017)
+    started_version    text
 ) WITH (fillfactor = 70);
 
 CREATE INDEX checkpoints_active ON checkpoints (status) WHERE status IN ('pending', 'running');
@@ -160,6 +163,8 @@ CREATE TABLE step_history (
     total_cost    double precision,
     flow_version  integer,
     state         jsonb,
+    -- the code version (CAIRN_CODE_VERSION) of the worker that wrote the row (migration 0017)
+    code_version  text,
     -- one index, the one reads use: the per-step write pays for a single index entry
     PRIMARY KEY (run_id, id)
 );

@@ -325,6 +325,42 @@ def test_a_retry_is_counted_fenced_and_recorded(any_store: CheckpointStore) -> N
     assert _load(any_store, "r1").attempts == 0
 
 
+# -- code versions ---------------------------------------------------------------------
+def test_a_run_keeps_the_version_that_started_it_and_each_step_the_one_that_wrote_it(
+    any_store: CheckpointStore,
+) -> None:
+    _new(any_store)
+    assert _get(any_store, "r1").started_version is None  # no worker has claimed it yet
+    claimed = any_store.claim("r1", 1, "v1")
+    assert claimed is not None
+    one = _advance(claimed, cursor="two", visits={"one": 1})
+    any_store.save(one, claimed, attempt=Attempt(started=time.time(), code_version="v1"))
+    # The new code's worker takes the run over: it started on v1 all the same, and the
+    # history says which code wrote each row, a retry's too.
+    again = any_store.claim("r1", 2, "v2")
+    assert again is not None
+    v2 = Attempt(started=time.time(), code_version="v2")
+    any_store.end_attempt(again, RunStatus.RUNNING, "Transient: 503", v2, retry_in=0)
+    any_store.save(_advance(again, cursor="three"), again, attempt=v2)
+    assert _get(any_store, "r1").started_version == "v1"
+    assert [h["code_version"] for h in any_store.history("r1")] == ["v1", "v2", "v2"]
+    assert [r.started_version for r in any_store.list_runs()] == ["v1"]
+    listed = any_store.list_runs(RunFilter(status=RunStatus.RUNNING))
+    assert [r.started_version for r in listed] == ["v1"]
+    # A fork starts on the code of the first worker that claims it.
+    assert any_store.fork("r1", 2, "f1") is True
+    assert _get(any_store, "f1").started_version is None
+    assert any_store.claim("f1", 1, "v3") is not None
+    assert [f.started_version for f in any_store.forks("r1")] == ["v3"]
+    assert any_store.history("f1")[-1]["code_version"] is None  # the fork's mark: no worker's
+    # A run first claimed by a worker that stated no version (one from before versions)
+    # is not stamped later by one that does: its start stays unknown.
+    _new(any_store, "r2")
+    assert any_store.claim("r2", 1) is not None
+    assert any_store.claim("r2", 2, "v2") is not None
+    assert _get(any_store, "r2").started_version is None
+
+
 def test_only_failures_and_retries_count_as_attempts(any_store: CheckpointStore) -> None:
     cp = _running(any_store)
     assert any_store.end_attempt(cp, RunStatus.CANCELLED, "stop", Attempt(started=time.time())) == 0

@@ -1,4 +1,5 @@
-"""`cairn worker --metrics-port`: the pool's step metrics, summed, on /metrics."""
+"""`cairn worker --metrics-port`: the pool's step metrics, summed, on /metrics; the code
+version it states (CAIRN_CODE_VERSION) on its runs, their steps and its metrics."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def test_worker_serves_step_and_run_metrics(
 ) -> None:
     port = _free_port()
     cmd = [sys.executable, "-m", "cairn.cli", "worker", "-c", "2", "-n", "m@%h"]
-    w = fleet.Proc([*cmd, "--metrics-port", str(port)], worker_env, tmp_path / "m.log", "m")
+    env = {**worker_env, "CAIRN_CODE_VERSION": "fleet-1.0"}
+    w = fleet.Proc([*cmd, "--metrics-port", str(port)], env, tmp_path / "m.log", "m")
     try:
         fleet.wait_ready(w)
         runs = [create("probe", {"log": str(tmp_path / f"{i}.log")}) for i in range(3)]
@@ -39,5 +41,12 @@ def test_worker_serves_step_and_run_metrics(
         assert 'cairn_steps_total{step="mail",workflow="probe"} 3.0' in text
         assert 'cairn_step_seconds_count{workflow="probe"} 15.0' in text
         assert "cairn_model_cost_usd_total" in text
+        # The version the worker stated: the runs it started, and on each of their steps.
+        started = 'cairn_runs_started_total{code_version="fleet-1.0",workflow="probe"} 3.0'
+        assert started in text
+        for run_id in runs:
+            run = store.get(run_id)
+            assert run is not None and run.started_version == "fleet-1.0"
+            assert {h["code_version"] for h in store.history(run_id)} == {"fleet-1.0"}
     finally:
         w.kill()

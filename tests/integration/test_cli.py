@@ -19,7 +19,7 @@ BIN = Path(sys.executable).parent
 
 # The operations on runs, under `cairn runs`; the first six were top-level commands once.
 OLD_SPELLINGS = ["enqueue", "show", "events", "signal", "cancel", "resolve"]
-OPERATIONS = ["list", *OLD_SPELLINGS, "steer", "fork", "rewind", "replay"]
+OPERATIONS = ["list", *OLD_SPELLINGS, "steer", "fork", "rewind", "replay", "export"]
 
 COMMANDS = [
     "worker",
@@ -33,6 +33,7 @@ COMMANDS = [
     "settings",
     "db",
     "db upgrade",
+    "deploy check",
     "demo",
     "standin",
     "chaos",

@@ -321,3 +321,94 @@ def test_a_step_renamed_while_a_run_is_inside_it_goes_on_with_nothing_made_twice
     ]
     steps = [(h["cursor"], h["outcome"]) for h in deps.store.history(run_id)]
     assert steps[-1] == ("gather", "saved")
+
+
+def _cairn(tmp_path: Path, database_url: str, *argv: str) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}",
+        "CAIRN_DATABASE_URL": database_url,
+        "CAIRN_CLIENT_GIVE_UP_AFTER": "1",
+        "COLUMNS": "200",
+    }
+    argv = (sys.executable, "-m", "cairn.cli", *argv)
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+
+
+def test_exported_runs_are_checked_with_no_database(
+    live: list[str], settings: Any, tmp_path: Path
+) -> None:
+    exported = tmp_path / "runs.jsonl"
+    done = _cairn(tmp_path, settings.database_url, "runs", "export", str(exported))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == f"exported 4 run(s) to {exported}"
+    lines = [json.loads(line) for line in exported.read_text().splitlines()]
+    journals = {r["run_id"]: [c["name"] for c in r["journal"]] for r in lines}
+    assert {r: journals[r] for r in live} == {r: ["customer", "items"] for r in live}
+    # CI: no Postgres at all, and the same verdicts as against the live runs.
+    nowhere = "postgresql://postgres@127.0.0.1:9/none"
+    for name in ("same", "renamed_with_entry", "reordered", "calls_skipped"):
+        ok, _, says = VERSIONS[name]
+        (tmp_path / f"deploy_check_{name}.py").write_text(HEAD + textwrap.dedent(VERSIONS[name][1]))
+        argv = ["deploy", "check", "--runs", str(exported), "--workflows", f"deploy_check_{name}"]
+        checked = _cairn(tmp_path, nowhere, *argv, "--json")
+        assert checked.returncode == (0 if ok else 1), (name, checked.stderr)
+        report = json.loads(checked.stdout)
+        assert report["checked"] == 4 and report["broken"] == (0 if ok else 3), report
+        mid = [r for r in report["runs"] if r["run_id"] in live]
+        assert all(r["ok"] is ok and says in r["problem"] for r in mid), mid
+        assert all(r["recorded"] == 2 for r in mid), mid
+    one = _cairn(tmp_path, nowhere, *argv, "--run", live[1])
+    assert one.returncode == 1 and one.stdout.strip().startswith("1 of 1 ")
+
+
+def test_an_export_by_id_workflow_status_or_sample(
+    live: list[str], settings: Any, tmp_path: Path
+) -> None:
+    def exported(*argv: str) -> list[str]:
+        done = _cairn(tmp_path, settings.database_url, "runs", "export", "-", *argv)
+        assert done.returncode == 0, done.stderr
+        return [json.loads(line)["run_id"] for line in done.stdout.splitlines()]
+
+    assert exported("--run", live[2]) == [live[2]]
+    pending = exported("--status", "pending", "--workflow", "deploy_check_demo")
+    assert len(pending) == 1 and pending[0].startswith("dc-new-")
+    assert exported("--status", "done") == []
+    sample = exported("--sample", "2")
+    assert len(sample) == 2 and len(set(sample)) == 2
+    missing = _cairn(tmp_path, settings.database_url, "runs", "export", "-", "--run", "nope")
+    assert missing.returncode == 2 and "no run 'nope'" in missing.stderr
+    # A file is whole or not there: never a part of the runs asked for.
+    half = tmp_path / "half.jsonl"
+    argv = ["runs", "export", str(half), "--run", live[0], "--run", "nope"]
+    assert _cairn(tmp_path, settings.database_url, *argv).returncode == 2
+    assert sorted(p.name for p in tmp_path.glob("half*")) == []
+    nowhere = _cairn(tmp_path, settings.database_url, "runs", "export", "/no/such/dir/r.jsonl")
+    assert nowhere.returncode == 2 and "cannot write /no/such/dir/r.jsonl" in nowhere.stderr
+
+
+def test_a_file_that_is_not_an_export_is_one_line_of_error(tmp_path: Path) -> None:
+    nowhere = "postgresql://postgres@127.0.0.1:9/none"
+    (tmp_path / "notes.txt").write_text("hello\n")
+    for path, says in (
+        (tmp_path / "notes.txt", "notes.txt:1 is not JSON"),
+        (tmp_path / "gone.jsonl", "cannot read"),
+    ):
+        done = _cairn(tmp_path, nowhere, "deploy", "check", "--runs", str(path))
+        assert done.returncode == 2 and says in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_checkpoint_this_code_cannot_read_is_broken_live_and_exported(
+    live: list[str], settings: Any, tmp_path: Path, sql: Any
+) -> None:
+    sql("UPDATE checkpoints SET version = 9 WHERE run_id = %s", live[0])
+    exported = tmp_path / "runs.jsonl"
+    out = _cairn(tmp_path, settings.database_url, "runs", "export", str(exported), "--run", live[0])
+    assert out.returncode == 0, out.stderr
+    for where in (["--run", live[0]], ["--runs", str(exported)]):
+        done = _check(tmp_path, settings, "same", *where, "--json")
+        assert done.returncode == 1, done.stderr
+        [run] = json.loads(done.stdout)["runs"]
+        assert run["run_id"] == live[0] and not run["ok"], run
+        assert "payload version 9" in run["problem"], run

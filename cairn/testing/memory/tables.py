@@ -247,6 +247,7 @@ class _Tables:
             "parent_id": row.parent_id,
             "concurrency_key": row.concurrency_key,
             "priority": row.priority,
+            "started_version": row.started_version,
         }
 
     @staticmethod
@@ -276,4 +277,5 @@ class _Tables:
             "effect_key": attempt.effect_key,
             "error": error,
             "next_cursor": next_cursor,
+            "code_version": attempt.code_version,
         }
