@@ -13,7 +13,6 @@ import asyncio
 import dataclasses
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,14 +25,10 @@ from cairn.core.status import RunStatus
 from cairn.steps import Context, StepResult, context, workflow
 from cairn.steps.context import CANCEL_FRESH
 from cairn.steps.model import ModelClient, text_of
-from cairn.testing import ManualClock, MemoryLeases, MemoryStore
 from cairn.testing.standins import ModelServer
 from cairn.workers import loop
 from cairn.workers.middleware import Chain, Middleware
-
-SETTINGS = Settings(
-    database_url="postgresql://unused.invalid/x", redis_url="redis://unused.invalid/0"
-)
+from tests.helpers.contract import on_both
 
 calls: defaultdict[str, list[Any]] = defaultdict(list)  # what really ran, per run
 dies: dict[str, int] = {}  # run id -> the number of calls after which its process dies once
@@ -56,19 +51,8 @@ class _Model:
 
 
 @pytest.fixture(params=["memory", "pg"])
-def deps(request: pytest.FixtureRequest) -> Iterator[loop.Deps]:
-    if request.param == "memory":
-        clock = ManualClock()
-        yield loop.Deps(
-            settings=SETTINGS, store=MemoryStore(clock), leases=MemoryLeases(clock), model=_Model()
-        )
-        return
-    yield loop.Deps(
-        settings=request.getfixturevalue("settings"),
-        store=request.getfixturevalue("store"),
-        leases=request.getfixturevalue("leases"),
-        model=_Model(),
-    )
+def deps(request: pytest.FixtureRequest) -> loop.Deps:
+    return on_both(request, model=_Model())
 
 
 def _start(deps: loop.Deps, flow: str, data: dict[str, Any] | None = None, **kw: Any) -> str:

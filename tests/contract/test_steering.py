@@ -10,22 +10,16 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from cairn.client import Client
 from cairn.core import errors
-from cairn.core.settings import Settings
 from cairn.core.status import RunStatus
 from cairn.steps import Context, StepResult, workflow
-from cairn.testing import ManualClock, MemoryLeases, MemoryStore
 from cairn.workers import loop
-
-SETTINGS = Settings(
-    database_url="postgresql://unused.invalid/x", redis_url="redis://unused.invalid/0"
-)
+from tests.helpers.contract import on_both
 
 # run id -> what each turn read; the turn after whose read its process dies once; the
 # messages a test sends at a turn (from inside the step: a user typing meanwhile)
@@ -39,19 +33,8 @@ class ProcessDied(BaseException):
 
 
 @pytest.fixture(params=["memory", "pg"])
-def deps(request: pytest.FixtureRequest) -> Iterator[loop.Deps]:
-    if request.param == "memory":
-        clock = ManualClock()
-        yield loop.Deps(
-            settings=SETTINGS, store=MemoryStore(clock), leases=MemoryLeases(clock), model=None
-        )
-        return
-    yield loop.Deps(
-        settings=request.getfixturevalue("settings"),
-        store=request.getfixturevalue("store"),
-        leases=request.getfixturevalue("leases"),
-        model=None,
-    )
+def deps(request: pytest.FixtureRequest) -> loop.Deps:
+    return on_both(request)
 
 
 def _client(deps: loop.Deps) -> Client:

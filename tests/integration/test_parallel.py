@@ -17,7 +17,6 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,15 +24,11 @@ import pytest
 import cairn
 from cairn.core.errors import RetryLater, StaleWrite
 from cairn.core.records import Checkpoint
-from cairn.core.settings import Settings
 from cairn.core.status import RunStatus
 from cairn.steps import Context, StepResult, workflow
-from cairn.testing import ManualClock, MemoryLeases, MemoryStore
 from cairn.workers import loop
+from tests.helpers.contract import on_both
 
-SETTINGS = Settings(
-    database_url="postgresql://unused.invalid/x", redis_url="redis://unused.invalid/0"
-)
 N = 8
 
 ran: defaultdict[str, list[int]] = defaultdict(list)  # run id -> calls made, as they ended
@@ -46,19 +41,8 @@ class ProcessDied(BaseException):
 
 
 @pytest.fixture(params=["memory", "pg"])
-def deps(request: pytest.FixtureRequest) -> Iterator[loop.Deps]:
-    if request.param == "memory":
-        clock = ManualClock()
-        yield loop.Deps(
-            settings=SETTINGS, store=MemoryStore(clock), leases=MemoryLeases(clock), model=None
-        )
-        return
-    yield loop.Deps(
-        settings=request.getfixturevalue("settings"),
-        store=request.getfixturevalue("store"),
-        leases=request.getfixturevalue("leases"),
-        model=None,
-    )
+def deps(request: pytest.FixtureRequest) -> loop.Deps:
+    return on_both(request)
 
 
 def _start(deps: loop.Deps, flow: str, data: dict[str, Any] | None = None) -> str:

@@ -16,7 +16,6 @@ import dataclasses
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -35,6 +34,7 @@ from cairn.testing.standins import ModelServer
 from cairn.workers import loop
 from cairn.workers.middleware import Chain, Middleware
 from tests.helpers import pai_flows
+from tests.helpers.contract import on_both
 
 # The Anthropic agent's stand-in: its client reads ANTHROPIC_BASE_URL at each request
 # (tests/helpers/pai_flows.py), which the tests that use it set (`stand_in`).
@@ -70,18 +70,8 @@ class Die(Middleware):
 
 
 @pytest.fixture(params=["memory", "pg"])
-def deps(request: pytest.FixtureRequest) -> Iterator[loop.Deps]:
-    if request.param == "memory":
-        clock = ManualClock()
-        store, leases = MemoryStore(clock), MemoryLeases(clock)
-        yield loop.Deps(settings=SETTINGS, store=store, leases=leases, model=None)
-        return
-    yield loop.Deps(
-        settings=request.getfixturevalue("settings"),
-        store=request.getfixturevalue("store"),
-        leases=request.getfixturevalue("leases"),
-        model=None,
-    )
+def deps(request: pytest.FixtureRequest) -> loop.Deps:
+    return on_both(request)
 
 
 def _start(deps: loop.Deps, flow: str, prompt: str, **kw: Any) -> str:
