@@ -5,7 +5,8 @@ rows, swept as the beat sweeps them (PgStore.sweep, 1,000 runs a transaction) tw
 two fresh databases alike but for the runs' month: created this month (their history and
 journal deleted row by row, as every sweep did before migration 0018), and created three
 months back (the runs' own rows deleted, their month's partitions then dropped whole).
-Reported: seconds, WAL bytes and Postgres CPU (/proc) of each sweep, per history row.
+Reported: seconds, WAL bytes and Postgres CPU (/proc) of each sweep, per history row, and
+the VACUUM of the two tables after it (what autovacuum would do next).
 """
 
 from __future__ import annotations
@@ -67,7 +68,18 @@ def sweep_once(dbs: Databases, runs: int, steps: int, calls: int, months: int) -
         cpu = meter.stop()["cpu_s"]["postgres"]
         left = wal.conn.execute("SELECT count(*) FROM step_history").fetchone()
         assert swept == runs and left is not None and left[0] == 0, (swept, left)
-        return {"seconds": seconds, "wal_bytes": wal_bytes, "cpu_s": cpu}
+        # What autovacuum does next to the rows deleted (a dropped month left none).
+        lsn = wal.lsn()
+        t0 = time.perf_counter()
+        wal.conn.execute("VACUUM step_history, journal")
+        vacuum = time.perf_counter() - t0
+        return {
+            "seconds": seconds,
+            "wal_bytes": wal_bytes,
+            "cpu_s": cpu,
+            "vacuum_s": vacuum,
+            "vacuum_wal": wal.diff(lsn, wal.lsn()),
+        }
     finally:
         db.close()
         wal.close()
@@ -89,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{label:28} {r['seconds']:7.2f} s  {r['wal_bytes'] / 2**20:8.1f} MB WAL"
                 f"  {r['cpu_s']:6.2f} s PG CPU  {1e6 * r['seconds'] / rows:6.2f} µs"
-                f" and {r['wal_bytes'] / rows:6.0f} B WAL a history row"
+                f" and {r['wal_bytes'] / rows:6.0f} B WAL a history row; then VACUUM"
+                f" of the two tables {r['vacuum_s']:.2f} s, {r['vacuum_wal'] / 2**20:.1f} MB WAL"
             )
     finally:
         dbs.close()

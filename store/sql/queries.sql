@@ -644,16 +644,20 @@ WITH old AS (
     DELETE FROM effects f USING gone WHERE f.run_id = gone.run_id
 ), h AS (
     DELETE FROM step_history s USING gone
-     WHERE s.run_id = gone.run_id AND s.run_created = gone.created_at
-       AND (gone.rows OR s.tableoid = 'step_history_default'::regclass)
+     WHERE gone.rows AND s.run_id = gone.run_id AND s.run_created = gone.created_at
+), hd AS (
+    DELETE FROM step_history_default s USING gone
+     WHERE NOT gone.rows AND s.run_id = gone.run_id AND s.run_created = gone.created_at
 ), sig AS (
     DELETE FROM signals s USING gone WHERE s.run_id = gone.run_id
 ), ga AS (
     DELETE FROM gathers g USING gone WHERE g.parent_id = gone.run_id
 ), j AS (
     DELETE FROM journal j USING gone
-     WHERE j.run_id = gone.run_id AND j.run_created = gone.created_at
-       AND (gone.rows OR j.tableoid = 'journal_default'::regclass)
+     WHERE gone.rows AND j.run_id = gone.run_id AND j.run_created = gone.created_at
+), jd AS (
+    DELETE FROM journal_default j USING gone
+     WHERE NOT gone.rows AND j.run_id = gone.run_id AND j.run_created = gone.created_at
 ), gc AS (  -- a graph the run drove (cairn.langgraph.workflow: its thread is the run id)
     DELETE FROM graph_checkpoints g USING gone WHERE g.thread_id = gone.run_id
 ), gb AS (
