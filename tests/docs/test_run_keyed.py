@@ -42,8 +42,9 @@ _KEYED = re.compile(
     rf"|(?:VALUES\s*\(|SELECT)\s*{_KEY_PARAM}"
 )
 
-# The scans: queries over many runs, each with why it may be one. The reaper's, the
-# sweep's and the wake pass's plans are in docs/explanation/scale.md.
+# The scans: queries over many runs, each with why it may be one; docs/explanation/scale.md
+# names each (a test below holds it to that) and shows the reaper's, the wake pass's and
+# the sweep's plans.
 SCANS = {
     "admitted": "a concurrency key's slots (workflow, key): a key's runs are many runs",
     "was_done": "the ledger by effect key, a global idempotency key (Citus: with run_id)",
@@ -98,6 +99,12 @@ def test_every_named_scan_is_a_query_that_scans() -> None:
     assert not stale, f"named scans that are no query on a per-run table: {stale}"
     keyed = sorted(n for n in SCANS if _KEYED.search(queries[n]))
     assert keyed == [], f"named scans that filter by their run after all: {keyed}"
+
+
+def test_the_scale_page_names_every_scan() -> None:
+    page = (ROOT / "docs" / "explanation" / "scale.md").read_text()
+    missing = sorted(n for n in SCANS if f"`{n}`" not in page)
+    assert not missing, f"docs/explanation/scale.md does not name the scans {missing}"
 
 
 def test_the_check_tells_a_keyed_query_from_a_scan() -> None:
