@@ -99,9 +99,10 @@ SELECT c.run_id, k - 1,
 
 # The run shown by "show one run" and "its steps": a long one, 200 history rows.
 SHOWN_HISTORY = """
-INSERT INTO step_history (run_id, seq, cursor, visit, outcome, started_at, worker, epoch)
-SELECT %(run_id)s, 3 + k, 'think', k, 'saved', now(), 'bench:1:0', 1
-  FROM generate_series(1, 200) k
+INSERT INTO step_history (run_id, seq, cursor, visit, outcome, started_at, worker, epoch,
+                          run_created)
+SELECT %(run_id)s, 3 + k, 'think', k, 'saved', now(), 'bench:1:0', 1, c.created_at
+  FROM generate_series(1, 200) k, checkpoints c WHERE c.run_id = %(run_id)s
 """
 
 

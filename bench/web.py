@@ -100,12 +100,13 @@ def _history(db_url: str, run_id: str, steps: int) -> None:
         worker, epoch = ("vm:101:aaaa", 1) if i < steps // 2 else ("vm:202:bbbb", 2)
         began = start + dt.timedelta(seconds=i + (3 if epoch == 2 else 0))
         rows.append((run_id, i, "think", i, "saved", began, began + dt.timedelta(seconds=0.4),
-                     worker, epoch, 0.0002, f"cairn:{run_id}:think:{i}"))  # fmt: skip
+                     worker, epoch, 0.0002, f"cairn:{run_id}:think:{i}", run_id))  # fmt: skip
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.cursor().executemany(
             "INSERT INTO step_history (run_id, seq, cursor, visit, outcome, started_at, "
-            "ended_at, worker, epoch, cost_usd, effect_key) VALUES "
-            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            "ended_at, worker, epoch, cost_usd, effect_key, run_created) "
+            "SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, created_at"
+            " FROM checkpoints WHERE run_id = %s",
             rows,
         )
         conn.execute(

@@ -265,9 +265,9 @@ MUTANTS = [
         "a journal record is not fenced (a worker that lost the run still records)",
         "store/sql/queries.sql",
         "     WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s AND c.epoch <= %(epoch)s\n"
-        "       FOR SHARE OF c\n    ON CONFLICT (run_id, cursor, visit, pos)",
+        "       FOR SHARE OF c\n    ON CONFLICT (run_id, cursor, visit, pos, run_created)",
         "     WHERE c.run_id = %(run_id)s\n       FOR SHARE OF c\n"
-        "    ON CONFLICT (run_id, cursor, visit, pos)",
+        "    ON CONFLICT (run_id, cursor, visit, pos, run_created)",
         ("tests/contract/test_journal.py::test_a_worker_that_lost_the_run_records_nothing[pg]",),
     ),
     Mutant(
@@ -420,8 +420,8 @@ MUTANTS = [
         "M40",
         "a journal record's fence is a plain read (a record checked before a claim commits after it)",
         "store/sql/queries.sql",
-        "       FOR SHARE OF c\n    ON CONFLICT (run_id, cursor, visit, pos)",
-        "    ON CONFLICT (run_id, cursor, visit, pos)",
+        "       FOR SHARE OF c\n    ON CONFLICT (run_id, cursor, visit, pos, run_created)",
+        "    ON CONFLICT (run_id, cursor, visit, pos, run_created)",
         (
             f"{FENCES}::test_a_claim_waits_for_a_fenced_write_in_flight_which_lands_before_it[record_call]",
         ),

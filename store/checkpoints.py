@@ -574,7 +574,9 @@ class PgStore:
         progress: Callable[[int], None] | None = None,
     ) -> int:
         """Delete terminal runs older than older_than seconds, batch runs per transaction;
-        returns how many went (progress, if given, hears the running total)."""
+        returns how many went (progress, if given, hears the running total). Then the
+        history's and the journal's months none of whose runs is left go whole, and the
+        months ahead are made."""
         total = 0
         while True:
             row = self.db.one("sweep", {"older_than": older_than, "batch": batch})
@@ -583,4 +585,6 @@ class PgStore:
             if progress is not None and n:
                 progress(total)
             if n < batch:
-                return total
+                break
+        self.db.one("partitions")
+        return total

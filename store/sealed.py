@@ -54,7 +54,7 @@ def reseal(
             col=sql.Identifier(column), prefix=sql.Literal(prefix)
         )
         pick = sql.SQL(
-            "SELECT ctid, {col} AS value FROM {table} WHERE {col} IS NOT NULL AND {only}"
+            "SELECT tableoid, ctid, {col} AS value FROM {table} WHERE {col} IS NOT NULL AND {only}"
             " AND {stale} LIMIT {batch} FOR UPDATE"
         ).format(
             col=sql.Identifier(column),
@@ -63,16 +63,24 @@ def reseal(
             stale=stale,
             batch=sql.Literal(batch),
         )
-        put = sql.SQL("UPDATE {table} SET {col} = %(value)s WHERE ctid = %(ctid)s").format(
-            table=sql.Identifier(table), col=sql.Identifier(column)
-        )
+        # ctid with tableoid: a partitioned table's partitions each count their own ctids.
+        put = sql.SQL(
+            "UPDATE {table} SET {col} = %(value)s WHERE tableoid = %(tableoid)s AND ctid = %(ctid)s"
+        ).format(table=sql.Identifier(table), col=sql.Identifier(column))
         count = 0
         while True:
             with db.connection() as conn, conn.transaction():
                 rows = conn.execute(pick).fetchall()
                 for row in rows:
                     value: Any = row["value"]  # opened by the connection's loader
-                    conn.execute(put, {"value": Jsonb(ring.seal(value)), "ctid": row["ctid"]})
+                    conn.execute(
+                        put,
+                        {
+                            "value": Jsonb(ring.seal(value)),
+                            "tableoid": row["tableoid"],
+                            "ctid": row["ctid"],
+                        },
+                    )
             count += len(rows)
             if progress is not None and rows:
                 progress(f"{table}.{column}", count)

@@ -33,6 +33,12 @@ class Settings:
         "caller's transaction, and a client's one connection for its waits; straight to "
         "Postgres when the database URL goes through PgBouncer in transaction mode",
     )
+    database_read_url: str | None = _setting(
+        None,
+        "CAIRN_DATABASE_READ_URL",
+        "a read replica of the database: `cairn serve` reads runs, their steps and calls "
+        "there (a run not on it yet is read from the primary); writes stay on the primary",
+    )
     redis_url: str = _setting(
         "redis://127.0.0.1:63790/0",
         "CAIRN_REDIS_URL",

@@ -26,6 +26,7 @@ from cairn.web.auth import OPEN_PATHS, Auth, Guard
 from cairn.web.hub import Hub
 from cairn.web.metrics import Measured, Metrics
 from cairn.web.openapi import document
+from cairn.web.reads import Reads, replica_client
 from cairn.web.render import STATIC
 from cairn.web.routers import events, health, pages, runs, schedules, signals
 
@@ -52,6 +53,7 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
     app.state.settings = settings
     # Postgres connections of this process: enough for the thread pool's busy requests.
     app.state.client = client = Client(settings=settings, pool_size=16)
+    app.state.reads = Reads(client, replica_client(client, pool_size=16))
     app.state.hub = Hub(AsyncRedisEvents(settings.redis_url))
     app.state.auth = auth = Auth(settings.api_token)
     app.state.metrics = metrics = Metrics(client)
@@ -73,6 +75,7 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     yield
     app.state.client.close()
+    app.state.reads.close()
     hub: Hub = app.state.hub
     await hub.close()
     await hub.log.close()  # the Redis connections create_app opened for it

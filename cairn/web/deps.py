@@ -13,6 +13,7 @@ from cairn.core.settings import Settings
 from cairn.web.auth import Auth
 from cairn.web.hub import Hub
 from cairn.web.metrics import Metrics
+from cairn.web.reads import Reads
 
 # Each is async: FastAPI would run a plain def in its thread pool, a hop per request to
 # read an attribute.
@@ -21,6 +22,11 @@ from cairn.web.metrics import Metrics
 async def _client(request: Request) -> Client:
     client: Client = request.app.state.client
     return client
+
+
+async def _reads(request: Request) -> Reads:
+    reads: Reads = request.app.state.reads
+    return reads
 
 
 async def _settings(request: Request) -> Settings:
@@ -44,6 +50,7 @@ async def _metrics(request: Request) -> Metrics:
 
 
 ClientDep = Annotated[Client, Depends(_client)]
+ReadsDep = Annotated[Reads, Depends(_reads)]  # the GETs: on the replica if there is one
 SettingsDep = Annotated[Settings, Depends(_settings)]
 HubDep = Annotated[Hub, Depends(_hub)]
 AuthDep = Annotated[Auth, Depends(_auth)]

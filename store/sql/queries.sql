@@ -164,18 +164,19 @@ c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_start,
            wait_event = EXCLUDED.wait_event, wait_until = EXCLUDED.wait_until,
            wait_timeout_cursor = EXCLUDED.wait_timeout_cursor, flow_version = EXCLUDED.flow_version
      WHERE c.seq < EXCLUDED.seq AND c.epoch <= EXCLUDED.epoch
-    RETURNING c.run_id, c.cancel_reason
+    RETURNING c.run_id, c.cancel_reason, c.created_at
 
 -- fragment: save_history
 -- The step's history row, written only when the upsert returned its row, with the
--- checkpoint it saved (what a fork or a rewind goes on from; the state only if changed).
+-- checkpoint it saved (what a fork or a rewind goes on from; the state only if changed),
+-- in its run's month (run_created: the checkpoint's copy of the run's created_at).
     INSERT INTO step_history (run_id, seq, cursor, visit, outcome, started_at, worker, epoch,
                               cost_usd, effect_key, next_cursor, visits, win_start, win_end,
-                              total_cost, flow_version, state, code_version)
+                              total_cost, flow_version, state, code_version, run_created)
     SELECT saved.run_id, %(seq)s - 1, %(step)s, %(visit)s, 'saved', to_timestamp(%(started)s),
            %(worker)s, %(epoch)s, %(step_cost)s, %(effect_key)s, %(cursor)s, %(visits)s,
            %(win_start)s, %(win_end)s, %(cost_usd)s, %(flow_version)s,
-           CASE WHEN %(state_changed)s THEN %(state)s END, %(code_version)s
+           CASE WHEN %(state_changed)s THEN %(state)s END, %(code_version)s, saved.created_at
       FROM saved
 
 -- fragment: save_answer
@@ -267,12 +268,12 @@ WITH c AS (
        SET status = %(status)s, error = %(error)s, attempts = attempts + %(attempt)s,
            retry_at = now() + make_interval(secs => %(retry_in)s), updated_at = now()
      WHERE run_id = %(run_id)s AND epoch <= %(epoch)s AND seq = %(seq)s AND status <> 'done'
-    RETURNING run_id, attempts
+    RETURNING run_id, attempts, created_at
 ), history AS (
     INSERT INTO step_history (run_id, seq, cursor, visit, outcome, started_at, worker, epoch,
-                              cost_usd, effect_key, error, code_version)
+                              cost_usd, effect_key, error, code_version, run_created)
     SELECT c.run_id, %(seq)s, %(step)s, %(visit)s, %(outcome)s, to_timestamp(%(started)s),
-           %(worker)s, %(epoch)s, 0, %(effect_key)s, %(error)s, %(code_version)s
+           %(worker)s, %(epoch)s, 0, %(effect_key)s, %(error)s, %(code_version)s, c.created_at
       FROM c WHERE %(step)s::text IS NOT NULL
 )
 SELECT run_id, attempts FROM c;
@@ -341,11 +342,15 @@ SELECT n, message FROM steer_messages
 -- name: cancel_reason
 SELECT cancel_reason FROM checkpoints WHERE run_id = %(run_id)s;
 
+-- fragment: run_month
+-- The run's month, so a read of its history or journal opens that one partition.
+(SELECT created_at FROM checkpoints WHERE run_id = %(run_id)s)
+
 -- name: history
 -- A run's step timeline, oldest first (next_cursor: where a saved step went on).
 SELECT seq, cursor, visit, outcome, started_at, ended_at, worker, epoch, cost_usd,
        effect_key, error, next_cursor, code_version
-  FROM step_history WHERE run_id = %(run_id)s ORDER BY id;
+  FROM step_history WHERE run_id = %(run_id)s AND run_created = {{run_month}} ORDER BY id;
 
 -- name: was_done
 SELECT result FROM effects WHERE key = %(key)s AND done;
@@ -425,12 +430,13 @@ SELECT set_config('idle_in_transaction_session_timeout', %(hold)s, true);
 SELECT pos, name, result, error, cost_usd
   FROM journal
  WHERE run_id = %(run_id)s AND cursor = %(cursor)s AND visit = %(visit)s
+   AND run_created = {{run_month}}
  ORDER BY pos;
 
 -- name: calls
 -- A run's journaled calls, in the order they were recorded (the run page's list).
 SELECT cursor, visit, pos, name, result, error, cost_usd, created_at
-  FROM journal WHERE run_id = %(run_id)s
+  FROM journal WHERE run_id = %(run_id)s AND run_created = {{run_month}}
  ORDER BY created_at, cursor, visit, pos
  LIMIT %(limit)s;
 
@@ -445,17 +451,18 @@ SELECT cursor, visit, pos, name, result, error, cost_usd, created_at
 -- A record is progress: a step killed again and again while its journal grows is not
 -- poison, so its delivery count restarts at this delivery (written only when above 1).
 -- It returns the run's cancel reason too: the step's check before its next call.
+-- run_created is the run's, never changed: one call's key is unique across the months.
 -- commit: 'off' commits it asynchronously (a record alone: see record_call), NULL as the
 -- session does (a record with the call's own ctx.db writes).
 WITH recorded AS (
     INSERT INTO journal AS j (run_id, cursor, visit, pos, name, seq, epoch, result, error,
-                              cost_usd)
+                              cost_usd, run_created)
     SELECT c.run_id, %(cursor)s, %(visit)s, %(pos)s, %(name)s, c.seq, %(epoch)s, %(result)s,
-           %(error)s, %(cost_usd)s
+           %(error)s, %(cost_usd)s, c.created_at
       FROM checkpoints c
      WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s AND c.epoch <= %(epoch)s
        FOR SHARE OF c
-    ON CONFLICT (run_id, cursor, visit, pos) DO UPDATE SET epoch = j.epoch
+    ON CONFLICT (run_id, cursor, visit, pos, run_created) DO UPDATE SET epoch = j.epoch
      WHERE j.epoch = EXCLUDED.epoch AND j.name = EXCLUDED.name
     RETURNING j.run_id, j.pos
 ), progress AS (
@@ -657,7 +664,10 @@ SELECT c.run_id
 -- name: sweep
 -- Retention, one batch: up to `batch` terminal runs older than the horizon go, with
 -- their window, ledger, history, signal, journal and graph rows. Called until a batch comes back short,
--- so each transaction (and its cascade) stays small.
+-- so each transaction (and its cascade) stays small. History and journal rows of a run
+-- from a month wholly behind the horizon stay: that month's partition is dropped whole
+-- once its last run is gone (cairn_drop_partitions); but those in the default partition,
+-- which nothing drops.
 WITH old AS (
     SELECT run_id FROM checkpoints
      WHERE status IN ('done', 'failed', 'cancelled', 'budget_exceeded')
@@ -665,19 +675,29 @@ WITH old AS (
      LIMIT %(batch)s
 ), gone AS (
     DELETE FROM runs r USING old WHERE r.run_id = old.run_id
-    RETURNING r.run_id
+    RETURNING r.run_id, r.created_at,
+              r.created_at >= date_trunc('month', now() - make_interval(secs => %(older_than)s),
+                                         'UTC') AS rows
 ), w AS (
     DELETE FROM window_messages m USING gone WHERE m.run_id = gone.run_id
 ), e AS (
     DELETE FROM effects f USING gone WHERE f.run_id = gone.run_id
 ), h AS (
-    DELETE FROM step_history s USING gone WHERE s.run_id = gone.run_id
+    DELETE FROM step_history s USING gone
+     WHERE gone.rows AND s.run_id = gone.run_id AND s.run_created = gone.created_at
+), hd AS (
+    DELETE FROM step_history_default s USING gone
+     WHERE NOT gone.rows AND s.run_id = gone.run_id AND s.run_created = gone.created_at
 ), sig AS (
     DELETE FROM signals s USING gone WHERE s.run_id = gone.run_id
 ), ga AS (
     DELETE FROM gathers g USING gone WHERE g.parent_id = gone.run_id
 ), j AS (
-    DELETE FROM journal j USING gone WHERE j.run_id = gone.run_id
+    DELETE FROM journal j USING gone
+     WHERE gone.rows AND j.run_id = gone.run_id AND j.run_created = gone.created_at
+), jd AS (
+    DELETE FROM journal_default j USING gone
+     WHERE NOT gone.rows AND j.run_id = gone.run_id AND j.run_created = gone.created_at
 ), gc AS (  -- a graph the run drove (cairn.langgraph.workflow: its thread is the run id)
     DELETE FROM graph_checkpoints g USING gone WHERE g.thread_id = gone.run_id
 ), gb AS (
@@ -686,6 +706,12 @@ WITH old AS (
     DELETE FROM graph_writes g USING gone WHERE g.thread_id = gone.run_id
 )
 SELECT count(*) AS n FROM gone;
+
+-- name: partitions
+-- After a sweep: step_history's and the journal's partitions made three months ahead
+-- (migration 0018), and the months behind none of whose runs is left dropped whole.
+SELECT cairn_partitions(now(), 3) AS made,
+       ARRAY(SELECT cairn_drop_partitions()) AS dropped;
 
 -- name: ping
 SELECT 1 AS ok;
@@ -890,7 +916,7 @@ WITH snap AS (
            %(traceparent)s, %(origin)s, %(at)s
       FROM src, snap
     ON CONFLICT (run_id) DO NOTHING
-    RETURNING run_id
+    RETURNING run_id, created_at
 ), checkpoint AS (
     INSERT INTO checkpoints (run_id, seq, cursor, state, visits, win_start, win_end, cost_usd,
                              version, status, flow_version)
@@ -905,10 +931,11 @@ WITH snap AS (
 ), mark AS (
     INSERT INTO step_history (run_id, seq, cursor, visit, outcome, started_at, worker, epoch,
                               cost_usd, error, next_cursor, visits, win_start, win_end,
-                              total_cost, flow_version, state)
+                              total_cost, flow_version, state, run_created)
     SELECT new_run.run_id, %(at)s - 1, snap.next_cursor, 0, 'forked', now(), 'client', 0, 0,
            'forked from ' || %(origin)s || ' at seq ' || %(at)s, snap.next_cursor,
-           snap.visits, snap.win_start, snap.win_end, 0, snap.flow_version, snap.state
+           snap.visits, snap.win_start, snap.win_end, 0, snap.flow_version, snap.state,
+           new_run.created_at
       FROM new_run, snap
 )
 SELECT (SELECT run_id FROM new_run) AS run_id, EXISTS (SELECT 1 FROM snap) AS found,
@@ -923,7 +950,8 @@ SELECT (SELECT run_id FROM new_run) AS run_id, EXISTS (SELECT 1 FROM snap) AS fo
 WITH snap AS (
 {{snapshot}}
 ), cur AS (
-    SELECT seq, status, epoch, cost_usd FROM checkpoints WHERE run_id = %(origin)s FOR UPDATE
+    SELECT seq, status, epoch, cost_usd, created_at FROM checkpoints
+     WHERE run_id = %(origin)s FOR UPDATE
 ), used AS (
     SELECT cursor, max(visit) + 1 AS next FROM (
         SELECT cursor, visit FROM step_history WHERE run_id = %(origin)s
@@ -953,10 +981,11 @@ WITH snap AS (
 ), mark AS (
     INSERT INTO step_history (run_id, seq, cursor, visit, outcome, started_at, worker, epoch,
                               cost_usd, error, next_cursor, visits, win_start, win_end,
-                              total_cost, flow_version, state)
+                              total_cost, flow_version, state, run_created)
     SELECT %(origin)s, moved.seq - 1, snap.next_cursor, 0, 'rewound', now(), 'client',
            cur.epoch, 0, 'rewound to seq ' || %(at)s, snap.next_cursor, moved.visits,
-           snap.win_start, snap.win_end, cur.cost_usd, snap.flow_version, snap.state
+           snap.win_start, snap.win_end, cur.cost_usd, snap.flow_version, snap.state,
+           cur.created_at
       FROM moved, snap, cur
 )
 SELECT (SELECT status FROM cur) AS status, (SELECT seq FROM moved) AS seq,

@@ -1,4 +1,4 @@
--- cairn's schema as it stands: what migrations/0001..0014 build, in one file to read.
+-- cairn's schema as it stands: what migrations/0001..0018 build, in one file to read.
 -- Databases are made and upgraded by the migrations (`cairn db upgrade`);
 -- tests/integration/test_schema.py builds one database from them and one from this file and asserts
 -- their schema-only dumps are equal, so this file cannot drift. A new migration edits
@@ -138,7 +138,9 @@ CREATE TABLE signals (
 CREATE INDEX signals_pending ON signals (run_id, event, created_at) WHERE consumed_seq IS NULL;
 
 -- One row per step attempt that ended: saved, retried, failed, cancelled. Appended in the
--- statement that saves the step, so the per-step write stays one round trip.
+-- statement that saves the step, so the per-step write stays one round trip. Partitioned
+-- by the month the run was created (run_created, a copy of its created_at), so all of a
+-- run's rows are in one partition and retention drops a month whole (migration 0018).
 CREATE TABLE step_history (
     run_id      text NOT NULL,
     id          bigint GENERATED ALWAYS AS IDENTITY,
@@ -165,9 +167,12 @@ CREATE TABLE step_history (
     state         jsonb,
     -- the code version (CAIRN_CODE_VERSION) of the worker that wrote the row (migration 0017)
     code_version  text,
+    run_created   timestamptz NOT NULL,
     -- one index, the one reads use: the per-step write pays for a single index entry
-    PRIMARY KEY (run_id, id)
-);
+    PRIMARY KEY (run_id, id, run_created)
+) PARTITION BY RANGE (run_created);
+-- Rows of a month nobody made a partition for: dropped by no one, swept row by row.
+CREATE TABLE step_history_default PARTITION OF step_history DEFAULT;
 
 -- Runs per status without scanning checkpoints (a GROUP BY took ~160 ms at 1M runs).
 -- Every status change appends delta rows in the transaction that makes it, and the reaper
@@ -246,8 +251,70 @@ CREATE TABLE journal (
     error       jsonb,                     -- the permanent error it raised
     cost_usd    double precision NOT NULL DEFAULT 0,
     created_at  timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (run_id, cursor, visit, pos)
-);
+    run_created timestamptz NOT NULL,          -- its run's created_at: its partition
+    PRIMARY KEY (run_id, cursor, visit, pos, run_created)
+) PARTITION BY RANGE (run_created);
+CREATE TABLE journal_default PARTITION OF journal DEFAULT;
+
+-- Monthly partitions of step_history and journal (UTC months) from since's month to
+-- `ahead` months past this one; those that exist are left. A month whose rows already
+-- sit in the default partition (nobody made it in time) is left to the default.
+CREATE FUNCTION cairn_partitions(since timestamptz, ahead integer) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    t text;
+    lo timestamptz;
+    name text;
+    made integer := 0;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['step_history', 'journal'] LOOP
+        lo := date_trunc('month', least(since, now()), 'UTC');
+        WHILE lo <= date_trunc('month', now(), 'UTC') + make_interval(months => ahead) LOOP
+            name := t || '_' || to_char(lo AT TIME ZONE 'UTC', 'YYYY_MM');
+            IF to_regclass(name) IS NULL THEN
+                BEGIN
+                    EXECUTE format('CREATE TABLE %I PARTITION OF %I FOR VALUES FROM (%L) TO (%L)',
+                                   name, t, lo, lo + interval '1 month');
+                    made := made + 1;
+                EXCEPTION WHEN check_violation THEN
+                    NULL;
+                END;
+            END IF;
+            lo := lo + interval '1 month';
+        END LOOP;
+    END LOOP;
+    RETURN made;
+END $$;
+
+-- Drop the months behind us none of whose runs is left (all swept): their rows belong to
+-- no run. A month with one run still live (a long wait) stays until the sweep takes it.
+-- A partition whose lock is not had within a second (a long reader) waits for next time.
+CREATE FUNCTION cairn_drop_partitions() RETURNS SETOF text LANGUAGE plpgsql AS $$
+DECLARE
+    p record;
+BEGIN
+    PERFORM set_config('lock_timeout', '1s', true);
+    FOR p IN
+        SELECT c.oid::regclass::text AS name, b[1]::timestamptz AS lo, b[2]::timestamptz AS hi
+          FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid,
+               regexp_match(pg_get_expr(c.relpartbound, c.oid),
+                            'FROM \(''([^'']+)''\) TO \(''([^'']+)''\)') AS b
+         WHERE i.inhparent IN ('step_history'::regclass, 'journal'::regclass)
+           AND b IS NOT NULL  -- not the default partitions
+         ORDER BY 2, 1
+    LOOP
+        CONTINUE WHEN p.hi > now()
+            OR EXISTS (SELECT 1 FROM runs WHERE created_at >= p.lo AND created_at < p.hi);
+        BEGIN
+            EXECUTE format('DROP TABLE %s', p.name);
+            RETURN NEXT p.name;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+    END LOOP;
+END $$;
+
+SELECT cairn_partitions(now(), 3);
 
 -- Client.wait: whoever waits for a run hears it stop or park instead of polling. One
 -- channel per run ('cairn_' and the first 16 hex digits of md5(run_id): a channel name is

@@ -52,7 +52,8 @@ _TIMESTAMPS = {
     "runs": ("created_at",),
     "checkpoints": ("updated_at", "created_at", "retry_at", "wait_until"),
     "signals": ("created_at",),
-    "step_history": ("started_at", "ended_at"),
+    "step_history": ("started_at", "ended_at", "run_created"),  # run_created: the run's
+    "journal": ("created_at", "run_created"),
     "effects": ("created_at",),
 }
 

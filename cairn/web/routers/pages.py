@@ -22,7 +22,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from cairn.core import logs
 from cairn.core.status import STOPPED, RunStatus
 from cairn.web.auth import COOKIE
-from cairn.web.deps import AuthDep, ClientDep, SettingsDep
+from cairn.web.deps import AuthDep, ReadsDep, SettingsDep
 from cairn.web.render import STATUSES, call_row, templates, timeline, trace_url
 
 router = APIRouter(include_in_schema=False)
@@ -64,7 +64,7 @@ def logout() -> Response:
 @router.get("/ui/runs")
 def runs_page(
     request: Request,
-    client: ClientDep,
+    reads: ReadsDep,
     status: str | None = None,
     workflow: str | None = None,
     cursor: str | None = None,
@@ -73,8 +73,8 @@ def runs_page(
     status = RunStatus(status) if status in STATUSES else None
     workflow = workflow or None
     limit = 50
-    runs = client.list(status, limit, workflow=workflow, after=cursor)
-    counts = client.counts()
+    runs = reads.list(status, limit, workflow=workflow, after=cursor)
+    counts = reads.counts()
     context = {
         "runs": runs,
         "counts": counts,
@@ -96,15 +96,16 @@ def runs_page(
 def run_page(
     request: Request,
     run_id: str,
-    client: ClientDep,
+    reads: ReadsDep,
     settings: SettingsDep,
     partial: bool = False,
 ) -> HTMLResponse:
-    run = client.get(run_id)
-    if run is None:
+    found = reads.holding(run_id)  # the replica, or the primary while the replica lags
+    if found is None:
         return templates.TemplateResponse(
             request, "missing.html", {"run_id": run_id}, status_code=404
         )
+    client, run = found
     steps = client.history(run_id)
     now = dt.datetime.now(dt.UTC)
     # A run enqueued untraced has the trace its traced deliveries derive from its id.

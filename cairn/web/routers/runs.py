@@ -18,7 +18,7 @@ from cairn.core.inputs import check_run_id
 from cairn.core.records import StepRecord
 from cairn.core.status import RunStatus
 from cairn.steps import registry
-from cairn.web.deps import ClientDep
+from cairn.web.deps import ClientDep, ReadsDep
 from cairn.web.errors import errors
 from cairn.web.models import (
     NO_NUL,
@@ -113,7 +113,7 @@ def start_run(
 
 @router.get("/runs")
 def list_runs(
-    client: ClientDep,
+    reads: ReadsDep,
     status: RunStatus | None = None,
     workflow: Annotated[str | None, Query(max_length=200, pattern=NO_NUL)] = None,
     cursor: Annotated[
@@ -125,7 +125,7 @@ def list_runs(
     until: Annotated[Timestamp | None, Query()] = None,
 ) -> dict[str, Any]:
     """Runs, newest first, a page at a time (keyset: pass next_cursor as cursor)."""
-    runs = client.list(status, limit, workflow=workflow, after=cursor, since=since, until=until)
+    runs = reads.list(status, limit, workflow=workflow, after=cursor, since=since, until=until)
     return {
         "runs": [r.to_json() for r in runs],
         "next_cursor": runs[-1].run_id if len(runs) == limit else None,
@@ -133,43 +133,40 @@ def list_runs(
 
 
 @router.get("/counts")
-def counts(client: ClientDep) -> dict[str, int]:
+def counts(reads: ReadsDep) -> dict[str, int]:
     """How many runs are in each status."""
-    return cast("dict[str, int]", client.counts())  # a RunStatus is a str
+    return cast("dict[str, int]", reads.counts())  # a RunStatus is a str
 
 
 @router.get("/runs/{run_id}", responses=errors(404))
-def get_run(run_id: str, client: ClientDep) -> dict[str, Any]:
+def get_run(run_id: str, reads: ReadsDep) -> dict[str, Any]:
     """One run: status, cursor, input, state (its result once done), error, cost."""
-    return run_json(client, run_id)
+    run = reads.get(run_id)
+    if run is None:
+        raise UnknownRun(f"no run {run_id!r}")
+    return run.to_json()
 
 
 @router.get("/runs/{run_id}/children", responses=errors(404))
-def children(run_id: str, client: ClientDep) -> dict[str, Any]:
+def children(run_id: str, reads: ReadsDep) -> dict[str, Any]:
     """The run's child runs (StepResult.spawn), each spawn's in the order its step
     listed them: status, state (the result once done), error."""
-    found = client.children(run_id)
-    if not found and client.get(run_id) is None:
-        raise UnknownRun(f"no run {run_id!r}")
+    found = reads.of_run(run_id, lambda c: c.children(run_id))
     return {"run_id": run_id, "children": [r.to_json() for r in found]}
 
 
 @router.get("/runs/{run_id}/steps", responses=errors(404))
-def steps(run_id: str, client: ClientDep) -> dict[str, Any]:
+def steps(run_id: str, reads: ReadsDep) -> dict[str, Any]:
     """The run's step timeline, oldest first: one row per step attempt that ended."""
-    history = client.history(run_id)
-    if not history and client.get(run_id) is None:
-        raise UnknownRun(f"no run {run_id!r}")
+    history = reads.of_run(run_id, lambda c: c.history(run_id))
     return {"run_id": run_id, "steps": [step_json(s) for s in history]}
 
 
 @router.get("/runs/{run_id}/calls", responses=errors(404))
-def calls(run_id: str, client: ClientDep) -> dict[str, Any]:
+def calls(run_id: str, reads: ReadsDep) -> dict[str, Any]:
     """The run's journaled calls, oldest first: each model request and tool call a
     step made (a pydantic-ai agent's too), with its result or error and its cost."""
-    found = client.calls(run_id)
-    if not found and client.get(run_id) is None:
-        raise UnknownRun(f"no run {run_id!r}")
+    found = reads.of_run(run_id, lambda c: c.calls(run_id))
     return {"run_id": run_id, "calls": [c.to_json() for c in found]}
 
 
@@ -222,11 +219,9 @@ def rewind(run_id: str, body: Rewind, client: ClientDep) -> dict[str, Any]:
 
 
 @router.get("/runs/{run_id}/forks", responses=errors(404))
-def forks(run_id: str, client: ClientDep) -> dict[str, Any]:
+def forks(run_id: str, reads: ReadsDep) -> dict[str, Any]:
     """The runs forked from this one, oldest first."""
-    found = client.forks(run_id)
-    if not found and client.get(run_id) is None:
-        raise UnknownRun(f"no run {run_id!r}")
+    found = reads.of_run(run_id, lambda c: c.forks(run_id))
     return {"run_id": run_id, "forks": [r.to_json() for r in found]}
 
 
