@@ -19,7 +19,7 @@ from cairn.core.events import RESERVED, Event
 from cairn.web.auth import READ_TOKEN
 from cairn.web.deps import ClientDep, HubDep, SettingsDep
 from cairn.web.errors import errors
-from cairn.web.models import EVENT_ID_SCHEMA, SSE_EVENT
+from cairn.web.models import EVENT_ID_SCHEMA
 
 router = APIRouter(tags=["runs"])
 
@@ -60,7 +60,9 @@ class _Runs:
         200: {
             "description": "The run's events, as Server-Sent Events: each event's data "
             "is one JSON event (id, kind, data, cursor, visit, attempt, seq, ts, durable).",
-            "content": {"text/event-stream": {"schema": SSE_EVENT}},
+            "content": {
+                "text/event-stream": {"schema": {"$ref": "#/components/schemas/ServerSentEvent"}}
+            },
         },
         **errors(403, 404, why={403: "A read token (?token=) that is not this run's (forbidden)."}),
     },

@@ -7,10 +7,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Header, Path
 
 from cairn.core.inputs import RUN_ID_MAX, check_run_id
+from cairn.web.answers import Signalled
 from cairn.web.deps import ClientDep
 from cairn.web.errors import errors
 from cairn.web.models import EVENT_NAME_PATTERN, RUN_ID_SCHEMA, NewSignal
-from cairn.web.routers.runs import run_json
+from cairn.web.routers.runs import ANSWER, run_json
 
 router = APIRouter(tags=["runs"])
 
@@ -18,6 +19,8 @@ router = APIRouter(tags=["runs"])
 @router.post(
     "/runs/{run_id}/signals/{event}",
     status_code=202,
+    response_model=Signalled,
+    **ANSWER,
     responses=errors(
         404,
         422,
