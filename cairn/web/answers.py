@@ -158,6 +158,18 @@ class Schedules(Answer):
     schedules: list[Schedule]
 
 
+class EventsToken(Answer):
+    """A token that reads one run's events and nothing else, for a browser's EventSource
+    (which sends no Authorization header)."""
+
+    run_id: str
+    token: str = Field(description='Pass as ?token= ("": the server runs without a token).')
+    url: str = Field(
+        description="The events' path with the token, for new EventSource(url).",
+        examples=["/runs/order-77/events?token=5f0c..."],
+    )
+
+
 # -- run events (GET /runs/{run_id}/events), for the document ------------------------------
 
 
