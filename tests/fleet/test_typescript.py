@@ -82,6 +82,7 @@ def test_the_generated_client_compiles_strict_and_drives_a_live_fleet(
     assert seen["state"]["payment"] == {"amount_cents": 4200}
     assert seen["cancelled"] == "cancelled"
     assert seen["missing"] == "404 unknown_run"
+    assert seen["events_url"].startswith("/runs/order-ts-1/events?token=")
     with Client(settings=settings) as client:
         history = client.history("order-ts-1")
         assert seen["steps"] == [[s.cursor, s.outcome] for s in history]

@@ -28,6 +28,9 @@ for (const step of steps) {
   console.error(`#${step.seq} ${step.cursor}: ${step.outcome} in ${step.seconds.toFixed(3)} s`);
 }
 
+// For the user's browser: the run's events, readable with this token only (no API token).
+const live = await cairn.eventsToken(run.run_id);
+
 const other = await cairn.enqueue("invoice", input, { idempotencyKey: `${orderId}-cancelled` });
 const cancelled = await cairn.cancel(other.run_id, "customer closed the account");
 
@@ -52,5 +55,6 @@ console.log(
     calls: calls.map((c) => c.name),
     cancelled: (await cairn.wait(cancelled.run_id)).status,
     missing,
+    events_url: live.url,
   }),
 );
