@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
@@ -21,6 +22,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from cairn.store import Leases
 from cairn.testing import fleet
+from cairn.web import answers
 from tests.helpers.browser import ARTIFACTS, chromium
 from tests.helpers.runs import Server, holder_pid, wait_for
 from tests.helpers.services import ROOT
@@ -203,8 +205,25 @@ def test_the_eventsource_example_shows_the_cut_attempt_and_the_resumed_answer(
         assert int(last["attempt"]) > int(cut["attempt"])
         assert _text(browser, "#status") == "done"
         assert not browser.find_elements(By.CSS_SELECTOR, "#attempts b")  # text, not markup
+        # What the page read, as the document types it: every event an Event, each of
+        # cairn's kinds' data its model (cairn.web.answers), the kill's kinds among them
+        # (and chat's own "answered").
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            answer = http.get(given["url"] + "&after=0")
+            assert answer.status_code == 200, answer.text
+            told = answer.text
     finally:
         again.kill()
+    models = {m.__name__.removesuffix("Data").lower(): m for m in answers.EVENT_DATA}
+    kinds = set()
+    for line in told.splitlines():
+        if line.startswith("data: "):
+            event = answers.Event.model_validate_json(line[6:])
+            key = event.kind.replace("_", "")
+            if key in models:
+                models[key].model_validate(event.data)
+            kinds.add(event.kind)
+    assert {"token", "attempt_abandoned", "resumed", "message", "run_ended"} <= kinds, kinds
 
 
 # -- plain SSE ----------------------------------------------------------------------------

@@ -85,3 +85,15 @@ def test_every_answer_is_a_named_typed_schema() -> None:
                 assert not any(_open(k) for k in kinds), f"{name}.{field}: an open object"
     for kind in ("Run", "Step", "Call", "Event", "Schedule", "RunEndedData", "TokenData"):
         assert kind in models
+
+
+def test_the_event_kinds_of_the_document_are_cairns_own() -> None:
+    """EventKind is core.events.RESERVED, and each kind with data has its model."""
+    from typing import get_args
+
+    from cairn.core.events import RESERVED
+    from cairn.web import answers
+
+    assert set(get_args(answers.EventKind)) == RESERVED
+    named = {m.__name__.removesuffix("Data").lower() for m in answers.EVENT_DATA}
+    assert {k.replace("_", "") for k in RESERVED} - named == {"stepstarted"}
