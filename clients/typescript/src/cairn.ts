@@ -101,19 +101,22 @@ export class Cairn {
 
   /** The run's step attempts that ended, oldest first. */
   async history(runId: string): Promise<Step[]> {
-    const page = await this.#call<Schemas["Steps"]>("GET", `/runs/${encodeURIComponent(runId)}/steps`);
+    const path = `/runs/${encodeURIComponent(runId)}/steps`;
+    const page = await this.#call<Schemas["Steps"]>("GET", path);
     return page.steps;
   }
 
   /** The run's journaled calls (model requests, ctx.call), oldest first. */
   async calls(runId: string): Promise<Call[]> {
-    const page = await this.#call<Schemas["Calls"]>("GET", `/runs/${encodeURIComponent(runId)}/calls`);
+    const path = `/runs/${encodeURIComponent(runId)}/calls`;
+    const page = await this.#call<Schemas["Calls"]>("GET", path);
     return page.calls;
   }
 
   /** Send the run a signal; the same signalId twice is one signal (stored: false). */
   signal(runId: string, event: string, payload?: unknown, signalId?: string): Promise<Signalled> {
-    const body: Schemas["NewSignal"] = { payload, ...(signalId === undefined ? {} : { signal_id: signalId }) };
+    const body: Schemas["NewSignal"] =
+      signalId === undefined ? { payload } : { payload, signal_id: signalId };
     const path = `/runs/${encodeURIComponent(runId)}/signals/${encodeURIComponent(event)}`;
     return this.#call<Signalled>("POST", path, body);
   }

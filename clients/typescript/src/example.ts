@@ -10,7 +10,10 @@
  */
 import { Cairn, CairnError, type Run } from "./cairn.js";
 
-const cairn = new Cairn(process.env.CAIRN_URL ?? "http://127.0.0.1:8000", process.env.CAIRN_API_TOKEN ?? "");
+const cairn = new Cairn(
+  process.env.CAIRN_URL ?? "http://127.0.0.1:8000",
+  process.env.CAIRN_API_TOKEN ?? "",
+);
 const orderId = process.argv[2] ?? `order-${Date.now()}`;
 const input = { customer: "acme", email: "ap@acme.test", await_payment: true };
 
