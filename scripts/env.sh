@@ -138,9 +138,25 @@ cairn_setup() {
     bash "$ROOT/scripts/services.sh" up
 }
 
+# The TypeScript client's compiler and generator (tests/fleet/test_typescript.py), as its
+# lock pins them, where node and npm are installed (the test skips, saying so, where not);
+# again when the lock changed.
+_cairn_npm_ci() {
+    local dir="$ROOT/clients/typescript"
+    command -v npm >/dev/null 2>&1 && command -v node >/dev/null 2>&1 || return 0
+    [ "$dir/node_modules/.package-lock.json" -nt "$dir/package-lock.json" ] && return 0
+    cairn_say "installing the TypeScript client's tools (npm ci, log: .cairn/logs/npm.log)"
+    if ! (cd "$dir" && npm ci --no-audit --no-fund) >"$STATE/logs/npm.log" 2>&1; then
+        # Only tests/fleet/test_typescript.py needs it: that test fails, saying so, not all.
+        cairn_say "npm ci in clients/typescript failed; last lines of .cairn/logs/npm.log:"
+        tail -n 20 "$STATE/logs/npm.log" >&2
+    fi
+}
+
 # What only the tests need: a headless browser for the web pages (Debian's chromium and
 # chromedriver), curl for the README's API session, and PgBouncer for the crash tests.
 cairn_setup_test_tools() {
+    _cairn_npm_ci
     local want=()
     command -v chromium >/dev/null 2>&1 || want+=(chromium)
     command -v chromedriver >/dev/null 2>&1 || want+=(chromium-driver)

@@ -28,8 +28,10 @@ EVENT_ID_SCHEMA: dict[str, Any] = {
 }
 # A signal's event: what check_event refuses (NUL, cairn's own names), as a pattern.
 EVENT_NAME_PATTERN = r"^(?!cairn\.)[^\x00]+$"
-# One Server-Sent Event of GET /runs/{run_id}/events (OpenAPI 3.1: `schema` is one event).
+# One Server-Sent Event of GET /runs/{run_id}/events (OpenAPI 3.1: `schema` is one event),
+# named ServerSentEvent in the document (cairn.web.openapi).
 SSE_EVENT: dict[str, Any] = {
+    "title": "ServerSentEvent",
     "type": "object",
     "required": ["data"],
     "properties": {
@@ -41,6 +43,7 @@ SSE_EVENT: dict[str, Any] = {
         "data": {
             "type": "string",
             "contentMediaType": "application/json",
+            "contentSchema": {"$ref": "#/components/schemas/Event"},
             "description": "The event as JSON: id, kind, data, cursor, visit, attempt, seq, "
             "ts, durable.",
         },
@@ -204,12 +207,6 @@ class NewSteer(BaseModel):
         description="JSON: a string, or an object such as a chat message.",
         examples=["Also check the invoice date."],
     )
-
-
-class Steered(BaseModel):
-    """A steer message stored: its number in the run (1, 2, ...), delivered in that order."""
-
-    n: int = Field(ge=1)
 
 
 class NewSchedule(BaseModel):

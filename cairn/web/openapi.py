@@ -11,14 +11,19 @@ cairn.web.models and cairn.web.errors.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, get_args
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
 
 from cairn.core.errors import InvalidInput
 from cairn.steps import registry
+from cairn.web.answers import EVENT_DATA, Event, EventKind
 from cairn.web.errors import HEADERS, WHY, ErrorBody
+from cairn.web.models import SSE_EVENT
+
+REF = "#/components/schemas/{model}"
 
 
 def example_workflow() -> str:
@@ -58,6 +63,7 @@ def request_examples(workflow: str) -> dict[tuple[str, str], dict[str, Any]]:
             "payload": {"approved": True},
             "signal_id": "approval-1",
         },
+        ("post", "/runs/{run_id}/steer"): {"message": "Also check the invoice date."},
     }
 
 
@@ -97,9 +103,24 @@ def complete(
     handler answers)."""
     components = schema.setdefault("components", {})
     models = components.setdefault("schemas", {})
-    body = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
-    models.update(body.pop("$defs", {}))
-    models["ErrorBody"] = body
+
+    def named(model: type[BaseModel]) -> None:
+        body = model.model_json_schema(ref_template=REF, mode="serialization")
+        models.update(body.pop("$defs", {}))
+        models[model.__name__] = body
+
+    named(ErrorBody)
+    # The events' shapes, which no route's model names (the stream passes them on as it
+    # holds them): for a client to parse an SSE event's data with.
+    named(Event)
+    for kind in EVENT_DATA:
+        named(kind)
+    models["EventKind"] = {
+        "type": "string",
+        "enum": list(get_args(EventKind)),
+        "description": "cairn's own event kinds; a step's ctx.emit names others.",
+    }
+    models["ServerSentEvent"] = SSE_EVENT
     error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
 
     def add(responses: dict[str, Any], code: int, *, replace: bool = False) -> None:

@@ -60,6 +60,10 @@ def test_the_api_does_what_its_openapi_document_says(
     # of a live run are a stream that never ends (a read timeout). Its broker is this
     # test's Redis database: what it enqueues, no one runs.
     server = serve(CAIRN_WORKFLOWS="")
+    # One worker: two threads of the coverage phase ast.parse at once (hypothesis naming
+    # a filter), which CPython 3.11 can fail with "AST constructor recursion depth
+    # mismatch", a schemathesis runtime error that fails the run (typed answers made it
+    # happen every run; ~20 s more).
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG)
     cmd = [
@@ -68,7 +72,7 @@ def test_the_api_does_what_its_openapi_document_says(
         "--checks", "all", "--phases", "examples,coverage,fuzzing,stateful",
         "--max-examples", str(MAX_EXAMPLES), "--seed", "30", "--generation-database", "none",
         "--header", f"Authorization: Bearer {server.token}",
-        "--request-timeout", "10", "--workers", "2", "--output-truncate", "false",
+        "--request-timeout", "10", "--workers", "1", "--output-truncate", "false",
     ]  # fmt: skip
     out = subprocess.run(
         cmd, check=False, capture_output=True, text=True, timeout=600, cwd=tmp_path
@@ -83,6 +87,7 @@ TAKEN = {
     ("post", "/schedules"): 201,
     ("post", "/runs/replay"): 202,
     ("post", "/runs/{run_id}/signals/{event}"): 202,
+    ("post", "/runs/{run_id}/steer"): 409,  # a body it takes, for a run that has ended
     ("post", "/runs/{run_id}/resolve"): 202,
     ("post", "/runs/{run_id}/fork"): 202,
     ("post", "/runs/{run_id}/rewind"): 202,

@@ -12,7 +12,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
@@ -20,8 +22,10 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from cairn.store import Leases
 from cairn.testing import fleet
+from cairn.web import answers
 from tests.helpers.browser import ARTIFACTS, chromium
 from tests.helpers.runs import Server, holder_pid, wait_for
+from tests.helpers.services import ROOT
 
 # 40 words, one token each from the model stand-in, TOKEN_MS apart: about 4 s of answer,
 # long enough to watch it grow and to kill its worker halfway. One is markup, to be shown
@@ -134,6 +138,92 @@ def test_the_run_page_streams_the_answer_and_marks_the_killed_attempt_cut(
     assert browser.execute_script(
         "return document.documentElement.scrollWidth <= document.documentElement.clientWidth;"
     )
+
+
+# -- the EventSource example page (issue 45) -----------------------------------------------
+
+
+def _live_blocks(chrome: webdriver.Chrome) -> list[dict[str, str]]:
+    return chrome.execute_script(
+        """return [...document.querySelectorAll('#attempts .attempt')].map((b) => ({
+             cursor: b.dataset.cursor, attempt: b.dataset.attempt, state: b.dataset.state,
+             text: b.querySelector('pre.text').textContent}));"""
+    )
+
+
+def test_the_eventsource_example_shows_the_cut_attempt_and_the_resumed_answer(
+    browser: webdriver.Chrome,
+    serve: Callable[..., Server],
+    start_worker: Callable[..., fleet.Proc],
+    start_beat: Callable[[], fleet.Proc],
+    leases: Leases,
+    worker_env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    """/static/live.html, the docs' example, with the read token the API hands out and
+    nothing else: the answer grows token by token; its worker is SIGKILLed and the server
+    too, mid-answer; the browser's own EventSource reconnects to the server started again
+    on its port, and the page shows the cut attempt and the next one's whole answer, once."""
+    server = serve()
+    with server.http() as api:
+        run_id = api.post("/runs", json=_chat(REPLY, 100)).json()["run_id"]
+        given = api.post(f"/runs/{run_id}/events/token").json()
+        assert api.post("/runs/nope/events/token").json()["error"]["type"] == "unknown_run"
+    assert given["url"] == f"/runs/{run_id}/events?token={given['token']}"
+    # The docs' excerpt is the page's own code.
+    page = (ROOT / "cairn" / "web" / "static" / "live.html").read_text()
+    guide = (ROOT / "docs" / "guides" / "live-output.md").read_text()
+    excerpt = guide.split("```javascript\n", 1)[1].split("```", 1)[0]
+    assert all(line.strip() in page for line in excerpt.splitlines())
+
+    browser.get(f"{server.url}/static/live.html?events={quote(given['url'], safe='')}")
+    _until(browser, lambda: _text(browser, "#state") == "live", "the EventSource open")
+    start_worker(concurrency=1)
+    start_beat()
+    _until(browser, lambda: len((_live_blocks(browser) or [{"text": ""}])[0]["text"]) > 40,
+           "the first tokens")  # fmt: skip
+    first = _live_blocks(browser)[0]["text"]
+    assert REPLY.startswith(first) and len(first) < len(REPLY), first
+
+    # Mid-answer: the worker and the server go, a new server comes on the same port.
+    pid = wait_for(lambda: holder_pid(leases, run_id), 10, "a lease holder")
+    os.kill(pid, signal.SIGKILL)
+    server.proc.kill()
+    _until(browser, lambda: _text(browser, "#state") == "reconnecting", "the drop seen", 20)
+    port = int(server.url.rsplit(":", 1)[1])
+    env = {**worker_env, "CAIRN_API_TOKEN": server.token or ""}
+    again = fleet.start_server(env, tmp_path / "serve-again.log", port)
+    try:
+        start_worker(concurrency=1)
+        _until(browser, lambda: _text(browser, "#state") == "ended", "run_ended on the page", 90)
+        browser.save_screenshot(str(ARTIFACTS / "live-example-done.png"))
+        blocks = [b for b in _live_blocks(browser) if b["cursor"] == "answer"]
+        cut, last = blocks[0], blocks[-1]
+        assert cut["state"] == "cut" and "worker lost" in _text(browser, ".attempt.cut .why")
+        assert len(first) <= len(cut["text"]) < len(REPLY) and REPLY.startswith(cut["text"])
+        assert last["state"] == "saved" and last["text"] == REPLY  # whole, nothing twice
+        assert int(last["attempt"]) > int(cut["attempt"])
+        assert _text(browser, "#status") == "done"
+        assert not browser.find_elements(By.CSS_SELECTOR, "#attempts b")  # text, not markup
+        # What the page read, as the document types it: every event an Event, each of
+        # cairn's kinds' data its model (cairn.web.answers), the kill's kinds among them
+        # (and chat's own "answered").
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            answer = http.get(given["url"] + "&after=0")
+            assert answer.status_code == 200, answer.text
+            told = answer.text
+    finally:
+        again.kill()
+    models = {m.__name__.removesuffix("Data").lower(): m for m in answers.EVENT_DATA}
+    kinds = set()
+    for line in told.splitlines():
+        if line.startswith("data: "):
+            event = answers.Event.model_validate_json(line[6:])
+            key = event.kind.replace("_", "")
+            if key in models:
+                models[key].model_validate(event.data)
+            kinds.add(event.kind)
+    assert {"token", "attempt_abandoned", "resumed", "message", "run_ended"} <= kinds, kinds
 
 
 # -- plain SSE ----------------------------------------------------------------------------

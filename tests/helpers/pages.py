@@ -1,5 +1,5 @@
-"""The README and the documentation pages as the tests read them: each page's ```python and
-```bash blocks in order, with the reason a block is not run when an HTML comment right
+"""The README and the documentation pages as the tests read them: each page's ```python,
+```bash and ```typescript blocks in order (the TypeScript one: tests/fleet/test_typescript.py), with the reason a block is not run when an HTML comment right
 above it gives one (`<!-- not run by the tests: why -->`)."""
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from tests.helpers.services import ROOT
 BIN = Path(sys.executable).parent
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
 BLOCK = re.compile(
-    r"(?:<!-- not run by the tests: ([^>]*)-->\n)?```(python|bash)\n(.*?)```", re.DOTALL
+    r"(?:<!-- not run by the tests: ([^>]*)-->\n)?```(python|bash|typescript)\n(.*?)```", re.DOTALL
 )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Block:
     page: str  # relative to the repo: README.md, docs/guides/enqueue.md
-    lang: str  # python or bash
+    lang: str  # python, bash or typescript
     index: int  # its place among the page's blocks of that language
     code: str
     skip: str | None  # why the tests do not run it, as the page says
@@ -45,7 +45,7 @@ def text(page: str) -> str:
 
 def blocks(page: str) -> list[Block]:
     found: list[Block] = []
-    counts = {"python": 0, "bash": 0}
+    counts = {"python": 0, "bash": 0, "typescript": 0}
     for m in BLOCK.finditer(text(page)):
         skip, lang, code = m.groups()
         found.append(Block(page=page, lang=lang, index=counts[lang], code=code, skip=skip))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,3 +46,54 @@ def test_the_document_is_the_one_pinned(
             f"/openapi.json is not tests/helpers/openapi.json; if the change is meant, pin it: "
             f"cp {tmp_path / 'openapi.json'} {PINNED}\n" + "".join(diff)[:20000]
         )
+
+
+def _open(schema: dict[str, Any]) -> bool:
+    """An object that says nothing of its fields: no properties, and any others allowed."""
+    if schema.get("type") != "object" or schema.get("properties"):
+        return False
+    return schema.get("additionalProperties", True) in (True, {})
+
+
+def test_every_answer_is_a_named_typed_schema() -> None:
+    """A generated client knows each answer's fields (issue 45): every 2xx JSON body of
+    the pinned document is a $ref to a named schema that is no open object, and so is
+    each of its properties' objects but the user's own data (input, state, a result)."""
+    document = json.loads(PINNED.read_text())
+    models = document["components"]["schemas"]
+    user_data = {"input", "state", "result", "data", "payload", "input_patch"}
+    bodies = 0
+    for path, operations in document["paths"].items():
+        for method, op in operations.items():
+            for code, response in op["responses"].items():
+                if not code.startswith("2"):
+                    continue
+                for media, content in response.get("content", {}).items():
+                    where = f"{method.upper()} {path} {code} {media}"
+                    if not media.endswith("json") and media != "text/event-stream":
+                        continue
+                    ref = content.get("schema", {}).get("$ref", "")
+                    assert ref.startswith("#/components/schemas/"), f"{where}: not named"
+                    schema = models[ref.rsplit("/", 1)[1]]
+                    assert not _open(schema), f"{where}: an open object"
+                    bodies += 1
+    assert bodies >= 18
+    for name, schema in models.items():
+        for field, prop in schema.get("properties", {}).items():
+            kinds = prop.get("anyOf", [prop])
+            if field not in user_data:
+                assert not any(_open(k) for k in kinds), f"{name}.{field}: an open object"
+    for kind in ("Run", "Step", "Call", "Event", "Schedule", "RunEndedData", "TokenData"):
+        assert kind in models
+
+
+def test_the_event_kinds_of_the_document_are_cairns_own() -> None:
+    """EventKind is core.events.RESERVED, and each kind with data has its model."""
+    from typing import get_args
+
+    from cairn.core.events import RESERVED
+    from cairn.web import answers
+
+    assert set(get_args(answers.EventKind)) == RESERVED
+    named = {m.__name__.removesuffix("Data").lower() for m in answers.EVENT_DATA}
+    assert {k.replace("_", "") for k in RESERVED} - named == {"stepstarted"}

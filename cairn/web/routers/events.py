@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Header, Query, Response, Security
 from fastapi.responses import StreamingResponse
@@ -14,12 +15,13 @@ from fastapi.sse import format_sse_event
 
 from cairn.client.client import Client
 from cairn.client.events import EVENT_ID, afollow_batches
-from cairn.core.errors import InvalidInput
+from cairn.core.errors import InvalidInput, UnknownRun
 from cairn.core.events import RESERVED, Event
+from cairn.web.answers import EventsToken
 from cairn.web.auth import READ_TOKEN
 from cairn.web.deps import ClientDep, HubDep, SettingsDep
 from cairn.web.errors import errors
-from cairn.web.models import EVENT_ID_SCHEMA, SSE_EVENT
+from cairn.web.models import EVENT_ID_SCHEMA
 
 router = APIRouter(tags=["runs"])
 
@@ -60,7 +62,9 @@ class _Runs:
         200: {
             "description": "The run's events, as Server-Sent Events: each event's data "
             "is one JSON event (id, kind, data, cursor, visit, attempt, seq, ts, durable).",
-            "content": {"text/event-stream": {"schema": SSE_EVENT}},
+            "content": {
+                "text/event-stream": {"schema": {"$ref": "#/components/schemas/ServerSentEvent"}}
+            },
         },
         **errors(403, 404, why={403: "A read token (?token=) that is not this run's (forbidden)."}),
     },
@@ -119,3 +123,15 @@ async def events(
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
+
+
+@router.post("/runs/{run_id}/events/token", response_model=EventsToken, responses=errors(404))
+def events_token(run_id: str, client: ClientDep, settings: SettingsDep) -> dict[str, Any]:
+    """A token that reads this run's events and nothing else (Client.events_token), and
+    the URL to open with it: what a web app's back end hands its page, whose EventSource
+    cannot send the API token (and must never see it)."""
+    if client.get(run_id) is None:
+        raise UnknownRun(f"no run {run_id!r}")
+    token = client.events_token(run_id) if settings.api_token else ""
+    path = f"/runs/{quote(run_id, safe='')}/events"
+    return {"run_id": run_id, "token": token, "url": f"{path}?token={token}" if token else path}

@@ -23,7 +23,8 @@ NO_STORE = frozenset({"/metrics"})
 def healthz(client: ClientDep) -> JSONResponse:
     """200 when Postgres and the broker answer, else 503 naming what does not."""
     problems = client.problems()
-    return JSONResponse({"ok": not problems, "problems": problems}, 503 if problems else 200)
+    answer = Health(ok=not problems, problems=problems)
+    return JSONResponse(answer.model_dump(), 503 if problems else 200)
 
 
 @router.get("/metrics", response_class=PlainTextResponse)

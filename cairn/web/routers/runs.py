@@ -18,6 +18,7 @@ from cairn.core.inputs import check_run_id
 from cairn.core.records import StepRecord
 from cairn.core.status import RunStatus
 from cairn.steps import registry
+from cairn.web.answers import Calls, Children, Counts, Forks, Replayed, Run, RunPage, Steps
 from cairn.web.deps import ClientDep, ReadsDep
 from cairn.web.errors import errors
 from cairn.web.models import (
@@ -33,6 +34,9 @@ from cairn.web.models import (
 )
 
 router = APIRouter(tags=["runs"])
+# Each answer is validated as its model (cairn.web.answers); exclude_unset: a field the
+# record leaves out (a run's wakes_at when it has none) stays out, as to_json() gives it.
+ANSWER: dict[str, Any] = {"response_model_exclude_unset": True}
 WHY_SEQ = (
     "The request breaks a rule of this document (invalid_request), or the run saved no "
     "step at that seq: pick one from GET /runs/{run_id}/steps (invalid_input)."
@@ -64,6 +68,8 @@ def step_json(step: StepRecord) -> dict[str, Any]:
 @router.post(
     "/runs",
     status_code=202,
+    response_model=Run,
+    **ANSWER,
     responses=errors(
         409,
         422,
@@ -111,7 +117,7 @@ def start_run(
     return run_json(client, run_id)
 
 
-@router.get("/runs")
+@router.get("/runs", response_model=RunPage, **ANSWER)
 def list_runs(
     reads: ReadsDep,
     status: RunStatus | None = None,
@@ -132,13 +138,13 @@ def list_runs(
     }
 
 
-@router.get("/counts")
+@router.get("/counts", response_model=Counts)
 def counts(reads: ReadsDep) -> dict[str, int]:
     """How many runs are in each status."""
     return cast("dict[str, int]", reads.counts())  # a RunStatus is a str
 
 
-@router.get("/runs/{run_id}", responses=errors(404))
+@router.get("/runs/{run_id}", response_model=Run, responses=errors(404), **ANSWER)
 def get_run(run_id: str, reads: ReadsDep) -> dict[str, Any]:
     """One run: status, cursor, input, state (its result once done), error, cost."""
     run = reads.get(run_id)
@@ -147,7 +153,7 @@ def get_run(run_id: str, reads: ReadsDep) -> dict[str, Any]:
     return run.to_json()
 
 
-@router.get("/runs/{run_id}/children", responses=errors(404))
+@router.get("/runs/{run_id}/children", response_model=Children, responses=errors(404), **ANSWER)
 def children(run_id: str, reads: ReadsDep) -> dict[str, Any]:
     """The run's child runs (StepResult.spawn), each spawn's in the order its step
     listed them: status, state (the result once done), error."""
@@ -155,14 +161,14 @@ def children(run_id: str, reads: ReadsDep) -> dict[str, Any]:
     return {"run_id": run_id, "children": [r.to_json() for r in found]}
 
 
-@router.get("/runs/{run_id}/steps", responses=errors(404))
+@router.get("/runs/{run_id}/steps", response_model=Steps, responses=errors(404), **ANSWER)
 def steps(run_id: str, reads: ReadsDep) -> dict[str, Any]:
     """The run's step timeline, oldest first: one row per step attempt that ended."""
     history = reads.of_run(run_id, lambda c: c.history(run_id))
     return {"run_id": run_id, "steps": [step_json(s) for s in history]}
 
 
-@router.get("/runs/{run_id}/calls", responses=errors(404))
+@router.get("/runs/{run_id}/calls", response_model=Calls, responses=errors(404), **ANSWER)
 def calls(run_id: str, reads: ReadsDep) -> dict[str, Any]:
     """The run's journaled calls, oldest first: each model request and tool call a
     step made (a pydantic-ai agent's too), with its result or error and its cost."""
@@ -170,7 +176,9 @@ def calls(run_id: str, reads: ReadsDep) -> dict[str, Any]:
     return {"run_id": run_id, "calls": [c.to_json() for c in found]}
 
 
-@router.post("/runs/{run_id}/cancel", status_code=202, responses=errors(404))
+@router.post(
+    "/runs/{run_id}/cancel", status_code=202, response_model=Run, responses=errors(404), **ANSWER
+)
 def cancel(
     run_id: str, client: ClientDep, body: Annotated[Cancel | None, Body()] = None
 ) -> dict[str, Any]:
@@ -181,6 +189,8 @@ def cancel(
 @router.post(
     "/runs/{run_id}/fork",
     status_code=202,
+    response_model=Run,
+    **ANSWER,
     responses=errors(
         404,
         409,
@@ -205,6 +215,8 @@ def fork(run_id: str, body: Fork, request: Request, client: ClientDep) -> dict[s
 @router.post(
     "/runs/{run_id}/rewind",
     status_code=202,
+    response_model=Run,
+    **ANSWER,
     responses=errors(
         404,
         409,
@@ -218,7 +230,7 @@ def rewind(run_id: str, body: Rewind, client: ClientDep) -> dict[str, Any]:
     return client.rewind(run_id, to_seq=body.to_seq).to_json()
 
 
-@router.get("/runs/{run_id}/forks", responses=errors(404))
+@router.get("/runs/{run_id}/forks", response_model=Forks, responses=errors(404), **ANSWER)
 def forks(run_id: str, reads: ReadsDep) -> dict[str, Any]:
     """The runs forked from this one, oldest first."""
     found = reads.of_run(run_id, lambda c: c.forks(run_id))
@@ -228,6 +240,8 @@ def forks(run_id: str, reads: ReadsDep) -> dict[str, Any]:
 @router.post(
     "/runs/replay",
     status_code=202,
+    response_model=Replayed,
+    **ANSWER,
     responses=errors(
         422, why={422: "The request breaks a rule of this document (invalid_request)."}
     ),
@@ -247,7 +261,9 @@ def replay(body: Replay, client: ClientDep) -> dict[str, Any]:
     }
 
 
-@router.post("/runs/{run_id}/resolve", status_code=202, responses=errors(404))
+@router.post(
+    "/runs/{run_id}/resolve", status_code=202, response_model=Run, responses=errors(404), **ANSWER
+)
 def resolve(run_id: str, body: Resolve, client: ClientDep) -> dict[str, Any]:
     """Settle a run stopped as unknown: whether its at-most-once effect happened. The
     run goes on at its cursor."""

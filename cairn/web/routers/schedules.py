@@ -7,9 +7,9 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Response
-from fastapi.responses import JSONResponse
 
 from cairn.steps import registry
+from cairn.web.answers import Schedule, Schedules
 from cairn.web.deps import ClientDep
 from cairn.web.errors import error, errors
 from cairn.web.models import NewSchedule
@@ -19,19 +19,19 @@ router = APIRouter(tags=["schedules"])
 UNKNOWN = {404: "No such schedule (unknown_schedule)."}
 
 
-def _answer(call: Callable[[], Any], status: int = 200) -> Any:
-    """call()'s schedule as JSON; a missing or conflicting schedule as the API's error
-    shape (404, 409)."""
+def _answer(call: Callable[[], Any]) -> Any:
+    """call()'s schedule as JSON (the route's Schedule checks it); a missing or
+    conflicting schedule as the API's error shape (404, 409)."""
     try:
         found = call()
     except UnknownSchedule as exc:
         return error(404, "unknown_schedule", str(exc))
     except ScheduleConflict as exc:
         return error(409, "schedule_conflict", str(exc))
-    return JSONResponse(found.to_json(), status_code=status)
+    return found.to_json()
 
 
-@router.get("/schedules")
+@router.get("/schedules", response_model=Schedules)
 def list_schedules(client: ClientDep) -> dict[str, Any]:
     """Every schedule, by name: its timing, catch-up policy, next tick and last one fired."""
     return {"schedules": [s.to_json() for s in client.schedules()]}
@@ -40,6 +40,7 @@ def list_schedules(client: ClientDep) -> dict[str, Any]:
 @router.post(
     "/schedules",
     status_code=201,
+    response_model=Schedule,
     responses=errors(
         409,
         422,
@@ -65,18 +66,19 @@ def add_schedule(new: Annotated[NewSchedule, Body()], client: ClientDep) -> Any:
             every=new.every,
             catch_up=new.catch_up,
             replace=new.replace,
-        ),
-        201,
+        )
     )
 
 
-@router.post("/schedules/{name}/pause", responses=errors(404, why=UNKNOWN))
+@router.post("/schedules/{name}/pause", response_model=Schedule, responses=errors(404, why=UNKNOWN))
 def pause_schedule(name: str, client: ClientDep) -> Any:
     """Stop firing it until resumed."""
     return _answer(lambda: client.pause_schedule(name))
 
 
-@router.post("/schedules/{name}/resume", responses=errors(404, why=UNKNOWN))
+@router.post(
+    "/schedules/{name}/resume", response_model=Schedule, responses=errors(404, why=UNKNOWN)
+)
 def resume_schedule(name: str, client: ClientDep) -> Any:
     """Fire it again from its next tick after now (ticks while paused are not fired)."""
     return _answer(lambda: client.resume_schedule(name))

@@ -8,10 +8,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Header, Path
 
 from cairn.core.inputs import RUN_ID_MAX, check_run_id
+from cairn.web.answers import Signalled, Steered
 from cairn.web.deps import ClientDep
 from cairn.web.errors import errors
-from cairn.web.models import EVENT_NAME_PATTERN, RUN_ID_SCHEMA, NewSignal, NewSteer, Steered
-from cairn.web.routers.runs import run_json
+from cairn.web.models import EVENT_NAME_PATTERN, RUN_ID_SCHEMA, NewSignal, NewSteer
+from cairn.web.routers.runs import ANSWER, run_json
 
 router = APIRouter(tags=["runs"])
 
@@ -19,6 +20,8 @@ router = APIRouter(tags=["runs"])
 @router.post(
     "/runs/{run_id}/signals/{event}",
     status_code=202,
+    response_model=Signalled,
+    **ANSWER,
     responses=errors(
         404,
         422,
