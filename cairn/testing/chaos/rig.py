@@ -146,12 +146,20 @@ class Crew:
             fleet.start_beat(self._env, state / "beat.log", state / "beat-schedule", wait=90)
         )
 
-    def replace(self) -> None:
-        """Start one more worker (for one killed whole); a failure becomes a warning."""
+    def replace(self) -> str | None:
+        """Start one more worker (for one killed whole); a failure becomes a warning. The
+        new worker's name (None: it did not start)."""
         try:
-            self.procs.append(self._start(f"chaos{next(self._numbers)}"))
+            proc = self._start(f"chaos{next(self._numbers)}")
         except Exception as exc:  # noqa: BLE001 (reported, and the run goes on)
             self.warnings.append(f"a replacement worker did not start: {exc}")
+            return None
+        self.procs.append(proc)
+        return proc.name
+
+    def switch(self, env: dict[str, str]) -> None:
+        """Start every worker from now on with env (a deploy's new code)."""
+        self._env = env
 
     def revive(self) -> None:
         """Start a worker for each one dead (a threads worker dies whole at each kill),
