@@ -226,7 +226,9 @@ def choose(ctx: Context) -> StepResult:
     return StepResult(cursor="done")
 
 
-def test_a_replay_that_calls_in_another_order_stops_incompatible_naming_both(deps: loop.Deps) -> None:
+def test_a_replay_that_calls_in_another_order_stops_incompatible_naming_both(
+    deps: loop.Deps,
+) -> None:
     run_id = _start(deps, "journal-diverge")
     dies[run_id] = 1
     with pytest.raises(ProcessDied):

@@ -169,15 +169,15 @@ def verdict(
     incompatible = [r for r in final if r["status"] == RunStatus.INCOMPATIBLE]
     silent = [r["run_id"] for r in incompatible if not (r.get("error") or "").strip()]
     if silent:
-        problems.append(f"{len(silent)} run(s) stopped incompatible with no reason (e.g. {silent[0]})")
+        problems.append(
+            f"{len(silent)} run(s) stopped incompatible with no reason (e.g. {silent[0]})"
+        )
     if not any(s["how"] != "gone" for s in swaps):
         problems.append("the deploy swapped no worker")
     status = {r["run_id"]: r["status"] for r in final}
     started = Counter(v["started_version"] or "none" for v in versions)
     ended = Counter(
-        v["ended_version"] or "none"
-        for v in versions
-        if status.get(v["run_id"]) == RunStatus.DONE
+        v["ended_version"] or "none" for v in versions if status.get(v["run_id"]) == RunStatus.DONE
     )
     crossed = sum(
         1
@@ -209,5 +209,7 @@ def verdict(
 def reason_of(error: str) -> str:
     """An incompatible stop's reason with its run's particulars left out, to count alike
     stops together: "call 0 is 'stamp' ... recorded 'model'", "no step 'x'", ..."""
-    text = error.split(": ", 1)[1] if error.startswith(("step ", "run ")) and ": " in error else error
+    text = (
+        error.split(": ", 1)[1] if error.startswith(("step ", "run ")) and ": " in error else error
+    )
     return re.split(r"; a step must|\. Declare", text)[0].strip()[:160] or "(no reason)"

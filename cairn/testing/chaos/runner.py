@@ -415,7 +415,8 @@ class _Experiment:
         flush_warning = f"the Redis database {c.redis_url} was flushed by another process"
         report = build_report(
             c,
-            flow_steps=list(flow.steps),
+            # A deploy's new code may have steps the old one lacks (a renamed one).
+            flow_steps=[*flow.steps, *(s for s in attempts if c.deploy and s not in flow.steps)],
             elapsed=elapsed,
             final=final,
             history=history,
