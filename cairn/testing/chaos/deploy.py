@@ -4,7 +4,9 @@ a time for workers that import NEW_MODULE alone (version NEW_VERSION), while the
 on; then which versions started and finished the runs, and what the deploy stopped.
 
 Each swap stops an old worker with SIGTERM (it hands its runs back at the next step
-boundary) or SIGKILL (seeded, one in two), then starts a new one. The last swap is
+boundary) or SIGKILL (seeded, one in two), then starts a new one, until no old worker is
+alive or starting (chaos's replacement for one it killed whole, begun before the deploy,
+is old code too). The last swap is
 always a SIGKILL of an old worker caught holding a run mid-step with a call journaled
 (or, after BUSY_WAIT, whatever it holds): that run can only go on on the new code, which
 replays the old code's journal. A run the new code cannot
@@ -79,10 +81,9 @@ class Deployer:
         if self._thread is not None:
             return
         self.began_at = time.time()
-        old = [p for p in self._crew.procs if p.name.startswith("chaos") and p.alive()]
         self._crew.switch(self._new_env)
-        self._say(f"[bold]deploy[/]: swapping {len(old)} workers to {NEW_VERSION}")
-        self._thread = threading.Thread(target=self._roll, args=(old,), daemon=True)
+        self._say(f"[bold]deploy[/]: swapping the workers to {NEW_VERSION}")
+        self._thread = threading.Thread(target=self._roll, daemon=True)
         self._thread.start()
 
     def started(self) -> bool:
@@ -95,30 +96,48 @@ class Deployer:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def _roll(self, old: list[Any]) -> None:
-        for i, proc in enumerate(old):
-            last = i == len(old) - 1
-            how = "SIGKILL" if last or self._rng.random() < 0.5 else "SIGTERM"
-            swap: dict[str, Any] = {"worker": proc.name, "how": how, "ts": time.time()}
-            if not proc.alive():
-                swap["how"] = "gone"  # killed whole by chaos: its replacement is new code
-            elif how == "SIGTERM":
-                swap["held"] = len(self._held_by(proc))
-                swap["seconds_to_exit"] = self._terminate(proc)
-            else:
-                if last:  # caught mid-step, so the new code must replay the old one's calls
-                    end = time.monotonic() + BUSY_WAIT
-                    while time.monotonic() < end and proc.alive() and not self._mid_step(proc):
-                        time.sleep(0.1)
-                swap["held"] = len(self._held_by(proc))
-                swap["mid_step"] = len(self._mid_step(proc))
-                swap["ts"] = time.time()
-                proc.kill()
-            self._say(f"[bold]deploy[/]: {swap['how']} {proc.name} ({swap.get('held', 0)} runs)")
-            if swap["how"] != "gone":
-                swap["new_worker"] = self._crew.replace()
-            self.first_up.set()
-            self.swaps.append(swap)
+    def _roll(self) -> None:
+        try:
+            self._swap_each()
+        except Exception as exc:  # noqa: BLE001 (the verdict says so; the runs go on)
+            self._crew.warnings.append(f"the deploy stopped part way: {exc}")
+        finally:
+            self.first_up.set()  # the held runs go out whatever happened
+
+    def _swap_each(self) -> None:
+        """Until no old worker is alive or starting (a replacement for one chaos killed
+        whole, begun before the switch, is old code too): swap the first one."""
+        while True:
+            old, starting = self._crew.others(NEW_VERSION)
+            if not old:
+                if not starting:
+                    return
+                time.sleep(0.1)
+                continue
+            self._swap(old[0], last=len(old) == 1 and not starting)
+
+    def _swap(self, proc: Any, *, last: bool) -> None:
+        """Stop one old worker, start a new one in its place."""
+        how = "SIGKILL" if last or self._rng.random() < 0.5 else "SIGTERM"
+        if how == "SIGKILL" and last:  # caught mid-step: the new code must replay its calls
+            end = time.monotonic() + BUSY_WAIT
+            while time.monotonic() < end and proc.alive() and not self._mid_step(proc):
+                time.sleep(0.1)
+        swap: dict[str, Any] = {"worker": proc.name, "how": how, "ts": time.time()}
+        if not proc.alive():  # chaos killed it whole meanwhile: its replacement is new code
+            swap["how"] = "gone"
+        elif how == "SIGTERM":
+            swap["held"] = len(self._held_by(proc))
+            swap["seconds_to_exit"] = self._terminate(proc)
+        else:
+            swap["held"] = len(self._held_by(proc))
+            swap["mid_step"] = len(self._mid_step(proc))
+            proc.kill()
+        self._say(f"[bold]deploy[/]: {swap['how']} {proc.name} ({swap.get('held', 0)} runs)")
+        if swap["how"] != "gone":
+            swap["new_worker"] = self._crew.replace()
+        self.first_up.set()
+        self.swaps.append(swap)
 
     def _held_by(self, proc: Any) -> list[str]:
         """The runs whose lease the worker (its parent or a pool child) holds."""
