@@ -214,6 +214,7 @@ class _Experiment:
         self._deployer: chaos_deploy.Deployer | None = None
         self._new_env: dict[str, str] = {}  # the deploy's workers' environment
         self._unsent: list[tuple[int, str, dict[str, Any]]] = []  # runs held for the deploy
+        self._life: Lifecycle | None = None
 
     def start(self) -> None:
         """A flushed Redis database, the chaos database, the stand-ins, the workers."""
@@ -287,7 +288,8 @@ class _Experiment:
                 self._say,
             )
         self._enqueue(runs)
-        life.start(self._client)
+        self._life = life
+        life.start(self._client, [run_id for _, run_id, _ in runs])
         # Threads: every kill takes a whole worker, and _watch keeps the crew's number up.
         replace = crew.replace if c.pool == "prefork" else lambda: None
         killer = OutsideKiller(c.seed, c.random_kills, replace, self._say)
@@ -328,6 +330,8 @@ class _Experiment:
             deployer.begin()
         if self._unsent and deployer.first_up.is_set():
             self._enqueue(self._unsent)
+            assert self._client is not None and self._life is not None
+            self._life.start(self._client, [run_id for _, run_id, _ in self._unsent])
             self._unsent = []
         return deployer.done() and not self._unsent
 
