@@ -20,6 +20,7 @@ from cairn.core.errors import (
     HandOff,
     IncompatibleCheckpoint,
     Interrupted,
+    JournalDiverged,
     OutcomeUnknown,
     RetryLater,
     StaleWrite,
@@ -449,6 +450,10 @@ def _call(
         raise Stop(RunStatus.BUDGET_EXCEEDED, str(exc), _with_key(attempt, ctx)) from exc
     except OutcomeUnknown as exc:
         raise Stop(RunStatus.UNKNOWN, str(exc), _with_key(attempt, ctx)) from exc
+    except JournalDiverged as exc:
+        # The journal is one this code cannot replay (a deploy reordered or renamed a
+        # call): as a step it lacks, not a step's failure, and never retried.
+        raise Stop(RunStatus.INCOMPATIBLE, str(exc), _with_key(attempt, ctx)) from exc
     except Interrupted as exc:
         if not isinstance(exc, Transient):
             raise  # any delivery outcome but "not now": the task's

@@ -139,6 +139,18 @@ ReplayFailed = Annotated[
         "twice, or an email sent twice fails the verdict.",
     ),
 ]
+Deploy = Annotated[
+    str | None,
+    typer.Option(
+        "--deploy",
+        metavar="NEW_MODULE",
+        help="A rolling deploy mid-run: the workers start as CAIRN_CODE_VERSION v1, "
+        "then are swapped one at a time (SIGTERM or SIGKILL) for v2 workers that import "
+        "NEW_MODULE alone, under the usual kills; half the runs are enqueued once v2 is "
+        "up. A run must end done, or incompatible with its reason.",
+        show_default=False,
+    ),
+]
 Keep = Annotated[bool, typer.Option("--keep", help="Keep the chaos_* database for inspection.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the report as JSON.")]
 DatabaseUrl = Annotated[
@@ -196,6 +208,7 @@ def chaos(
     keys: Keys = 0,
     key_limit: KeyLimit = 1,
     replay_failed: ReplayFailed = False,
+    deploy: Deploy = None,
     keep: Keep = False,
     as_json: AsJson = False,
     database_url: DatabaseUrl = None,
@@ -235,6 +248,7 @@ def chaos(
             keys=keys,
             key_limit=key_limit,
             replay_failed=replay_failed,
+            deploy=deploy,
             database_url=database_url,
             redis_url=redis_url,
             broker_url=broker_url,

@@ -210,12 +210,14 @@ def choose(ctx: Context) -> StepResult:
     return StepResult(cursor="done")
 
 
-def test_a_replay_that_calls_in_another_order_stops_naming_both(deps: loop.Deps) -> None:
+def test_a_replay_that_calls_in_another_order_stops_incompatible_naming_both(
+    deps: loop.Deps,
+) -> None:
     run_id = _start(deps, "journal-diverge")
     dies[run_id] = 1
     with pytest.raises(ProcessDied):
         loop.run(run_id, deps)
-    assert _redeliver(run_id, deps) == RunStatus.FAILED
+    assert _redeliver(run_id, deps) == RunStatus.INCOMPATIBLE  # not retried, re-armable
     error = _load(deps, run_id).error or ""
     assert "call 0 is 'fetch'" in error and "recorded 'search'" in error
 

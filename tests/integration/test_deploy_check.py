@@ -21,6 +21,8 @@ from cairn.store import PgStore
 from cairn.workers import loop
 from tests.helpers.services import ROOT
 
+DEAD = "http://127.0.0.1:9"  # no mail API there: a send fails, Transient
+
 # The code the runs started on: a first step, then one of three journaled calls whose
 # run stops after the second is recorded (a Transient), as a deploy would find it.
 V1 = """
@@ -412,3 +414,43 @@ def test_a_checkpoint_this_code_cannot_read_is_broken_live_and_exported(
         [run] = json.loads(done.stdout)["runs"]
         assert run["run_id"] == live[0] and not run["ok"], run
         assert "payload version 9" in run["problem"], run
+
+
+def test_the_agent_demos_version_2_passes_the_check_and_its_reordered_variant_is_caught(
+    deps: loop.Deps, settings: Any, store: PgStore
+) -> None:
+    """The demo `cairn chaos --deploy` swaps in: version 2 (a renamed step, a call after
+    the recorded ones, a migrated state field) goes on with runs version 1 left inside
+    `work`; its reordered variant (the added call first) breaks each of them."""
+    import dataclasses
+
+    import cairn.testing.demos.agent  # noqa: F401  (version 1, as the runs' workers had)
+
+    # The mail API down: each run stops inside `work` at its first notify, three model
+    # calls recorded (a Transient is not).
+    down = dataclasses.replace(deps, settings=dataclasses.replace(settings, mail_url=DEAD))
+    ids = []
+    for i in range(2):
+        run_id = f"dc-agent-{i}-{time.time_ns()}"
+        store.create_run(run_id, "agent", {"topic": "deploys", "email": f"a{i}@example.com"})
+        with pytest.raises(RetryLater):
+            loop.run(run_id, down)
+        assert [c.name for c in store.journal(run_id, "work", 0)] == ["model"] * 3
+        ids.append(run_id)
+    runs = [a for run_id in ids for a in ("--run", run_id)]
+    env = {**os.environ, "CAIRN_DATABASE_URL": settings.database_url, "COLUMNS": "200"}
+    for module, code in (("agent_v2", 0), ("agent_v2_reordered", 1)):
+        argv = [sys.executable, "-m", "cairn.cli", "deploy", "check", "--json"]
+        argv += ["--workflows", f"cairn.testing.demos.{module}", *runs]
+        done = subprocess.run(
+            argv, capture_output=True, text=True, env=env, timeout=60, check=False
+        )
+        assert done.returncode == code, done.stderr
+        report = json.loads(done.stdout)
+        assert report["broken"] == 2 * code, report
+        if code:
+            assert all("call 0 is 'stamp'" in r["problem"] for r in report["runs"]), report
+            assert all("recorded 'model'" in r["problem"] for r in report["runs"]), report
+        else:
+            assert all(r["replayed"] == 3 for r in report["runs"]), report
+    assert store_status(settings, ids) == {RunStatus.RUNNING}

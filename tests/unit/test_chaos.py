@@ -27,7 +27,9 @@ from cairn.steps.model import ModelClient
 from cairn.store import Leases, PgStore, keys
 from cairn.store.events import RedisEvents
 from cairn.testing import chaos, faults
+from cairn.testing.chaos import deploy as chaos_deploy
 from cairn.testing.chaos import pauses, record
+from cairn.testing.demos import agent_parts
 from cairn.testing.faults import BOUNDARIES
 from cairn.workers import loop
 from cairn.workers.middleware import Chain, Middleware
@@ -353,3 +355,83 @@ def test_the_replay_verdict_names_a_run_replayed_twice_or_never() -> None:
         "a second replay re-armed 1 run(s) again",
         "2 run(s) re-armed from failed other than once (e.g. a: 2)",
     ]
+
+
+def test_the_deploy_verdict_counts_versions_and_names_each_incompatible_stop() -> None:
+    diverged = (
+        "step 'work' of run r3: call 0 is 'stamp' in this attempt but the journal recorded "
+        "'model' there; a step must make its journaled calls in the same order every time"
+    )
+    final = [
+        {"run_id": "r1", "status": "done", "cursor": "done", "error": None},
+        {"run_id": "r2", "status": "done", "cursor": "done", "error": None},
+        {"run_id": "r3", "status": "incompatible", "cursor": "work", "error": diverged},
+        {"run_id": "r4", "status": "incompatible", "cursor": "work", "error": ""},
+    ]
+    versions = [
+        {"run_id": "r1", "started_version": "v1", "ended_version": "v1"},
+        {"run_id": "r2", "started_version": "v1", "ended_version": "v2"},
+        {"run_id": "r3", "started_version": "v1", "ended_version": "v2"},
+        {"run_id": "r4", "started_version": "v2", "ended_version": "v2"},
+    ]
+    swaps = [{"worker": "chaos0", "how": "SIGTERM"}, {"worker": "chaos1", "how": "SIGKILL"}]
+    section, problems = chaos_deploy.verdict(final, versions, swaps)
+    assert section["started"] == {"v1": 3, "v2": 1}
+    assert section["finished"] == {"v1": 1, "v2": 1}  # done runs only
+    assert section["crossed"] == 1
+    assert section["incompatible_reasons"] == {
+        "call 0 is 'stamp' in this attempt but the journal recorded 'model' there": 1,
+        "(no reason)": 1,
+    }
+    assert problems == ["1 run(s) stopped incompatible with no reason (e.g. r4)"]
+    # No worker swapped, no run finished by the new code: the deploy did not happen.
+    _, problems = chaos_deploy.verdict(final[:1], versions[:1], [{"how": "gone"}])
+    assert problems == [
+        "the deploy swapped no worker",
+        "no run was finished by the new code (v2)",
+    ]
+
+
+def test_an_incompatible_stops_reason_leaves_out_the_run_and_the_advice() -> None:
+    assert (
+        chaos_deploy.reason_of(
+            "run r9: state saved by 'agent' version 2; this code is version 1 and has no "
+            "migration for it"
+        )
+        == "state saved by 'agent' version 2; this code is version 1 and has no migration for it"
+    )
+    assert (
+        chaos_deploy.reason_of(
+            "workflow 'agent' has no step 'summarize': it was renamed or removed. Declare "
+            "workflow('agent', renamed={'summarize': 'its new name'}) or deploy code"
+        )
+        == "workflow 'agent' has no step 'summarize': it was renamed or removed"
+    )
+
+
+def test_version_2_of_the_agent_demo_reads_version_1s_state() -> None:
+    state = {"notes": ["a", "b"], "sent": [{"email_id": "m1"}]}
+    assert agent_parts.upgrade_state(state) == {
+        "answers": ["a", "b"],
+        "sent": [{"email_id": "m1"}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--deploy", "cairn.testing.demos.nosuch"], "--deploy: no module"),
+        (["--deploy", "cairn.testing.demos.agent_v2", "--pool", "threads"], "leave --pool out"),
+    ],
+)
+def test_a_deploy_chaos_cannot_run_is_a_one_line_error(args: list[str], error: str) -> None:
+    app = typer.Typer()
+    chaos_cli.register(app)
+
+    @app.callback()
+    def _root() -> None:
+        pass
+
+    result = CliRunner().invoke(app, ["chaos", "agent", "--runs", "1", *args])
+    assert result.exit_code == 2, result.output
+    assert error in result.output and "Traceback" not in result.output

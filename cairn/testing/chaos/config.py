@@ -84,6 +84,7 @@ class ChaosConfig:
     key_limit: int = 1  # each key's runs at a time
     replay_failed: bool = False  # every run fails first (sends refused), then is replayed
     pauses: int = 0  # SIGSTOPs past the lease TTL (a pool child, or a whole worker)
+    deploy: str | None = None  # the module a rolling deploy swaps the workers to
 
     def template(self) -> dict[str, Any]:
         """Each run's input before "{i}" is filled in."""
@@ -122,6 +123,8 @@ class ChaosConfig:
             args += ["--replay-failed"]
         if self.pauses:
             args += ["--pauses", str(self.pauses)]
+        if self.deploy:
+            args += ["--deploy", self.deploy]
         for run_id, seq, boundary in self.kills or []:
             args += ["--kill", f"{run_id}:{seq}:{boundary}"]
         return "".join(" " + shlex.quote(a) for a in args)

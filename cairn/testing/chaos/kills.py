@@ -99,7 +99,7 @@ class OutsideKiller:
         self,
         seed: int,
         planned: int,
-        replace: Callable[[], None],
+        replace: Callable[[], object],
         say: Callable[[str], None],
     ) -> None:
         # The draws from rng keep their order (sample, then a uniform per gap and a choice

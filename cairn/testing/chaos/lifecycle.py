@@ -29,9 +29,11 @@ class Lifecycle:
         self.sent = 0
         self.cancelled_at: dict[str, float] = {}
 
-    def start(self, client: Client) -> None:
-        """Signals sent before their run has even started: they must not be lost."""
-        for run_id in sorted(self._early - self._to_cancel):
+    def start(self, client: Client, run_ids: list[str] | None = None) -> None:
+        """Signals sent before their run has even started: they must not be lost. Only
+        to run_ids when given (the runs enqueued so far)."""
+        early = self._early if run_ids is None else self._early & set(run_ids)
+        for run_id in sorted(early - self._to_cancel):
             self._signal(client, run_id)
 
     def tick(self, client: Client, store: CheckpointStore) -> None:

@@ -159,7 +159,7 @@ def build_report(
     """The report of one chaos run from what it recorded; report["ok"] is the verdict:
     every run finished, no effect delivered twice, no checkpoint went backwards."""
     pauses = pauses or []
-    done, failed, cancelled, lost = _ended(final)
+    done, failed, cancelled, incompatible, lost = _ended(final)
     rec = recoveries([k for k in kills if k.get("run_id") or k.get("runs")], history)
     backwards = check_history(history)
     steps = step_report(events, attempts, flow_steps)
@@ -167,6 +167,11 @@ def build_report(
     model = _model_check(model_requests, journaled or {}, kills + pauses)
     life: dict[str, Any] = {}
     problems = _problems(config, lost, failed, steps, model)
+    if incompatible and not config.deploy:  # a deploy's are judged by chaos.deploy
+        problems.append(
+            f"{len(incompatible)} run(s) stopped incompatible (e.g. "
+            f"{incompatible[0]['run_id']}: {(incompatible[0]['error'] or '')[:200]})"
+        )
     if lifecycle is not None:
         life, life_problems = lifecycle.verdict(final, events)
         problems.extend(life_problems)
@@ -183,6 +188,7 @@ def build_report(
         "runs_failed": len(failed),
         "runs_lost": len(lost),
         "runs_cancelled": len(cancelled),
+        "runs_incompatible": len(incompatible),
         "lifecycle": life,
         "runs_resumed": sum(1 for r in final if r["resumes"] > 0),
         "resumes": sum(r["resumes"] for r in final),
@@ -211,8 +217,9 @@ def build_report(
 
 
 def _ended(final: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], ...]:
-    """The runs by how they ended: done, failed, cancelled, and lost (not ended at all)."""
-    ended = (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED)
+    """The runs by how they ended: done, failed, cancelled, incompatible, and lost (not
+    ended at all, or stopped otherwise)."""
+    ended = (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.INCOMPATIBLE)
     by = [[r for r in final if r["status"] == status] for status in ended]
     return (*by, [r for r in final if r["status"] not in ended])
 
@@ -309,7 +316,13 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
     out.print(_summary_table(report))
     for w in report.get("warnings", []):
         out.print(f"[yellow]warning[/]: {w}")
-    if report["ok"]:
+    if report["ok"] and report.get("deploy"):
+        out.print(
+            "[bold green]OK[/]: every run done or stopped incompatible with its reason, no "
+            "effect delivered twice, no slot leaked, no checkpoint went backwards, no graph "
+            "forked, every stream told its steps"
+        )
+    elif report["ok"]:
         out.print(
             "[bold green]OK[/]: every run finished, no effect delivered twice, "
             "no checkpoint went backwards, no graph forked, every stream told its steps"
@@ -384,6 +397,7 @@ def _summary_table(report: dict[str, Any]) -> Any:
         *_record_rows(report),
         *_lifecycle_rows(report.get("lifecycle") or {}),
         *_replay_rows(report.get("replay_failed") or {}),
+        *_deploy_rows(report),
         (
             "checkpoint history rows / violations",
             f"{report['history_rows']} / {report['history_violations']}",
@@ -493,4 +507,37 @@ def _replay_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
             "failed first / replayed / replayed again / re-armed once",
             f"{r['failed_first']} / {r['replayed']} / {r['replayed_again']} / {r['rearmed_once']}",
         )
+    ]
+
+
+def _deploy_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+    d = report.get("deploy")
+    if not d:
+        return []
+    old, new = d["old_version"], d["new_version"]
+    swaps = "; ".join(
+        f"{w['worker']} {w['how']}"
+        + (f" holding {w['held']}" if w.get("held") is not None else "")
+        + (f" (gone in {w['seconds_to_exit']}s)" if w.get("seconds_to_exit") is not None else "")
+        + (f" -> {w['new_worker']}" if w.get("new_worker") else "")
+        for w in d["swaps"]
+    )
+    reasons = "; ".join(f"{n}x {why}" for why, n in d["incompatible_reasons"].items())
+    left = (report.get("keys") or {}).get("left") or {}
+    return [
+        ("deploy", f"{d['module']}: {old} -> {new}"),
+        ("swaps", swaps or "none"),
+        (
+            f"runs started on {old} / {new}",
+            f"{d['started'].get(old, 0)} / {d['started'].get(new, 0)}",
+        ),
+        (
+            f"runs done by {old} / {new} (started on {old})",
+            f"{d['finished'].get(old, 0)} / {d['finished'].get(new, 0)} ({d['crossed']})",
+        ),
+        ("runs stopped incompatible", f"{d['incompatible']}" + (f": {reasons}" if reasons else "")),
+        (
+            "stranded runs / leaked slots / duplicate effects",
+            f"{report['runs_lost']} / {left.get('slots', 'n/a')} / {report['duplicates']}",
+        ),
     ]

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -121,6 +122,9 @@ class Crew:
         self._env, self._state = env, state
         self._workers, self._concurrency, self._pool = workers, concurrency, pool
         self._numbers = itertools.count(workers)
+        self.versions: dict[str, str | None] = {}  # worker name -> its CAIRN_CODE_VERSION
+        self._starting: Counter[str | None] = Counter()  # workers starting, per version
+        self._lock = threading.Lock()
 
     def start(self) -> None:
         """Start the K workers in parallel (each waits until ready), then the beat."""
@@ -146,12 +150,28 @@ class Crew:
             fleet.start_beat(self._env, state / "beat.log", state / "beat-schedule", wait=90)
         )
 
-    def replace(self) -> None:
-        """Start one more worker (for one killed whole); a failure becomes a warning."""
+    def replace(self) -> str | None:
+        """Start one more worker (for one killed whole); a failure becomes a warning. The
+        new worker's name (None: it did not start)."""
         try:
-            self.procs.append(self._start(f"chaos{next(self._numbers)}"))
+            proc = self._start(f"chaos{next(self._numbers)}")
         except Exception as exc:  # noqa: BLE001 (reported, and the run goes on)
             self.warnings.append(f"a replacement worker did not start: {exc}")
+            return None
+        self.procs.append(proc)
+        return proc.name
+
+    def switch(self, env: dict[str, str]) -> None:
+        """Start every worker from now on with env (a deploy's new code)."""
+        self._env = env
+
+    def others(self, version: str) -> tuple[list[fleet.Proc], int]:
+        """The workers alive that are not of version, and how many such are starting (a
+        replacement begun before a deploy's switch)."""
+        alive = [p for p in self.procs if p.name.startswith("chaos") and p.alive()]
+        with self._lock:
+            starting = sum(n for v, n in self._starting.items() if v != version)
+        return [p for p in alive if self.versions.get(p.name) != version], starting
 
     def revive(self) -> None:
         """Start a worker for each one dead (a threads worker dies whole at each kill),
@@ -167,12 +187,22 @@ class Crew:
 
     def _start(self, name: str) -> fleet.Proc:
         log = self._state / f"{name}.log"
-        return fleet.start_worker(
-            self._env,
-            log,
-            name,
-            self._concurrency,
-            wait=90,
-            app="cairn.testing.faulted",
-            pool=self._pool,
-        )
+        env = self._env
+        version = env.get("CAIRN_CODE_VERSION")
+        with self._lock:
+            self._starting[version] += 1
+        try:
+            proc = fleet.start_worker(
+                env,
+                log,
+                name,
+                self._concurrency,
+                wait=90,
+                app="cairn.testing.faulted",
+                pool=self._pool,
+            )
+        finally:
+            with self._lock:
+                self._starting[version] -= 1
+        self.versions[name] = version
+        return proc

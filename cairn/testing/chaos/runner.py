@@ -12,8 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cairn.core.status import ACTIVE, RunStatus
+from cairn.core.status import ACTIVE, STOPPED, RunStatus
 from cairn.testing import fleet
+from cairn.testing.chaos import deploy as chaos_deploy
 from cairn.testing.chaos import keys as chaos_keys
 from cairn.testing.chaos import record as chaos_record
 from cairn.testing.chaos import replay as chaos_replay
@@ -73,6 +74,7 @@ def run_chaos(
     keys: int = 0,
     key_limit: int = 1,
     replay_failed: bool = False,
+    deploy: str | None = None,
     state_dir: Path | None = None,
     quiet: bool = False,
     log: Callable[[str], None] | None = None,
@@ -80,9 +82,13 @@ def run_chaos(
     """Run the chaos experiment and return its report (report["ok"] is the verdict).
 
     pauses: that many times, SIGSTOP a process holding a run's lease (a pool child, or
-    now and then a whole worker) for longer than lease_ttl, then SIGCONT it."""
+    now and then a whole worker) for longer than lease_ttl, then SIGCONT it.
+    deploy: a module of the workflow's new code; the workers are swapped to it one at a
+    time mid-run (cairn.testing.chaos.deploy)."""
     from cairn.core.settings import Settings
 
+    if deploy is not None:
+        _check_deploy(deploy, pool)
     defaults = Settings.from_env()
     db_name = f"chaos_{time.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}"
     config = ChaosConfig(
@@ -115,6 +121,7 @@ def run_chaos(
         key_limit=key_limit,
         replay_failed=replay_failed,
         pauses=pauses,
+        deploy=deploy,
         db_name=db_name,
         state=state_dir or STATE / db_name,
         quiet=quiet,
@@ -136,6 +143,23 @@ def _run(config: ChaosConfig, log: Callable[[str], None] | None) -> dict[str, An
         return experiment.run(flow, inputs)
     finally:
         experiment.close()
+
+
+def _check_deploy(module: str, pool: str) -> None:
+    """A one-line error for a deploy chaos cannot run. The module is found, not imported:
+    it registers the workflow's name, which the old code holds in this process."""
+    import importlib.util
+
+    from cairn.core.errors import CairnError
+
+    if pool != "prefork":
+        raise CairnError("--deploy swaps prefork workers: leave --pool out")
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise CairnError(f"--deploy: no module {module!r} to import (a dotted module path)")
 
 
 def _modules(workflow: str, given: str) -> tuple[str, ...]:
@@ -187,6 +211,10 @@ class _Experiment:
         self._db_url: str | None = None
         self._replayed: tuple[list[str], list[str], list[str]] = ([], [], [])
         self._pauser = Pauser(config.seed, config.pauses, config.lease_ttl, say)
+        self._deployer: chaos_deploy.Deployer | None = None
+        self._new_env: dict[str, str] = {}  # the deploy's workers' environment
+        self._unsent: list[tuple[int, str, dict[str, Any]]] = []  # runs held for the deploy
+        self._life: Lifecycle | None = None
 
     def start(self) -> None:
         """A flushed Redis database, the chaos database, the stand-ins, the workers."""
@@ -207,6 +235,13 @@ class _Experiment:
         self._model = ModelServer(delay_ms=c.model_delay_ms).start()
         urls = (self._mail.url, self._model.url, self._model.openai_url)
         env = faulted_env(c, self._faults_dir, self._db_url, *urls)
+        if c.deploy:
+            env["CAIRN_CODE_VERSION"] = chaos_deploy.OLD_VERSION
+            self._new_env = {
+                **env,
+                "CAIRN_CODE_VERSION": chaos_deploy.NEW_VERSION,
+                "CAIRN_WORKFLOWS": c.deploy,  # the new code alone
+            }
         self._say(
             f"[bold]chaos[/]: {c.runs} {c.workflow} runs, {c.workers} workers x {c.concurrency}, "
             f"seed {c.seed}, rate {c.rate}, lease TTL {c.lease_ttl:g}s, database {c.db_name}"
@@ -239,12 +274,22 @@ class _Experiment:
         since = store.clock()
         if c.replay_failed:
             self._mail.refuse(True)
-        for i, (run_id, data) in enumerate(zip(ids, inputs, strict=True)):
-            self._client.enqueue(
-                c.workflow, data, run_id=run_id, concurrency_key=chaos_keys.key_of(i, c.keys),
-                concurrency_limit=c.key_limit,
-            )  # fmt: skip
-        life.start(self._client)
+        runs = [(i, run_id, data) for i, (run_id, data) in enumerate(zip(ids, inputs, strict=True))]
+        if c.deploy:
+            # The second half comes once new code is up: some runs start on each version.
+            self._unsent = runs[(len(runs) + 1) // 2 :]
+            runs = runs[: (len(runs) + 1) // 2]
+            self._deployer = chaos_deploy.Deployer(
+                c.seed,
+                crew,
+                self._new_env,
+                lambda: chaos_deploy.busy_pids(store, self._leases, crew.procs),
+                self._db_url,
+                self._say,
+            )
+        self._enqueue(runs)
+        self._life = life
+        life.start(self._client, [run_id for _, run_id, _ in runs])
         # Threads: every kill takes a whole worker, and _watch keeps the crew's number up.
         replace = crew.replace if c.pool == "prefork" else lambda: None
         killer = OutsideKiller(c.seed, c.random_kills, replace, self._say)
@@ -260,8 +305,35 @@ class _Experiment:
             self._replayed = (failed, replayed, again)
         elapsed = time.monotonic() - started_at
         killer.join()
+        if self._deployer is not None:
+            self._deployer.join()
         self._pauser.settle()  # one the deadline cut short: its zombie acts before the verdict
         return self._report(flow, killer, elapsed, depths, flushed, life, ids)
+
+    def _enqueue(self, runs: list[tuple[int, str, dict[str, Any]]]) -> None:
+        c = self.config
+        assert self._client is not None
+        for i, run_id, data in runs:
+            self._client.enqueue(
+                c.workflow, data, run_id=run_id, concurrency_key=chaos_keys.key_of(i, c.keys),
+                concurrency_limit=c.key_limit,
+            )  # fmt: skip
+
+    def _deploy_tick(self, finished: int) -> bool:
+        """Begin the deploy once a third of the first half ended, send the second half
+        once a new worker is up. Whether the deploy is over (True without one)."""
+        deployer = self._deployer
+        if deployer is None:
+            return True
+        sent = self.config.runs - len(self._unsent)
+        if not deployer.started() and finished >= max(1, sent // 3):
+            deployer.begin()
+        if self._unsent and deployer.first_up.is_set():
+            self._enqueue(self._unsent)
+            assert self._client is not None and self._life is not None
+            self._life.start(self._client, [run_id for _, run_id, _ in self._unsent])
+            self._unsent = []
+        return deployer.done() and not self._unsent
 
     def _watch(
         self, store: CheckpointStore, killer: OutsideKiller, life: Lifecycle
@@ -279,10 +351,8 @@ class _Experiment:
             while time.monotonic() < end:
                 counts = {s: int(r["n"]) for s, r in store.counts().items()}
                 depths.append(self._depth())
-                finished = sum(
-                    counts.get(s, 0)
-                    for s in (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED)
-                )
+                # Every stop counts (a deploy's incompatible ones too): the report judges them.
+                finished = sum(counts.get(s, 0) for s in STOPPED)
                 progress.update(
                     bar,
                     completed=finished,
@@ -299,7 +369,8 @@ class _Experiment:
                 # Child runs count too: done when no run is left to work on.
                 active = sum(counts.get(s, 0) for s in ACTIVE)
                 # Not while a process is paused: the zombie's late writes are judged too.
-                if finished >= c.runs and not active and self._pauser.idle():
+                deployed = self._deploy_tick(finished)
+                if finished >= c.runs and not active and self._pauser.idle() and deployed:
                     break
                 killer.tick(store, self._leases, self._crew.procs)
                 self._pauser.tick(store, self._leases, self._crew.procs)
@@ -348,7 +419,8 @@ class _Experiment:
         flush_warning = f"the Redis database {c.redis_url} was flushed by another process"
         report = build_report(
             c,
-            flow_steps=list(flow.steps),
+            # A deploy's new code may have steps the old one lacks (a renamed one).
+            flow_steps=[*flow.steps, *(s for s in attempts if c.deploy and s not in flow.steps)],
             elapsed=elapsed,
             final=final,
             history=history,
@@ -371,11 +443,17 @@ class _Experiment:
         report["stream_mismatches"] = report["stream"]["mismatches"]
         report["problems"] += problems
         report["warnings"] += notes
-        if c.keys:
+        if c.keys or c.deploy:  # a deploy's stops must leave no slot behind either
             report["keys"], problems = chaos_keys.verdict(self._db_url, c.key_limit)
             report["problems"] += problems
         if c.replay_failed:
             report["replay_failed"], problems = chaos_replay.verdict(ids, *self._replayed, history)
+            report["problems"] += problems
+        if self._deployer is not None:
+            report["deploy"], problems = chaos_deploy.verdict(
+                final, chaos_deploy.read_versions(self._db_url), self._deployer.swaps
+            )
+            report["deploy"]["module"] = c.deploy
             report["problems"] += problems
         report["ok"] = not report["problems"]
         return report
