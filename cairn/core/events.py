@@ -70,14 +70,10 @@ class Event:
 
     @classmethod
     def parse(cls, entry_id: str, blob: str) -> Event:
-        if sealing.is_sealed(blob):
-            # Its data opened; passed on re-encoded (json()), never as the sealed text.
-            e = sealing.open_text(blob)
-            return cls(
-                entry_id, e["kind"], e.get("data"), e.get("cursor"), e.get("visit"),
-                e.get("attempt"), e.get("seq"), e.get("ts", 0.0),
-            )  # fmt: skip
-        e = json.loads(blob)
+        # A sealed event's data opened (CAIRN_PAYLOAD_KEYS); it is passed on re-encoded
+        # (json()), never as the sealed text.
+        sealed = sealing.is_sealed(blob)
+        e = sealing.open_text(blob) if sealed else json.loads(blob)
         return cls(
             entry_id,
             e["kind"],
@@ -87,7 +83,7 @@ class Event:
             e.get("attempt"),
             e.get("seq"),
             e.get("ts", 0.0),
-            raw=blob,
+            raw=None if sealed else blob,
         )
 
     @classmethod
