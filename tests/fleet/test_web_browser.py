@@ -48,7 +48,16 @@ def _login(chrome: webdriver.Chrome, server: Server) -> None:
     assert "/login" in chrome.current_url
     chrome.find_element(By.ID, "token").send_keys(server.token)
     chrome.find_element(By.CSS_SELECTOR, "form.login button").click()
-    _until(chrome, lambda: chrome.current_url.endswith("/ui/runs"), "the runs page")
+    # Loaded whole, not only its URL committed: a get() issued while the login's redirect
+    # still loads can lose to it (the next page then never opens).
+    _until(
+        chrome,
+        lambda: (
+            chrome.current_url.endswith("/ui/runs")
+            and chrome.execute_script("return document.readyState") == "complete"
+        ),
+        "the runs page",
+    )
 
 
 def test_watch_a_run_move_resume_and_finish_then_cancel_another(
