@@ -619,8 +619,8 @@ MUTANTS = [
         "M60",
         "gathered calls take their journal places in completion order, not at call start",
         "steps/journal.py",
-        "        pos, n, recorded = self._begin(name, max_cost)\n        if recorded is not None:\n            return self._replay(recorded)  # type: ignore[no-any-return]\n        token = self._enter(name, pos, n)\n        try:\n            result = fn(*args, **kwargs)\n            if inspect.isawaitable(result):\n                result = await result\n",
-        "        result = fn(*args, **kwargs)\n        if inspect.isawaitable(result):\n            result = await result\n        pos, n, recorded = self._begin(name, max_cost)\n        if recorded is not None:\n            return self._replay(recorded)  # type: ignore[no-any-return]\n        token = self._enter(name, pos, n)\n        try:\n            pass\n",
+        "        pos, n, recorded = self._begin(name, max_cost)\n        if recorded is not None:\n            return self._replay(recorded)  # type: ignore[no-any-return]\n        token = self._enter(name, pos, n)\n\n        async def made(_: Cut | None = None) -> Any:\n            result = fn(*args, **kwargs)\n            return (await result) if inspect.isawaitable(result) else result\n",
+        "        early = fn(*args, **kwargs)\n        early = (await early) if inspect.isawaitable(early) else early\n        pos, n, recorded = self._begin(name, max_cost)\n        if recorded is not None:\n            return self._replay(recorded)  # type: ignore[no-any-return]\n        token = self._enter(name, pos, n)\n\n        async def made(_: Cut | None = None) -> Any:\n            return early\n",
         (f"{PARALLEL}::test_gathered_calls_take_their_places_in_program_order_and_replay_so",),
     ),
     Mutant(
@@ -775,6 +775,27 @@ MUTANTS = [
         '"data": sealing.seal(data) if data is not None else None,',
         '"data": data,',
         (f"{SEALING}::test_every_payload_is_sealed_in_both_servers_and_opens_for_the_reader",),
+    ),
+    Mutant(
+        "M99",
+        "a call cut by a steer message is not journaled: the replay makes it again",
+        "steps/journal.py",
+        "        if isinstance(exc, CallInterrupted):  # a cut is kept: a replay is cut at its place\n"
+        "            return True",
+        "        if isinstance(exc, CallInterrupted):  # a cut is kept: a replay is cut at its place\n"
+        "            return False",
+        (
+            "tests/contract/test_steering.py::test_a_replay_meets_the_cut_without_calling_again",
+            "tests/fleet/test_steering.py",
+        ),
+    ),
+    Mutant(
+        "M100",
+        "a steer message with interrupt=True stored without its NOTIFY: no call is cut",
+        "store/checkpoints.py",
+        'names = ("steer_lock", "steer_insert") + (("steer_notify",) if interrupt else ())',
+        'names = ("steer_lock", "steer_insert")',
+        ("tests/contract/test_steering.py",),
     ),
 ]
 

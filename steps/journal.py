@@ -4,6 +4,7 @@ instead of calling again; scopes for code a replay may resume part way through."
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import dataclasses
@@ -12,15 +13,23 @@ import inspect
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar, overload
 
-from cairn.core.errors import CairnError, CallFailed, JournalDiverged, StaleWrite
+from cairn.core.errors import (
+    CairnError,
+    CallFailed,
+    CallInterrupted,
+    JournalDiverged,
+    StaleWrite,
+)
 from cairn.core.records import STEERED, Call
 
 if TYPE_CHECKING:
+    from cairn.core.cuts import Cut
     from cairn.core.records import Checkpoint
     from cairn.steps.context import CallHooks, EventSink
     from cairn.steps.model import ModelClient
@@ -30,6 +39,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 PARALLEL_CALLS = 8  # ctx.parallel's threads: calls run at once, the rest wait their turn
+CUT_GRACE = 1.0  # seconds a cut async call has to unwind before its step goes on
 SHOWN_BYTES = 4096  # a call's result goes into its `call` event up to this size
 _SCOPE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")  # it goes into keys, as step names do
 
@@ -156,6 +166,12 @@ class StepParts:
 
         def _delta(self, call: int, text: str) -> None: ...
 
+        def _uncut(self, name: str, pos: int, make: Callable[[Cut | None], T]) -> T: ...
+
+        async def _acut(
+            self, name: str, pos: int, make: Callable[[Cut | None], Awaitable[T]]
+        ) -> T: ...
+
 
 class JournaledCalls(StepParts):
     """The step context's journaled calls (ctx.call, ctx.acall, ctx.scope)."""
@@ -168,6 +184,7 @@ class JournaledCalls(StepParts):
         /,
         *args: Any,
         max_cost: float | None = None,
+        interruptible: bool = False,
         **kwargs: Any,
     ) -> T:
         """fn(*args, **kwargs), made at most once per (run, cursor, visit, name, n-th call
@@ -181,6 +198,10 @@ class JournaledCalls(StepParts):
         ctx.add_cost() counts toward what the call records. max_cost: the most it may
         cost, checked against the run's budget first.
 
+        interruptible: a steer message sent with interrupt=True while fn runs cuts it:
+        fn runs in a thread of its own, its result is discarded when it comes, the journal
+        records the cut and this raises CallInterrupted (so does a replay, uncalled).
+
         A replay must make its calls in the same order: one that asks for another name at
         a recorded position stops the run with JournalDiverged.
         """
@@ -189,7 +210,10 @@ class JournaledCalls(StepParts):
             return self._replay(recorded)  # type: ignore[no-any-return]
         token = self._enter(name, pos, n)
         try:
-            result = fn(*args, **kwargs)
+            if interruptible:
+                result = self._uncut(name, pos, lambda _: fn(*args, **kwargs))
+            else:
+                result = fn(*args, **kwargs)
         except BaseException as exc:  # a stop (lost lease, cancel) too: the frame ends
             self._failed(pos, name, exc, token)
             raise
@@ -229,6 +253,7 @@ class JournaledCalls(StepParts):
         /,
         *args: Any,
         max_cost: float | None = None,
+        interruptible: bool = False,
         **kwargs: Any,
     ) -> T: ...
 
@@ -240,6 +265,7 @@ class JournaledCalls(StepParts):
         /,
         *args: Any,
         max_cost: float | None = None,
+        interruptible: bool = False,
         **kwargs: Any,
     ) -> T: ...
 
@@ -250,19 +276,24 @@ class JournaledCalls(StepParts):
         /,
         *args: Any,
         max_cost: float | None = None,
+        interruptible: bool = False,
         **kwargs: Any,
     ) -> T:
         """ctx.call for async code: awaits fn(*args, **kwargs) if it returns an awaitable.
         Calls awaited side by side (asyncio.gather) take their places in the order they
-        start, so a replay that starts them in the same order finds each one's record."""
+        start, so a replay that starts them in the same order finds each one's record.
+        interruptible: as ctx.call's; the awaitable is cancelled when cut."""
         pos, n, recorded = self._begin(name, max_cost)
         if recorded is not None:
             return self._replay(recorded)  # type: ignore[no-any-return]
         token = self._enter(name, pos, n)
-        try:
+
+        async def made(_: Cut | None = None) -> Any:
             result = fn(*args, **kwargs)
-            if inspect.isawaitable(result):
-                result = await result
+            return (await result) if inspect.isawaitable(result) else result
+
+        try:
+            result = await (self._acut(name, pos, made) if interruptible else made())
         except BaseException as exc:
             self._failed(pos, name, exc, token)
             raise
@@ -350,6 +381,67 @@ class JournaledCalls(StepParts):
             if raised:
                 raise failed[min(raised)]
         return outcomes
+
+    def _uncut(self, name: str, pos: int, make: Callable[[Cut | None], T]) -> T:
+        """make() while a steer message with interrupt=True may cut it: in a thread of its
+        own, this one waiting for either. A cut call's thread runs on to its end, and
+        what it returns is heard by nobody."""
+        with self._store.interrupts(self.run_id) as cut:
+            if cut is None:  # the store cannot hear one now: the call runs uncut
+                return make(None)
+            ended = threading.Event()
+            cut.on_fire(ended.set)
+            outcome: list[tuple[bool, Any]] = []
+
+            def work() -> None:
+                try:
+                    outcome.append((True, make(cut)))
+                except BaseException as exc:  # noqa: BLE001 (raised again in the step's thread)
+                    outcome.append((False, exc))
+                finally:
+                    ended.set()
+
+            runner = contextvars.copy_context().run  # cairn.current(), the call's frame
+            threading.Thread(
+                target=runner, args=(work,), name="cairn-cut-call", daemon=True
+            ).start()
+            ended.wait()
+        if not outcome:  # a call that ended as the cut came keeps its result
+            raise CallInterrupted(self.run_id, name, pos)
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value  # type: ignore[no-any-return]
+
+    async def _acut(self, name: str, pos: int, make: Callable[[Cut | None], Awaitable[T]]) -> T:
+        """_uncut for a step's event loop: the call is a task, cancelled when cut."""
+        with self._store.interrupts(self.run_id) as cut:
+            if cut is None:
+                return await make(None)
+            loop = asyncio.get_running_loop()
+            cutoff: asyncio.Future[None] = loop.create_future()
+
+            def settle() -> None:
+                if not cutoff.done():
+                    cutoff.set_result(None)
+
+            def fired() -> None:
+                loop.call_soon_threadsafe(settle)
+
+            cut.on_fire(fired)
+            task: asyncio.Future[T] = asyncio.ensure_future(make(cut))
+            either: set[asyncio.Future[Any]] = {task, cutoff}
+            try:
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not task.done():
+                    task.cancel()  # cut, or the step itself cancelled: the call goes too
+                    # Its unwinding (finally blocks, the request's connection) before the
+                    # step goes on, for as long as a call that swallows cancels may hold it.
+                    await asyncio.wait({task}, timeout=CUT_GRACE)
+        if task.cancelled() or not task.done():
+            raise CallInterrupted(self.run_id, name, pos)
+        return task.result()
 
     def _enter(self, name: str, pos: int, n: int) -> contextvars.Token[Any]:
         if self._hooks is not None:
@@ -489,7 +581,9 @@ class JournaledCalls(StepParts):
     def _recordable(self, exc: BaseException) -> TypeGuard[Exception]:
         """A permanent error of the call itself: not cairn's own (cancel, budget, lost
         lease, Transient), not one the step's policy retries, not our store going down,
-        not an interrupt of the process."""
+        not an interrupt of the process. A steer message's cut of the call is recorded."""
+        if isinstance(exc, CallInterrupted):  # a cut is kept: a replay is cut at its place
+            return True
         return isinstance(exc, Exception) and not (
             isinstance(exc, (CairnError, *self._retry_on)) or self._store.outage(exc) is not None
         )

@@ -9,10 +9,12 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from cairn.core import tracing
+from cairn.core.errors import CallInterrupted
 from cairn.core.records import Call
 from cairn.steps.journal import StepParts, as_json, error_of
 
 if TYPE_CHECKING:
+    from cairn.core.cuts import Cut
     from cairn.steps.model import ModelClient
 
 
@@ -26,6 +28,7 @@ class ModelCalls(StepParts):
         stream: bool = False,
         provider: str | None = None,
         api: str | None = None,
+        interruptible: bool = False,
         **request: Any,
     ) -> Any:
         """One model call through its provider's SDK, retried, journaled (a replay of the
@@ -39,6 +42,10 @@ class ModelCalls(StepParts):
                 `input=`).
             stream: through the SDK's streaming API, each text delta a `token` event on the
                 run's stream as it arrives (cost from the final usage).
+            interruptible: a steer message sent with interrupt=True (Client.steer) while
+                the call is in flight cuts it: its answer is discarded, its worst case
+                (prompt and max_tokens) counted as its cost, the cut journaled, and this
+                raises CallInterrupted (a replay too, uncalled).
             **request: the SDK call's own arguments (messages=, max_tokens=, tools=...).
 
         Returns:
@@ -60,9 +67,9 @@ class ModelCalls(StepParts):
         if recorded is not None:
             return self._replayed_message(pos, recorded)
         try:
-            message, cost = self._ask(request, pos, stream)
+            message, cost = self._ask(request, pos, stream, interruptible)
         except Exception as exc:
-            self._model_failed(pos, exc)
+            self._model_failed(pos, exc, request)
             raise
         return self._answered(pos, message, cost)
 
@@ -72,6 +79,7 @@ class ModelCalls(StepParts):
         stream: bool = False,
         provider: str | None = None,
         api: str | None = None,
+        interruptible: bool = False,
         **request: Any,
     ) -> Any:
         """ctx.model for async steps: the same journal, checks and events; the SDK call
@@ -86,9 +94,9 @@ class ModelCalls(StepParts):
         if recorded is not None:
             return self._replayed_message(pos, recorded)
         try:
-            message, cost = await self._aask(request, pos, stream)
+            message, cost = await self._aask(request, pos, stream, interruptible)
         except Exception as exc:
-            self._model_failed(pos, exc)
+            self._model_failed(pos, exc, request)
             raise
         return self._answered(pos, message, cost)
 
@@ -107,16 +115,27 @@ class ModelCalls(StepParts):
         return message
 
     def _ask(
-        self, request: dict[str, Any], pos: int | None = None, stream: bool = False
+        self,
+        request: dict[str, Any],
+        pos: int | None = None,
+        stream: bool = False,
+        interruptible: bool = False,
     ) -> tuple[Any, float]:
         """The model call itself (pos: its journal place; None inside a ctx.call)."""
-        assert self._model is not None
+        model = self._model
+        assert model is not None
         self._check_model(request, pos)
-        try:
+
+        def made(cut: Cut | None = None) -> tuple[Any, float]:
             if stream:
-                message, cost = self._stream(request, pos)
+                return self._stream(request, pos, cut)
+            return model.create(**request)
+
+        try:
+            if interruptible and pos is not None:
+                message, cost = self._uncut("model", pos, made)
             else:
-                message, cost = self._model.create(**request)
+                message, cost = made()
         except BaseException as exc:
             self._after_model(pos, exc)
             raise
@@ -127,15 +146,26 @@ class ModelCalls(StepParts):
         return message, cost
 
     async def _aask(
-        self, request: dict[str, Any], pos: int | None = None, stream: bool = False
+        self,
+        request: dict[str, Any],
+        pos: int | None = None,
+        stream: bool = False,
+        interruptible: bool = False,
     ) -> tuple[Any, float]:
-        assert self._model is not None
+        model = self._model
+        assert model is not None
         self._check_model(request, pos)
-        try:
+
+        async def made(cut: Cut | None = None) -> tuple[Any, float]:
             if stream:
-                message, cost = await asyncio.to_thread(self._stream, request, pos)
+                return await asyncio.to_thread(self._stream, request, pos, cut)
+            return await asyncio.to_thread(model.create, **request)
+
+        try:
+            if interruptible and pos is not None:
+                message, cost = await self._acut("model", pos, made)
             else:
-                message, cost = await asyncio.to_thread(self._model.create, **request)
+                message, cost = await made()
         except BaseException as exc:
             self._after_model(pos, exc)
             raise
@@ -145,14 +175,17 @@ class ModelCalls(StepParts):
         self._after_model(pos, None)
         return message, cost
 
-    def _stream(self, request: dict[str, Any], pos: int | None) -> tuple[Any, float]:
+    def _stream(
+        self, request: dict[str, Any], pos: int | None, cut: Cut | None = None
+    ) -> tuple[Any, float]:
         stream = getattr(self._model, "stream", None)
         if stream is None:
             raise RuntimeError(f"{type(self._model).__name__} cannot stream: it has no stream()")
         call = pos if pos is not None else -1  # -1: inside a ctx.call, not journaled apart
 
         def on_text(text: str) -> None:
-            self._delta(call, text)
+            if cut is None or not cut.fired:  # a cut answer's tokens go nowhere
+                self._delta(call, text)
 
         def on_restart() -> None:
             self._lease.ensure()  # a retry is a new request: only while the run is ours
@@ -164,9 +197,17 @@ class ModelCalls(StepParts):
         if pos is not None and self._hooks is not None:
             self._hooks.after_call(self._cp, "model", pos, exc)
 
-    def _model_failed(self, pos: int, exc: Exception) -> None:
-        if self._recordable(exc):  # a request the API refuses: refused again on replay
-            self._record(Call(pos=pos, name="model", error=error_of(exc)))
+    def _model_failed(self, pos: int, exc: Exception, request: dict[str, Any]) -> None:
+        if not self._recordable(exc):
+            return
+        # A request the API refuses is refused again on replay; a cut one is cut again, and
+        # costs its worst case: what the API billed for the answer it began is not known.
+        cost = 0.0
+        worst = getattr(self._model, "worst_cost", None)  # a test's own client may have none
+        if isinstance(exc, CallInterrupted) and worst is not None:
+            cost = worst(**request)
+            self._count(cost)
+        self._record(Call(pos=pos, name="model", error=error_of(exc), cost_usd=cost))
 
     def _check_model(self, request: dict[str, Any], pos: int | None) -> None:
         assert self._model is not None

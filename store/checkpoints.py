@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -45,9 +46,11 @@ from cairn.store.rows import (
 )
 from cairn.store.schedules import ScheduleStore
 from cairn.store.sql import QUERIES
+from cairn.store.steering import STEER_CHANNEL
 from cairn.store.tx import StepTransaction
 
 if TYPE_CHECKING:
+    from cairn.core.cuts import Cut
     from cairn.store.contract import StepTx
 
 
@@ -322,19 +325,28 @@ class PgStore:
         )
         return (RunStatus(row["status"]), row["stored"]) if row else None
 
-    def steer(self, run_id: str, message: Any) -> tuple[RunStatus, int | None] | None:
+    def steer(
+        self, run_id: str, message: Any, interrupt: bool = False
+    ) -> tuple[RunStatus, int | None] | None:
         """Store a steer message as the run's next: (the run's status, the message's number
         in the run, None when the run has ended and nothing was stored), or None: no such
-        run."""
+        run. interrupt: and NOTIFY the run's calls in flight, at the commit."""
         params = {
             "run_id": run_id,
             "message": sealed(message),
             "terminal": sorted(TERMINAL),
+            "channel": STEER_CHANNEL,
         }
-        locked, stored = self.db.each(("steer_lock", "steer_insert"), params)
+        names = ("steer_lock", "steer_insert") + (("steer_notify",) if interrupt else ())
+        locked, stored, *_ = self.db.each(names, params)
         if locked is None:
             return None
         return RunStatus(locked["status"]), stored["n"] if stored else None
+
+    def interrupts(self, run_id: str) -> contextlib.AbstractContextManager[Cut | None]:
+        """The run's Cut while a call that may be interrupted runs, fired by this process's
+        steer listener (store/steering.py)."""
+        return self.db.steers().watch(run_id)
 
     def steers(self, run_id: str, numbers: list[int]) -> list[tuple[int, Any]]:
         """The run's steer messages of these numbers, in order: (n, message) each."""

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from cairn.core.cuts import Cut
     from cairn.core.records import (
         Attempt,
         Call,
@@ -116,6 +118,11 @@ class RunStore(Protocol):
 
     def steers(self, run_id: str, numbers: list[int]) -> list[tuple[int, Any]]:
         """The run's steer messages of these numbers (a replayed read), in order."""
+
+    def interrupts(self, run_id: str) -> AbstractContextManager[Cut | None]:
+        """While a call that may be interrupted runs: its Cut, fired when a steer message
+        with interrupt=True for the run is stored (None: this store cannot hear one now;
+        the call then runs uninterrupted)."""
 
     def steers_pending(self, run_id: str) -> list[tuple[int, Any]]:
         """The run's steer messages that no journal record of it delivered (ctx.messages()
@@ -232,9 +239,13 @@ class AdminStore(Protocol):
     ) -> tuple[RunStatus, bool] | None:
         """Store a signal: (the run's status, whether it was new), or None: no such run."""
 
-    def steer(self, run_id: str, message: Any) -> tuple[RunStatus, int | None] | None:
+    def steer(
+        self, run_id: str, message: Any, interrupt: bool = False
+    ) -> tuple[RunStatus, int | None] | None:
         """Store a steer message as the run's next: (the run's status, its number in the
-        run, None when the run has ended and nothing was stored), or None: no such run."""
+        run, None when the run has ended and nothing was stored), or None: no such run.
+        interrupt: once stored, fire the run's interrupts (the calls in flight watching
+        it, in any process)."""
 
     def fork(
         self,

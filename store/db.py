@@ -30,6 +30,7 @@ from cairn.core.errors import StoreError, StoreUnavailable
 from cairn.store.sql import QUERIES, migrations
 
 if TYPE_CHECKING:
+    from cairn.store.steering import SteerListener
     from cairn.store.waits import Listener
 
 logger = logging.getLogger(__name__)
@@ -132,6 +133,7 @@ class Database:
         # through PgBouncer in transaction mode, which passes no notifications.
         self.listen_url = listen_url
         self._listener: Listener | None = None
+        self._steers: SteerListener | None = None
         self._listener_lock = threading.Lock()
         self.give_up_after = give_up_after
         self.prepare = prepare
@@ -170,8 +172,11 @@ class Database:
     def close(self) -> None:
         with self._listener_lock:
             listener, self._listener = self._listener, None
+            steers, self._steers = self._steers, None
         if listener is not None:
             listener.close()
+        if steers is not None:
+            steers.close()
         self.pool.close()
         self._opened = False
 
@@ -188,6 +193,16 @@ class Database:
                     give_up_after=self.give_up_after,
                 )
             return self._listener
+
+    def steers(self) -> SteerListener:
+        """The one connection this process hears interrupting steer messages on
+        (store/steering.py), opened with the first call that may be interrupted."""
+        from cairn.store.steering import SteerListener
+
+        with self._listener_lock:
+            if self._steers is None:
+                self._steers = SteerListener(self.listen_url or self.url, prepare=self.prepare)
+            return self._steers
 
     def retry(self, fn: Callable[[], T]) -> T:
         # The first try runs bare: building a tenacity Retrying costs ~30 us, a tenth of

@@ -410,12 +410,19 @@ def steer(
     json_message: Annotated[
         bool, typer.Option("--json-message", help="Read MESSAGE as JSON (a chat message object).")
     ] = False,
+    interrupt: Annotated[
+        bool,
+        typer.Option(
+            "--interrupt",
+            help="Also cut the run's interruptible call in flight (its answer dropped).",
+        ),
+    ] = False,
     as_json: AsJson = False,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
 ) -> None:
     """Send a running agent a message: delivered once, in order, at its step's next
-    ctx.messages()."""
+    ctx.messages(); with --interrupt its interruptible call in flight is cut first."""
     data: Any = message
     if json_message:
         try:
@@ -427,7 +434,7 @@ def steer(
     settings = load_settings(database_url=database_url, redis_url=redis_url)
     try:
         with open_client(settings) as client:
-            n = client.steer(run_id, data)
+            n = client.steer(run_id, data, interrupt=interrupt)
     except CairnError as exc:
         fail(exc, 2)
     if as_json:

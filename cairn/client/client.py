@@ -377,13 +377,19 @@ class Client:
             self.send(run_id)  # a waiting run wakes; a busy one finds it at its wait
         return stored
 
-    def steer(self, run_id: str, message: Any) -> int:
+    def steer(self, run_id: str, message: Any, *, interrupt: bool = False) -> int:
         """Send a running agent a message (JSON: a string, or a dict such as {"role":
         "user", "content": ...}): stored durably, and delivered once, in order, to the step
         at its next ctx.messages(). Returns the message's number in the run (1, 2, ...).
-        Raises UnknownRun, or RunEnded when the run has ended (done, failed, cancelled)."""
+        Raises UnknownRun, or RunEnded when the run has ended (done, failed, cancelled).
+
+        interrupt: also cut the run's call in flight, if the step made it with
+        interruptible=True (ctx.model, ctx.call): its answer is discarded, the cut
+        journaled, and the call raises CallInterrupted, for the step to read this message.
+        A call that is not in flight when the message commits is not cut; the message then
+        waits, as any, for the next ctx.messages()."""
         check_input({"message": message}, self.settings.max_input_bytes)
-        found = self.store.steer(run_id, message)
+        found = self.store.steer(run_id, message, interrupt)
         if found is None:
             raise UnknownRun(f"no run {run_id!r}")
         status, n = found

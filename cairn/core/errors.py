@@ -7,7 +7,8 @@ CairnError
 │   ├── RetryLater      a step failed and its Retry policy runs it again after a delay
 │   └── HandOff         give the run back to the queue (worker stopping, signal already in)
 └── the rest            permanent: the run (or the call) fails with the message
-                        (JournalDiverged, CallFailed, MultipleEffects, ...)
+                        (JournalDiverged, CallFailed, MultipleEffects, ...; and
+                        CallInterrupted, which a step catches to read a steer message)
 
 StepStopped (a BaseException, as KeyboardInterrupt is: a step's `except Exception` around
 its calls does not swallow it and go on making effects)
@@ -161,6 +162,23 @@ class MultipleEffects(CairnError):
 
 class JournalDiverged(CairnError):
     """A replayed step made its journaled calls in another order than the journal holds."""
+
+
+class CallInterrupted(CairnError):
+    """A call made with interruptible=True was cut by a steer message sent with
+    interrupt=True (Client.steer): its result is discarded, and the journal records the
+    cut, so a replay raises this again at the same place without calling. Catch it and
+    read the message with ctx.messages()."""
+
+    def __init__(self, run_id: str, name: str, pos: int) -> None:
+        super().__init__(run_id, name, pos)  # its args: what the journal rebuilds it from
+        self.run_id, self.name, self.pos = run_id, name, pos
+
+    def __str__(self) -> str:
+        return (
+            f"run {self.run_id}: call {self.pos} ({self.name!r}) was interrupted by a steer "
+            "message; read it with ctx.messages()"
+        )
 
 
 class CallFailed(CairnError):

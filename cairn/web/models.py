@@ -207,6 +207,11 @@ class NewSteer(BaseModel):
         description="JSON: a string, or an object such as a chat message.",
         examples=["Also check the invoice date."],
     )
+    interrupt: bool = Field(
+        default=False,
+        description="Also cut the run's call in flight, if it was made interruptible: its "
+        "answer is discarded and the step reads the message at once.",
+    )
 
 
 class NewSchedule(BaseModel):

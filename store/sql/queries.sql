@@ -322,6 +322,11 @@ HAVING EXISTS (SELECT 1 FROM checkpoints
                 WHERE run_id = %(run_id)s AND status <> ALL (%(terminal)s))
 RETURNING n;
 
+-- name: steer_notify
+-- A message sent with interrupt=True: its run's calls in flight hear it once it commits
+-- (store/steering.py; the payload is the run, the message stays in its table).
+SELECT pg_notify(%(channel)s, %(run_id)s) AS notified;
+
 -- name: steers
 -- The steer messages of these numbers (a replayed ctx.messages()), in order.
 SELECT n, message FROM steer_messages

@@ -8,6 +8,9 @@ tests/fleet/test_steering.py's.
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -154,3 +157,156 @@ def test_steer_refuses_what_no_step_would_read(deps: loop.Deps) -> None:
     with pytest.raises(errors.InvalidInput):
         client.steer(run_id, float("nan"))
     assert deps.store.steers_pending(run_id) == []
+
+
+# -- interrupt: a steer message that cuts the call in flight ----------------------------
+
+# run id -> how many times its call began; the runs whose call waits to be cut (else
+# it answers at once); a call's "started" flag for the test to steer on
+began: defaultdict[str, int] = defaultdict(int)
+blocking: set[str] = set()
+in_call: dict[str, threading.Event] = {}
+CALL_WAIT = 10.0  # a cut must come long before a blocking call would end
+
+
+def _think(run_id: str) -> str:
+    began[run_id] += 1
+    in_call[run_id].set()
+    if run_id in blocking:
+        time.sleep(CALL_WAIT)
+    return "thought"
+
+
+async def _athink(run_id: str, ended: list[str]) -> str:
+    began[run_id] += 1
+    in_call[run_id].set()
+    try:
+        await asyncio.sleep(CALL_WAIT if run_id in blocking else 0)
+    except asyncio.CancelledError:
+        ended.append("cancelled")  # the cut cancels the awaitable itself
+        raise
+    return "thought"
+
+
+cut = workflow("steer-cut")
+
+
+@cut.step()
+def converse(ctx: Context) -> StepResult:
+    """Turns until a message says stop; each turn's call may be cut by a message."""
+    for turn in range(6):
+        got = ctx.messages()
+        seen[ctx.run_id].append(got)
+        if "stop" in got:
+            break
+        if dies_at.get(ctx.run_id) == turn:
+            del dies_at[ctx.run_id]
+            raise ProcessDied
+        try:
+            ctx.call("think", _think, ctx.run_id, interruptible=True)
+        except errors.CallInterrupted:
+            seen[ctx.run_id].append(["cut"])
+    return StepResult(cursor="done")
+
+
+acut = workflow("steer-cut-async")
+cancelled: defaultdict[str, list[str]] = defaultdict(list)
+
+
+@acut.step()
+async def aconverse(ctx: Context) -> StepResult:
+    for _ in range(6):
+        got = ctx.messages()
+        seen[ctx.run_id].append(got)
+        if "stop" in got:
+            break
+        try:
+            await ctx.acall("think", _athink, ctx.run_id, cancelled[ctx.run_id], interruptible=True)
+        except errors.CallInterrupted:
+            seen[ctx.run_id].append(["cut"])
+    return StepResult(cursor="done")
+
+
+def _steer_in_call(client: Client, run_id: str, message: str) -> None:
+    """Wait for the run's call to begin, then steer with interrupt=True."""
+    assert in_call[run_id].wait(CALL_WAIT), "the call never began"
+    in_call[run_id].clear()
+    client.steer(run_id, message, interrupt=True)
+
+
+def _cut_run(deps: loop.Deps, flow: str, *messages: str) -> tuple[str, float]:
+    """Run flow in a thread, cutting its calls with each message in turn: the run's id
+    and how long the run took."""
+    run_id = _start(deps, flow)
+    client = _client(deps)
+    in_call[run_id] = threading.Event()
+    blocking.add(run_id)
+    started = time.monotonic()
+    done: list[RunStatus] = []
+    runner = threading.Thread(target=lambda: done.append(loop.run(run_id, deps)))
+    runner.start()
+    for message in messages:
+        _steer_in_call(client, run_id, message)
+    runner.join(CALL_WAIT * 2)
+    assert done == [RunStatus.DONE]
+    return run_id, time.monotonic() - started
+
+
+def _cuts(deps: loop.Deps, run_id: str) -> list[int]:
+    """The journal places recorded as cut."""
+    calls = _client(deps).calls(run_id)
+    return [c.pos for c in calls if c.error is not None and c.error["type"] == "CallInterrupted"]
+
+
+@pytest.mark.parametrize("flow", ["steer-cut", "steer-cut-async"])
+def test_an_interrupting_message_cuts_the_call_in_flight(deps: loop.Deps, flow: str) -> None:
+    run_id, took = _cut_run(deps, flow, "turn left", "stop")
+
+    # Each call was cut as its message came (a call left alone waits CALL_WAIT), and the
+    # turn after the cut read the message that cut it.
+    assert took < CALL_WAIT / 2
+    assert seen[run_id] == [[], ["cut"], ["turn left"], ["cut"], ["stop"]]
+    assert began[run_id] == 2
+    assert _cuts(deps, run_id) == [1, 3]
+    if flow == "steer-cut-async":
+        assert cancelled[run_id] == ["cancelled", "cancelled"]
+
+
+def test_a_replay_meets_the_cut_without_calling_again(deps: loop.Deps) -> None:
+    run_id = _start(deps, "steer-cut")
+    client = _client(deps)
+    in_call[run_id] = threading.Event()
+    blocking.add(run_id)
+    dies_at[run_id] = 1  # after turn 1's read (the message that cut turn 0's call)
+    failed: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            loop.run(run_id, deps)
+        except ProcessDied as exc:
+            failed.append(exc)
+
+    runner = threading.Thread(target=first)
+    runner.start()
+    _steer_in_call(client, run_id, "turn left")
+    runner.join(CALL_WAIT)
+    assert failed and began[run_id] == 1
+
+    blocking.discard(run_id)  # from here the call answers at once
+    client.steer(run_id, "stop")  # read after the replayed turns, at turn 2
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+    # The replay's turn 0 call is the recorded cut, raised again, not called again.
+    assert seen[run_id][3:] == [[], ["cut"], ["turn left"], ["stop"]]
+    assert began[run_id] == 2  # turn 0's (cut) and turn 1's, once each
+    assert _cuts(deps, run_id) == [1]
+
+
+def test_a_message_sent_with_no_call_in_flight_only_waits(deps: loop.Deps) -> None:
+    run_id = _start(deps, "steer-cut")
+    client = _client(deps)
+    in_call[run_id] = threading.Event()
+    client.steer(run_id, "before any call", interrupt=True)
+    client.steer(run_id, "stop", interrupt=True)
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    assert seen[run_id] == [["before any call", "stop"]]
+    assert began[run_id] == 0 and _cuts(deps, run_id) == []

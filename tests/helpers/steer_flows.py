@@ -26,3 +26,23 @@ def talk(ctx: cairn.Context) -> cairn.StepResult:
             break
         ctx.call("think", _think, turn)
     return cairn.StepResult(cursor=cairn.DONE, state={"got": got})
+
+
+cut_chat = cairn.workflow("cut_chat")
+
+
+@cut_chat.step()
+def converse(ctx: cairn.Context) -> cairn.StepResult:
+    """An agent whose model call its user may cut short with a message (Client.steer(...,
+    interrupt=True)): the cut call raises CallInterrupted, and the next turn reads it."""
+    got: list[list[Any]] = []
+    for _ in range(20):
+        got.append(ctx.messages())
+        if "stop" in got[-1]:
+            break
+        asked = {"role": "user", "content": str(got[-1] or "go on")}
+        try:
+            ctx.model(messages=[asked], max_tokens=16, interruptible=True)
+        except cairn.CallInterrupted:
+            got.append(["cut"])
+    return cairn.StepResult(cursor=cairn.DONE, state={"got": got})

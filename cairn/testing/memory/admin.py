@@ -161,9 +161,12 @@ class _Admin(_Tables):
                 )
             return row.status, stored
 
-    def steer(self, run_id: str, message: Any) -> tuple[RunStatus, int | None] | None:
+    def steer(
+        self, run_id: str, message: Any, interrupt: bool = False
+    ) -> tuple[RunStatus, int | None] | None:
         """Store a steer message as the run's next: (the run's status, its number, None
-        when the run has ended), or None: no such run."""
+        when the run has ended), or None: no such run. interrupt: then fire the run's
+        calls in flight."""
         text = _dump(message)
         with self._lock:
             row = self._rows.get(run_id)
@@ -172,7 +175,10 @@ class _Admin(_Tables):
             if row.status in TERMINAL:
                 return row.status, None
             row.steers.append(text)
-            return row.status, len(row.steers)
+            found = row.status, len(row.steers)
+        if interrupt:
+            self._cuts.fire(run_id)  # after the message is in, as Postgres's NOTIFY at commit
+        return found
 
     def cancel(self, run_id: str, reason: str) -> RunStatus | None:
         """Ask the run to stop: one no worker holds (pending, waiting) at once, a running

@@ -3,6 +3,7 @@ an attempt that did not save, the ledger of effects and the journal of calls."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -27,6 +28,7 @@ from cairn.testing.memory.rows import _dump, _loaded, _Row, _Snap, _status
 from cairn.testing.memory.tables import _Tables
 
 if TYPE_CHECKING:
+    from cairn.core.cuts import Cut
     from cairn.store.contract import StepTx
 
 
@@ -313,6 +315,11 @@ class _Runs(_Tables):
             ]
             last = max((n for got in read if isinstance(got, list) for n in got), default=0)
             return [(n, json.loads(m)) for n, m in enumerate(row.steers, 1) if n > last]
+
+    def interrupts(self, run_id: str) -> contextlib.AbstractContextManager[Cut | None]:
+        """The run's Cut while a call that may be interrupted runs: fired by a steer
+        message with interrupt=True (steer)."""
+        return self._cuts.watch(run_id)
 
     def steers(self, run_id: str, numbers: list[int]) -> list[tuple[int, Any]]:
         """The run's steer messages of these numbers, in order."""

@@ -11,6 +11,7 @@ import time
 from types import TracebackType
 from typing import Any
 
+from cairn.core.cuts import Cuts
 from cairn.core.records import CHECKPOINT_VERSION, START, Attempt, Run
 from cairn.core.status import ACTIVE, STOPPED, RunStatus
 from cairn.testing.memory.clock import Clock
@@ -55,6 +56,7 @@ class _Tables:
         self._queued: dict[str, tuple[str, str, int, int]] = {}
         self._queue_n = 0
         self._last = dt.datetime.min.replace(tzinfo=dt.UTC)
+        self._cuts = Cuts()  # the calls in flight a steer message may interrupt
 
     def _now(self) -> dt.datetime:
         """The clock's time: what reads compare with, and what deadlines count from."""

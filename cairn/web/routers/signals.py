@@ -77,5 +77,6 @@ def signal(
 )
 def steer(run_id: str, body: NewSteer, client: ClientDep) -> Steered:
     """Send a running agent a message: stored durably, delivered once and in order to its
-    step at the next ctx.messages()."""
-    return Steered(n=client.steer(run_id, body.message))
+    step at the next ctx.messages(); with interrupt, its interruptible call in flight is cut
+    first."""
+    return Steered(n=client.steer(run_id, body.message, interrupt=body.interrupt))

@@ -123,9 +123,10 @@ export class Cairn {
   }
 
   /** Send a running agent a message, read once and in order at its step's next
-   * ctx.messages(); n is its number in the run. A run that has ended: 409 run_ended. */
-  steer(runId: string, message: unknown): Promise<Steered> {
-    const body: Schemas["NewSteer"] = { message };
+   * ctx.messages(); n is its number in the run. A run that has ended: 409 run_ended.
+   * interrupt: also cut its interruptible call in flight (its answer discarded). */
+  steer(runId: string, message: unknown, interrupt = false): Promise<Steered> {
+    const body: Schemas["NewSteer"] = interrupt ? { message, interrupt } : { message };
     return this.#call<Steered>("POST", `/runs/${encodeURIComponent(runId)}/steer`, body);
   }
 

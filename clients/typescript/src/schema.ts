@@ -353,7 +353,8 @@ export interface paths {
         /**
          * Steer
          * @description Send a running agent a message: stored durably, delivered once and in order to its
-         *     step at the next ctx.messages().
+         *     step at the next ctx.messages(); with interrupt, its interruptible call in flight is cut
+         *     first.
          */
         post: operations["steer_runs__run_id__steer_post"];
         delete?: never;
@@ -916,6 +917,12 @@ export interface components {
          * @description A message for a running agent, read by its step at its next ctx.messages().
          */
         NewSteer: {
+            /**
+             * Interrupt
+             * @description Also cut the run's call in flight, if it was made interruptible: its answer is discarded and the step reads the message at once.
+             * @default false
+             */
+            interrupt?: boolean;
             /**
              * Message
              * @description JSON: a string, or an object such as a chat message.
