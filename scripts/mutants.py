@@ -58,6 +58,7 @@ OWN_WRITES = "test_the_steps_own_writes_commit_with_the_save_and_roll_back_with_
 FENCES = "tests/integration/test_fences.py"
 SEAMS = "tests/fleet/test_seams.py"
 SEALING = "tests/integration/test_sealing.py"
+PAI = "tests/integration/test_pydantic_ai.py"
 LG_ZOMBIE = (
     "test_a_zombie_paused_inside_a_langgraph_put_neither_forks_the_thread_nor_runs_a_node_twice"
 )
@@ -796,6 +797,15 @@ MUTANTS = [
         'names = ("steer_lock", "steer_insert") + (("steer_notify",) if interrupt else ())',
         'names = ("steer_lock", "steer_insert")',
         ("tests/contract/test_steering.py",),
+    ),
+    Mutant(
+        "M101",
+        "a pydantic-ai agent reads its steer messages outside the journal: a replay takes "
+        "them in again, and the next read too",
+        "cairn/contrib/pydantic_ai.py",
+        "        for message in await asyncio.to_thread(step.messages):",
+        "        for message in [m for _, m in step._store.steers_pending(step.run_id)]:",
+        (f"{PAI}::test_a_steer_message_reaches_the_agent_s_next_request_once_across_a_kill",),
     ),
 ]
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import json
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,8 +46,15 @@ try:
         PartStartEvent,
         TextPart,
         TextPartDelta,
+        UserPromptPart,
     )
-    from pydantic_ai.tools import AgentDepsT, DeferredToolRequests, DeferredToolResults
+    from pydantic_ai.models import ModelRequestContext
+    from pydantic_ai.tools import (
+        AgentDepsT,
+        DeferredToolRequests,
+        DeferredToolResults,
+        RunContext,
+    )
     from pydantic_core import to_jsonable_python
 except ImportError as exc:  # the optional extra is missing
     raise ImportError(
@@ -220,9 +228,31 @@ class CairnDurability(BaseDurabilityCapability[AgentDepsT]):
         tool_config_key=None,
     )
 
+    def __init__(self, *, steer: bool = False, **options: Any) -> None:
+        """steer: before each model request, the agent takes in the run's steer messages
+        (Client.steer; ctx.messages(), a journaled read) as a user prompt, so its user can
+        add to a conversation while it works. options: pydantic-ai's own (name=, ...)."""
+        super().__init__(**options)
+        self.steer = steer
+
     @property
     def in_durable_context(self) -> bool:
         return current() is not None
+
+    async def before_model_request(
+        self, ctx: RunContext[AgentDepsT], request_context: ModelRequestContext
+    ) -> ModelRequestContext:
+        request_context = await super().before_model_request(ctx, request_context)
+        step = current()
+        if not self.steer or step is None:
+            return request_context
+        # A journaled read at this place of the step: a replay takes in the same messages
+        # before the same request, and the model's answer to them comes from the journal.
+        for message in await asyncio.to_thread(step.messages):
+            # pydantic-ai's own input: into this request and the agent's history (the
+            # run's window), each message a user prompt of its own.
+            ctx.enqueue(UserPromptPart(_said(message)))
+        return request_context
 
     def get_default_run_id(self) -> str | None:
         ctx = current()
@@ -273,6 +303,15 @@ async def stream_tokens(run_ctx: Any, events: AsyncIterable[AgentStreamEvent]) -
                 ctx.token(event.part.content)
         elif isinstance(event, PartDeltaEvent) and isinstance(event.delta, TextPartDelta):
             ctx.token(event.delta.content_delta)
+
+
+def _said(message: Any) -> str:
+    """A steer message as the agent's user prompt: text as it is, else its "content", else
+    its JSON."""
+    if isinstance(message, str):
+        return message
+    content = message.get("content") if isinstance(message, dict) else None
+    return content if isinstance(content, str) else json.dumps(message)
 
 
 def messages_of(window: Sequence[Mapping[str, Any]]) -> list[ModelMessage]:

@@ -519,3 +519,64 @@ def test_each_request_tool_call_and_the_output_are_on_the_run_page(
         page = http.get(f"/ui/runs/{run_id}").text
     assert "5 journaled" in page and "call_tool:notify" in page
     assert "page about fencing" in page and "answer after 2 tools" in page  # a tool; the output
+
+
+# -- steering: messages sent while the agent works reach its next request -----------------
+def _steer_script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """Two lookups, then an answer naming every user prompt the model was shown."""
+    prompts = [str(p.content) for m in messages for p in m.parts if p.part_kind == "user-prompt"]
+    made[prompts[0]].append("model:" + "|".join(prompts[1:]))
+    turn = sum(1 for m in messages if m.kind == "response")
+    if turn < 2:
+        return ModelResponse(parts=[ToolCallPart("consult", {"turn": turn})])
+    return ModelResponse(parts=[TextPart("heard: " + "|".join(prompts[1:]))])
+
+
+steered = Agent(
+    FunctionModel(_steer_script), name="steered", capabilities=[CairnDurability(steer=True)]
+)
+_steer_clients: dict[str, cairn.Client] = {}
+
+
+@steered.tool_plain
+def consult(turn: int) -> str:
+    ctx = cairn.current()
+    assert ctx is not None
+    if turn == 0:  # the user types while the agent's first tool runs
+        _steer_clients[ctx.run_id].steer(ctx.run_id, {"role": "user", "content": "in French"})
+    return f"page {turn}"
+
+
+agent_workflow("pai-steered", steered)
+
+
+def test_a_steer_message_reaches_the_agent_s_next_request_once_across_a_kill(
+    deps: loop.Deps,
+) -> None:
+    prompt = f"explain fencing {uuid.uuid4().hex}"
+    run_id = _start(deps, "pai-steered", prompt)
+    client = _steer_clients[run_id] = cairn.Client(
+        settings=deps.settings, store=deps.store, send=lambda run_id, priority: None
+    )
+    client.steer(run_id, "keep it short")  # before the first request
+    # Killed as the second request returned, before its record (journal: messages,
+    # request, tool, messages, request, ...): the replay takes in the same messages at the
+    # same places from the journal, and makes that request again with the same prompts.
+    with pytest.raises(ProcessDied):
+        loop.run(run_id, _killed(deps, "after", 4))
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+
+    run = deps.store.get(run_id)
+    assert run is not None
+    assert run.state["output"] == "heard: keep it short|in French"
+    # What the model was shown at each request: the second twice (the kill cut it before
+    # its record), the same both times; "in French" came once, though read again.
+    assert made[prompt] == [
+        "model:keep it short",
+        "model:keep it short|in French",
+        "model:keep it short|in French",
+        "model:keep it short|in French",
+    ]
+    window = deps.store.load(run_id).window  # type: ignore[union-attr]
+    prompts = [p["content"] for m in window for p in m["parts"] if p["part_kind"] == "user-prompt"]
+    assert prompts == [prompt, "keep it short", "in French"]  # in the conversation once each
