@@ -75,7 +75,11 @@ def settled(run_id: str, run: Run | None, timeout: float | None, deadline: float
 
 def list_query(which: RunFilter) -> tuple[str, dict[str, Any]]:
     """The named query and parameters of a page of runs."""
-    return ("list_runs_by_status" if which.status else "list_runs"), dataclasses.asdict(which)
+    if which.status:
+        name = "list_runs_by_status"
+    else:
+        name = "list_runs" if which.tenant is None else "list_runs_of_tenant"
+    return name, dataclasses.asdict(which)
 
 
 def sealed(value: Any) -> Jsonb:
@@ -85,8 +89,10 @@ def sealed(value: Any) -> Jsonb:
 
 
 def conflict(run_id: str, row: dict[str, Any], input: dict[str, Any]) -> None:
-    """RunIdConflict unless the existing run (existing_run's row) has this workflow and
-    input: the same run id is the same run, or a mistake."""
+    """RunIdConflict unless the existing run (existing_run's row) has this workflow, input
+    and tenant: the same run id is the same run, or a mistake."""
+    if not row["same_tenant"]:  # never another tenant's run, nor what it holds
+        raise RunIdConflict(f"run id {run_id!r} is taken; use a new run id")
     same_input = sealing.ring().open(row["input"]) == input
     if not (row["same_workflow"] and same_input):
         what = "workflow" if not row["same_workflow"] else "input"
@@ -176,6 +182,7 @@ def create_params(
     concurrency_key: str | None,
     concurrency_limit: int,
     traceparent: str | None = None,
+    tenant: str | None = None,
 ) -> dict[str, Any]:
     """create_run's and create_keyed_run's parameters."""
     return {
@@ -190,6 +197,7 @@ def create_params(
         "key": concurrency_key,
         "limit": concurrency_limit,
         "traceparent": traceparent,
+        "tenant": tenant,
     }
 
 
@@ -203,10 +211,11 @@ def debounce_params(
     max_cost_usd: float | None,
     priority: int,
     traceparent: str | None,
+    tenant: str | None = None,
 ) -> dict[str, Any]:
     """The debounce query's parameters."""
     params = create_params(
-        run_id, workflow, input, START, max_cost_usd, priority, key, 1, traceparent
+        run_id, workflow, input, START, max_cost_usd, priority, key, 1, traceparent, tenant
     )
     return {**params, "debounce": debounce, "max_wait": max_wait}
 

@@ -34,6 +34,19 @@ def check_run_id(run_id: Any) -> str:
     return run_id
 
 
+TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def check_tenant(tenant: Any) -> str:
+    """A tenant's name: it travels in URLs, logs and the CLI's columns."""
+    if not isinstance(tenant, str) or not TENANT.fullmatch(tenant):
+        raise InvalidInput(
+            f"tenant {tenant!r} is not valid: use 1-100 letters, digits and . _ -, "
+            "starting with a letter or digit"
+        )
+    return tenant
+
+
 def check_event(event: Any) -> str:
     """A signal's event name: what a step waits for, and a URL path segment."""
     if not isinstance(event, str) or not 1 <= len(event) <= RUN_ID_MAX or "\x00" in event:

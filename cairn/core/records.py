@@ -159,6 +159,9 @@ class Run:
     # The code version (CAIRN_CODE_VERSION) of the worker that started it (None: no worker
     # has yet, or one before versions were recorded).
     started_version: str | None = None
+    # The customer it is for (Client(tenant=), or the API token that enqueued it; None:
+    # none). A child run and a fork keep their origin's.
+    tenant: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Run:
@@ -187,7 +190,7 @@ class Run:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunFilter:
     """Which runs a list shows (Client.list, every store's list_runs): newest first,
-    filtered by status, workflow and creation time [since, until), `limit` at a time;
+    filtered by status, workflow, tenant and creation time [since, until), `limit` at a time;
     `after`: the last run id of the previous page (keyset paging)."""
 
     status: RunStatus | None = None
@@ -196,6 +199,7 @@ class RunFilter:
     after: str | None = None
     since: dt.datetime | None = None
     until: dt.datetime | None = None
+    tenant: str | None = None  # that tenant's runs only (None: every run)
 
 
 @dataclasses.dataclass(frozen=True)

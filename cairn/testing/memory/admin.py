@@ -35,11 +35,12 @@ class _Admin(_Tables):
         concurrency_key: str | None = None,
         concurrency_limit: int = 1,
         traceparent: str | None = None,
+        tenant: str | None = None,
     ) -> bool:
-        """Insert a run at seq 0; False if it existed (a failed one is re-armed). With a
-        concurrency key it is admitted if a slot is free, else queued.
+        """Insert a run at seq 0 (for tenant, if given); False if it existed (a failed one
+        is re-armed). With a concurrency key it is admitted if a slot is free, else queued.
 
-        Raises RunIdConflict if run_id exists with another workflow or input.
+        Raises RunIdConflict if run_id exists with another workflow, input or tenant.
         """
         text = _dump(input)
         with self._lock:
@@ -53,6 +54,7 @@ class _Admin(_Tables):
                     run_id, workflow, text, stamp, cursor, max_cost_usd,
                     priority=priority, traceparent=traceparent, concurrency_key=concurrency_key,
                     concurrency_limit=concurrency_limit if concurrency_key is not None else None,
+                    tenant=tenant,
                 )  # fmt: skip
                 if concurrency_key is not None:
                     row.status = RunStatus.QUEUED
@@ -61,6 +63,8 @@ class _Admin(_Tables):
                 self._admit(workflow, concurrency_key)  # admit
             if created:
                 return True
+            if row.tenant != tenant:  # never another tenant's run, nor what it holds
+                raise RunIdConflict(f"run id {run_id!r} is taken; use a new run id")
             # existing_run: jsonb equality, so key order does not matter
             same_workflow = row.workflow == workflow
             same_input = json.loads(row.input) == json.loads(text)
@@ -88,6 +92,7 @@ class _Admin(_Tables):
         max_cost_usd: float | None = None,
         priority: int = 0,
         traceparent: str | None = None,
+        tenant: str | None = None,
     ) -> tuple[str, bool]:
         """The (workflow, key)'s run not started yet, made or given this input and a later
         start (see the SQL's debounce): (its run id, created)."""
@@ -109,7 +114,7 @@ class _Admin(_Tables):
                 row = self._new_row(
                     run_id, workflow, text, stamp, max_cost_usd=max_cost_usd,
                     priority=priority, traceparent=traceparent, status=RunStatus.WAITING,
-                    wait_until=start, debounce=(workflow, key),
+                    wait_until=start, debounce=(workflow, key), tenant=tenant,
                 )  # fmt: skip
                 return run_id, True
             if max_wait is not None:
@@ -321,16 +326,20 @@ class _Admin(_Tables):
                 for r in rows
                 if (w.status is None or r.status == w.status)
                 and (w.workflow is None or r.workflow == w.workflow)
+                and (w.tenant is None or r.tenant == w.tenant)
                 and (w.since is None or r.created_at >= w.since)
                 and (w.until is None or r.created_at < w.until)
             ]
             found.sort(key=lambda r: (r.created_at, r.run_id), reverse=True)
             return [Run(**self._listed(r)) for r in found[: w.limit]]
 
-    def counts(self) -> dict[str, dict[str, Any]]:
-        """Runs per status ({status: {"n": ...}}), the statuses that have runs."""
+    def counts(self, tenant: str | None = None) -> dict[str, dict[str, Any]]:
+        """Runs per status ({status: {"n": ...}}), the statuses that have runs (a tenant's
+        only, with one)."""
         with self._lock:
             totals: dict[str, int] = {}
             for row in self._rows.values():
+                if tenant is not None and row.tenant != tenant:
+                    continue
                 totals[str(row.status)] = totals.get(str(row.status), 0) + 1
         return {s: {"status": s, "n": n, "unfolded": 0} for s, n in totals.items()}

@@ -248,6 +248,7 @@ class _Tables:
             "concurrency_key": row.concurrency_key,
             "priority": row.priority,
             "started_version": row.started_version,
+            "tenant": row.tenant,
         }
 
     @staticmethod
