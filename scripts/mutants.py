@@ -782,9 +782,7 @@ MUTANTS = [
         "cairn/client/client.py",
         "        run = self._sees(self.store.get(run_id))",
         "        run = self.store.get(run_id)",
-        (
-            "tests/integration/test_tenants_api.py::test_every_route_hides_another_tenants_run",
-        ),
+        ("tests/integration/test_tenants_api.py::test_every_route_hides_another_tenants_run",),
     ),
     Mutant(
         "M94",

@@ -13,13 +13,12 @@ from cairn.core.errors import InvalidInput, RunIdConflict, UnknownRun
 from cairn.core.records import RunFilter, Spawned, Wait
 from cairn.core.status import RunStatus
 from cairn.store.contract import CheckpointStore
-from tests.contract.test_store_contract import (  # noqa: F401 (the fixtures)
-    _advance,
-    _get,
-    _three_steps,
-    any_store,
-    backend,
-)
+from tests.contract import test_store_contract as contract
+from tests.contract.test_store_contract import _advance, _get, _three_steps
+
+# The contract suite's fixtures: each test runs on MemoryStore and on PgStore.
+backend = contract.backend
+any_store = contract.any_store
 
 
 def test_a_run_keeps_its_tenant_and_lists_and_counts_are_the_tenants(
@@ -85,7 +84,11 @@ def _client(store: CheckpointStore, tenant: str | None = None) -> Client:
 
 
 def test_a_tenants_client_sees_and_acts_on_its_runs_only(any_store: CheckpointStore) -> None:
-    acme, globex, admin = _client(any_store, "acme"), _client(any_store, "globex"), _client(any_store)
+    acme, globex, admin = (
+        _client(any_store, "acme"),
+        _client(any_store, "globex"),
+        _client(any_store),
+    )
     mine = acme.enqueue("probe", {"x": 1}, run_id="mine")
     theirs = globex.enqueue("probe", {"x": 1}, run_id="theirs")
     assert (admin.get(mine).tenant, admin.get(theirs).tenant) == ("acme", "globex")  # type: ignore[union-attr]
