@@ -12,6 +12,7 @@ from cairn.core.errors import (
     StaleWrite,
     StoreUnavailable,
 )
+from cairn.core.inputs import key_scope
 from cairn.core.records import (
     START,
     STEERED,
@@ -184,7 +185,7 @@ class PgStore:
     def admitted(self, workflow: str, key: str) -> list[tuple[str, int]]:
         """The key's runs admitted and not sent yet, each (run id, priority), marked sent:
         the caller sends them (each run is returned to one caller)."""
-        rows = self.db.all("admitted", {"workflow": workflow, "key": key})
+        rows = self.db.all("admitted", {"workflow": key_scope(workflow, key), "key": key})
         return [(r["run_id"], r["priority"]) for r in rows]
 
     def get(self, run_id: str) -> Run | None:

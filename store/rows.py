@@ -21,6 +21,7 @@ from cairn.core.errors import (
     UnknownRun,
     WaitTimedOut,
 )
+from cairn.core.inputs import key_scope
 from cairn.core.records import (
     CHECKPOINT_VERSION,
     START,
@@ -195,6 +196,7 @@ def create_params(
         "max_cost_usd": max_cost_usd,
         "priority": priority,
         "key": concurrency_key,
+        "scope": key_scope(workflow, concurrency_key),
         "limit": concurrency_limit,
         "traceparent": traceparent,
         "tenant": tenant,

@@ -91,7 +91,7 @@ def list_runs(
 ) -> None:
     """List runs, newest first, a page at a time, with the totals by status (a tenant's,
     with --tenant)."""
-    from cairn.core.errors import CairnError
+    from cairn.core.errors import InvalidInput
 
     with open_client(load_settings(database_url=database_url)) as client:
         try:
@@ -99,7 +99,7 @@ def list_runs(
                 status, limit, workflow=workflow, after=after, since=aware(since),
                 until=aware(until), tenant=tenant,
             )  # fmt: skip
-        except CairnError as exc:
+        except InvalidInput as exc:  # a tenant name that is none
             fail(exc, 2)
         totals = client.for_tenant(tenant).counts() if tenant else client.counts()
     following = found[-1].run_id if len(found) == limit else None

@@ -155,7 +155,9 @@ class AsyncClient:
             checked_debounce(debounce_key, debounce, max_wait, run_id, concurrency_key)
         )
         run_id, data = checked(self.settings, workflow, input, run_id)
-        key, limit, prio = flow(workflow, concurrency_key, concurrency_limit, priority)
+        key, limit, prio = self.sync._tenant_key(
+            *flow(workflow, concurrency_key, concurrency_limit, priority)
+        )
         self.sync._on_postgres()
         with tracing.enqueuing(workflow, run_id, concurrency_key=key, priority=prio) as trace:
             if debounced is not None:

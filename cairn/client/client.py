@@ -32,7 +32,7 @@ from cairn.client.checks import (
 from cairn.client.sender import Sender, no_broker
 from cairn.core import tracing
 from cairn.core.errors import CairnError, InvalidInput, RunEnded, RunIdConflict, UnknownRun
-from cairn.core.inputs import check_input, check_run_id, check_tenant
+from cairn.core.inputs import TENANT_KEY, check_input, check_run_id, check_tenant
 from cairn.core.records import CallRecord, Run, RunFilter, StepRecord
 from cairn.core.settings import Settings
 from cairn.core.status import CANCEL_REASON, STOPPED, RunStatus
@@ -200,7 +200,9 @@ class Client:
             checked_debounce(debounce_key, debounce, max_wait, run_id, concurrency_key)
         )
         run_id, data = checked(self.settings, workflow, input, run_id)
-        key, limit, prio = flow(workflow, concurrency_key, concurrency_limit, priority)
+        key, limit, prio = self._tenant_key(
+            *flow(workflow, concurrency_key, concurrency_limit, priority)
+        )
         tenant = self.tenant
         with tracing.enqueuing(workflow, run_id, concurrency_key=key, priority=prio) as trace:
             if debounced is not None:  # nothing sent: the wake pass sends it when due
@@ -246,6 +248,13 @@ class Client:
             return debounced
         key, wait, max_wait = debounced
         return f"{self.tenant}{TENANT_SEP}{key}", wait, max_wait
+
+    def _tenant_key(self, key: str | None, limit: int, prio: int) -> tuple[str | None, int, int]:
+        """The flow options with the tenant's concurrency key (CAIRN_TENANT_CONCURRENCY) for
+        a run of a tenant that has no key of its own."""
+        if key is None and self.tenant is not None and self.settings.tenant_concurrency > 0:
+            return f"{TENANT_KEY}{self.tenant}", self.settings.tenant_concurrency, prio
+        return key, limit, prio
 
     def _sees(self, run: Run | None) -> Run | None:
         """The run if this Client may see it (its tenant's, or any without a tenant)."""

@@ -16,10 +16,10 @@ RETURNING run_id;
 -- Enqueue with a concurrency key: the run goes in queued, its key's row upserted (locked
 -- until commit, so this key's slots are counted by one transaction at a time, and its
 -- limit is this enqueue's); `admit`, in the same transaction, lets it start if a slot is
--- free.
+-- free. scope: the key's workflow, or 'cairn.tenant' for a tenant's key (migration 0021).
 WITH k AS (
     INSERT INTO concurrency_keys (workflow, key, lim)
-    VALUES (%(workflow)s, %(key)s, %(limit)s)
+    VALUES (%(scope)s, %(key)s, %(limit)s)
     ON CONFLICT (workflow, key) DO UPDATE SET lim = EXCLUDED.lim
 ), new_run AS (
     INSERT INTO runs (run_id, workflow, input, max_cost_usd, concurrency_key,
@@ -30,7 +30,7 @@ WITH k AS (
     RETURNING run_id
 ), q AS (
     INSERT INTO queued (run_id, workflow, key, priority)
-    SELECT run_id, %(workflow)s, %(key)s, %(priority)s FROM new_run
+    SELECT run_id, %(scope)s, %(key)s, %(priority)s FROM new_run
 )
 INSERT INTO checkpoints (run_id, seq, cursor, state, version, status)
 SELECT run_id, 0, %(cursor)s, %(state)s, %(version)s, 'queued' FROM new_run
@@ -70,7 +70,7 @@ SELECT run_id, created FROM c;
 
 -- name: admit
 -- Fill the key's free slots from its queue (cairn_admit, migration 0011).
-SELECT cairn_admit(%(workflow)s, %(key)s) AS run_id;
+SELECT cairn_admit(%(scope)s, %(key)s) AS run_id;
 
 -- name: admitted
 -- The key's admitted runs whose message is not sent yet, marked sent: the caller sends

@@ -481,7 +481,10 @@ DECLARE
     g record;
     n bigint;
 BEGIN
-    SELECT parent_id, parent_seq, workflow, concurrency_key INTO p, s, w, k
+    -- A tenant's key (cairn.tenant:NAME) spans the tenant's workflows (migration 0021).
+    SELECT parent_id, parent_seq,
+           CASE WHEN concurrency_key LIKE 'cairn.tenant:%' THEN 'cairn.tenant' ELSE workflow END,
+           concurrency_key INTO p, s, w, k
       FROM runs WHERE run_id = NEW.run_id;
     IF k IS NOT NULL THEN
         PERFORM 1 FROM concurrency_keys WHERE workflow = w AND key = k FOR UPDATE;
@@ -533,7 +536,8 @@ DECLARE
     r record;
     n bigint;
 BEGIN
-    SELECT workflow, concurrency_key AS key, concurrency_limit AS lim, priority INTO r
+    SELECT CASE WHEN concurrency_key LIKE 'cairn.tenant:%' THEN 'cairn.tenant' ELSE workflow END AS workflow,
+           concurrency_key AS key, concurrency_limit AS lim, priority INTO r
       FROM runs WHERE run_id = NEW.run_id;
     IF r.key IS NULL THEN
         RETURN NULL;

@@ -11,6 +11,7 @@ import pytest
 from cairn.client import Client
 from cairn.core.errors import InvalidInput, RunIdConflict, UnknownRun
 from cairn.core.records import RunFilter, Spawned, Wait
+from cairn.core.settings import Settings
 from cairn.core.status import RunStatus
 from cairn.store.contract import CheckpointStore
 from tests.contract import test_store_contract as contract
@@ -123,3 +124,34 @@ def test_a_tenants_client_sees_and_acts_on_its_runs_only(any_store: CheckpointSt
     assert d1 != d2 and acme.get(d1) is not None and acme.get(d2) is None
     with pytest.raises(InvalidInput, match="tenant"):
         _client(any_store, "no spaces")
+
+
+def test_a_tenants_runs_share_its_concurrency_limit_over_its_workflows(
+    any_store: CheckpointStore,
+) -> None:
+    """CAIRN_TENANT_CONCURRENCY: a concurrency key of the tenant's, across its workflows,
+    on top of the fleet's; another tenant's runs do not wait for it."""
+    settings = Settings.from_env().with_options(tenant_concurrency=1)
+    sent: list[str] = []
+
+    def client(tenant: str) -> Client:
+        return Client(
+            store=any_store, send=lambda r, p: sent.append(r), tenant=tenant, settings=settings
+        )
+
+    acme, globex = client("acme"), client("globex")
+    a1 = acme.enqueue("probe", {"x": 1})
+    a2 = acme.enqueue("other", {"x": 2})  # another workflow: the same tenant's slot
+    g1 = globex.enqueue("probe", {"x": 1})
+    status = {
+        r: acme.for_tenant(t).get(r).status for r, t in ((a1, "acme"), (a2, "acme"), (g1, "globex"))
+    }  # type: ignore[union-attr]
+    assert status == {a1: RunStatus.PENDING, a2: RunStatus.QUEUED, g1: RunStatus.PENDING}
+    assert sent == [a1, g1]
+    assert acme.get(a1).concurrency_key == "cairn.tenant:acme"  # type: ignore[union-attr]
+    acme.cancel(a1)  # its slot goes to the tenant's next run, which is sent
+    assert acme.get(a2).status == RunStatus.PENDING and sent[-1] == a2  # type: ignore[union-attr]
+    own = acme.enqueue("probe", {"x": 3}, concurrency_key="user:1")  # a key of its own
+    assert acme.get(own).status == RunStatus.PENDING  # type: ignore[union-attr]
+    with pytest.raises(InvalidInput, match="cairn's own"):
+        acme.enqueue("probe", {"x": 4}, concurrency_key="cairn.tenant:globex")

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from cairn.core.errors import RunIdConflict
+from cairn.core.inputs import key_scope
 from cairn.core.records import START, Run, RunFilter
 from cairn.core.status import ACTIVE, REARMABLE, TERMINAL, RunStatus
 from cairn.store.rows import settled
@@ -48,7 +49,8 @@ class _Admin(_Tables):
             row = self._rows.get(run_id)
             created = row is None
             if concurrency_key is not None:  # create_keyed_run's upsert of the key
-                self._keys[(workflow, concurrency_key)] = concurrency_limit
+                scope = key_scope(workflow, concurrency_key)  # a tenant's key spans workflows
+                self._keys[(scope, concurrency_key)] = concurrency_limit
             if row is None:  # create_run
                 row = self._new_row(
                     run_id, workflow, text, stamp, cursor, max_cost_usd,
@@ -60,7 +62,7 @@ class _Admin(_Tables):
                     row.status = RunStatus.QUEUED
                     self._enqueue(row)
             if concurrency_key is not None:
-                self._admit(workflow, concurrency_key)  # admit
+                self._admit(key_scope(workflow, concurrency_key), concurrency_key)  # admit
             if created:
                 return True
             if row.tenant != tenant:  # never another tenant's run, nor what it holds
@@ -125,6 +127,7 @@ class _Admin(_Tables):
 
     def admitted(self, workflow: str, key: str) -> list[tuple[str, int]]:
         """The key's runs admitted and not sent yet, each (run id, priority), marked sent."""
+        workflow = key_scope(workflow, key)
         with self._lock:
             out = []
             for run_id, slot in self._slots.items():
