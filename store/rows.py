@@ -238,7 +238,8 @@ def _checkpoint(row: dict[str, Any]) -> Checkpoint:
     fields = {
         f.name: row[f.name]
         for f in dataclasses.fields(Checkpoint)
-        if f.name not in ("window", "window_bytes")
+        # a row exported before tenants has none (cairn runs export)
+        if f.name not in ("window", "window_bytes") and (f.name != "tenant" or "tenant" in row)
     }
     fields["status"] = RunStatus(row["status"])
     return Checkpoint(window=tuple(row["window"]), **fields)

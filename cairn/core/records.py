@@ -262,6 +262,7 @@ class Checkpoint:
     priority: int = 0
     traceparent: str | None = None  # the enqueuer's span (cairn.otel): deliveries go on its trace
     forked_at: int | None = None  # a fork's first seq (its origin's), never changed
+    tenant: str | None = None  # the customer it is for: its model calls count in its limits
     # Read with the row, never written: the wait's timeout has passed; the oldest signal
     # of the awaited event not yet consumed ({"id", "payload"}).
     wait_over: bool = dataclasses.field(default=False, compare=False)
@@ -276,7 +277,7 @@ class Checkpoint:
 
     def evolve(self, **changes: Any) -> Checkpoint:
         """dataclasses.replace, for the loop's once-a-step copy: replace re-runs __init__
-        over all 27 fields (twice the time); this copies the fields and sets the changed
+        over all 28 fields (twice the time); this copies the fields and sets the changed
         ones. Checkpoint has no __post_init__ to skip, and a misspelt field still fails."""
         if not changes.keys() <= _FIELDS:
             raise TypeError(f"Checkpoint has no field {sorted(changes.keys() - _FIELDS)}")

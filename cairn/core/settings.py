@@ -228,6 +228,18 @@ class Settings:
         "runs of one tenant that hold a slot at a time, over all its workflows (a concurrency "
         "key of its own: the others wait as queued; 0: no limit)",
     )
+    tenant_model_rpm: int = _setting(
+        0,
+        "CAIRN_TENANT_MODEL_RPM",
+        "model requests a minute of one tenant's runs, per model, fleet-wide, on top of the "
+        "fleet's limits (0: no limit)",
+    )
+    tenant_model_tpm: int = _setting(
+        0,
+        "CAIRN_TENANT_MODEL_TPM",
+        "model tokens a minute of one tenant's runs, per model, fleet-wide, on top of the "
+        "fleet's limits (0: no limit)",
+    )
     model_rpm: int = _setting(
         0,
         "CAIRN_MODEL_RPM",

@@ -136,7 +136,7 @@ c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_start,
        c.attempts, c.deliveries, c.cancel_reason, r.max_cost_usd, c.wait_event,
        c.wait_timeout_cursor, coalesce(c.wait_until <= now(), false) AS wait_over,
        c.flow_version, r.parent_id, r.depth, r.concurrency_key, r.priority, r.traceparent,
-       r.forked_from, r.forked_at,
+       r.forked_from, r.forked_at, r.tenant,
        (SELECT jsonb_build_object('id', s.signal_id, 'payload', s.payload)
                || CASE WHEN s.traceparent IS NULL THEN '{}'::jsonb
                        ELSE jsonb_build_object('traceparent', s.traceparent) END

@@ -212,6 +212,7 @@ class _Tables:
             "priority": row.priority,
             "traceparent": row.traceparent,
             "forked_at": row.forked_at,
+            "tenant": row.tenant,
             "signal": _signal_of(*pending) if pending else None,
             "window": [
                 json.loads(row.window[i])
