@@ -18,6 +18,7 @@ from cairn.store.db import Database
 from cairn.store.tokens import Tokens
 from cairn.web.auth import TOKEN_TTL
 from tests.helpers.services import ROOT
+from tests.integration.test_cli import _cairn
 
 ADMIN = "admin-token-for-the-tenants-test"
 DOCUMENT = json.loads((ROOT / "tests" / "helpers" / "openapi.json").read_text())
@@ -141,6 +142,17 @@ def test_a_revoked_token_is_refused_within_seconds(http: Any, tokens: Tokens) ->
     assert [t.revoked_at is not None for t in tokens.list_tokens() if t.id == record.id] == [True]
 
 
+def test_a_revoked_tokens_page_session_ends(http: Any, tokens: Tokens) -> None:
+    record, token = tokens.create("acme")
+    http.post("/login", data={"token": token, "next": "/ui/runs"})
+    assert http.get("/ui/runs", follow_redirects=False).status_code == 200
+    tokens.revoke(record.id)
+    deadline = time.monotonic() + TOKEN_TTL + 3
+    while http.get("/ui/runs", follow_redirects=False).status_code != 303:
+        assert time.monotonic() < deadline, "a revoked token's session still works"
+        time.sleep(0.2)
+
+
 def test_an_admin_token_from_the_cli_sees_every_tenant(http: Any, tokens: Tokens) -> None:
     _, acme = tokens.create("acme")
     _, admin = tokens.create(None, "ops", admin=True)
@@ -148,3 +160,31 @@ def test_an_admin_token_from_the_cli_sees_every_tenant(http: Any, tokens: Tokens
     assert http.post("/runs", json=start, headers=_bearer(acme)).status_code == 202
     assert http.get("/runs/acme-2", headers=_bearer(admin)).json()["tenant"] == "acme"
     assert http.get("/schedules", headers=_bearer(admin)).status_code == 200
+
+
+def test_cairn_tokens_prints_a_token_once_lists_none_and_revokes(
+    settings: Settings, tokens: Tokens
+) -> None:
+    env = {"CAIRN_DATABASE_URL": settings.database_url}
+    made = _cairn("tokens", "create", "--tenant", "acme", "--name", "back end", env=env)
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip().splitlines()[-1]
+    found = tokens.check(token)
+    assert found is not None and (found.tenant, found.name, found.admin) == (
+        "acme",
+        "back end",
+        False,
+    )
+    listed = _cairn("tokens", "list", "--json", env=env)
+    assert token.split("_")[-1] not in listed.stdout  # never the secret again
+    [row] = [t for t in json.loads(listed.stdout)["tokens"] if t["id"] == found.id]
+    assert (row["tenant"], row["revoked_at"]) == ("acme", None)
+    assert _cairn("tokens", "revoke", found.id, env=env).returncode == 0
+    assert tokens.check(token) is None
+    for args, says in (
+        (("tokens", "create"), "give --tenant NAME"),
+        (("tokens", "create", "--tenant", "a b"), "tenant 'a b' is not valid"),
+        (("tokens", "revoke", "nope"), "no token 'nope'"),
+    ):
+        wrong = _cairn(*args, env=env)
+        assert wrong.returncode != 0 and says in wrong.stderr and "Traceback" not in wrong.stderr
