@@ -90,11 +90,20 @@ class Auth:
         if cookie and hmac.compare_digest(cookie.encode(), self.session):
             return Principal("cookie")
         token_id, dot, mac = cookie.partition(".")
-        if dot and (found := await self._session(token_id)) is not None:
-            expected = hmac.new(found[2], SESSION_SALT, hashlib.sha256).hexdigest()
-            if hmac.compare_digest(mac.encode(), expected.encode()):
-                return Principal("cookie", None if found[0] else found[1])
+        found = await self._session(token_id) if dot else None
+        if found is not None and hmac.compare_digest(
+            mac.encode(), self._mac(token_id, found[2]).encode()
+        ):
+            return Principal("cookie", None if found[0] else found[1])
         return None
+
+    def _mac(self, token_id: str, stored: bytes) -> str:
+        """A `cairn tokens` token's page session: keyed by the server's own token, so the
+        tokens table alone forges none, and by the token's stored hash, so a revoked or
+        replaced token's sessions end with it."""
+        assert self.token is not None
+        said = SESSION_SALT + b":" + token_id.encode() + b":" + stored
+        return hmac.new(self.token, said, hashlib.sha256).hexdigest()
 
     async def _token(self, given: str) -> tuple[bool, str | None, bytes] | None:
         """A `cairn tokens` token: (admin, tenant, its id as bytes), or None."""
@@ -146,8 +155,8 @@ class Auth:
 
     async def login(self, given: str) -> str | None:
         """The session cookie's value for a correct token, else None: the admin token's
-        session, or a `cairn tokens` token's (its id and a MAC keyed by its stored hash,
-        so revoking the token ends the session)."""
+        session, or a `cairn tokens` token's (its id and its MAC, _mac: revoking the token
+        ends the session)."""
         if self.token is None or self.session is None:
             return ""
         if hmac.compare_digest(given.encode(), self.token):
@@ -158,7 +167,7 @@ class Auth:
         found = await self._session(token_id)
         if found is None:
             return None
-        return f"{token_id}." + hmac.new(found[2], SESSION_SALT, hashlib.sha256).hexdigest()
+        return f"{token_id}.{self._mac(token_id, found[2])}"
 
 
 class Guard:
