@@ -155,3 +155,27 @@ def test_a_tenants_runs_share_its_concurrency_limit_over_its_workflows(
     assert acme.get(own).status == RunStatus.PENDING  # type: ignore[union-attr]
     with pytest.raises(InvalidInput, match="cairn's own"):
         acme.enqueue("probe", {"x": 4}, concurrency_key="cairn.tenant:globex")
+
+
+def test_an_async_client_with_a_tenant_sees_its_runs_only(any_store: CheckpointStore) -> None:
+    import asyncio
+
+    from cairn.client import AsyncClient
+
+    async def main() -> None:
+        send = lambda run_id, priority: None
+        async with (
+            AsyncClient(store=any_store, send=send, tenant="acme") as acme,
+            AsyncClient(store=any_store, send=send, tenant="globex") as globex,
+        ):
+            mine = await acme.enqueue("probe", {"x": 1})
+            assert (await acme.get(mine)).tenant == "acme"  # type: ignore[union-attr]
+            assert await globex.get(mine) is None and await globex.list() == []
+            with pytest.raises(UnknownRun):
+                await globex.wait(mine, timeout=0.1)
+            with pytest.raises(UnknownRun):
+                async for _ in globex.events(mine):
+                    pass
+            assert (await globex.for_tenant("acme").get(mine)) is not None
+
+    asyncio.run(main())
