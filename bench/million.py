@@ -178,7 +178,7 @@ def _row(
 
 def _list_params(**given: Any) -> dict[str, Any]:
     base = {"status": None, "limit": PAGE, "workflow": None, "after": None}
-    return {**base, "since": None, "until": None, **given}
+    return {**base, "since": None, "until": None, "tenant": None, **given}
 
 
 def million(dbs: Databases, redis_url: str, sz: Any) -> dict[str, Any]:

@@ -778,6 +778,24 @@ MUTANTS = [
         (f"{SEALING}::test_every_payload_is_sealed_in_both_servers_and_opens_for_the_reader",),
     ),
     Mutant(
+        "M93",
+        "a tenant's Client reads another tenant's run (get without the tenant check)",
+        "cairn/client/client.py",
+        "        run = self._sees(self.store.get(run_id))",
+        "        run = self.store.get(run_id)",
+        ("tests/integration/test_tenants_api.py::test_every_route_hides_another_tenants_run",),
+    ),
+    Mutant(
+        "M94",
+        "a tenant's list of runs without its tenant filter",
+        "store/sql/queries.sql",
+        " WHERE r.tenant = %(tenant)s\n   AND (%(workflow)s::text IS NULL",
+        " WHERE %(tenant)s::text IS NOT NULL\n   AND (%(workflow)s::text IS NULL",
+        (
+            "tests/contract/test_tenants.py::test_a_run_keeps_its_tenant_and_lists_and_counts_are_the_tenants",
+        ),
+    ),
+    Mutant(
         "M99",
         "a call cut by a steer message is not journaled: the replay makes it again",
         "steps/journal.py",

@@ -90,6 +90,7 @@ class Context(JournaledCalls, ModelCalls):
         cancel_read: float | None = None,
     ) -> None:
         self.run_id = cp.run_id
+        self.tenant = cp.tenant  # the customer the run is for (None: none)
         self.cursor = cp.cursor
         self.seq = cp.seq
         # Saved visits to this cursor before this one: a replay after a crash sees the

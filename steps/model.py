@@ -82,6 +82,7 @@ class Admission:
     who: str
     booked: int
     wait: float
+    tenant: str | None = None  # the run's tenant, whose own bucket it was booked in too
 
 
 class _Theirs(BaseException):
@@ -227,14 +228,20 @@ class ModelClient:
         RateLimited when it would wait past wait_max; the caller sleeps admission.wait."""
         if self.limiter is None:
             return Admission(where, "", 0, 0.0)
+        from cairn.steps.context import current  # not at the top: context imports this
+
+        step = current()
+        tenant = step.tenant if step is not None else None  # its tenant's limits too
         who = self.account(where.provider)
-        ok, wait = self.limiter.take(where.provider, where.model, who, tokens, self.wait_max)
+        ok, wait = self.limiter.take(
+            where.provider, where.model, who, tokens, self.wait_max, tenant=tenant
+        )
         if not ok:
             self._observe("deferred", where.model, 1)
             raise RateLimited(where.model, wait)
         if wait > 0:
             self._observe("wait", where.model, wait)
-        return Admission(where, who, tokens, wait)
+        return Admission(where, who, tokens, wait, tenant)
 
     def answered(
         self, admission: Admission, status: int, headers: Mapping[str, str] | None, usage: Any
@@ -265,7 +272,10 @@ class ModelClient:
                     )
         if usage is not None:
             used = tokens_of(usage).limited
-            self.limiter.settle(where.provider, where.model, admission.who, admission.booked - used)
+            self.limiter.settle(
+                where.provider, where.model, admission.who, admission.booked - used,
+                tenant=admission.tenant,
+            )  # fmt: skip
 
     @staticmethod
     def failure(exc: BaseException) -> tuple[int, Mapping[str, str] | None] | None:

@@ -13,6 +13,7 @@ from cairn.core.errors import (
     StaleWrite,
     StoreUnavailable,
 )
+from cairn.core.inputs import key_scope
 from cairn.core.records import (
     START,
     STEERED,
@@ -74,16 +75,17 @@ class PgStore:
         concurrency_key: str | None = None,
         concurrency_limit: int = 1,
         traceparent: str | None = None,
+        tenant: str | None = None,
     ) -> bool:
-        """Insert a run at seq 0; False if it existed (a failed one is re-armed). With a
-        concurrency key it is admitted if a slot is free, else queued (`admitted` then
-        says which runs to send).
+        """Insert a run at seq 0 (for tenant, if given); False if it existed (a failed one
+        is re-armed). With a concurrency key it is admitted if a slot is free, else queued
+        (`admitted` then says which runs to send).
 
-        Raises RunIdConflict if run_id exists with another workflow or input.
+        Raises RunIdConflict if run_id exists with another workflow, input or tenant.
         """
         params = create_params(
             run_id, workflow, input, cursor, max_cost_usd, priority, concurrency_key,
-            concurrency_limit, traceparent,
+            concurrency_limit, traceparent, tenant,
         )  # fmt: skip
         if concurrency_key is None:
             created = self.db.one("create_run", params) is not None
@@ -96,7 +98,7 @@ class PgStore:
             return self.create_run(
                 run_id, workflow, input, cursor, max_cost_usd, priority=priority,
                 concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
-                traceparent=traceparent,
+                traceparent=traceparent, tenant=tenant,
             )  # fmt: skip
         conflict(run_id, row, input)
         self.db.one("rearm_failed", {"run_id": run_id})
@@ -114,6 +116,7 @@ class PgStore:
         max_cost_usd: float | None = None,
         priority: int = 0,
         traceparent: str | None = None,
+        tenant: str | None = None,
     ) -> tuple[str, bool]:
         """The (workflow, key)'s run that has not started, with this input, starting
         `debounce` seconds from now (at most max_wait after its first enqueue): run_id,
@@ -121,7 +124,7 @@ class PgStore:
         the wake pass, which sends it: the caller sends nothing."""
         row = self.db.one("debounce", debounce_params(
             run_id, workflow, input, key, debounce, max_wait, max_cost_usd, priority,
-            traceparent,
+            traceparent, tenant,
         ))  # fmt: skip
         assert row is not None
         return row["run_id"], bool(row["created"])
@@ -185,7 +188,7 @@ class PgStore:
     def admitted(self, workflow: str, key: str) -> list[tuple[str, int]]:
         """The key's runs admitted and not sent yet, each (run id, priority), marked sent:
         the caller sends them (each run is returned to one caller)."""
-        rows = self.db.all("admitted", {"workflow": workflow, "key": key})
+        rows = self.db.all("admitted", {"workflow": key_scope(workflow, key), "key": key})
         return [(r["run_id"], r["priority"]) for r in rows]
 
     def get(self, run_id: str) -> Run | None:
@@ -517,10 +520,15 @@ class PgStore:
         """Where runs that may still go on stand: {workflow, cursor, runs} (live_cursors)."""
         return self.db.all("live_cursors")
 
-    def counts(self) -> dict[str, dict[str, Any]]:
+    def counts(self, tenant: str | None = None) -> dict[str, dict[str, Any]]:
         """Runs per status ({status: {"n": ...}}), exact, from a few rows however many
         runs there are. A reader that summed a long tail of deltas folds one batch of them:
-        without a reaper (no beat) they grow by about five rows per run."""
+        without a reaper (no beat) they grow by about five rows per run. With a tenant:
+        its runs', counted on its rows."""
+        if tenant is not None:
+            return {
+                r["status"]: r for r in self.db.all("count_by_status_of_tenant", {"tenant": tenant})
+            }
         rows = self.db.all("count_by_status")
         if rows and rows[0]["unfolded"] > FOLD_AT:
             self.db.one("fold_counts", {"batch": FOLD_BATCH})

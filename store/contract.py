@@ -155,9 +155,11 @@ class AdminStore(Protocol):
         concurrency_key: str | None = None,
         concurrency_limit: int = 1,
         traceparent: str | None = None,
+        tenant: str | None = None,
     ) -> bool:
-        """Insert a run at seq 0; False if it existed (a failed one is re-armed). With a
-        concurrency key: admitted if one of the key's slots is free, else queued."""
+        """Insert a run at seq 0, for tenant if given; False if it existed (a failed one is
+        re-armed). With a concurrency key: admitted if one of the key's slots is free, else
+        queued. RunIdConflict: run_id names a run of another workflow, input or tenant."""
 
     def debounce(
         self,
@@ -171,6 +173,7 @@ class AdminStore(Protocol):
         max_cost_usd: float | None = None,
         priority: int = 0,
         traceparent: str | None = None,
+        tenant: str | None = None,
     ) -> tuple[str, bool]:
         """The (workflow, key)'s run not started yet, made (as run_id) or given this input
         and a start `debounce` seconds from now, at most max_wait after its first enqueue:
@@ -192,10 +195,12 @@ class AdminStore(Protocol):
         with them), unparsed: a reader that must not refuse a row this code cannot load."""
 
     def list_runs(self, which: RunFilter | None = None) -> list[Run]:
-        """Runs newest first, a keyset page at a time (None: the first 50)."""
+        """Runs newest first, a keyset page at a time (None: the first 50); which.tenant:
+        that tenant's only."""
 
-    def counts(self) -> dict[str, dict[str, Any]]:
-        """Runs per status ({status: {"n": ...}}), the statuses that have runs."""
+    def counts(self, tenant: str | None = None) -> dict[str, dict[str, Any]]:
+        """Runs per status ({status: {"n": ...}}), the statuses that have runs (a
+        tenant's runs only, with one)."""
 
     def history(self, run_id: str) -> list[dict[str, Any]]:
         """The run's step attempts, oldest first."""
@@ -204,7 +209,8 @@ class AdminStore(Protocol):
         """The run's journaled calls, oldest first."""
 
     def children(self, run_id: str, seq: int | None = None, limit: int = 10_000) -> list[Run]:
-        """The run's children (of the spawn saved at seq, or all), in their spawn's order."""
+        """The run's children (of the spawn saved at seq, or all), in their spawn's order;
+        each of its parent's tenant."""
 
     def forks(self, run_id: str) -> list[Run]:
         """The runs forked from run_id, oldest first."""
@@ -256,7 +262,7 @@ class AdminStore(Protocol):
         traceparent: str | None = None,
     ) -> bool:
         """Create run_id, pending, from the checkpoint origin saved at seq `at` (its input
-        patched, its cost at 0); False if run_id existed (unchanged). Raises UnknownRun, or
+        patched, its cost at 0, its tenant kept); False if run_id existed (unchanged). Raises UnknownRun, or
         InvalidInput when origin saved no checkpoint at that seq."""
 
     def rewind(self, run_id: str, at: int) -> int:

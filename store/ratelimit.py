@@ -49,9 +49,16 @@ class RateLimiter:
     """
 
     def __init__(
-        self, client: redis.Redis, default: Limit = Limit(), limits: dict[str, Limit] | None = None
+        self,
+        client: redis.Redis,
+        default: Limit = Limit(),
+        limits: dict[str, Limit] | None = None,
+        tenant: Limit = Limit(),
     ) -> None:
         self.client, self.default = client, default
+        # Each tenant's own bucket per model (CAIRN_TENANT_MODEL_RPM/TPM), booked after the
+        # fleet's: a tenant's calls pass both.
+        self.tenant = tenant
         # The name that says most of the model first, whether or not it names a provider;
         # of two that say as much, the one naming a provider ("openai:gpt-4o" over "gpt-4o").
         self.limits = dict(
@@ -66,7 +73,9 @@ class RateLimiter:
     @classmethod
     def from_settings(cls, settings: Any, client: redis.Redis) -> RateLimiter:
         limits = {m: Limit(**v) for m, v in settings.rate_limits.items()}
-        return cls(client, Limit(settings.model_rpm, settings.model_tpm), limits)
+        default = Limit(settings.model_rpm, settings.model_tpm)
+        tenant = Limit(settings.tenant_model_rpm, settings.tenant_model_tpm)
+        return cls(client, default, limits, tenant)
 
     def bucket(self, provider: str, model: str) -> tuple[str, Limit]:
         """The bucket a provider's model's calls count in, and its limit."""
@@ -77,14 +86,29 @@ class RateLimiter:
         return (name, self.limits[name]) if name is not None else (model, self.default)
 
     def take(
-        self, provider: str, model: str, who: str, tokens: int, longest: float
+        self,
+        provider: str,
+        model: str,
+        who: str,
+        tokens: int,
+        longest: float,
+        tenant: str | None = None,
     ) -> tuple[bool, float]:
         """Book one call of about `tokens` tokens. Returns (True, seconds to wait before
         sending it), or (False, seconds it would have waited) when that is past `longest`
         and nothing was booked. A call of more tokens than a minute allows books a
-        whole minute's: it waits for a full bucket instead of forever."""
+        whole minute's: it waits for a full bucket instead of forever. With a tenant and
+        a tenant limit, the call is booked in the tenant's bucket too, after the fleet's
+        (refused there, the fleet's booking stands: a slot spent, never one too many)."""
         name, limit = self.bucket(provider, model)
-        where = key(provider, name, who)
+        booked, wait = self._take(key(provider, name, who), limit, tokens, longest)
+        if not booked or tenant is None or not (self.tenant.rpm or self.tenant.tpm):
+            return booked, wait
+        where = key(provider, name, f"tenant:{tenant}")
+        booked, also = self._take(where, self.tenant, tokens, longest)
+        return booked, max(wait, also)
+
+    def _take(self, where: str, limit: Limit, tokens: int, longest: float) -> tuple[bool, float]:
         unlimited = not (limit.rpm or limit.tpm)
         if unlimited and time.monotonic() < self._clear_until.get(where, 0.0):
             return True, 0.0  # nothing to book, and no back-off a moment ago
@@ -100,14 +124,19 @@ class RateLimiter:
             self._clear_until[where] = asked + CLEAR_FOR
         return bool(booked), wait_us / 1e6
 
-    def settle(self, provider: str, model: str, who: str, unused: int) -> None:
-        """Give back the tokens a call booked and did not use (negative: it used more)."""
+    def settle(
+        self, provider: str, model: str, who: str, unused: int, tenant: str | None = None
+    ) -> None:
+        """Give back the tokens a call booked and did not use (negative: it used more), in
+        the fleet's bucket and the tenant's."""
         name, limit = self.bucket(provider, model)
-        if limit.tpm and unused:
-            with translated():
-                self._script(
-                    keys=[key(provider, name, who)], args=["settle", 60_000 / limit.tpm, unused]
-                )
+        buckets = [(key(provider, name, who), limit)]
+        if tenant is not None:
+            buckets.append((key(provider, name, f"tenant:{tenant}"), self.tenant))
+        for where, each in buckets:
+            if each.tpm and unused:
+                with translated():
+                    self._script(keys=[where], args=["settle", 60_000 / each.tpm, unused])
 
     def back_off(self, provider: str, model: str, who: str, seconds: float) -> None:
         """No call of this bucket starts, on any worker, for `seconds` from now."""

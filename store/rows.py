@@ -21,6 +21,7 @@ from cairn.core.errors import (
     UnknownRun,
     WaitTimedOut,
 )
+from cairn.core.inputs import key_scope
 from cairn.core.records import (
     CHECKPOINT_VERSION,
     START,
@@ -75,7 +76,11 @@ def settled(run_id: str, run: Run | None, timeout: float | None, deadline: float
 
 def list_query(which: RunFilter) -> tuple[str, dict[str, Any]]:
     """The named query and parameters of a page of runs."""
-    return ("list_runs_by_status" if which.status else "list_runs"), dataclasses.asdict(which)
+    if which.status:
+        name = "list_runs_by_status"
+    else:
+        name = "list_runs" if which.tenant is None else "list_runs_of_tenant"
+    return name, dataclasses.asdict(which)
 
 
 def sealed(value: Any) -> Jsonb:
@@ -85,8 +90,10 @@ def sealed(value: Any) -> Jsonb:
 
 
 def conflict(run_id: str, row: dict[str, Any], input: dict[str, Any]) -> None:
-    """RunIdConflict unless the existing run (existing_run's row) has this workflow and
-    input: the same run id is the same run, or a mistake."""
+    """RunIdConflict unless the existing run (existing_run's row) has this workflow, input
+    and tenant: the same run id is the same run, or a mistake."""
+    if not row["same_tenant"]:  # never another tenant's run, nor what it holds
+        raise RunIdConflict(f"run id {run_id!r} is taken; use a new run id")
     same_input = sealing.ring().open(row["input"]) == input
     if not (row["same_workflow"] and same_input):
         what = "workflow" if not row["same_workflow"] else "input"
@@ -176,6 +183,7 @@ def create_params(
     concurrency_key: str | None,
     concurrency_limit: int,
     traceparent: str | None = None,
+    tenant: str | None = None,
 ) -> dict[str, Any]:
     """create_run's and create_keyed_run's parameters."""
     return {
@@ -188,8 +196,10 @@ def create_params(
         "max_cost_usd": max_cost_usd,
         "priority": priority,
         "key": concurrency_key,
+        "scope": key_scope(workflow, concurrency_key),
         "limit": concurrency_limit,
         "traceparent": traceparent,
+        "tenant": tenant,
     }
 
 
@@ -203,10 +213,11 @@ def debounce_params(
     max_cost_usd: float | None,
     priority: int,
     traceparent: str | None,
+    tenant: str | None = None,
 ) -> dict[str, Any]:
     """The debounce query's parameters."""
     params = create_params(
-        run_id, workflow, input, START, max_cost_usd, priority, key, 1, traceparent
+        run_id, workflow, input, START, max_cost_usd, priority, key, 1, traceparent, tenant
     )
     return {**params, "debounce": debounce, "max_wait": max_wait}
 
@@ -227,7 +238,8 @@ def _checkpoint(row: dict[str, Any]) -> Checkpoint:
     fields = {
         f.name: row[f.name]
         for f in dataclasses.fields(Checkpoint)
-        if f.name not in ("window", "window_bytes")
+        # a row exported before tenants has none (cairn runs export)
+        if f.name not in ("window", "window_bytes") and (f.name != "tenant" or "tenant" in row)
     }
     fields["status"] = RunStatus(row["status"])
     return Checkpoint(window=tuple(row["window"]), **fields)

@@ -64,12 +64,13 @@ def _enqueue(
     concurrency_key: str | None,
     concurrency_limit: int,
     traceparent: str | None,
+    tenant: str | None = None,
 ) -> Statements:
     """PgStore.create_run's statements, then the notification the dispatcher sends the
     run on; returns whether the run is new. Raises RunIdConflict."""
     params = create_params(
         run_id, workflow, input, START, max_cost_usd, priority, concurrency_key,
-        concurrency_limit, traceparent,
+        concurrency_limit, traceparent, tenant,
     )  # fmt: skip
     names = ("create_run",) if concurrency_key is None else ("create_keyed_run", "admit")
     created = yield from _create(names, params)
@@ -89,7 +90,8 @@ def _enqueue(
 def create_run_in(connection: object, run_id: str, workflow: str, input: dict[str, Any], *,
                   max_cost_usd: float | None = None, priority: int = 0,
                   concurrency_key: str | None = None, concurrency_limit: int = 1,
-                  traceparent: str | None = None) -> bool:  # fmt: skip
+                  traceparent: str | None = None,
+                  tenant: str | None = None) -> bool:  # fmt: skip
     """PgStore.create_run on the caller's connection, in its transaction, with the
     notification the dispatcher sends the run on; True if the run is new. Commits nothing:
     the caller's commit does. In a savepoint of the caller's transaction (an autocommit
@@ -100,7 +102,7 @@ def create_run_in(connection: object, run_id: str, workflow: str, input: dict[st
     """
     steps = _enqueue(
         run_id, workflow, input, max_cost_usd, priority, concurrency_key, concurrency_limit,
-        traceparent,
+        traceparent, tenant,
     )  # fmt: skip
     return bool(_run(_sync(connection), steps))
 
@@ -108,12 +110,22 @@ def create_run_in(connection: object, run_id: str, workflow: str, input: dict[st
 def debounce_in(connection: object, run_id: str, workflow: str, input: dict[str, Any],
                 key: str, debounce: float, max_wait: float | None = None, *,
                 max_cost_usd: float | None = None, priority: int = 0,
-                traceparent: str | None = None) -> str:  # fmt: skip
+                traceparent: str | None = None,
+                tenant: str | None = None) -> str:  # fmt: skip
     """PgStore.debounce on the caller's connection, in a savepoint of its transaction:
     the run id the enqueue collapsed into. No notification: the wake pass sends the run
     when its quiet period ends, and only a committed one (it is waiting until then)."""
     steps = _debounce(
-        run_id, workflow, input, key, debounce, max_wait, max_cost_usd, priority, traceparent
+        run_id,
+        workflow,
+        input,
+        key,
+        debounce,
+        max_wait,
+        max_cost_usd,
+        priority,
+        traceparent,
+        tenant,
     )
     return str(_run(_sync(connection), steps))
 
@@ -152,11 +164,12 @@ async def acreate_run_in(connection: object, run_id: str, workflow: str,
                          input: dict[str, Any], *, max_cost_usd: float | None = None,
                          priority: int = 0, concurrency_key: str | None = None,
                          concurrency_limit: int = 1,
-                         traceparent: str | None = None) -> bool:  # fmt: skip
+                         traceparent: str | None = None,
+                         tenant: str | None = None) -> bool:  # fmt: skip
     """create_run_in on the caller's psycopg AsyncConnection, awaited in its event loop."""
     steps = _enqueue(
         run_id, workflow, input, max_cost_usd, priority, concurrency_key, concurrency_limit,
-        traceparent,
+        traceparent, tenant,
     )  # fmt: skip
     return bool(await _arun(connection, steps))
 
@@ -164,10 +177,20 @@ async def acreate_run_in(connection: object, run_id: str, workflow: str,
 async def adebounce_in(connection: object, run_id: str, workflow: str, input: dict[str, Any],
                        key: str, debounce: float, max_wait: float | None = None, *,
                        max_cost_usd: float | None = None, priority: int = 0,
-                       traceparent: str | None = None) -> str:  # fmt: skip
+                       traceparent: str | None = None,
+                       tenant: str | None = None) -> str:  # fmt: skip
     """debounce_in on the caller's psycopg AsyncConnection, awaited in its event loop."""
     steps = _debounce(
-        run_id, workflow, input, key, debounce, max_wait, max_cost_usd, priority, traceparent
+        run_id,
+        workflow,
+        input,
+        key,
+        debounce,
+        max_wait,
+        max_cost_usd,
+        priority,
+        traceparent,
+        tenant,
     )
     return str(await _arun(connection, steps))
 

@@ -42,6 +42,7 @@ app = typer.Typer()
 # `cairn runs` and `cairn runs list` take the same options.
 Status = Annotated[RunStatus | None, typer.Option("--status", help="Only runs in this status.")]
 OfWorkflow = Annotated[str | None, typer.Option("--workflow", help="Only runs of this workflow.")]
+OfTenant = Annotated[str | None, typer.Option("--tenant", help="Only runs of this tenant.")]
 Limit = Annotated[int, typer.Option("--limit", help="Rows to show.", min=1, max=10_000)]
 After = Annotated[
     str | None,
@@ -63,6 +64,7 @@ def runs(
     after: After = None,
     since: Since = None,
     until: Until = None,
+    tenant: OfTenant = None,
     as_json: AsJson = False,
     database_url: DatabaseUrl = None,
 ) -> None:
@@ -72,7 +74,7 @@ def runs(
     With no command, list runs newest first, a page at a time, with the totals by status
     (as `cairn runs list`)."""
     if ctx.invoked_subcommand is None:
-        list_runs(status, workflow, limit, after, since, until, as_json, database_url)
+        list_runs(status, workflow, limit, after, since, until, tenant, as_json, database_url)
 
 
 @app.command("list")
@@ -83,25 +85,34 @@ def list_runs(
     after: After = None,
     since: Since = None,
     until: Until = None,
+    tenant: OfTenant = None,
     as_json: AsJson = False,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """List runs, newest first, a page at a time, with the totals by status."""
+    """List runs, newest first, a page at a time, with the totals by status (a tenant's,
+    with --tenant)."""
+    from cairn.core.errors import InvalidInput
+
     with open_client(load_settings(database_url=database_url)) as client:
-        found = client.list(
-            status, limit, workflow=workflow, after=after, since=aware(since), until=aware(until)
-        )
-        totals = client.counts()
+        try:
+            found = client.list(
+                status, limit, workflow=workflow, after=after, since=aware(since),
+                until=aware(until), tenant=tenant,
+            )  # fmt: skip
+        except InvalidInput as exc:  # a tenant name that is none
+            fail(exc, 2)
+        totals = client.for_tenant(tenant).counts() if tenant else client.counts()
     following = found[-1].run_id if len(found) == limit else None
     if as_json:
         rows = [r.to_json() for r in found]
         print(dumps({"runs": rows, "totals": totals, "next_after": following}))
         return
-    table = Table("workflow", "status", "cursor", "seq", "cost $", "resumes", "updated")
+    table = Table("workflow", "tenant", "status", "cursor", "seq", "cost $", "resumes", "updated")
     table.add_column("run", no_wrap=True)
     for r in found:
         table.add_row(
             r.workflow,
+            r.tenant or "",
             _coloured(r.status),
             r.cursor,
             str(r.seq),
@@ -234,6 +245,8 @@ def show(run_id: RunId, as_json: AsJson = False, database_url: DatabaseUrl = Non
             fail(f"no run {run_id!r}; `cairn runs` lists the runs")
         _print_row(row)
         run = client.get(run_id)
+        if run is not None and run.tenant is not None:
+            console.print(f"[bold]{'tenant':>10}[/] {run.tenant}")
         if run is not None and run.started_version is not None:
             console.print(f"[bold]{'started on':>10}[/] code version {run.started_version}")
         if run is not None and run.wakes_at is not None:  # a sleep, or a wait's timeout

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins  # `list` in a Client's annotations is its method
+import copy
 import functools
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -64,8 +65,8 @@ class AsyncClient:
             run_id = await client.enqueue("invoice", {"customer": "acme", "email": "a@acme.test"})
             run = await client.wait(run_id, timeout=30)
 
-    Its arguments are Client's (store=, send=, events= too); pool_size is the Client's
-    pool, shared by the calls in flight.
+    Its arguments are Client's (store=, send=, events=, tenant= too); pool_size is the
+    Client's pool, shared by the calls in flight.
     """
 
     def __init__(
@@ -78,6 +79,7 @@ class AsyncClient:
         store: CheckpointStore | None = None,
         send: Callable[[str, int], None] | None = None,
         events: EventLog | None = None,
+        tenant: str | None = None,
     ) -> None:
         self.sync = Client(
             database_url,
@@ -87,10 +89,25 @@ class AsyncClient:
             store=store,
             send=send,
             events=events,
+            tenant=tenant,
         )
         self.settings, self.store = self.sync.settings, self.sync.store
         self._event_log: AsyncEventLog | None = None
         self._redis_log: AsyncRedisEvents | None = None
+
+    @property
+    def tenant(self) -> str | None:
+        """The tenant this client acts for (None: every run)."""
+        return self.sync.tenant
+
+    def for_tenant(self, tenant: str) -> AsyncClient:
+        """Client.for_tenant: this client acting for one tenant, on the same pool, producer
+        and readers (closing it closes nothing)."""
+        view = copy.copy(self)
+        view.sync = self.sync.for_tenant(tenant)
+        view._redis_log = None  # the origin's to close
+        view._event_log = self._events()
+        return view
 
     async def __aenter__(self) -> Self:
         return self
@@ -100,6 +117,8 @@ class AsyncClient:
 
     async def close(self) -> None:
         """Client.close, and the asyncio Redis reader's connections."""
+        if self.sync._view:
+            return
         await asyncio.to_thread(self.sync.close)
         if self._redis_log is not None:
             await self._redis_log.close()
@@ -132,19 +151,24 @@ class AsyncClient:
             )  # fmt: skip
         # The checks, the flow defaults and the span are Client's; only the statements are
         # awaited here, on the caller's connection, in the caller's event loop.
-        debounced = checked_debounce(debounce_key, debounce, max_wait, run_id, concurrency_key)
+        debounced = self.sync._debounced(
+            checked_debounce(debounce_key, debounce, max_wait, run_id, concurrency_key)
+        )
         run_id, data = checked(self.settings, workflow, input, run_id)
-        key, limit, prio = flow(workflow, concurrency_key, concurrency_limit, priority)
+        key, limit, prio = self.sync._tenant_key(
+            *flow(workflow, concurrency_key, concurrency_limit, priority)
+        )
         self.sync._on_postgres()
         with tracing.enqueuing(workflow, run_id, concurrency_key=key, priority=prio) as trace:
             if debounced is not None:
                 return await adebounce_in(
                     connection, run_id, workflow, data, *debounced, max_cost_usd=max_cost_usd,
-                    priority=prio, traceparent=trace,
+                    priority=prio, traceparent=trace, tenant=self.tenant,
                 )  # fmt: skip
             await acreate_run_in(
                 connection, run_id, workflow, data, max_cost_usd=max_cost_usd, priority=prio,
                 concurrency_key=key, concurrency_limit=limit, traceparent=trace,
+                tenant=self.tenant,
             )  # fmt: skip
         return run_id
 
@@ -176,6 +200,8 @@ class AsyncClient:
         LISTEN/NOTIFY on the one connection all the client's waits share (no thread and no
         connection held per wait). Raises UnknownRun, or cairn.WaitTimedOut after timeout
         seconds (None: no limit)."""
+        if self.tenant is not None:
+            await asyncio.to_thread(self.sync._known, run_id)
         return await self.store.wait_async(run_id, timeout)
 
     async def events(
@@ -186,6 +212,8 @@ class AsyncClient:
         goes on."""
         from cairn.client.events import afollow
 
+        if self.tenant is not None:
+            await asyncio.to_thread(self.sync._known, run_id)
         until = None if timeout is None else time.monotonic() + timeout
         async for event in afollow(
             _Durable(self.store), self._events(), run_id, after, until=until

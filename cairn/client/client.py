@@ -10,6 +10,7 @@ enqueue. AsyncClient (cairn.client.aio) is its face for asyncio.
 from __future__ import annotations
 
 import builtins  # `list` in a Client's annotations is its method
+import copy
 import dataclasses
 import datetime as dt
 import time
@@ -30,8 +31,8 @@ from cairn.client.checks import (
 )
 from cairn.client.sender import Sender, no_broker
 from cairn.core import tracing
-from cairn.core.errors import CairnError, InvalidInput, RunEnded, UnknownRun
-from cairn.core.inputs import check_input, check_run_id
+from cairn.core.errors import CairnError, InvalidInput, RunEnded, RunIdConflict, UnknownRun
+from cairn.core.inputs import TENANT_KEY, check_input, check_run_id, check_tenant
 from cairn.core.records import CallRecord, Run, RunFilter, StepRecord
 from cairn.core.settings import Settings
 from cairn.core.status import CANCEL_REASON, STOPPED, RunStatus
@@ -48,6 +49,10 @@ if TYPE_CHECKING:
     from cairn.store.events import RedisEvents
     from cairn.workers.outbox import EventLog
 
+
+# Between a tenant and its debounce key in the stored key: a character no key or tenant
+# has, so two tenants' keys never collapse into one run.
+TENANT_SEP = "\x1f"
 
 # Runs re-armed a transaction by Client.replay, each batch's messages sent after its commit:
 # a crash mid-replay leaves the rest failed (replay again), and a batch committed but not
@@ -79,6 +84,9 @@ class Client:
             passes cairn.testing.LocalWorker's, which runs the runs in process.
         events: where the runs' live events are read (Client.events); default: Redis at
             the Redis URL. A LocalWorker's `events` in a test.
+        tenant: act for this tenant only: its enqueues are the tenant's runs, and its
+            reads, lists, signals, cancels and steers see that tenant's runs alone
+            (another's is UnknownRun, or absent from a list). None: every run.
     """
 
     def __init__(
@@ -91,7 +99,10 @@ class Client:
         store: CheckpointStore | None = None,
         send: Callable[[str, int], None] | None = None,
         events: EventLog | None = None,
+        tenant: str | None = None,
     ) -> None:
+        self.tenant = check_tenant(tenant) if tenant is not None else None
+        self._view = False  # a for_tenant() view closes nothing: its origin owns it all
         base = settings or Settings.from_env()
         self.settings = base.with_options(database_url=database_url, broker_url=broker_url)
         s = self.settings
@@ -120,9 +131,18 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def for_tenant(self, tenant: str) -> Client:
+        """This Client acting for one tenant, on the same pool, producer and reader (a
+        server's per-request view: closing it closes nothing)."""
+        view = copy.copy(self)
+        view.tenant, view._view = check_tenant(tenant), True
+        return view
+
     def close(self) -> None:
         """Close what this Client opened: its pool, its producer, its Redis reader (a
         store or an event log it was given stays open)."""
+        if self._view:
+            return
         if self._db is not None:
             self._db.close()
         if self._sender is not None:
@@ -176,9 +196,14 @@ class Client:
                 debounce, a debounce without a key); nothing written.
             RunIdConflict: run_id names a run with another workflow or input.
         """
-        debounced = checked_debounce(debounce_key, debounce, max_wait, run_id, concurrency_key)
+        debounced = self._debounced(
+            checked_debounce(debounce_key, debounce, max_wait, run_id, concurrency_key)
+        )
         run_id, data = checked(self.settings, workflow, input, run_id)
-        key, limit, prio = flow(workflow, concurrency_key, concurrency_limit, priority)
+        key, limit, prio = self._tenant_key(
+            *flow(workflow, concurrency_key, concurrency_limit, priority)
+        )
+        tenant = self.tenant
         with tracing.enqueuing(workflow, run_id, concurrency_key=key, priority=prio) as trace:
             if debounced is not None:  # nothing sent: the wake pass sends it when due
                 if connection is not None:
@@ -186,10 +211,11 @@ class Client:
                     return debounce_in(
                         connection, run_id, workflow, data, *debounced,
                         max_cost_usd=max_cost_usd, priority=prio, traceparent=trace,
+                        tenant=tenant,
                     )  # fmt: skip
                 return self.store.debounce(
                     run_id, workflow, data, *debounced, max_cost_usd=max_cost_usd,
-                    priority=prio, traceparent=trace,
+                    priority=prio, traceparent=trace, tenant=tenant,
                 )[0]  # fmt: skip
             if connection is not None:
                 # Nothing is sent from here: the caller's commit is not ours to see, and
@@ -198,12 +224,13 @@ class Client:
                 create_run_in(
                     connection, run_id, workflow, data, max_cost_usd=max_cost_usd,
                     priority=prio, concurrency_key=key, concurrency_limit=limit,
-                    traceparent=trace,
+                    traceparent=trace, tenant=tenant,
                 )  # fmt: skip
                 return run_id
             created = self.store.create_run(
                 run_id, workflow, data, max_cost_usd=max_cost_usd, priority=prio,
                 concurrency_key=key, concurrency_limit=limit, traceparent=trace,
+                tenant=tenant,
             )  # fmt: skip
             if key is None:
                 self.send(run_id, priority=prio)
@@ -212,6 +239,41 @@ class Client:
                 if run is not None and run.status == RunStatus.PENDING:
                     self.send(run_id, priority=run.priority)
         return run_id
+
+    def _debounced(
+        self, debounced: tuple[str, float, float | None] | None
+    ) -> tuple[str, float, float | None] | None:
+        """The debounce options with the key this Client's tenant stores it under."""
+        if debounced is None or self.tenant is None:
+            return debounced
+        key, wait, max_wait = debounced
+        return f"{self.tenant}{TENANT_SEP}{key}", wait, max_wait
+
+    def _tenant_key(self, key: str | None, limit: int, prio: int) -> tuple[str | None, int, int]:
+        """The flow options with the tenant's concurrency key (CAIRN_TENANT_CONCURRENCY) for
+        a run of a tenant that has no key of its own."""
+        if key is None and self.tenant is not None and self.settings.tenant_concurrency > 0:
+            return f"{TENANT_KEY}{self.tenant}", self.settings.tenant_concurrency, prio
+        return key, limit, prio
+
+    def _sees(self, run: Run | None) -> Run | None:
+        """The run if this Client may see it (its tenant's, or any without a tenant)."""
+        if run is None or self.tenant is None or run.tenant == self.tenant:
+            return run
+        return None
+
+    def _known(self, run_id: str) -> None:
+        """UnknownRun unless the run exists and this Client may act on it: another
+        tenant's run is no run (never a refusal that says it exists)."""
+        if self.tenant is not None and self.get(run_id) is None:
+            raise UnknownRun(f"no run {run_id!r}")
+
+    def _hidden(self, run_id: str) -> bool:
+        return self.tenant is not None and self.get(run_id) is None
+
+    def _admin_only(self, what: str) -> None:
+        if self.tenant is not None:
+            raise InvalidInput(f"{what} acts on every tenant's runs: use a Client with no tenant")
 
     def _on_postgres(self) -> None:
         if not isinstance(self.store, PgStore):
@@ -236,7 +298,7 @@ class Client:
     def get(self, run_id: str, *, window: bool = False) -> Run | None:
         """The run's status, cursor, state (its result once done), error and cost; the
         model window too with window=True. None if there is no such run."""
-        run = self.store.get(run_id)
+        run = self._sees(self.store.get(run_id))
         if run is None or not window:
             return run
         row = self.store.load_row(run_id)
@@ -251,22 +313,31 @@ class Client:
         after: str | None = None,
         since: dt.datetime | None = None,
         until: dt.datetime | None = None,
+        tenant: str | None = None,
     ) -> list[Run]:
-        """Runs, newest first, filtered by status, workflow and creation time [since,
-        until); pass the last run id of a page as `after` for the next page."""
+        """Runs, newest first, filtered by status, workflow, tenant and creation time
+        [since, until); pass the last run id of a page as `after` for the next page. A
+        Client with a tenant lists that tenant's runs only."""
+        if tenant is not None:
+            check_tenant(tenant)
+            if self.tenant is not None and tenant != self.tenant:
+                return []
         which = RunFilter(
-            status=status, limit=limit, workflow=workflow, after=after, since=since, until=until
-        )
+            status=status, limit=limit, workflow=workflow, after=after, since=since,
+            until=until, tenant=self.tenant or tenant,
+        )  # fmt: skip
         return self.store.list_runs(which)
 
     def counts(self) -> dict[RunStatus, int]:
-        """How many runs are in each status."""
-        return {RunStatus(status): int(row["n"]) for status, row in self.store.counts().items()}
+        """How many runs are in each status (a Client with a tenant: that tenant's)."""
+        found = self.store.counts(self.tenant) if self.tenant else self.store.counts()
+        return {RunStatus(status): int(row["n"]) for status, row in found.items()}
 
     def cancel(self, run_id: str, reason: str = CANCEL_REASON) -> Run:
         """Stop a run: a pending one at once, a running one at its next step boundary
         (before any further effect or model call); the run as it stands after. Raises
         UnknownRun."""
+        self._known(run_id)
         self.store.cancel(run_id, reason)
         run = self.get(run_id)
         if run is None:
@@ -280,7 +351,7 @@ class Client:
     def children(self, run_id: str) -> builtins.list[Run]:
         """The run's child runs (StepResult.spawn), each spawn's in the order its step
         listed them: status, state (the result once done), error. [] for none."""
-        return self.store.children(run_id)
+        return [] if self._hidden(run_id) else self.store.children(run_id)
 
     def fork(
         self,
@@ -297,11 +368,14 @@ class Client:
         Raises UnknownRun, or InvalidInput when no checkpoint was saved at that seq."""
         at, patch = checked_fork(self.settings, at_seq, input_patch)
         new = check_run_id(new_run_id) if new_run_id is not None else uuid.uuid4().hex
+        self._known(run_id)
         with tracing.spanning(
             "cairn.fork", producer=True, run_id=new, forked_from=run_id, forked_at=at
         ) as trace:
             if self.store.fork(run_id, at, new, patch, trace):
                 self.send(new)
+            elif self._hidden(new):  # new_run_id names another tenant's run
+                raise RunIdConflict(f"run id {new!r} is taken; use a new run id")
         return new
 
     def rewind(self, run_id: str, *, to_seq: int) -> Run:
@@ -311,6 +385,7 @@ class Client:
         unless the downstream dedupes on its own key. Raises RunNotStopped for a run that
         is pending, running, waiting or queued (cancel it first), UnknownRun, InvalidInput."""
         at, _ = checked_fork(self.settings, to_seq, None)
+        self._known(run_id)
         self.store.rewind(run_id, at)
         self.send(run_id)
         run = self.get(run_id)
@@ -319,7 +394,7 @@ class Client:
 
     def forks(self, run_id: str) -> builtins.list[Run]:
         """The runs forked from run_id (Client.fork), oldest first."""
-        return self.store.forks(run_id)
+        return [] if self._hidden(run_id) else self.store.forks(run_id)
 
     def replay(
         self,
@@ -343,6 +418,7 @@ class Client:
         Returns the runs as they stopped, oldest first; progress(n) after each batch.
         Two replays at once re-arm each run once; a run that fails again during this
         replay waits for the next one."""
+        self._admin_only("replay")
         statuses, since, until, limit = checked_replay(status, since, until, limit)
         until = until or self.store.clock()
         if dry_run:
@@ -368,6 +444,7 @@ class Client:
         run waiting for it wakes, a run that waits for it later finds it. The same
         signal_id twice is one signal (returns False the second time). Raises UnknownRun."""
         signal_id = checked_signal(self.settings, event, payload, signal_id)
+        self._known(run_id)
         with tracing.spanning("cairn.signal", run_id=run_id, event=event) as trace:
             found = self.store.signal(run_id, event, payload, signal_id, trace)
         if found is None:
@@ -389,6 +466,7 @@ class Client:
         A call that is not in flight when the message commits is not cut; the message then
         waits, as any, for the next ctx.messages()."""
         check_input({"message": message}, self.settings.max_input_bytes)
+        self._known(run_id)
         found = self.store.steer(run_id, message, interrupt)
         if found is None:
             raise UnknownRun(f"no run {run_id!r}")
@@ -406,6 +484,7 @@ class Client:
         replay), done=False that it did not (the replay runs it). The run goes on at its
         cursor. Resolving again changes nothing. Raises UnknownRun."""
         check_input({"result": result}, self.settings.max_input_bytes)
+        self._known(run_id)
         rearmed, _ = self.store.resolve(run_id, done, result)
         run = self.get(run_id)
         if run is None:
@@ -420,16 +499,21 @@ class Client:
         share one listening connection, opened on the first wait and closed with the
         Client. Raises UnknownRun, or cairn.WaitTimedOut (a TimeoutError) after timeout
         seconds (None: no limit)."""
+        self._known(run_id)
         return self.store.wait(run_id, timeout)
 
     def history(self, run_id: str) -> builtins.list[StepRecord]:
         """The run's step timeline, oldest first: one record per step attempt that ended.
         [] for an unknown run."""
+        if self._hidden(run_id):
+            return []
         return [StepRecord.from_row(r) for r in self.store.history(run_id)]
 
     def calls(self, run_id: str, limit: int = 500) -> builtins.list[CallRecord]:
         """The run's journaled calls (ctx.call, ctx.model, an agent's model requests and
         tool calls), oldest first. [] for an unknown run."""
+        if self._hidden(run_id):
+            return []
         return [CallRecord.from_row(r) for r in self.store.calls(run_id, limit)]
 
     def events(
@@ -444,6 +528,7 @@ class Client:
         timeout: stop after that many seconds even if the run goes on."""
         from cairn.client.events import follow
 
+        self._known(run_id)
         until = None if timeout is None else time.monotonic() + timeout
         return follow(self.store, self._events(), run_id, after, until=until)
 
@@ -453,6 +538,7 @@ class Client:
         Needs CAIRN_API_TOKEN, the server's."""
         from cairn.client.events import read_token
 
+        self._known(run_id)
         if not self.settings.api_token:
             raise InvalidInput("events_token needs CAIRN_API_TOKEN: the token cairn serve uses")
         return read_token(self.settings.api_token, run_id)
@@ -508,6 +594,7 @@ class Client:
             InvalidInput: a bad name, cron, interval, catch_up or input; nothing written.
             ScheduleConflict: the name holds another definition and replace is False.
         """
+        self._admin_only("a schedule")
         wanted = checked_schedule(self.settings, name, workflow, input, cron, every, catch_up)
         store = self.store.schedule_store()
         stored = store.add(wanted, replace=replace)

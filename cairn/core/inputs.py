@@ -34,6 +34,28 @@ def check_run_id(run_id: Any) -> str:
     return run_id
 
 
+TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+# A tenant's concurrency key (CAIRN_TENANT_CONCURRENCY): its slots span the tenant's
+# workflows, kept under this name in place of one workflow's.
+TENANT_KEY, TENANT_SCOPE = "cairn.tenant:", "cairn.tenant"
+
+
+def key_scope(workflow: str, key: str | None) -> str:
+    """Where a concurrency key's slots are counted: its workflow's, or for a tenant's key
+    every workflow's (the SQL's triggers say the same, migration 0021)."""
+    return TENANT_SCOPE if key is not None and key.startswith(TENANT_KEY) else workflow
+
+
+def check_tenant(tenant: Any) -> str:
+    """A tenant's name: it travels in URLs, logs and the CLI's columns."""
+    if not isinstance(tenant, str) or not TENANT.fullmatch(tenant):
+        raise InvalidInput(
+            f"tenant {tenant!r} is not valid: use 1-100 letters, digits and . _ -, "
+            "starting with a letter or digit"
+        )
+    return tenant
+
+
 def check_event(event: Any) -> str:
     """A signal's event name: what a step waits for, and a URL path segment."""
     if not isinstance(event, str) or not 1 <= len(event) <= RUN_ID_MAX or "\x00" in event:
@@ -95,6 +117,10 @@ def check_flow(
     ):
         raise InvalidInput(
             f"concurrency key {concurrency_key!r} is not valid: use {RUN_ID_RULE} (e.g. 'user:42')"
+        )
+    if concurrency_key is not None and concurrency_key.startswith("cairn."):
+        raise InvalidInput(
+            f"concurrency key {concurrency_key!r}: keys starting with 'cairn.' are cairn's own"
         )
     if not _whole(concurrency_limit) or not 1 <= concurrency_limit <= LIMIT_MAX:
         raise InvalidInput(

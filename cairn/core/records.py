@@ -159,6 +159,9 @@ class Run:
     # The code version (CAIRN_CODE_VERSION) of the worker that started it (None: no worker
     # has yet, or one before versions were recorded).
     started_version: str | None = None
+    # The customer it is for (Client(tenant=), or the API token that enqueued it; None:
+    # none). A child run and a fork keep their origin's.
+    tenant: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Run:
@@ -187,7 +190,7 @@ class Run:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunFilter:
     """Which runs a list shows (Client.list, every store's list_runs): newest first,
-    filtered by status, workflow and creation time [since, until), `limit` at a time;
+    filtered by status, workflow, tenant and creation time [since, until), `limit` at a time;
     `after`: the last run id of the previous page (keyset paging)."""
 
     status: RunStatus | None = None
@@ -196,6 +199,7 @@ class RunFilter:
     after: str | None = None
     since: dt.datetime | None = None
     until: dt.datetime | None = None
+    tenant: str | None = None  # that tenant's runs only (None: every run)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,6 +262,7 @@ class Checkpoint:
     priority: int = 0
     traceparent: str | None = None  # the enqueuer's span (cairn.otel): deliveries go on its trace
     forked_at: int | None = None  # a fork's first seq (its origin's), never changed
+    tenant: str | None = None  # the customer it is for: its model calls count in its limits
     # Read with the row, never written: the wait's timeout has passed; the oldest signal
     # of the awaited event not yet consumed ({"id", "payload"}).
     wait_over: bool = dataclasses.field(default=False, compare=False)
@@ -272,7 +277,7 @@ class Checkpoint:
 
     def evolve(self, **changes: Any) -> Checkpoint:
         """dataclasses.replace, for the loop's once-a-step copy: replace re-runs __init__
-        over all 27 fields (twice the time); this copies the fields and sets the changed
+        over all 28 fields (twice the time); this copies the fields and sets the changed
         ones. Checkpoint has no __post_init__ to skip, and a misspelt field still fails."""
         if not changes.keys() <= _FIELDS:
             raise TypeError(f"Checkpoint has no field {sorted(changes.keys() - _FIELDS)}")

@@ -222,6 +222,24 @@ class Settings:
     )
     web_host: str = _setting("127.0.0.1", "CAIRN_WEB_HOST", "`cairn serve`: address to listen on")
     web_port: int = _setting(8000, "CAIRN_WEB_PORT", "`cairn serve`: port to listen on")
+    tenant_concurrency: int = _setting(
+        0,
+        "CAIRN_TENANT_CONCURRENCY",
+        "runs of one tenant that hold a slot at a time, over all its workflows (a concurrency "
+        "key of its own: the others wait as queued; 0: no limit)",
+    )
+    tenant_model_rpm: int = _setting(
+        0,
+        "CAIRN_TENANT_MODEL_RPM",
+        "model requests a minute of one tenant's runs, per model, fleet-wide, on top of the "
+        "fleet's limits (0: no limit)",
+    )
+    tenant_model_tpm: int = _setting(
+        0,
+        "CAIRN_TENANT_MODEL_TPM",
+        "model tokens a minute of one tenant's runs, per model, fleet-wide, on top of the "
+        "fleet's limits (0: no limit)",
+    )
     model_rpm: int = _setting(
         0,
         "CAIRN_MODEL_RPM",

@@ -58,6 +58,11 @@ class Run(Answer):
         description="The code version (CAIRN_CODE_VERSION) of the worker that started it; "
         "null before one did.",
     )
+    tenant: str | None = Field(
+        default=None,
+        description="The tenant it is for (the token that started it, or its parent's or "
+        "origin's); null: none.",
+    )
 
 
 class RunPage(Answer):

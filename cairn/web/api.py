@@ -20,7 +20,9 @@ from cairn.core import tracing
 from cairn.core.errors import InvalidInput
 from cairn.core.settings import Settings
 from cairn.steps import registry
+from cairn.store.checkpoints import PgStore
 from cairn.store.events import AsyncRedisEvents
+from cairn.store.tokens import Tokens
 from cairn.web import errors
 from cairn.web.auth import OPEN_PATHS, Auth, Guard
 from cairn.web.hub import Hub
@@ -55,7 +57,8 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
     app.state.client = client = Client(settings=settings, pool_size=16)
     app.state.reads = Reads(client, replica_client(client, pool_size=16))
     app.state.hub = Hub(AsyncRedisEvents(settings.redis_url))
-    app.state.auth = auth = Auth(settings.api_token)
+    tokens = Tokens(client.store.db) if isinstance(client.store, PgStore) else None
+    app.state.auth = auth = Auth(settings.api_token, tokens)
     app.state.metrics = metrics = Metrics(client)
 
     # The last added runs first: every request is measured, those the guard refuses too.

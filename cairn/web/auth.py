@@ -1,5 +1,11 @@
-"""Who may ask what: the API token, the pages' session derived from it, a run's read
-token, and the guard that refuses a request before any route sees it.
+"""Who may ask what: the API token (CAIRN_API_TOKEN, the admin's) and the tokens of
+`cairn tokens create` (a tenant's, or an admin's), the pages' session derived from each,
+a run's read token, and the guard that refuses a request before any route sees it.
+
+A tenant's request carries its tenant in the ASGI scope's state; the routes' Client is
+then that tenant's view (cairn.web.deps), so another tenant's run is no run: a 404 on
+every route, absent from every list. A looked-up token is remembered TOKEN_TTL seconds
+at most: a revoked one is refused within that.
 
 The guard is middleware, not a route dependency: it answers paths no route has (a 401,
 never a 404 that tells a stranger what exists), FastAPI's own /docs and /openapi.json,
@@ -8,9 +14,13 @@ and a body too large without reading it.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import hashlib
 import hmac
 import re
+import time
+from collections.abc import Callable
 from typing import Literal
 
 from fastapi import Request, Response
@@ -20,6 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cairn.client.events import read_token
 from cairn.core.settings import Settings
+from cairn.store.tokens import PREFIX, Tokens
 from cairn.web.errors import error
 
 COOKIE = "cairn_session"
@@ -28,6 +39,12 @@ PAGE_HEADER = "x-cairn-page"
 # Reachable without the token: the probe, the login form and the pages' CSS and JS.
 OPEN_PATHS = re.compile(r"^/(healthz|login|static/.*)$")
 EVENTS_PATH = re.compile(r"^/runs/([^/]+)/events$")
+# Not a tenant's: what spans every tenant (replay, schedules, whose runs have none, and
+# the fleet's metrics).
+ADMIN_PATHS = re.compile(r"^/(runs/replay|schedules(/.*)?|metrics)$")
+# How long a token looked up in Postgres is believed (a revoke takes this long at most).
+TOKEN_TTL = 2.0
+SESSION_SALT = b"cairn page session"
 READ_TOKEN = APIKeyQuery(
     name="token",
     scheme_name="readToken",
@@ -36,28 +53,93 @@ READ_TOKEN = APIKeyQuery(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class Principal:
+    """Who a request proved to be: how, and the tenant it acts for (None: an admin)."""
+
+    how: Literal["bearer", "cookie"]
+    tenant: str | None = None
+
+
 class Auth:
     """The bearer token, or the page session derived from it (never the token itself)."""
 
-    def __init__(self, token: str | None) -> None:
+    def __init__(self, token: str | None, tokens: Tokens | None = None) -> None:
         self.token = token.encode() if token else None
         self.session = (
-            hmac.new(self.token, b"cairn page session", hashlib.sha256).hexdigest().encode()
+            hmac.new(self.token, SESSION_SALT, hashlib.sha256).hexdigest().encode()
             if self.token
             else None
         )
+        self.tokens = tokens
+        # token digest (or "s:" + id): (believed until, principal's tenant or admin, key)
+        self._seen: dict[str, tuple[float, tuple[bool, str | None, bytes] | None]] = {}
 
-    def check(self, request: Request) -> Literal["bearer", "cookie"] | None:
-        """How the request proved itself, or None."""
+    async def check(self, request: Request) -> Principal | None:
+        """Who the request proved to be, or None."""
         if self.token is None or self.session is None:
-            return "bearer"
+            return Principal("bearer")
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.token):
-            return "bearer"
+        given = given.strip()
+        if scheme.lower() == "bearer" and given:
+            if hmac.compare_digest(given.encode(), self.token):
+                return Principal("bearer")
+            if given.startswith(PREFIX) and (found := await self._token(given)) is not None:
+                return Principal("bearer", None if found[0] else found[1])
         cookie = request.cookies.get(COOKIE, "")
         if cookie and hmac.compare_digest(cookie.encode(), self.session):
-            return "cookie"
+            return Principal("cookie")
+        token_id, dot, mac = cookie.partition(".")
+        found = await self._session(token_id) if dot else None
+        if found is not None and hmac.compare_digest(
+            mac.encode(), self._mac(token_id, found[2]).encode()
+        ):
+            return Principal("cookie", None if found[0] else found[1])
         return None
+
+    def _mac(self, token_id: str, stored: bytes) -> str:
+        """A `cairn tokens` token's page session: keyed by the server's own token, so the
+        tokens table alone forges none, and by the token's stored hash, so a revoked or
+        replaced token's sessions end with it."""
+        assert self.token is not None
+        said = SESSION_SALT + b":" + token_id.encode() + b":" + stored
+        return hmac.new(self.token, said, hashlib.sha256).hexdigest()
+
+    async def _token(self, given: str) -> tuple[bool, str | None, bytes] | None:
+        """A `cairn tokens` token: (admin, tenant, its id as bytes), or None."""
+        key = hashlib.sha256(given.encode()).hexdigest()
+
+        def lookup() -> tuple[bool, str | None, bytes] | None:
+            assert self.tokens is not None
+            found = self.tokens.check(given)
+            return None if found is None else (found.admin, found.tenant, found.id.encode())
+
+        return await self._remembered(key, lookup)
+
+    async def _session(self, token_id: str) -> tuple[bool, str | None, bytes] | None:
+        """A tenant session's token: (admin, tenant, the key its session derives from)."""
+
+        def lookup() -> tuple[bool, str | None, bytes] | None:
+            assert self.tokens is not None
+            found = self.tokens.live(token_id)
+            return None if found is None else (found[0].admin, found[0].tenant, found[1])
+
+        return await self._remembered("s:" + token_id, lookup)
+
+    async def _remembered(
+        self, key: str, lookup: Callable[[], tuple[bool, str | None, bytes] | None]
+    ) -> tuple[bool, str | None, bytes] | None:
+        if self.tokens is None:
+            return None
+        now = time.monotonic()
+        seen = self._seen.get(key)
+        if seen is not None and seen[0] > now:
+            return seen[1]
+        found = await asyncio.to_thread(lookup)  # off the event loop: a Postgres read
+        if len(self._seen) > 10_000:  # a flood of wrong tokens must not grow it forever
+            self._seen.clear()
+        self._seen[key] = (now + TOKEN_TTL, found)
+        return found
 
     def reads(self, request: Request) -> bool | None:
         """For GET /runs/{id}/events with ?token=: whether it reads that run (None: no
@@ -71,11 +153,21 @@ class Auth:
         expected = read_token(self.token.decode(), m.group(1))
         return hmac.compare_digest(given.encode(), expected.encode())
 
-    def login(self, given: str) -> str | None:
-        """The session cookie's value for a correct token, else None."""
+    async def login(self, given: str) -> str | None:
+        """The session cookie's value for a correct token, else None: the admin token's
+        session, or a `cairn tokens` token's (its id and its MAC, _mac: revoking the token
+        ends the session)."""
         if self.token is None or self.session is None:
             return ""
-        return self.session.decode() if hmac.compare_digest(given.encode(), self.token) else None
+        if hmac.compare_digest(given.encode(), self.token):
+            return self.session.decode()
+        if not given.startswith(PREFIX) or await self._token(given) is None:
+            return None
+        token_id = given[len(PREFIX) :].partition("_")[0]
+        found = await self._session(token_id)
+        if found is None:
+            return None
+        return f"{token_id}.{self._mac(token_id, found[2])}"
 
 
 class Guard:
@@ -89,13 +181,19 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        refused = self.refuse(Request(scope))
+        refused = await self.refuse(Request(scope))
         await (refused or self.app)(scope, receive, send)
 
-    def refuse(self, request: Request) -> Response | None:
+    async def refuse(self, request: Request) -> Response | None:
         path = request.url.path
         if not OPEN_PATHS.match(path):
-            how = self.auth.check(request)
+            who = await self.auth.check(request)
+            how = who.how if who is not None else None
+            if who is not None and who.tenant is not None:
+                if ADMIN_PATHS.match(path):
+                    return error(403, "forbidden", "an admin token's: it spans every tenant")
+                # The routes' Client acts for this tenant alone (cairn.web.deps).
+                request.scope.setdefault("state", {})["tenant"] = who.tenant
             if how is None and (reads := self.auth.reads(request)) is not None:
                 if not reads:
                     return error(403, "forbidden", "this token does not read this run's events")

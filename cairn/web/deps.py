@@ -1,6 +1,7 @@
 """What the routes share, as FastAPI dependencies: the objects create_app puts on
 app.state, one of each per app (the Client, the settings, the event hub, the token, the
-metrics)."""
+metrics). A tenant's request (the guard put its tenant in the scope's state) gets the
+Client and the reads as that tenant's views: its runs only."""
 
 from __future__ import annotations
 
@@ -19,14 +20,22 @@ from cairn.web.reads import Reads
 # read an attribute.
 
 
+def tenant_of(request: Request) -> str | None:
+    """The tenant the request acts for (None: an admin's, every run)."""
+    tenant: str | None = request.scope.get("state", {}).get("tenant")
+    return tenant
+
+
 async def _client(request: Request) -> Client:
     client: Client = request.app.state.client
-    return client
+    tenant = tenant_of(request)
+    return client if tenant is None else client.for_tenant(tenant)
 
 
 async def _reads(request: Request) -> Reads:
     reads: Reads = request.app.state.reads
-    return reads
+    tenant = tenant_of(request)
+    return reads if tenant is None else reads.for_tenant(tenant)
 
 
 async def _settings(request: Request) -> Settings:

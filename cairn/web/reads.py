@@ -31,6 +31,11 @@ class Reads:
         # Where a run is looked for, in order.
         self.sources: tuple[Client, ...] = (replica, primary) if replica else (primary,)
 
+    def for_tenant(self, tenant: str) -> Reads:
+        """These reads acting for one tenant (its runs only), on the same pools."""
+        replica = self.replica.for_tenant(tenant) if self.replica else None
+        return Reads(self.primary.for_tenant(tenant), replica)
+
     def list(self, *args: Any, **kwargs: Any) -> builtins.list[Run]:
         return self.sources[0].list(*args, **kwargs)
 

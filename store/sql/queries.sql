@@ -2,9 +2,9 @@
 -- Enqueue: the run and its initial checkpoint (seq 0). An existing run is left as is,
 -- so enqueueing a known run id resumes it and never starts it over.
 WITH new_run AS (
-    INSERT INTO runs (run_id, workflow, input, max_cost_usd, priority, traceparent)
+    INSERT INTO runs (run_id, workflow, input, max_cost_usd, priority, traceparent, tenant)
     VALUES (%(run_id)s, %(workflow)s, %(input)s, %(max_cost_usd)s, %(priority)s,
-            %(traceparent)s)
+            %(traceparent)s, %(tenant)s)
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id
 )
@@ -16,21 +16,21 @@ RETURNING run_id;
 -- Enqueue with a concurrency key: the run goes in queued, its key's row upserted (locked
 -- until commit, so this key's slots are counted by one transaction at a time, and its
 -- limit is this enqueue's); `admit`, in the same transaction, lets it start if a slot is
--- free.
+-- free. scope: the key's workflow, or 'cairn.tenant' for a tenant's key (migration 0021).
 WITH k AS (
     INSERT INTO concurrency_keys (workflow, key, lim)
-    VALUES (%(workflow)s, %(key)s, %(limit)s)
+    VALUES (%(scope)s, %(key)s, %(limit)s)
     ON CONFLICT (workflow, key) DO UPDATE SET lim = EXCLUDED.lim
 ), new_run AS (
     INSERT INTO runs (run_id, workflow, input, max_cost_usd, concurrency_key,
-                      concurrency_limit, priority, traceparent)
+                      concurrency_limit, priority, traceparent, tenant)
     VALUES (%(run_id)s, %(workflow)s, %(input)s, %(max_cost_usd)s, %(key)s, %(limit)s,
-            %(priority)s, %(traceparent)s)
+            %(priority)s, %(traceparent)s, %(tenant)s)
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id
 ), q AS (
     INSERT INTO queued (run_id, workflow, key, priority)
-    SELECT run_id, %(workflow)s, %(key)s, %(priority)s FROM new_run
+    SELECT run_id, %(scope)s, %(key)s, %(priority)s FROM new_run
 )
 INSERT INTO checkpoints (run_id, seq, cursor, state, version, status)
 SELECT run_id, 0, %(cursor)s, %(state)s, %(version)s, 'queued' FROM new_run
@@ -57,8 +57,9 @@ WITH c AS (
                   updated_at = now()
     RETURNING c.run_id, c.xmax = 0 AS created
 ), new_run AS (
-    INSERT INTO runs (run_id, workflow, input, max_cost_usd, priority, traceparent)
-    SELECT run_id, %(workflow)s, %(input)s, %(max_cost_usd)s, %(priority)s, %(traceparent)s
+    INSERT INTO runs (run_id, workflow, input, max_cost_usd, priority, traceparent, tenant)
+    SELECT run_id, %(workflow)s, %(input)s, %(max_cost_usd)s, %(priority)s, %(traceparent)s,
+           %(tenant)s
       FROM c WHERE created
 ), latest AS (
     UPDATE runs r SET input = %(input)s, max_cost_usd = %(max_cost_usd)s,
@@ -69,7 +70,7 @@ SELECT run_id, created FROM c;
 
 -- name: admit
 -- Fill the key's free slots from its queue (cairn_admit, migration 0011).
-SELECT cairn_admit(%(workflow)s, %(key)s) AS run_id;
+SELECT cairn_admit(%(scope)s, %(key)s) AS run_id;
 
 -- name: admitted
 -- The key's admitted runs whose message is not sent yet, marked sent: the caller sends
@@ -86,7 +87,8 @@ RETURNING s.run_id, r.priority;
 -- A retried enqueue of a known run id: the same workflow and input is the same run;
 -- anything else is a conflict. The input is compared by the caller (rows.conflict), once
 -- opened: a sealed input (CAIRN_PAYLOAD_KEYS) differs from every other sealing of it.
-SELECT r.workflow = %(workflow)s AS same_workflow, r.input, r.workflow, c.status
+SELECT r.workflow = %(workflow)s AS same_workflow, r.input, r.workflow, c.status,
+       r.tenant IS NOT DISTINCT FROM %(tenant)s AS same_tenant
   FROM runs r JOIN checkpoints c USING (run_id)
  WHERE r.run_id = %(run_id)s;
 
@@ -134,7 +136,7 @@ c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_start,
        c.attempts, c.deliveries, c.cancel_reason, r.max_cost_usd, c.wait_event,
        c.wait_timeout_cursor, coalesce(c.wait_until <= now(), false) AS wait_over,
        c.flow_version, r.parent_id, r.depth, r.concurrency_key, r.priority, r.traceparent,
-       r.forked_from, r.forked_at,
+       r.forked_from, r.forked_at, r.tenant,
        (SELECT jsonb_build_object('id', s.signal_id, 'payload', s.payload)
                || CASE WHEN s.traceparent IS NULL THEN '{}'::jsonb
                        ELSE jsonb_build_object('traceparent', s.traceparent) END
@@ -228,9 +230,10 @@ WITH saved AS (
         AS k (run_id text, workflow text, input jsonb, ord integer)
 ), new_runs AS (
     INSERT INTO runs (run_id, workflow, input, created_at, parent_id, parent_seq, depth,
-                      traceparent)
+                      traceparent, tenant)
     SELECT run_id, workflow, input, now() + make_interval(secs => ord * 1e-6),
-           %(run_id)s, %(seq)s, %(depth)s, %(traceparent)s
+           %(run_id)s, %(seq)s, %(depth)s, %(traceparent)s,
+           (SELECT tenant FROM runs WHERE run_id = %(run_id)s)  -- the parent's
       FROM kids
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, created_at
@@ -484,7 +487,7 @@ SELECT recorded.pos, c.cancel_reason,
 -- What Client.get shows: position, result and error, not the window.
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
        r.created_at, c.updated_at, r.input, c.state, r.parent_id, r.concurrency_key,
-       r.priority, r.traceparent, r.forked_from, r.forked_at, c.started_version,
+       r.priority, r.traceparent, r.forked_from, r.forked_at, c.started_version, r.tenant,
        CASE WHEN c.status = 'waiting' THEN c.wait_until END AS wakes_at
   FROM checkpoints c JOIN runs r USING (run_id)
 
@@ -505,7 +508,7 @@ SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c
 -- their key; `ord` is the place the spawn gave them).
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
        r.created_at, c.updated_at, c.state, r.parent_id, r.parent_seq, r.concurrency_key,
-       r.priority, c.started_version
+       r.priority, c.started_version, r.tenant
   FROM runs r JOIN checkpoints c USING (run_id)
  WHERE r.parent_id = %(run_id)s
    AND (%(seq)s::bigint IS NULL OR r.parent_seq = %(seq)s)
@@ -526,7 +529,7 @@ SELECT EXISTS (
 -- paging on runs_newest, so page 1,000 costs what page 1 does).
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
        r.created_at, c.updated_at, r.parent_id, r.concurrency_key, r.priority,
-       c.started_version
+       c.started_version, r.tenant
   FROM runs r JOIN checkpoints c USING (run_id)
  WHERE (%(status)s::text IS NULL OR c.status = %(status)s)
    AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s)
@@ -544,10 +547,11 @@ SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c
 -- page does.
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
        c.created_at, c.updated_at, r.parent_id, r.concurrency_key, r.priority,
-       c.started_version
+       c.started_version, r.tenant
   FROM checkpoints c JOIN runs r USING (run_id)
  WHERE c.status = %(status)s
    AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s)
+   AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s)
    AND (%(since)s::timestamptz IS NULL OR c.created_at >= %(since)s)
    AND (%(until)s::timestamptz IS NULL OR c.created_at < %(until)s)
    AND (%(after)s::text IS NULL
@@ -555,6 +559,30 @@ SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c
                                          WHERE a.run_id = %(after)s))
  ORDER BY c.created_at DESC, c.run_id DESC
  LIMIT %(limit)s;
+
+-- name: list_runs_of_tenant
+-- list_runs for one tenant (no status): the same order and keyset, walked on
+-- runs_tenant_newest, so a small tenant's page costs what a large one's does.
+SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
+       r.created_at, c.updated_at, r.parent_id, r.concurrency_key, r.priority,
+       c.started_version, r.tenant
+  FROM runs r JOIN checkpoints c USING (run_id)
+ WHERE r.tenant = %(tenant)s
+   AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s)
+   AND (%(since)s::timestamptz IS NULL OR r.created_at >= %(since)s)
+   AND (%(until)s::timestamptz IS NULL OR r.created_at < %(until)s)
+   AND (%(after)s::text IS NULL
+        OR (r.created_at, r.run_id) < (SELECT a.created_at, a.run_id FROM runs a
+                                         WHERE a.run_id = %(after)s))
+ ORDER BY r.created_at DESC, r.run_id DESC
+ LIMIT %(limit)s;
+
+-- name: count_by_status_of_tenant
+-- One tenant's runs per status, counted on its rows (the folded totals are the fleet's).
+SELECT c.status, count(*)::bigint AS n, 0::bigint AS unfolded
+  FROM runs r JOIN checkpoints c USING (run_id)
+ WHERE r.tenant = %(tenant)s
+ GROUP BY c.status;
 
 -- name: count_by_status
 -- Runs per status: the folded totals plus the deltas not folded yet, read in one snapshot,
@@ -913,12 +941,12 @@ SELECT (SELECT count(*) FROM gone) AS checkpoints;
 WITH snap AS (
 {{snapshot}}
 ), src AS (
-    SELECT workflow, input, max_cost_usd, priority FROM runs WHERE run_id = %(origin)s
+    SELECT workflow, input, max_cost_usd, priority, tenant FROM runs WHERE run_id = %(origin)s
 ), new_run AS (
     INSERT INTO runs (run_id, workflow, input, max_cost_usd, priority, traceparent,
-                      forked_from, forked_at)
+                      forked_from, forked_at, tenant)
     SELECT %(run_id)s, src.workflow, src.input || %(patch)s, src.max_cost_usd, src.priority,
-           %(traceparent)s, %(origin)s, %(at)s
+           %(traceparent)s, %(origin)s, %(at)s, src.tenant
       FROM src, snap
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, created_at
@@ -999,7 +1027,7 @@ SELECT (SELECT status FROM cur) AS status, (SELECT seq FROM moved) AS seq,
 -- name: forks
 -- A run's forks, oldest first.
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
-       r.created_at, c.updated_at, r.forked_from, r.forked_at, c.started_version
+       r.created_at, c.updated_at, r.forked_from, r.forked_at, c.started_version, r.tenant
   FROM runs r JOIN checkpoints c USING (run_id)
  WHERE r.forked_from = %(run_id)s
  ORDER BY r.created_at, r.run_id;
@@ -1092,3 +1120,24 @@ DELETE FROM agent_session_items WHERE session_id = %(session_id)s;
 -- the run id once that transaction commits (Postgres holds a NOTIFY until then, and drops
 -- it at a rollback) and sends the run.
 SELECT pg_notify('cairn_enqueued', %(run_id)s);
+
+-- name: token_create
+-- An API token (cairn tokens create): only its secret's SHA-256 is kept.
+INSERT INTO api_tokens (id, name, tenant, admin, hash)
+VALUES (%(id)s, %(name)s, %(tenant)s, %(admin)s, %(hash)s)
+RETURNING id, name, tenant, admin, created_at, revoked_at;
+
+-- name: token_get
+-- A token by its id (the part of the token before its secret), with the hash to compare.
+SELECT id, name, tenant, admin, hash, created_at, revoked_at FROM api_tokens
+ WHERE id = %(id)s;
+
+-- name: token_list
+-- Every token, oldest first, without its hash.
+SELECT id, name, tenant, admin, created_at, revoked_at FROM api_tokens
+ ORDER BY created_at, id;
+
+-- name: token_revoke
+-- Revoke a token; the first revocation's time stays.
+UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = %(id)s
+RETURNING id, name, tenant, admin, created_at, revoked_at;

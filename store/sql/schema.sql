@@ -1,4 +1,4 @@
--- cairn's schema as it stands: what migrations/0001..0018 build, in one file to read.
+-- cairn's schema as it stands: what migrations/0001..0021 build, in one file to read.
 -- Databases are made and upgraded by the migrations (`cairn db upgrade`);
 -- tests/integration/test_schema.py builds one database from them and one from this file and asserts
 -- their schema-only dumps are equal, so this file cannot drift. A new migration edits
@@ -27,13 +27,19 @@ CREATE TABLE runs (
     traceparent   text,
     -- a fork (Client.fork): the run and the seq it was forked from
     forked_from   text,
-    forked_at     bigint
+    forked_at     bigint,
+    -- the customer it is for (Client(tenant=), or the token that enqueued it; NULL: none);
+    -- a child and a fork keep their origin's (migration 0021)
+    tenant        text
 );
 
 -- Listing runs newest first, a page at a time (keyset on created_at, run_id).
 CREATE INDEX runs_newest ON runs (created_at DESC, run_id DESC);
 -- A run's forks (Client.fork).
 CREATE INDEX runs_forks ON runs (forked_from) WHERE forked_from IS NOT NULL;
+-- A tenant's runs newest first (a tenant token's lists).
+CREATE INDEX runs_tenant_newest ON runs (tenant, created_at DESC, run_id DESC)
+    WHERE tenant IS NOT NULL;
 
 -- fillfactor leaves room on each page so the per-step update can be HOT (no index
 -- column changes per step: status changes only at start and end).
@@ -475,7 +481,10 @@ DECLARE
     g record;
     n bigint;
 BEGIN
-    SELECT parent_id, parent_seq, workflow, concurrency_key INTO p, s, w, k
+    -- A tenant's key (cairn.tenant:NAME) spans the tenant's workflows (migration 0021).
+    SELECT parent_id, parent_seq,
+           CASE WHEN concurrency_key LIKE 'cairn.tenant:%' THEN 'cairn.tenant' ELSE workflow END,
+           concurrency_key INTO p, s, w, k
       FROM runs WHERE run_id = NEW.run_id;
     IF k IS NOT NULL THEN
         PERFORM 1 FROM concurrency_keys WHERE workflow = w AND key = k FOR UPDATE;
@@ -527,7 +536,8 @@ DECLARE
     r record;
     n bigint;
 BEGIN
-    SELECT workflow, concurrency_key AS key, concurrency_limit AS lim, priority INTO r
+    SELECT CASE WHEN concurrency_key LIKE 'cairn.tenant:%' THEN 'cairn.tenant' ELSE workflow END AS workflow,
+           concurrency_key AS key, concurrency_limit AS lim, priority INTO r
       FROM runs WHERE run_id = NEW.run_id;
     IF r.key IS NULL THEN
         RETURN NULL;
@@ -594,4 +604,18 @@ CREATE TABLE steer_messages (
     message     jsonb NOT NULL,
     created_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (run_id, n)
+);
+
+-- API tokens (`cairn tokens create`, migration 0021): the secret is shown once and kept
+-- only as its SHA-256; a token acts for its tenant, or for all as an admin. A revoked
+-- token stays listed with when it was revoked.
+CREATE TABLE api_tokens (
+    id          text PRIMARY KEY,
+    name        text NOT NULL DEFAULT '',
+    tenant      text,
+    admin       boolean NOT NULL DEFAULT false,
+    hash        bytea NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    revoked_at  timestamptz,
+    CONSTRAINT api_tokens_scope_check CHECK (admin OR tenant IS NOT NULL)
 );

@@ -53,6 +53,8 @@ SCANS = {
     "forks": "a run's forks by forked_from (the run page's, rare)",
     "list_runs": "the operator's and the API's list, newest first: a page over all runs",
     "list_runs_by_status": "list_runs filtered by status: a page over all runs",
+    "list_runs_of_tenant": "a tenant's list: a page over its runs (runs_tenant_newest)",
+    "count_by_status_of_tenant": "a tenant's counts by status: its runs, counted",
     "replayable": "Client.replay's pick: a workflow's stopped runs in a time window",
     "replay": "Client.replay: re-arms the runs replayable picks",
     "live_cursors": "cairn db check: where every live run stands, once per deploy",

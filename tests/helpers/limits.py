@@ -20,11 +20,19 @@ class Booked(RateLimiter):
         self.settles: list[tuple[str, str, str, int]] = []
 
     def take(
-        self, provider: str, model: str, who: str, tokens: int, longest: float
+        self,
+        provider: str,
+        model: str,
+        who: str,
+        tokens: int,
+        longest: float,
+        tenant: str | None = None,
     ) -> tuple[bool, float]:
         self.takes.append((provider, model, who, tokens))
-        return super().take(provider, model, who, tokens, longest)
+        return super().take(provider, model, who, tokens, longest, tenant)
 
-    def settle(self, provider: str, model: str, who: str, unused: int) -> None:
+    def settle(
+        self, provider: str, model: str, who: str, unused: int, tenant: str | None = None
+    ) -> None:
         self.settles.append((provider, model, who, unused))
-        super().settle(provider, model, who, unused)
+        super().settle(provider, model, who, unused, tenant)

@@ -176,3 +176,37 @@ def test_a_bucket_with_no_limit_found_clear_is_not_asked_again_for_a_moment(
     limited = RateLimiter(r, Limit(rpm=600))
     assert limited.take("openai", "gpt-y", who, 10, 5.0) == (True, 0.0)
     assert limited.take("openai", "gpt-y", who, 10, 5.0)[1] > 0.05
+
+
+def test_a_tenants_calls_count_in_its_own_bucket_too(r: redis_lib.Redis) -> None:
+    """CAIRN_TENANT_MODEL_RPM: each tenant's own requests a minute per model, on top of the
+    fleet's (here none): one tenant at its limit waits, another tenant and a run of no
+    tenant do not."""
+    limiter = RateLimiter.from_settings(Settings.from_env().with_options(tenant_model_rpm=2), r)
+    take = lambda tenant: limiter.take("anthropic", "claude-haiku-4-5", "k", 0, 0.0, tenant)
+    assert take("acme") == (True, 0.0)
+    refused, wait = take("acme")  # two a minute: the next in ~30 s, past 0, refused
+    assert refused is False and 20 < wait <= 30
+    assert take("globex") == (True, 0.0)
+    assert all(take(None) == (True, 0.0) for _ in range(5))
+
+
+def test_a_steps_model_calls_are_booked_for_its_runs_tenant(
+    settings: Settings,
+    store: PgStore,
+    leases: Leases,
+    model: ModelServer,
+    r: redis_lib.Redis,
+    clients: Any,
+) -> None:
+    limiter = RateLimiter(r, tenant=Limit(rpm=1))
+    events: list[Any] = []
+    client = clients(model.url, limiter, events, wait_max=0.5)
+    deps = loop.Deps(settings=settings, store=store, leases=leases, model=client)
+    for run_id, tenant in (("acme-1", "acme"), ("acme-2", "acme"), ("globex-1", "globex")):
+        store.create_run(run_id, "ratelimit_ask", {}, tenant=tenant)
+    assert loop.run("acme-1", deps) == cairn.RunStatus.DONE
+    with pytest.raises(RetryLater):  # acme's one call a minute is spent
+        loop.run("acme-2", deps)
+    assert loop.run("globex-1", deps) == cairn.RunStatus.DONE  # globex's is its own
+    assert [e[0] for e in events] == ["deferred"]

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from cairn.core.errors import RunIdConflict
+from cairn.core.inputs import key_scope
 from cairn.core.records import START, Run, RunFilter
 from cairn.core.status import ACTIVE, REARMABLE, TERMINAL, RunStatus
 from cairn.store.rows import settled
@@ -35,11 +36,12 @@ class _Admin(_Tables):
         concurrency_key: str | None = None,
         concurrency_limit: int = 1,
         traceparent: str | None = None,
+        tenant: str | None = None,
     ) -> bool:
-        """Insert a run at seq 0; False if it existed (a failed one is re-armed). With a
-        concurrency key it is admitted if a slot is free, else queued.
+        """Insert a run at seq 0 (for tenant, if given); False if it existed (a failed one
+        is re-armed). With a concurrency key it is admitted if a slot is free, else queued.
 
-        Raises RunIdConflict if run_id exists with another workflow or input.
+        Raises RunIdConflict if run_id exists with another workflow, input or tenant.
         """
         text = _dump(input)
         with self._lock:
@@ -47,20 +49,24 @@ class _Admin(_Tables):
             row = self._rows.get(run_id)
             created = row is None
             if concurrency_key is not None:  # create_keyed_run's upsert of the key
-                self._keys[(workflow, concurrency_key)] = concurrency_limit
+                scope = key_scope(workflow, concurrency_key)  # a tenant's key spans workflows
+                self._keys[(scope, concurrency_key)] = concurrency_limit
             if row is None:  # create_run
                 row = self._new_row(
                     run_id, workflow, text, stamp, cursor, max_cost_usd,
                     priority=priority, traceparent=traceparent, concurrency_key=concurrency_key,
                     concurrency_limit=concurrency_limit if concurrency_key is not None else None,
+                    tenant=tenant,
                 )  # fmt: skip
                 if concurrency_key is not None:
                     row.status = RunStatus.QUEUED
                     self._enqueue(row)
             if concurrency_key is not None:
-                self._admit(workflow, concurrency_key)  # admit
+                self._admit(key_scope(workflow, concurrency_key), concurrency_key)  # admit
             if created:
                 return True
+            if row.tenant != tenant:  # never another tenant's run, nor what it holds
+                raise RunIdConflict(f"run id {run_id!r} is taken; use a new run id")
             # existing_run: jsonb equality, so key order does not matter
             same_workflow = row.workflow == workflow
             same_input = json.loads(row.input) == json.loads(text)
@@ -88,6 +94,7 @@ class _Admin(_Tables):
         max_cost_usd: float | None = None,
         priority: int = 0,
         traceparent: str | None = None,
+        tenant: str | None = None,
     ) -> tuple[str, bool]:
         """The (workflow, key)'s run not started yet, made or given this input and a later
         start (see the SQL's debounce): (its run id, created)."""
@@ -109,7 +116,7 @@ class _Admin(_Tables):
                 row = self._new_row(
                     run_id, workflow, text, stamp, max_cost_usd=max_cost_usd,
                     priority=priority, traceparent=traceparent, status=RunStatus.WAITING,
-                    wait_until=start, debounce=(workflow, key),
+                    wait_until=start, debounce=(workflow, key), tenant=tenant,
                 )  # fmt: skip
                 return run_id, True
             if max_wait is not None:
@@ -120,6 +127,7 @@ class _Admin(_Tables):
 
     def admitted(self, workflow: str, key: str) -> list[tuple[str, int]]:
         """The key's runs admitted and not sent yet, each (run id, priority), marked sent."""
+        workflow = key_scope(workflow, key)
         with self._lock:
             out = []
             for run_id, slot in self._slots.items():
@@ -327,16 +335,20 @@ class _Admin(_Tables):
                 for r in rows
                 if (w.status is None or r.status == w.status)
                 and (w.workflow is None or r.workflow == w.workflow)
+                and (w.tenant is None or r.tenant == w.tenant)
                 and (w.since is None or r.created_at >= w.since)
                 and (w.until is None or r.created_at < w.until)
             ]
             found.sort(key=lambda r: (r.created_at, r.run_id), reverse=True)
             return [Run(**self._listed(r)) for r in found[: w.limit]]
 
-    def counts(self) -> dict[str, dict[str, Any]]:
-        """Runs per status ({status: {"n": ...}}), the statuses that have runs."""
+    def counts(self, tenant: str | None = None) -> dict[str, dict[str, Any]]:
+        """Runs per status ({status: {"n": ...}}), the statuses that have runs (a tenant's
+        only, with one)."""
         with self._lock:
             totals: dict[str, int] = {}
             for row in self._rows.values():
+                if tenant is not None and row.tenant != tenant:
+                    continue
                 totals[str(row.status)] = totals.get(str(row.status), 0) + 1
         return {s: {"status": s, "n": n, "unfolded": 0} for s, n in totals.items()}

@@ -44,7 +44,7 @@ class _Forks(_Tables):
                     cursor, src.max_cost_usd, priority=src.priority, traceparent=traceparent,
                     forked_from=origin, forked_at=at, seq=at, visits=snap.visits,
                     win_start=snap.win_start, win_end=snap.win_end,
-                    flow_version=snap.flow_version,
+                    flow_version=snap.flow_version, tenant=src.tenant,
                 )  # fmt: skip
                 row.state = snap.state or "{}"
                 row.window = {

@@ -171,6 +171,7 @@ class _Runs(_Tables):
                     parent_seq=parent.seq,
                     depth=spawn.depth,
                     traceparent=spawn.traceparent,
+                    tenant=parent.tenant,
                 )
         self._gathers.setdefault((parent.run_id, parent.seq), [spawn.need, False])
 

@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import Any
 
 from cairn.core.cuts import Cuts
+from cairn.core.inputs import key_scope
 from cairn.core.records import CHECKPOINT_VERSION, START, Attempt, Run
 from cairn.core.status import ACTIVE, STOPPED, RunStatus
 from cairn.testing.memory.clock import Clock
@@ -101,7 +102,8 @@ class _Tables:
     def _enqueue(self, row: _Row) -> None:
         assert row.concurrency_key is not None
         self._queue_n += 1
-        self._queued[row.run_id] = (row.workflow, row.concurrency_key, -row.priority, self._queue_n)
+        scope = key_scope(row.workflow, row.concurrency_key)
+        self._queued[row.run_id] = (scope, row.concurrency_key, -row.priority, self._queue_n)
 
     def _admit(self, workflow: str, key: str) -> None:
         """cairn_admit: fill the key's free slots from its queue, best first."""
@@ -127,10 +129,11 @@ class _Tables:
         key = row.concurrency_key
         if key is None:
             return
-        limit = self._keys.setdefault((row.workflow, key), row.concurrency_limit or 1)
-        held = sum(1 for slot in self._slots.values() if slot[:2] == [row.workflow, key])
+        scope = key_scope(row.workflow, key)
+        limit = self._keys.setdefault((scope, key), row.concurrency_limit or 1)
+        held = sum(1 for slot in self._slots.values() if slot[:2] == [scope, key])
         if held < limit:
-            self._slots[row.run_id] = [row.workflow, key, True]
+            self._slots[row.run_id] = [scope, key, True]
         else:
             row.status = RunStatus.QUEUED
             self._enqueue(row)
@@ -142,7 +145,7 @@ class _Tables:
         if row.concurrency_key is not None:
             self._queued.pop(row.run_id, None)
             if self._slots.pop(row.run_id, None) is not None:
-                self._admit(row.workflow, row.concurrency_key)
+                self._admit(key_scope(row.workflow, row.concurrency_key), row.concurrency_key)
         key = (row.parent_id or "", row.parent_seq or 0)
         gather = self._gathers.get(key) if row.parent_id is not None else None
         if gather is not None and not gather[1]:
@@ -211,6 +214,7 @@ class _Tables:
             "priority": row.priority,
             "traceparent": row.traceparent,
             "forked_at": row.forked_at,
+            "tenant": row.tenant,
             "signal": _signal_of(*pending) if pending else None,
             "window": [
                 json.loads(row.window[i])
@@ -250,6 +254,7 @@ class _Tables:
             "concurrency_key": row.concurrency_key,
             "priority": row.priority,
             "started_version": row.started_version,
+            "tenant": row.tenant,
         }
 
     @staticmethod

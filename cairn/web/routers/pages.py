@@ -20,6 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from cairn.core import logs
+from cairn.core.inputs import TENANT
 from cairn.core.status import STOPPED, RunStatus
 from cairn.web.auth import COOKIE
 from cairn.web.deps import AuthDep, ReadsDep, SettingsDep
@@ -44,7 +45,7 @@ def login_form(request: Request, next: str = "/ui/runs", failed: bool = False) -
 async def login(request: Request, auth: AuthDep) -> Response:
     form = parse_qs((await request.body()).decode(errors="replace"))
     target = _local(form.get("next", ["/ui/runs"])[0])
-    session = auth.login(form.get("token", [""])[0])
+    session = await auth.login(form.get("token", [""])[0])
     if session is None:
         return RedirectResponse(
             f"/login?{urlencode({'next': target, 'failed': 1})}", status_code=303
@@ -67,11 +68,16 @@ def runs_page(
     reads: ReadsDep,
     status: str | None = None,
     workflow: str | None = None,
+    tenant: str | None = None,
     cursor: str | None = None,
     partial: bool = False,
 ) -> HTMLResponse:
     status = RunStatus(status) if status in STATUSES else None
     workflow = workflow or None
+    # A filter by tenant (an admin's; a tenant's session sees its own runs whatever it asks).
+    tenant = tenant if tenant and TENANT.fullmatch(tenant) else None
+    if tenant is not None and reads.primary.tenant is None:
+        reads = reads.for_tenant(tenant)
     limit = 50
     runs = reads.list(status, limit, workflow=workflow, after=cursor)
     counts = reads.counts()
@@ -82,9 +88,12 @@ def runs_page(
         "statuses": STATUSES,
         "status": status,
         "workflow": workflow or "",
+        "tenant": tenant or "",
         "cursor": cursor,
         "next_cursor": runs[-1].run_id if len(runs) == limit else None,
-        "query": lambda **kw: _query(**{"status": status, "workflow": workflow, **kw}),
+        "query": lambda **kw: _query(
+            **{"status": status, "workflow": workflow, "tenant": tenant, **kw}
+        ),
         # Only the first page moves: later pages would shift under the reader.
         "live": cursor is None,
     }

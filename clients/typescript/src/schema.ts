@@ -1117,6 +1117,11 @@ export interface components {
             } | null;
             status: components["schemas"]["RunStatus"];
             /**
+             * Tenant
+             * @description The tenant it is for (the token that started it, or its parent's or origin's); null: none.
+             */
+            tenant?: string | null;
+            /**
              * Traceparent
              * @description W3C trace context of the enqueuing span.
              */

@@ -1,0 +1,190 @@
+"""Two tenants' tokens against one server (the app in process, on the real services):
+every route of the pinned OpenAPI document, walked from the document itself, the pages and
+the events stream answer another tenant's run as no run (404, or absent from a list) and
+one's own as usual; an admin token sees both; a revoked token is refused within seconds."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import cairn
+from cairn.core.settings import Settings
+from cairn.store.db import Database
+from cairn.store.tokens import Tokens
+from cairn.web.auth import TOKEN_TTL
+from tests.helpers.services import ROOT
+from tests.integration.test_cli import _cairn
+
+ADMIN = "admin-token-for-the-tenants-test"
+DOCUMENT = json.loads((ROOT / "tests" / "helpers" / "openapi.json").read_text())
+probe = cairn.workflow("tenants-probe")
+
+
+@probe.step()
+def only(ctx: cairn.Context) -> cairn.StepResult:
+    return cairn.StepResult(cursor=cairn.DONE, state={})
+
+
+@pytest.fixture
+def tokens(settings: Settings) -> Iterator[Tokens]:
+    db = Database(settings.database_url, max_size=2)
+    yield Tokens(db)
+    db.close()
+
+
+@pytest.fixture
+def http(settings: Settings) -> Iterator[Any]:
+    from fastapi.testclient import TestClient
+
+    from cairn.web.api import create_app
+
+    with TestClient(create_app(settings.with_options(api_token=ADMIN))) as client:
+        yield client
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _example(op: dict[str, Any]) -> Any:
+    body = op.get("requestBody", {}).get("content", {}).get("application/json", {})
+    return body.get("example")
+
+
+def _operations() -> Iterator[tuple[str, str, dict[str, Any]]]:
+    for path, ops in DOCUMENT["paths"].items():
+        for method, op in ops.items():
+            yield method.upper(), path, op
+
+
+def _call(http: Any, method: str, path: str, op: dict[str, Any], token: str, run_id: str) -> Any:
+    url = path.replace("{run_id}", run_id).replace("{event}", "go").replace("{name}", "nightly")
+    body = _example(op)
+    return http.request(method, url, headers=_bearer(token), json=body)
+
+
+def test_every_route_hides_another_tenants_run(http: Any, tokens: Tokens) -> None:
+    _, acme = tokens.create("acme", "test")
+    _, globex = tokens.create("globex", "test")
+    start = {"workflow": "tenants-probe", "input": {}}
+    mine = http.post("/runs", json={**start, "run_id": "acme-1"}, headers=_bearer(acme)).json()
+    theirs = http.post("/runs", json={**start, "run_id": "globex-1"}, headers=_bearer(globex))
+    assert (mine["tenant"], theirs.json()["tenant"]) == ("acme", "globex")
+    # A stopped run of its own, so its event stream ends (a pending one's would follow it).
+    http.post("/runs/acme-1/cancel", headers=_bearer(acme))
+
+    walked = 0
+    for method, path, op in _operations():
+        if path == "/runs" and method == "POST":
+            continue  # the enqueues above
+        if "{run_id}" in path:
+            other = _call(http, method, path, op, acme, "globex-1")
+            assert other.status_code == 404, (method, path, other.text)
+            # Word for word what a run that does not exist gets: nothing tells them apart.
+            ghost = _call(http, method, path, op, acme, "globex-9")
+            assert other.text.replace("globex-1", "?") == ghost.text.replace("globex-9", "?")
+            own = _call(http, method, path, op, acme, "acme-1")
+            assert own.status_code not in (401, 403, 404) and own.status_code < 500, (
+                method, path, own.status_code, own.text,
+            )  # fmt: skip
+            walked += 1
+        elif path in ("/runs/replay", "/metrics") or path.startswith("/schedules"):
+            refused = _call(http, method, path, op, acme, "")
+            assert refused.status_code == 403, (method, path, refused.text)
+        else:
+            answer = _call(http, method, path, op, acme, "")
+            assert answer.status_code == 200, (method, path, answer.text)
+            assert "globex-1" not in answer.text
+    assert walked >= 12  # every run route of the document was tried
+
+    listed = http.get("/runs", headers=_bearer(acme)).json()["runs"]
+    assert [r["run_id"] for r in listed] == ["acme-1"]
+    assert http.get("/counts", headers=_bearer(acme)).json() == {"cancelled": 1}
+    # The other tenant's run is as it was: not cancelled, signalled nor steered.
+    seen = http.get("/runs/globex-1", headers=_bearer(ADMIN)).json()
+    assert seen["status"] == "pending" and seen["tenant"] == "globex"
+    assert {r["run_id"] for r in http.get("/runs", headers=_bearer(ADMIN)).json()["runs"]} >= {
+        "acme-1",
+        "globex-1",
+    }
+
+    # The events stream: the run's read token is the tenant's own run's only.
+    token = http.post("/runs/acme-1/events/token", headers=_bearer(acme)).json()["token"]
+    assert http.get(f"/runs/acme-1/events?token={token}").status_code == 200
+    assert http.get(f"/runs/globex-1/events?token={token}").status_code != 200
+
+    # The pages, through a tenant's login.
+    page = http.post("/login", data={"token": acme, "next": "/ui/runs"}, follow_redirects=False)
+    assert page.status_code == 303 and page.headers["location"] == "/ui/runs"
+    runs_page = http.get("/ui/runs")
+    assert "acme-1" in runs_page.text and "globex-1" not in runs_page.text
+    assert "globex-1" not in http.get("/ui/runs?tenant=globex").text
+    assert http.get("/ui/runs/globex-1").status_code == 404
+    assert "acme" in http.get("/ui/runs/acme-1").text
+    http.cookies.clear()
+
+
+def test_a_revoked_token_is_refused_within_seconds(http: Any, tokens: Tokens) -> None:
+    record, token = tokens.create("acme", "to revoke")
+    assert http.get("/runs", headers=_bearer(token)).status_code == 200
+    wrong = token[:-4] + ("aaaa" if not token.endswith("aaaa") else "bbbb")
+    assert http.get("/runs", headers=_bearer(wrong)).status_code == 401
+    assert tokens.revoke(record.id) is not None
+    deadline = time.monotonic() + TOKEN_TTL + 3
+    while http.get("/runs", headers=_bearer(token)).status_code != 401:
+        assert time.monotonic() < deadline, "a revoked token still works"
+        time.sleep(0.2)
+    assert [t.revoked_at is not None for t in tokens.list_tokens() if t.id == record.id] == [True]
+
+
+def test_a_revoked_tokens_page_session_ends(http: Any, tokens: Tokens) -> None:
+    record, token = tokens.create("acme")
+    http.post("/login", data={"token": token, "next": "/ui/runs"})
+    assert http.get("/ui/runs", follow_redirects=False).status_code == 200
+    tokens.revoke(record.id)
+    deadline = time.monotonic() + TOKEN_TTL + 3
+    while http.get("/ui/runs", follow_redirects=False).status_code != 303:
+        assert time.monotonic() < deadline, "a revoked token's session still works"
+        time.sleep(0.2)
+
+
+def test_an_admin_token_from_the_cli_sees_every_tenant(http: Any, tokens: Tokens) -> None:
+    _, acme = tokens.create("acme")
+    _, admin = tokens.create(None, "ops", admin=True)
+    start = {"workflow": "tenants-probe", "input": {}, "run_id": "acme-2"}
+    assert http.post("/runs", json=start, headers=_bearer(acme)).status_code == 202
+    assert http.get("/runs/acme-2", headers=_bearer(admin)).json()["tenant"] == "acme"
+    assert http.get("/schedules", headers=_bearer(admin)).status_code == 200
+
+
+def test_cairn_tokens_prints_a_token_once_lists_none_and_revokes(
+    settings: Settings, tokens: Tokens
+) -> None:
+    env = {"CAIRN_DATABASE_URL": settings.database_url}
+    made = _cairn("tokens", "create", "--tenant", "acme", "--name", "back end", env=env)
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip().splitlines()[-1]
+    found = tokens.check(token)
+    assert found is not None and (found.tenant, found.name, found.admin) == (
+        "acme",
+        "back end",
+        False,
+    )
+    listed = _cairn("tokens", "list", "--json", env=env)
+    assert token.split("_")[-1] not in listed.stdout  # never the secret again
+    [row] = [t for t in json.loads(listed.stdout)["tokens"] if t["id"] == found.id]
+    assert (row["tenant"], row["revoked_at"]) == ("acme", None)
+    assert _cairn("tokens", "revoke", found.id, env=env).returncode == 0
+    assert tokens.check(token) is None
+    for args, says in (
+        (("tokens", "create"), "give --tenant NAME"),
+        (("tokens", "create", "--tenant", "a b"), "tenant 'a b' is not valid"),
+        (("tokens", "revoke", "nope"), "no token 'nope'"),
+    ):
+        wrong = _cairn(*args, env=env)
+        assert wrong.returncode != 0 and says in wrong.stderr and "Traceback" not in wrong.stderr
