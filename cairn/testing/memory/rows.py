@@ -91,6 +91,7 @@ class _Row:
     forked_from: str | None = None  # a fork: its origin, and the seq it was forked at
     forked_at: int | None = None
     started_version: str | None = None  # the code version of its first claim's worker
+    pinned: bool = False  # goes on only under started_version (versions="pin")
     window: dict[int, str] = dataclasses.field(default_factory=dict)  # window_messages
     signals: dict[str, _Signal] = dataclasses.field(default_factory=dict)
     # step_history: each row as the history query selects it, and the checkpoint it saved

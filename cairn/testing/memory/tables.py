@@ -209,6 +209,7 @@ class _Tables:
             "priority": row.priority,
             "traceparent": row.traceparent,
             "forked_at": row.forked_at,
+            "pinned_to": row.started_version if row.pinned else None,
             "signal": _signal_of(*pending) if pending else None,
             "window": [
                 json.loads(row.window[i])
