@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import redis
 
 from cairn.store import keys
 from cairn.store.lease import translated
+
+if TYPE_CHECKING:
+    from cairn.store.contract import Maintenance
 
 BEAT_EVERY = 5.0
 # A worker is live while its last beat is this recent: three beats missed.
@@ -108,3 +111,13 @@ class Fleet:
 
     def close(self) -> None:
         self.client.close()
+
+
+def fleet_versions(store: Maintenance, redis_url: str, orphan_after: float) -> list[Version]:
+    """The fleet's versions as `cairn deploy status` and the server's metrics read them:
+    the store's pinned runs against the workers' beats."""
+    fleet = Fleet.from_url(redis_url)
+    try:
+        return fleet.versions(store.pinned_runs(), orphan_after)
+    finally:
+        fleet.close()
