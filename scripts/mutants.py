@@ -96,7 +96,7 @@ MUTANTS = [
         "M4",
         "the worker skips claim",
         "workers/loop.py",
-        "claimed = store.claim(run_id, lease.epoch, deps.settings.code_version)",
+        "claimed = store.claim(run_id, lease.epoch, version, registry.pinned())",
         "claimed = store.load(run_id)",
         (CLAIM,),
     ),
