@@ -16,12 +16,20 @@ from celery.worker import state as worker_state
 from celery.worker.request import Request
 
 from cairn.core import logs, tracing
-from cairn.core.errors import Deferred, HandOff, Interrupted, Misrouted, RetryLater, StepStopped
+from cairn.core.errors import (
+    CairnError,
+    Deferred,
+    HandOff,
+    Interrupted,
+    Misrouted,
+    RetryLater,
+    StepStopped,
+)
 from cairn.core.settings import Settings
 from cairn.steps import registry
 from cairn.steps.model import ModelClient, preload_sdk
 from cairn.store.checkpoints import PgStore
-from cairn.store.contract import LeaseManager
+from cairn.store.contract import LeaseManager, Maintenance
 from cairn.store.db import Database
 from cairn.store.events import RedisEvents
 from cairn.store.fleet import Fleet
@@ -52,6 +60,7 @@ class Runtime:
         self._deps: dict[int, loop.Deps] = {}
         self._leases: dict[int, Leases] = {}
         self._fleets: dict[int, Fleet] = {}
+        self._stores: dict[int, PgStore] = {}
         self._lock = threading.Lock()
         # Made before the pool forks, so every pool process sees the main process set it
         # when a warm shutdown (SIGTERM) begins.
@@ -85,10 +94,23 @@ class Runtime:
         never per step)."""
         if not resume:
             return broker.queue_for(priority)
-        version = self.deps().store.routes([run_id]).get(run_id)
+        version = self._routes().routes([run_id]).get(run_id)
         if version is None:
             return broker.RESUME
         return broker.declared(self.settings, broker.pinned_queue(version))
+
+    def _routes(self) -> Maintenance:
+        """Where routes are read: the process's store, or in the worker's main process
+        (a resend after a lost pool process) a one-connection store of its own, as its
+        leases are (leases()): the loop's Deps are the pool processes'."""
+        if pid_deps := self._deps.get(os.getpid()):
+            return pid_deps.store
+        with self._lock:
+            if os.getpid() not in self._stores:
+                s = self.settings
+                db = Database(s.database_url, max_size=1, prepare=s.database_prepare)
+                self._stores[os.getpid()] = PgStore(db)
+            return self._stores[os.getpid()]
 
     def deps(self) -> loop.Deps:
         # One Deps per process, shared by its threads (the threads pool): the connection
@@ -133,6 +155,19 @@ class Runtime:
             if os.getpid() not in self._leases:
                 self._leases[os.getpid()] = Leases.from_url(self.settings.redis_url)
             return self._leases[os.getpid()]
+
+    def close(self) -> None:
+        """Close this process's connections (a test's app; a worker's go with it)."""
+        pid = os.getpid()
+        if pid_deps := self._deps.pop(pid, None):
+            pid_deps.store.db.close()  # type: ignore[attr-defined]
+            pid_deps.leases.client.close()  # type: ignore[attr-defined]
+            if pid_deps.model is not None:
+                pid_deps.model.close()
+        if store := self._stores.pop(pid, None):
+            store.db.close()
+        if beats := self._fleets.pop(pid, None):
+            beats.close()
 
     def stop(self, **_: object) -> None:
         """A warm shutdown began (celery's worker_shutting_down, in the main process)."""
@@ -275,7 +310,10 @@ def reap(task: Task) -> int:
             send=runtime.send,
         ).reap()
         tracing.note(runs_sent=sent)
-        fleet.report_orphans(d.store, runtime.fleet(), runtime.settings.pin_orphan_after)
+        try:
+            fleet.report_orphans(d.store, runtime.fleet(), runtime.settings.pin_orphan_after)
+        except CairnError as exc:  # its runs were sent: the report waits for the next pass
+            logger.warning("orphan report skipped: %s", exc, extra=logs.run(None, "orphaned"))
     return sent
 
 

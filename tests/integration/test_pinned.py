@@ -106,11 +106,7 @@ def test_a_pinned_runs_resume_goes_to_its_versions_queue_and_another_version_rer
     assert [s.code_version for s in client.history(kept)] == ["v1", "v1"]
     assert [s.code_version for s in client.history(moved)] == ["v1", "v2"]
     assert client.store.routes([kept]) == {kept: "v1"}  # the pin stays on the record
-    d = runtime.deps()
-    d.store.db.close()
-    d.leases.client.close()
-    if d.model is not None:
-        d.model.close()
+    runtime.close()
 
 
 def test_a_version_with_pinned_runs_and_no_live_worker_is_reported_orphaned(
