@@ -192,7 +192,7 @@ def deploy_drain(
     control.conf.update(broker.conf(settings))
     try:
         replies = control.control.broadcast(
-            DRAIN_COMMAND, arguments={"version": version}, reply=True, timeout=2.0
+            DRAIN_COMMAND, arguments={"version": version}, reply=True, timeout=1.0
         )
     except Exception as exc:  # noqa: BLE001 (kombu raises the transport's own errors)
         fail(f"the broker is unreachable: {exc}")

@@ -149,5 +149,15 @@ def test_a_version_with_pinned_runs_and_no_live_worker_is_reported_orphaned(
             )
         ]
         assert [r.status for r in map(client.get, runs) if r] == [RunStatus.WAITING] * 2
+        # The server's gauges say as much (its settings' CAIRN_PIN_ORPHAN_AFTER: 0).
+        from fastapi.testclient import TestClient
+
+        from cairn.web.api import create_app
+
+        served = deps.settings.with_options(pin_orphan_after=0.0)
+        with TestClient(create_app(served, insecure_no_auth=True)) as http:
+            metrics = http.get("/metrics").text
+        assert 'cairn_runs_pinned{version="v1"} 2.0' in metrics
+        assert 'cairn_runs_orphaned_versions{version="v1"} 2.0' in metrics
     finally:
         beats.close()
