@@ -34,6 +34,8 @@ COMMANDS = [
     "db",
     "db upgrade",
     "deploy check",
+    "deploy status",
+    "deploy drain",
     "demo",
     "standin",
     "chaos",

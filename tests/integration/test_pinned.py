@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import subprocess
+import sys
 import uuid
 from typing import Any
 
@@ -21,6 +24,7 @@ from cairn.steps.registry import StepResult, workflow
 from cairn.store.checkpoints import PgStore
 from cairn.store.fleet import Fleet
 from cairn.workers import broker, fleet, loop
+from tests.helpers.services import ROOT
 
 pinned = workflow("pinned_demo", versions="pin")
 upgraded = workflow("upgraded_demo")
@@ -161,3 +165,35 @@ def test_a_version_with_pinned_runs_and_no_live_worker_is_reported_orphaned(
         assert 'cairn_runs_orphaned_versions{version="v1"} 2.0' in metrics
     finally:
         beats.close()
+
+
+def test_deploy_status_says_which_version_is_orphaned_and_drain_which_has_no_worker(
+    deps: loop.Deps, client: Client
+) -> None:
+    run_id = f"cli-{uuid.uuid4().hex[:8]}"
+    client.store.create_run(run_id, "pinned_demo", {})
+    assert loop.run(run_id, _at(deps, "v9")) == RunStatus.WAITING
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "COLUMNS": "200",
+        "CAIRN_DATABASE_URL": deps.settings.database_url,
+        "CAIRN_REDIS_URL": deps.settings.redis_url,
+        "CAIRN_PIN_ORPHAN_AFTER": "0",
+    }
+
+    def cairn(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "cairn.cli", "deploy", *args],
+            capture_output=True, text=True, env=env, cwd=ROOT, timeout=60, check=False,
+        )  # fmt: skip
+
+    status = cairn("status")
+    assert status.returncode == 1, status.stderr
+    [row] = [line.split() for line in status.stdout.splitlines() if " v9 " in line]
+    assert [cell for cell in row if cell not in "│┃|"] == ["v9", "0", "1", "1", "orphaned"]
+    drain = cairn("drain", "v9")
+    assert drain.returncode == 1 and drain.stdout == ""
+    assert drain.stderr.strip() == (
+        "error: no live worker of version 'v9' answered; `cairn deploy status` lists them"
+    )
