@@ -59,6 +59,7 @@ FENCES = "tests/integration/test_fences.py"
 SEAMS = "tests/fleet/test_seams.py"
 SEALING = "tests/integration/test_sealing.py"
 PAI = "tests/integration/test_pydantic_ai.py"
+PINNED = "tests/integration/test_pinned.py::test_a_pinned_runs_resume_goes_to_its_versions_queue_and_another_version_reroutes_it"
 LG_ZOMBIE = (
     "test_a_zombie_paused_inside_a_langgraph_put_neither_forks_the_thread_nor_runs_a_node_twice"
 )
@@ -96,7 +97,7 @@ MUTANTS = [
         "M4",
         "the worker skips claim",
         "workers/loop.py",
-        "claimed = store.claim(run_id, lease.epoch, deps.settings.code_version)",
+        "claimed = store.claim(run_id, lease.epoch, version, registry.pinned())",
         "claimed = store.load(run_id)",
         (CLAIM,),
     ),
@@ -776,6 +777,23 @@ MUTANTS = [
         '"data": sealing.seal(data) if data is not None else None,',
         '"data": data,',
         (f"{SEALING}::test_every_payload_is_sealed_in_both_servers_and_opens_for_the_reader",),
+    ),
+    Mutant(
+        "M91",
+        "a worker claims a run pinned to another code version, and goes on with it there",
+        "store/sql/queries.sql",
+        "AND (NOT pinned OR started_version = %(code_version)s::text)",
+        "AND (true OR started_version = %(code_version)s::text)",
+        (PINNED,),
+    ),
+    Mutant(
+        "M92",
+        "a pinned run's resume (a wake, a retry, the reaper's) sent to the shared queue, not "
+        "to its version's: it waits for a misroute, or for ever once only its version drains",
+        "workers/app.py",
+        "        if version is None:\n            return broker.RESUME\n",
+        "        if True:\n            return broker.RESUME\n",
+        (PINNED,),
     ),
     Mutant(
         "M93",

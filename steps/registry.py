@@ -184,6 +184,9 @@ Validator = Callable[[dict[str, Any]], dict[str, Any]]
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
 
 
+VERSION_POLICIES = ("upgrade", "pin")
+
+
 class Workflow:
     """A named set of steps. The first step registered is where a run starts."""
 
@@ -197,10 +200,19 @@ class Workflow:
         priority: int = 0,
         concurrency_limit: int = 1,
         renamed: Mapping[str, str] | None = None,
+        versions: str = "upgrade",
     ) -> None:
         from cairn.core.inputs import check_flow
 
         self.name = name
+        # A deploy's policy for runs under way: "upgrade", the new code goes on at the
+        # next step boundary; "pin", a run goes on only on workers of the code version
+        # (CAIRN_CODE_VERSION) that started it, sent to that version's queue.
+        if versions not in VERSION_POLICIES:
+            raise ValueError(
+                f"workflow {name!r}: versions={versions!r}; use one of {', '.join(VERSION_POLICIES)}"
+            )
+        self.versions = versions
         # Defaults for an enqueue that does not say (by a Client that has this workflow
         # registered): its priority, and its runs per concurrency key at a time.
         try:
@@ -314,6 +326,12 @@ def workflow(name: str, **options: Any) -> Workflow:
     flow = Workflow(name, **options)
     _REGISTRY[name] = flow
     return flow
+
+
+def pinned() -> list[str]:
+    """The workflows registered here with versions="pin", sorted: a worker's claim pins
+    the runs of these it starts."""
+    return sorted(name for name, flow in _REGISTRY.items() if flow.versions == "pin")
 
 
 def find(name: str) -> Workflow | None:

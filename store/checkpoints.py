@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
@@ -214,10 +214,25 @@ class PgStore:
         row = self.load_row(run_id)
         return _checkpoint(row) if row else None
 
-    def claim(self, run_id: str, epoch: int, code_version: str | None = None) -> Checkpoint | None:
-        """Fence the run at epoch and return it; None if a newer epoch already holds it.
-        A run's first claim records code_version as the one that started it."""
-        row = self.db.one("claim", {"run_id": run_id, "epoch": epoch, "code_version": code_version})
+    def claim(
+        self,
+        run_id: str,
+        epoch: int,
+        code_version: str | None = None,
+        pinned: Collection[str] = (),
+    ) -> Checkpoint | None:
+        """Fence the run at epoch and return it; None if a newer epoch already holds it,
+        or it is pinned to another version. A run's first claim records code_version as
+        the one that started it, and pins it when its workflow is among `pinned`."""
+        row = self.db.one(
+            "claim",
+            {
+                "run_id": run_id,
+                "epoch": epoch,
+                "code_version": code_version,
+                "pinned": list(pinned),
+            },
+        )
         return _checkpoint(row) if row else None
 
     # -- the per-step write ----------------------------------------------------------
@@ -544,6 +559,19 @@ class PgStore:
             total += n
             if n < batch:
                 return total
+
+    def routes(self, run_ids: list[str]) -> dict[str, str]:
+        """The pinned runs among run_ids, each with the version it is pinned to."""
+        if not run_ids:
+            return {}
+        return {r["run_id"]: r["version"] for r in self.db.all("routes", {"run_ids": run_ids})}
+
+    def pinned_runs(self) -> dict[str, tuple[int, int]]:
+        """Pinned runs under way per version: (runs, of which waiting)."""
+        return {
+            r["version"]: (int(r["runs"]), int(r["waiting"]))
+            for r in self.db.all("pinned_runs", {})
+        }
 
     def stalled(self, pending_after: float, running_after: float) -> list[dict[str, Any]]:
         """Reaper candidates: {run_id, status, epoch, updated_at} (see the query)."""

@@ -19,7 +19,7 @@ protocols, never against a backend.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -64,9 +64,17 @@ class RunStore(Protocol):
     def load(self, run_id: str) -> Checkpoint | None:
         """The run's checkpoint with its live window, or None: no such run."""
 
-    def claim(self, run_id: str, epoch: int, code_version: str | None = None) -> Checkpoint | None:
-        """Fence the run at epoch and return it; None if it stopped or its epoch is not older.
-        A run's first claim records code_version (the worker's) as the one that started it."""
+    def claim(
+        self,
+        run_id: str,
+        epoch: int,
+        code_version: str | None = None,
+        pinned: Collection[str] = (),
+    ) -> Checkpoint | None:
+        """Fence the run at epoch and return it; None if it stopped, its epoch is not
+        older, or it is pinned to a version other than code_version. A run's first claim
+        records code_version (the worker's) as the one that started it, and pins it when
+        its workflow is among `pinned` (the worker's workflows with versions="pin")."""
 
     def save(
         self,
@@ -312,6 +320,12 @@ class Maintenance(Protocol):
 
     def fold_counts(self, batch: int = ...) -> int:
         """Fold the status deltas into the totals; rows folded."""
+
+    def routes(self, run_ids: list[str]) -> dict[str, str]:
+        """The pinned runs among run_ids, each with the version it is pinned to."""
+
+    def pinned_runs(self) -> dict[str, tuple[int, int]]:
+        """Pinned runs under way per version: (runs, of which waiting)."""
 
     def sweep(
         self,

@@ -56,3 +56,15 @@ def event_epoch(run_id: str) -> str:
 # Postgres, its last events unwritten, its message unacked with the dead worker) is
 # delivered again, and its stream told. Bounded by the runs in flight.
 DELIVERIES = f"{PREFIX}:deliveries"
+
+# Each worker's beat (a sorted set: "<code version>|<node name>", scored by its last beat
+# in Unix seconds), written by its main process every fleet.BEAT_EVERY seconds. What
+# `cairn deploy status` lists and the orphan report of pinned runs reads. A worker that
+# stops well takes itself out; one killed is pruned after fleet.KEEP.
+WORKERS = f"{PREFIX}:workers"
+
+
+def orphan_told(version: str) -> str:
+    """The reaper told the operator that this version's pinned runs have no worker: set
+    NX with a TTL (fleet.TELL_EVERY), so the log line comes once a while, not each pass."""
+    return f"{PREFIX}:orphaned:{version}"

@@ -6,7 +6,7 @@ import logging
 import multiprocessing
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from billiard.einfo import ExceptionWithTraceback
@@ -16,17 +16,26 @@ from celery.worker import state as worker_state
 from celery.worker.request import Request
 
 from cairn.core import logs, tracing
-from cairn.core.errors import Deferred, HandOff, Interrupted, RetryLater, StepStopped
+from cairn.core.errors import (
+    CairnError,
+    Deferred,
+    HandOff,
+    Interrupted,
+    Misrouted,
+    RetryLater,
+    StepStopped,
+)
 from cairn.core.settings import Settings
 from cairn.steps import registry
 from cairn.steps.model import ModelClient, preload_sdk
 from cairn.store.checkpoints import PgStore
-from cairn.store.contract import LeaseManager
+from cairn.store.contract import LeaseManager, Maintenance
 from cairn.store.db import Database
 from cairn.store.events import RedisEvents
+from cairn.store.fleet import Fleet
 from cairn.store.lease import Leases
 from cairn.store.schedules import ScheduleStore
-from cairn.workers import broker, celerylog, loop, metrics, schedules
+from cairn.workers import broker, celerylog, fleet, loop, metrics, schedules
 from cairn.workers.dispatch import Dispatcher
 from cairn.workers.metrics import Metrics
 from cairn.workers.middleware import NONE, Chain, Middleware
@@ -50,14 +59,58 @@ class Runtime:
         self.settings, self.middleware = settings, middleware
         self._deps: dict[int, loop.Deps] = {}
         self._leases: dict[int, Leases] = {}
+        self._fleets: dict[int, Fleet] = {}
+        self._stores: dict[int, PgStore] = {}
         self._lock = threading.Lock()
         # Made before the pool forks, so every pool process sees the main process set it
         # when a warm shutdown (SIGTERM) begins.
         self.stopping = multiprocessing.Event()
-        # Puts a run's message on the broker (a spawn's children, a gathered parent, a
-        # concurrency key's next run: resume?, priority); set by create_app, which has the
-        # Celery app.
-        self.send: Callable[[str, bool, int], None] | None = None
+        # The Celery app whose run task `send` puts messages for; set by create_app.
+        self.app: Celery | None = None
+
+    def send(
+        self,
+        run_id: str,
+        resume: bool = True,
+        priority: int = 0,
+        *,
+        countdown: float | None = None,
+        headers: dict[str, Any] | None = None,
+    ) -> None:
+        """Put one message for the run on the broker: every send of the fleet comes here
+        (a spawn's children, a gathered parent, a key's next run, a retry, a hand-off, a
+        wake, the reaper's), so a pinned run's goes to its version's queue wherever it
+        was sent from."""
+        assert self.app is not None, "create_app sets the app"
+        self.app.tasks[broker.RUN_TASK].apply_async(
+            (run_id,), queue=self.queue(run_id, resume, priority), countdown=countdown,
+            headers=headers,
+        )  # fmt: skip
+
+    def queue(self, run_id: str, resume: bool, priority: int = 0) -> Any:
+        """Where the run's message goes: a new run's to the queue of its priority (a
+        first delivery has no version yet: any worker starts it); a resume to the shared
+        resume queue, or to its version's for a pinned run (one indexed read, per send,
+        never per step)."""
+        if not resume:
+            return broker.queue_for(priority)
+        version = self._routes().routes([run_id]).get(run_id)
+        if version is None:
+            return broker.RESUME
+        return broker.declared(self.settings, broker.pinned_queue(version))
+
+    def _routes(self) -> Maintenance:
+        """Where routes are read: the process's store, or in the worker's main process
+        (a resend after a lost pool process) a one-connection store of its own, as its
+        leases are (leases()): the loop's Deps are the pool processes'."""
+        if pid_deps := self._deps.get(os.getpid()):
+            return pid_deps.store
+        with self._lock:
+            if os.getpid() not in self._stores:
+                s = self.settings
+                db = Database(s.database_url, max_size=1, prepare=s.database_prepare)
+                self._stores[os.getpid()] = PgStore(db)
+            return self._stores[os.getpid()]
 
     def deps(self) -> loop.Deps:
         # One Deps per process, shared by its threads (the threads pool): the connection
@@ -87,6 +140,13 @@ class Runtime:
                 )
             return self._deps[pid]
 
+    def fleet(self) -> Fleet:
+        """The workers' beats (the reaper's orphan report reads them), per process."""
+        with self._lock:
+            if os.getpid() not in self._fleets:
+                self._fleets[os.getpid()] = Fleet.from_url(self.settings.redis_url)
+            return self._fleets[os.getpid()]
+
     def leases(self) -> LeaseManager:
         """This process's Redis leases: the worker's main process needs only these."""
         if pid_deps := self._deps.get(os.getpid()):
@@ -95,6 +155,19 @@ class Runtime:
             if os.getpid() not in self._leases:
                 self._leases[os.getpid()] = Leases.from_url(self.settings.redis_url)
             return self._leases[os.getpid()]
+
+    def close(self) -> None:
+        """Close this process's connections (a test's app; a worker's go with it)."""
+        pid = os.getpid()
+        if pid_deps := self._deps.pop(pid, None):
+            pid_deps.store.db.close()  # type: ignore[attr-defined]
+            pid_deps.leases.client.close()  # type: ignore[attr-defined]
+            if pid_deps.model is not None:
+                pid_deps.model.close()
+        if store := self._stores.pop(pid, None):
+            store.db.close()
+        if beats := self._fleets.pop(pid, None):
+            beats.close()
 
     def stop(self, **_: object) -> None:
         """A warm shutdown began (celery's worker_shutting_down, in the main process)."""
@@ -136,7 +209,7 @@ class RunRequest(Request):
         runtime: Runtime = self.task.app.cairn
         try:
             runtime.leases().mark_sent(run_id, runtime.settings.resend_window)
-            self.task.apply_async((run_id,), queue=broker.RESUME, headers={LOST_HEADER: lost})
+            runtime.send(run_id, headers={LOST_HEADER: lost})
         except Exception:  # Redis or the broker down: Celery's requeue instead
             logger.exception(
                 "run %s: not sent again after its process died",
@@ -164,7 +237,7 @@ def run_task(task: Task, run_id: str) -> str:
 
     def again(countdown: float) -> Exception:
         retry: Exception = task.retry(
-            countdown=broker.delay(settings, countdown), queue=broker.RESUME
+            countdown=broker.delay(settings, countdown), queue=runtime.queue(run_id, True)
         )
         return retry
 
@@ -185,8 +258,18 @@ def run_task(task: Task, run_id: str) -> str:
         raise again(exc.delay) from None
     except HandOff as exc:
         logger.warning("%s; handing it back to the queue", exc, extra=logs.run(run_id, "hand_off"))
-        task.apply_async((run_id,), queue=broker.RESUME)
+        runtime.send(run_id)
         return "handed_off"
+    except Misrouted as exc:
+        # Not claimed, not changed: only its message moves, to a worker of its version.
+        logger.info(
+            "%s; sent to %s",
+            exc,
+            broker.pinned_queue(exc.version),
+            extra=logs.run(run_id, "misrouted", version=exc.version),
+        )
+        runtime.send(run_id)
+        return "misrouted"
     except StepStopped as exc:  # Superseded, or a stop no branch of the loop took
         # Another worker owns the run now: it will finish it. Do nothing more.
         logger.warning("run %s: stopped, %s", run_id, exc, extra=logs.run(run_id, "superseded"))
@@ -224,11 +307,13 @@ def reap(task: Task) -> int:
             leases=d.leases,
             settings=runtime.settings,
             in_flight=lambda taken_within: broker.in_flight(task.app, taken_within=taken_within),
-            send=lambda run_id: task.app.tasks[broker.RUN_TASK].apply_async(
-                (run_id,), queue=broker.RESUME
-            ),
+            send=runtime.send,
         ).reap()
         tracing.note(runs_sent=sent)
+        try:
+            fleet.report_orphans(d.store, runtime.fleet(), runtime.settings.pin_orphan_after)
+        except CairnError as exc:  # its runs were sent: the report waits for the next pass
+            logger.warning("orphan report skipped: %s", exc, extra=logs.run(None, "orphaned"))
     return sent
 
 
@@ -248,10 +333,10 @@ def sweep(task: Task) -> int:
 
 def fire_schedules(task: Task) -> int:
     """Fire the due schedules, each tick once (see cairn.workers.schedules)."""
-    run = task.app.tasks[broker.RUN_TASK]
+    runtime: Runtime = task.app.cairn
     firer = schedules.Firer(
         store=ScheduleStore(task.app.cairn.deps().store.db),
-        send=lambda run_id: run.apply_async((run_id,), queue=broker.RUNS),
+        send=lambda run_id: runtime.send(run_id, resume=False),
         grace=max(schedules.GRACE, 3 * task.app.cairn.settings.schedule_tick),
     )
     with tracing.spanning("cairn.schedules.fire"):
@@ -262,11 +347,8 @@ def fire_schedules(task: Task) -> int:
 
 def wake(task: Task) -> int:
     """Send the waiting runs whose time came, each once (see cairn.workers.wake)."""
-    run = task.app.tasks[broker.RUN_TASK]
-    waker = Waker(
-        store=task.app.cairn.deps().store,
-        send=lambda run_id: run.apply_async((run_id,), queue=broker.RESUME),
-    )
+    runtime: Runtime = task.app.cairn
+    waker = Waker(store=runtime.deps().store, send=runtime.send)
     with tracing.spanning("cairn.wake"):
         woken = waker.wake()
         tracing.note(runs_woken=len(woken))
@@ -283,6 +365,11 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
     app = Celery("cairn")
     app.conf.update(
         broker.conf(settings),
+        # Its version's queue too, where the resumes of runs pinned to it go.
+        task_queues=[
+            *broker.queues(settings),
+            broker.declared(settings, broker.pinned_queue(settings.code_version or "")),
+        ],
         # A message is acked only when the task returns, and a task whose worker process
         # died is requeued: a crash loses nothing. Redelivery is why the task is a resume.
         task_acks_late=True,
@@ -323,13 +410,13 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
     # middleware, so a misspelt CAIRN_MIDDLEWARE is told without that second.
     preload_sdk()
     runtime = Runtime(settings, chain)
-    runtime.send = lambda run_id, resume, priority: app.tasks[broker.RUN_TASK].apply_async(
-        (run_id,), queue=broker.RESUME if resume else broker.queue_for(priority)
-    )
+    runtime.app = app
     app.cairn = runtime
     # A warm shutdown (SIGTERM) hands each run in hand back at its next step boundary,
     # so a deploy waits one step, not a run. Runs in the worker's main process.
     signals.worker_shutting_down.connect(runtime.stop, weak=False)
+    # Its code version's beat, for `cairn deploy status` and the orphan report.
+    signals.worker_ready.connect(_start_beats, weak=False, dispatch_uid="cairn-beats")
     # Celery's routine lines at DEBUG; CAIRN_LOG_FORMAT=json for the whole process.
     celerylog.setup(settings)
     app.task(name=broker.RUN_TASK, bind=True, max_retries=None, Request=RunRequest)(run_task)
@@ -343,10 +430,16 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
     return app
 
 
+def _start_beats(sender: Any = None, **_: object) -> None:
+    runtime: Runtime = sender.app.cairn
+    beats = fleet.start_beats(runtime.settings, sender.hostname)
+    signals.worker_shutdown.connect(lambda **_: beats.set(), weak=False)
+
+
 def _start_dispatcher(sender: Any = None, **_: object) -> None:
     runtime: Runtime = sender.app.cairn
     store, send, s = runtime.deps().store, runtime.send, runtime.settings
-    if isinstance(store, PgStore) and send is not None:
+    if isinstance(store, PgStore):
         # LISTEN holds a session: through PgBouncer in transaction mode it hears nothing,
         # so it may go straight to Postgres (CAIRN_LISTEN_URL); one connection, no pool.
         listen = Database(s.listen_url, max_size=1) if s.listen_url else store.db

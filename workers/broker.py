@@ -48,6 +48,13 @@ DELIVERY_LIMIT = 20
 DELAYED_QUEUES = tuple(f"celery_delayed_{level}" for level in range(28))
 
 
+def pinned_queue(version: str) -> str:
+    """The queue of one code version's workers: its pinned runs' resumes (versions="pin").
+    Sorts after RESUME and before HIGH: on Redis a pinned run's resume waits behind
+    resumes, never behind new runs."""
+    return f"{RESUME}.v.{version}"
+
+
 def queue_for(priority: int) -> str:
     """The queue a new run of this priority is sent to."""
     return HIGH if priority > 0 else RUNS
@@ -106,10 +113,18 @@ def in_flight(app: Any, taken_within: float | None = None) -> int:
 
 def queues(settings: Settings) -> list[Any]:
     """cairn's queues, as the broker in settings declares them."""
+    return [declared(settings, name) for name in QUEUES]
+
+
+def declared(settings: Settings, name: str) -> Any:
+    """One queue as the broker in settings declares it: a sender declares a version's
+    queue as its workers do, so a message sent before any of them started waits there
+    (an undeclared queue on Redis drops it; a queue declared with other arguments on
+    RabbitMQ refuses it)."""
     from kombu import Exchange, Queue
 
     if not is_amqp(settings.broker):
-        return [Queue(name) for name in QUEUES]
+        return Queue(name)
     # Quorum queues: replicated, durable, and they count deliveries. A topic exchange
     # per queue, because Celery's delayed delivery (countdown retries on quorum queues,
     # which do not support the global QoS that worker-side countdowns need) cannot
@@ -117,16 +132,13 @@ def queues(settings: Settings) -> list[Any]:
     # servers take `consumer_timeout` from their config) is how long a worker may hold a
     # message, which is a whole run until it ends, waits or hands off: as long as the
     # Redis visibility timeout, and a consumer argument, so it can change between deploys.
-    return [
-        Queue(
-            name,
-            Exchange(name, type="topic"),
-            routing_key=name,
-            queue_arguments={"x-queue-type": "quorum", "x-delivery-limit": DELIVERY_LIMIT},
-            consumer_arguments={"x-consumer-timeout": int(settings.visibility_timeout * 1000)},
-        )
-        for name in QUEUES
-    ]
+    return Queue(
+        name,
+        Exchange(name, type="topic"),
+        routing_key=name,
+        queue_arguments={"x-queue-type": "quorum", "x-delivery-limit": DELIVERY_LIMIT},
+        consumer_arguments={"x-consumer-timeout": int(settings.visibility_timeout * 1000)},
+    )
 
 
 def conf(settings: Settings) -> dict[str, Any]:

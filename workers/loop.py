@@ -21,6 +21,7 @@ from cairn.core.errors import (
     IncompatibleCheckpoint,
     Interrupted,
     JournalDiverged,
+    Misrouted,
     OutcomeUnknown,
     RetryLater,
     StaleWrite,
@@ -90,6 +91,7 @@ def run(run_id: str, deps: Deps) -> RunStatus:
         Deferred: another live worker holds the run's lease; deliver it again later.
         RetryLater: a step failed and its Retry policy runs it again after exc.delay.
         HandOff: this worker is stopping, or a new wait's signal had come; send it again.
+        Misrouted: the run is pinned to another code version; send it to that version.
         Transient: Postgres or Redis is down (StoreUnavailable); retry with backoff.
         Superseded: another worker owns the run now; touch nothing more.
     and UnknownRun: no run has this id (nothing to retry).
@@ -300,11 +302,11 @@ def _take(run_id: str, deps: Deps) -> tuple[HeldLease, Checkpoint]:
     the run is leased again above the stored epoch, which the load that tells these cases
     apart found.
     """
-    store = deps.store
+    store, version = deps.store, deps.settings.code_version
     lease = _acquire(run_id, 0, deps)
     try:
         for _ in range(2):
-            claimed = store.claim(run_id, lease.epoch, deps.settings.code_version)
+            claimed = store.claim(run_id, lease.epoch, version, registry.pinned())
             if claimed is not None:
                 return lease, claimed
             cp = store.load(run_id)
@@ -312,6 +314,8 @@ def _take(run_id: str, deps: Deps) -> tuple[HeldLease, Checkpoint]:
                 raise UnknownRun(f"no run {run_id!r}: enqueue it with cairn.Client().enqueue()")
             if cp.status in IDLE:
                 return lease, cp
+            if cp.pinned_to is not None and cp.pinned_to != version:
+                raise Misrouted(run_id, cp.pinned_to, version)
             if cp.epoch >= lease.epoch:
                 lease.release()
                 lease = _acquire(run_id, cp.epoch, deps)

@@ -123,3 +123,100 @@ def deploy_check(
             )
     if broken:
         raise typer.Exit(1)
+
+
+@app.command("status")
+def deploy_status(as_json: AsJson = False, database_url: DatabaseUrl = None) -> None:
+    """The code versions in the fleet: live workers, and runs pinned to each.
+
+    A version whose pinned runs (versions="pin") have had no live worker
+    for over CAIRN_PIN_ORPHAN_AFTER is marked orphaned: start a worker of
+    it (CAIRN_CODE_VERSION), or cancel those runs. Exits 1 when one is.
+    """
+    from cairn.core.errors import CairnError
+    from cairn.store.fleet import fleet_versions
+
+    settings = load_settings(database_url=database_url)
+    with open_client(settings) as client:
+        try:
+            versions = fleet_versions(client.store, settings.redis_url, settings.pin_orphan_after)
+        except CairnError as exc:
+            fail(exc)
+    if as_json:
+        print(dumps({"versions": [dataclasses.asdict(v) for v in versions]}))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table("version", "live workers", "pinned runs", "waiting", "")
+        for v in versions:
+            table.add_row(
+                v.version,
+                str(len(v.workers)),
+                str(v.pinned),
+                str(v.waiting),
+                "[bold red]orphaned[/]" if v.orphaned else "",
+            )
+        Console(soft_wrap=True).print(table)
+    if any(v.orphaned for v in versions):
+        raise typer.Exit(1)
+
+
+@app.command("drain")
+def deploy_drain(
+    version: Annotated[str, typer.Argument(help="The code version (CAIRN_CODE_VERSION).")],
+    wait: Annotated[
+        float,
+        typer.Option(
+            min=0, help="Wait up to this many seconds for its pinned runs to end (0: no wait)."
+        ),
+    ] = 0.0,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Drain the workers of VERSION: they take no new run and finish theirs.
+
+    They stop consuming the shared queues and keep their version's, where
+    the runs pinned to it come back. Stop them once no pinned run of the
+    version is left (--wait waits for that; exit 1 if the time runs out).
+    """
+    import time
+
+    from celery import Celery
+
+    from cairn.core.errors import CairnError
+    from cairn.workers import broker
+    from cairn.workers.fleet import DRAIN_COMMAND
+
+    settings = load_settings(database_url=database_url)
+    control = Celery("cairn-drain")
+    control.conf.update(broker.conf(settings))
+    try:
+        replies = control.control.broadcast(
+            DRAIN_COMMAND, arguments={"version": version}, reply=True, timeout=1.0
+        )
+    except Exception as exc:  # noqa: BLE001 (kombu raises the transport's own errors)
+        fail(f"the broker is unreachable: {exc}")
+    finally:
+        control.close()
+    draining = sorted(
+        node for reply in replies for node, said in reply.items() if said.get("ok") == "draining"
+    )
+    if not draining:
+        fail(f"no live worker of version {version!r} answered; `cairn deploy status` lists them")
+    print(f"draining {len(draining)} worker(s) of version {version}: {', '.join(draining)}")
+    deadline = time.monotonic() + wait
+    with open_client(settings) as client:
+        while True:
+            try:
+                left, _ = client.store.pinned_runs().get(version, (0, 0))
+            except CairnError as exc:
+                fail(exc)
+            if not left:
+                print(f"version {version} drained: no pinned run left; stop its workers")
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(1.0)
+    print(f"{left} run(s) pinned to version {version} still under way")
+    if wait:
+        raise typer.Exit(1)

@@ -55,6 +55,14 @@ def worker(
             "--beat", help="Also run the reaper/sweep schedule (run it on one worker only)."
         ),
     ] = False,
+    drain: Annotated[
+        bool,
+        typer.Option(
+            "--drain",
+            help="Take no new run: consume only this code version's queue, where the runs "
+            'pinned to it (versions="pin") come back, to finish them.',
+        ),
+    ] = False,
     loglevel: LogLevel = None,
     name: Annotated[
         str | None,
@@ -103,6 +111,11 @@ def worker(
         "-n",
         name or f"cairn-{os.getpid()}@%h",
     ]
+    if drain:
+        from cairn.workers import broker
+
+        version = celery_app.cairn.settings.code_version
+        argv += ["-Q", f"{broker.CONTROL},{broker.pinned_queue(version)}"]
     celery_app.worker_main([*argv, *(["--beat"] if beat else [])])
 
 

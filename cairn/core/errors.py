@@ -76,6 +76,15 @@ class RetryLater(Interrupted):
         self.run_id, self.delay = run_id, delay
 
 
+class Misrouted(Interrupted):
+    """The run is pinned to another code version (versions="pin"): send it to that
+    version's queue, its state untouched."""
+
+    def __init__(self, run_id: str, version: str, here: str | None) -> None:
+        super().__init__(f"run {run_id} is pinned to version {version}, not this {here}")
+        self.run_id, self.version = run_id, version
+
+
 class HandOff(Interrupted):
     """Give the run back to the queue: the worker is shutting down (the step in hand is
     saved), or the signal a new wait waits for had already come."""

@@ -263,6 +263,9 @@ class Checkpoint:
     traceparent: str | None = None  # the enqueuer's span (cairn.otel): deliveries go on its trace
     forked_at: int | None = None  # a fork's first seq (its origin's), never changed
     tenant: str | None = None  # the customer it is for: its model calls count in its limits
+    # A pinned run (versions="pin"): the code version it goes on under, its start's; None
+    # for a run any version takes. Set by its first claim, never by a save.
+    pinned_to: str | None = None
     # Read with the row, never written: the wait's timeout has passed; the oldest signal
     # of the awaited event not yet consumed ({"id", "payload"}).
     wait_over: bool = dataclasses.field(default=False, compare=False)

@@ -65,6 +65,12 @@ class Settings:
         "this worker's code version, recorded on the runs it starts and the steps it saves "
         "(default: a hash of its registered workflows' and steps' names; set it per release)",
     )
+    pin_orphan_after: float = _setting(
+        600.0,
+        "CAIRN_PIN_ORPHAN_AFTER",
+        "seconds a code version may have no live worker while runs pinned to it "
+        '(versions="pin") are under way, before they are reported orphaned',
+    )
     # Recovery from a lost worker takes about this plus the reaper interval.
     lease_ttl: float = _setting(
         10.0, "CAIRN_LEASE_TTL", "seconds a lease lives without a heartbeat (renewed every TTL/3)"

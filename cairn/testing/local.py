@@ -22,7 +22,7 @@ import itertools
 import time
 from typing import TYPE_CHECKING
 
-from cairn.core.errors import Deferred, HandOff, RetryLater, Superseded
+from cairn.core.errors import Deferred, HandOff, Misrouted, RetryLater, Superseded
 from cairn.core.settings import Settings
 from cairn.steps import registry
 from cairn.testing.memory import Clock, MemoryEvents, MemoryLeases, MemoryStore
@@ -130,6 +130,8 @@ class LocalWorker:
             self._ready.append(run_id)
         except Superseded:
             pass  # another worker has the run
+        except Misrouted:
+            pass  # pinned to another code version: a worker of that version goes on with it
 
     def _after(self, seconds: float, run_id: str) -> None:
         heapq.heappush(self._later, (self.clock() + seconds, next(self._order), run_id))

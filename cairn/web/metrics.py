@@ -37,6 +37,7 @@ class Metrics:
             buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
         )
         self.registry.register(RunGauge(client))
+        self.registry.register(VersionGauge(client))
 
     def text(self) -> bytes:
         """Everything, in Prometheus' text format."""
@@ -59,6 +60,41 @@ class RunGauge:
         for status, n in sorted(counts.items()):
             gauge.add_metric([status], n)
         yield gauge
+
+
+class VersionGauge:
+    """cairn_runs_pinned{version} and cairn_runs_orphaned_versions{version}: the runs
+    pinned to each code version (versions="pin") under way, and those of a version with no
+    live worker for over CAIRN_PIN_ORPHAN_AFTER, from Postgres and the workers' beats."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from cairn.store.fleet import fleet_versions
+
+        s = self.client.settings
+        try:
+            versions = fleet_versions(self.client.store, s.redis_url, s.pin_orphan_after)
+        except CairnError as exc:
+            log.warning(
+                "cairn_runs_pinned not collected: %s", exc, extra=logs.run(None, "metrics_failed")
+            )
+            return
+        pinned = GaugeMetricFamily(
+            "cairn_runs_pinned", "Runs under way pinned to a code version.", labels=["version"]
+        )
+        orphaned = GaugeMetricFamily(
+            "cairn_runs_orphaned_versions",
+            "Runs pinned to a code version with no live worker past CAIRN_PIN_ORPHAN_AFTER.",
+            labels=["version"],
+        )
+        for v in versions:
+            if v.pinned:
+                pinned.add_metric([v.version], v.pinned)
+                orphaned.add_metric([v.version], v.pinned if v.orphaned else 0)
+        yield pinned
+        yield orphaned
 
 
 class Measured:

@@ -113,16 +113,24 @@ SELECT {{checkpoint_columns}}
 -- like a save (updated_at): the reaper does not list a run a worker has just taken. A run
 -- that has stopped, or is queued for its concurrency key, is left as it is (no row: the
 -- worker loads it to see why). A run's first claim (epoch 0: never claimed; a fork's too)
--- records the worker's code version as the one that started it.
+-- records the worker's code version as the one that started it, and pins the run when
+-- its workflow is among the worker's pinned ones (%(pinned)s; the subquery runs at a
+-- first claim only). A pinned run of another version is not claimed: the worker loads
+-- it, sees its pinned_to, and sends it to that version's queue, its row untouched.
 WITH c AS (
     UPDATE checkpoints
        SET epoch = %(epoch)s, retry_at = NULL, updated_at = now(),
            deliveries = deliveries + CASE WHEN status = 'waiting' THEN 0 ELSE 1 END,
            started_version = coalesce(started_version,
-                                      CASE WHEN epoch = 0 THEN %(code_version)s::text END)
+                                      CASE WHEN epoch = 0 THEN %(code_version)s::text END),
+           pinned = CASE WHEN epoch = 0 AND cardinality(%(pinned)s::text[]) > 0
+                         THEN (SELECT r.workflow FROM runs r WHERE r.run_id = %(run_id)s)
+                              = ANY(%(pinned)s::text[])
+                         ELSE pinned END
      WHERE run_id = %(run_id)s AND epoch < %(epoch)s
        AND status NOT IN ('done', 'failed', 'cancelled', 'budget_exceeded', 'incompatible',
                           'unknown', 'queued')
+       AND (NOT pinned OR started_version = %(code_version)s::text)
     RETURNING *
 )
 SELECT {{checkpoint_columns}}
@@ -137,6 +145,7 @@ c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_start,
        c.wait_timeout_cursor, coalesce(c.wait_until <= now(), false) AS wait_over,
        c.flow_version, r.parent_id, r.depth, r.concurrency_key, r.priority, r.traceparent,
        r.forked_from, r.forked_at, r.tenant,
+       CASE WHEN c.pinned THEN c.started_version END AS pinned_to,
        (SELECT jsonb_build_object('id', s.signal_id, 'payload', s.payload)
                || CASE WHEN s.traceparent IS NULL THEN '{}'::jsonb
                        ELSE jsonb_build_object('traceparent', s.traceparent) END
@@ -683,6 +692,22 @@ SELECT run_id, epoch, updated_at FROM checkpoints
    AND updated_at < now() - make_interval(secs => %(older_than)s)
  ORDER BY updated_at, run_id
  LIMIT %(limit)s;
+
+-- name: routes
+-- Which of these runs are pinned, and to which version: where a resume of each is sent
+-- (`cairn.resume.v.<version>`; the others to the shared resume queue).
+SELECT run_id, started_version AS version FROM checkpoints
+ WHERE run_id = ANY(%(run_ids)s::text[]) AND pinned AND started_version IS NOT NULL;
+
+-- name: pinned_runs
+-- Pinned runs under way per version, from the partial index checkpoints_pinned: what
+-- `cairn deploy status` lists and the reaper's orphan report weighs against live workers.
+SELECT started_version AS version, count(*) AS runs,
+       count(*) FILTER (WHERE status = 'waiting') AS waiting
+  FROM checkpoints
+ WHERE pinned AND status IN ('pending', 'running', 'waiting')
+ GROUP BY started_version
+ ORDER BY started_version;
 
 -- name: unchanged
 -- The reaper's second look, after its lease check: which runs are as it listed them

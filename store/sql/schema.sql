@@ -85,12 +85,18 @@ CREATE TABLE checkpoints (
     debounce_key       text,
     -- the code version (CAIRN_CODE_VERSION) of the worker that started the run: its first
     -- claim sets it (NULL: not claimed yet, or claimed before migration 0017)
-    started_version    text
+    started_version    text,
+    -- its workflow pins its version (versions="pin"): it goes on only on workers of
+    -- started_version; set by its first claim, from the claiming worker's workflows
+    pinned      boolean NOT NULL DEFAULT false
 ) WITH (fillfactor = 70);
 
 CREATE INDEX checkpoints_active ON checkpoints (status) WHERE status IN ('pending', 'running');
 CREATE INDEX checkpoints_waiting ON checkpoints (wait_until) WHERE status = 'waiting';
 CREATE INDEX checkpoints_status_newest ON checkpoints (status, created_at DESC, run_id DESC);
+-- Pinned runs under way, per version (migration 0020): unpinned runs never enter it.
+CREATE INDEX checkpoints_pinned ON checkpoints (started_version)
+    WHERE pinned AND status IN ('pending', 'running', 'waiting');
 -- One debounced run per (workflow, key) until it starts: two enqueuers racing meet here.
 CREATE UNIQUE INDEX checkpoints_debounce ON checkpoints (debounce_workflow, debounce_key)
     WHERE status = 'waiting' AND seq = 0 AND debounce_key IS NOT NULL;

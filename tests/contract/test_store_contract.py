@@ -362,6 +362,29 @@ def test_a_run_keeps_the_version_that_started_it_and_each_step_the_one_that_wrot
     assert _get(any_store, "r2").started_version is None
 
 
+def test_a_pinned_run_is_claimed_only_under_the_version_that_started_it(
+    any_store: CheckpointStore,
+) -> None:
+    _new(any_store, "p1", workflow="kept")
+    _new(any_store, "u1", workflow="moved")
+    # The first claim pins the run when its workflow is among the worker's pinned ones.
+    claimed = any_store.claim("p1", 1, "v1", ["kept"])
+    assert claimed is not None and claimed.pinned_to == "v1"
+    assert any_store.claim("u1", 1, "v1", ["kept"]) is not None
+    assert any_store.routes(["p1", "u1", "nope"]) == {"p1": "v1"}
+    # Another version's claim takes nothing and changes nothing: the fence stays at 1.
+    assert any_store.claim("p1", 5, "v2", ["kept"]) is None
+    assert _load(any_store, "p1").epoch == 1
+    assert _load(any_store, "p1").pinned_to == "v1"
+    assert any_store.claim("p1", 6, "v1") is not None  # v1's claims go on
+    moved = any_store.claim("u1", 2, "v2", ["kept"])  # an unpinned run: any version
+    assert moved is not None and moved.pinned_to is None
+    assert any_store.pinned_runs() == {"v1": (1, 0)}
+    last = _load(any_store, "p1")
+    any_store.save(_advance(last, cursor="done", status=RunStatus.DONE), last)
+    assert any_store.pinned_runs() == {}
+
+
 def test_only_failures_and_retries_count_as_attempts(any_store: CheckpointStore) -> None:
     cp = _running(any_store)
     assert any_store.end_attempt(cp, RunStatus.CANCELLED, "stop", Attempt(started=time.time())) == 0

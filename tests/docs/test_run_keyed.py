@@ -61,6 +61,7 @@ SCANS = {
     "stalled": "the reaper: running runs not saved for a while, and forgotten signals",
     "unclaimed": "the reaper: pending runs no worker took",
     "unchanged": "the reaper's second look: its own list of run ids, each by primary key",
+    "pinned_runs": "the reaper's orphan report, deploy status: pinned runs per version",
     "wake": "the wake pass: waiting runs whose time came, on checkpoints_waiting",
     "sweep": "retention: terminal runs past the horizon, then their rows by run_id",
     "graph_delete_for_runs": "retention of a LangGraph run's checkpoints by metadata run_id",

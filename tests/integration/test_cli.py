@@ -37,6 +37,8 @@ COMMANDS = [
     "tokens list",
     "tokens revoke",
     "deploy check",
+    "deploy status",
+    "deploy drain",
     "demo",
     "standin",
     "chaos",

@@ -57,8 +57,22 @@ class Task:
 
 def task_raising(exc: BaseException, retries: int = 0) -> Task:
     deps = loop.Deps(settings=SETTINGS, store=None, leases=Leases(exc), model=None)  # type: ignore[arg-type]
-    runtime = type("Runtime", (), {"settings": SETTINGS, "deps": lambda self: deps})()
-    return Task(app=type("App", (), {"cairn": runtime})(), retries=retries)
+    task = Task(app=None, retries=retries)
+
+    # The Runtime's send path, as a run never pinned takes it (routes: tests/integration).
+    def queue(self: Any, run_id: str, resume: bool, priority: int = 0) -> str:
+        return "cairn.resume" if resume else "celery"
+
+    def send(self: Any, run_id: str, resume: bool = True, priority: int = 0) -> None:
+        task.apply_async((run_id,), queue=queue(self, run_id, resume, priority))
+
+    runtime = type(
+        "Runtime",
+        (),
+        {"settings": SETTINGS, "deps": lambda self: deps, "queue": queue, "send": send},
+    )()
+    task.app = type("App", (), {"cairn": runtime})()
+    return task
 
 
 def test_deferred_and_retry_later_come_back_after_their_delay() -> None:

@@ -11,6 +11,8 @@ from cairn.store.rows import FOLD_BATCH, WAKE_BATCH
 from cairn.testing.memory.rows import _unconsumed
 from cairn.testing.memory.tables import _Tables
 
+UNDER_WAY = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)
+
 
 class _Maintenance(_Tables):
     """Maintenance: what the reaper and the sweep ask of the store."""
@@ -18,6 +20,24 @@ class _Maintenance(_Tables):
     def fold_counts(self, batch: int = FOLD_BATCH) -> int:
         """0: counts are read from the rows themselves, so there are no deltas to fold."""
         return 0
+
+    def routes(self, run_ids: list[str]) -> dict[str, str]:
+        """The pinned runs among run_ids, each with the version it is pinned to."""
+        with self._lock:
+            rows = [self._rows.get(run_id) for run_id in run_ids]
+            return {
+                r.run_id: r.started_version for r in rows if r and r.pinned and r.started_version
+            }
+
+    def pinned_runs(self) -> dict[str, tuple[int, int]]:
+        """Pinned runs under way per version: (runs, of which waiting)."""
+        found: dict[str, tuple[int, int]] = {}
+        with self._lock:
+            for r in self._rows.values():
+                if r.pinned and r.started_version and r.status in UNDER_WAY:
+                    runs, waiting = found.get(r.started_version, (0, 0))
+                    found[r.started_version] = (runs + 1, waiting + (r.status == RunStatus.WAITING))
+        return dict(sorted(found.items()))
 
     def stalled(self, pending_after: float, running_after: float) -> list[dict[str, Any]]:
         """Reaper candidates: {run_id, status, epoch, updated_at} (see the SQL's stalled)."""

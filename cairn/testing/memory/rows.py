@@ -92,6 +92,7 @@ class _Row:
     forked_at: int | None = None
     tenant: str | None = None  # the customer it is for; a child's and a fork's origin's
     started_version: str | None = None  # the code version of its first claim's worker
+    pinned: bool = False  # goes on only under started_version (versions="pin")
     window: dict[int, str] = dataclasses.field(default_factory=dict)  # window_messages
     signals: dict[str, _Signal] = dataclasses.field(default_factory=dict)
     # step_history: each row as the history query selects it, and the checkpoint it saved

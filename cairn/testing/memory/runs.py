@@ -28,6 +28,8 @@ from cairn.testing.memory.rows import _dump, _loaded, _Row, _Snap, _status
 from cairn.testing.memory.tables import _Tables
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from cairn.core.cuts import Cut
     from cairn.store.contract import StepTx
 
@@ -59,17 +61,28 @@ class _Runs(_Tables):
             row = self._rows.get(run_id)
             return _checkpoint(self._columns(row, self._now())) if row else None
 
-    def claim(self, run_id: str, epoch: int, code_version: str | None = None) -> Checkpoint | None:
-        """Fence the run at epoch and return it; None if it stopped or its epoch is not
-        older. Like the SQL, the fence is written before the row is read back (a row this
-        code cannot parse is fenced, then refused). A run's first claim (epoch 0) records
-        code_version as the one that started it."""
+    def claim(
+        self,
+        run_id: str,
+        epoch: int,
+        code_version: str | None = None,
+        pinned: Collection[str] = (),
+    ) -> Checkpoint | None:
+        """Fence the run at epoch and return it; None if it stopped, its epoch is not
+        older, or it is pinned to another version. Like the SQL, the fence is written
+        before the row is read back (a row this code cannot parse is fenced, then
+        refused). A run's first claim (epoch 0) records code_version as the one that
+        started it, and pins it when its workflow is in `pinned`."""
         with self._lock:
             row = self._rows.get(run_id)
             if row is None or row.epoch >= epoch or row.status in IDLE:
                 return None
-            if row.started_version is None and row.epoch == 0:
-                row.started_version = code_version
+            if row.pinned and row.started_version != code_version:
+                return None
+            if row.epoch == 0:
+                row.pinned = row.workflow in pinned
+                if row.started_version is None:
+                    row.started_version = code_version
             row.epoch, row.retry_at, row.updated_at = epoch, None, self._stamp()
             row.deliveries += 0 if row.status == RunStatus.WAITING else 1
             return _checkpoint(self._columns(row, self._now()))

@@ -215,6 +215,7 @@ class _Tables:
             "traceparent": row.traceparent,
             "forked_at": row.forked_at,
             "tenant": row.tenant,
+            "pinned_to": row.started_version if row.pinned else None,
             "signal": _signal_of(*pending) if pending else None,
             "window": [
                 json.loads(row.window[i])
