@@ -55,10 +55,11 @@ class ModelCalls(StepParts):
         request.update(_routing(provider, api))
         if self._inside() is not None:  # part of the call's own result: not journaled apart
             return self._ask(request, stream=stream)[0]
-        pos, _ = self._position("model")
+        pos, n = self._position("model")
         recorded = self._recorded(pos, "model")
         if recorded is not None:
             return self._replayed_message(pos, recorded)
+        self._keyed(request, n)
         try:
             message, cost = self._ask(request, pos, stream)
         except Exception as exc:
@@ -81,16 +82,27 @@ class ModelCalls(StepParts):
         request.update(_routing(provider, api))
         if self._inside() is not None:
             return (await self._aask(request, None, stream))[0]
-        pos, _ = self._position("model")
+        pos, n = self._position("model")
         recorded = self._recorded(pos, "model")
         if recorded is not None:
             return self._replayed_message(pos, recorded)
+        self._keyed(request, n)
         try:
             message, cost = await self._aask(request, pos, stream)
         except Exception as exc:
             self._model_failed(pos, exc)
             raise
         return self._answered(pos, message, cost)
+
+    def _keyed(self, request: dict[str, Any], n: int) -> None:
+        """An Idempotency-Key header on the request, the same on every attempt at this
+        call: a provider that honours it bills a call a killed worker made once, when the
+        next attempt makes it again (the stand-in does, cairn.testing.standins)."""
+        from cairn.steps.model import ModelClient
+
+        if isinstance(self._model, ModelClient):
+            key = f"cairn:{self.run_id}:{self._scoped().cursor}:{self.visit}:model:{n}"
+            request["extra_headers"] = {"Idempotency-Key": key, **request.get("extra_headers", {})}
 
     def _replayed_message(self, pos: int, recorded: Call) -> Any:
         assert self._model is not None
@@ -173,8 +185,11 @@ class ModelCalls(StepParts):
         # A model call costs money and shapes the run: a worker that lost the run must not
         # make one (a process resumed after SIGSTOP finds out here), nor a cancelled run.
         self._ensure_before_call()
-        if self._cap is not None:
-            self._afford(self._model.worst_cost(**request), "the next model call")
+        if self._cap is not None or (pos is not None and self._cp.budgets):
+            worst = self._model.worst_cost(**request)
+            self._afford(worst, "the next model call")
+            if pos is not None:
+                self._hold(pos, worst, "the next model call")
         if pos is not None and self._hooks is not None:
             self._hooks.before_call(self._cp, "model", pos)
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from cairn.core.records import (
         Attempt,
+        Budget,
         Call,
         Checkpoint,
         Recorded,
@@ -112,7 +113,14 @@ class RunStore(Protocol):
     ) -> Recorded | None:
         """Journal call for the step at cp, fenced like a save; None if fenced, else the
         run's cancel reason as the record read it. tx: the call's own transaction (ctx.db
-        inside it), committed with the record."""
+        inside it), committed with the record. A run with budgets (cp.budgets) settles
+        the call's hold and adds its cost to each in the same transaction."""
+
+    def reserve(self, cp: Checkpoint, visit: int, pos: int, usd: float) -> Budget | None:
+        """Admit the call at pos of the step at cp (cp.cursor: its journal's) against each
+        of cp.budgets, holding its worst case usd until record_call settles it (a call
+        already holding, from an attempt killed in it, is admitted again): None, or the
+        budget it would pass. Atomic: two runs of a tree cannot both take the last room."""
 
     def steers(self, run_id: str, numbers: list[int]) -> list[tuple[int, Any]]:
         """The run's steer messages of these numbers (a replayed read), in order."""
@@ -148,9 +156,13 @@ class AdminStore(Protocol):
         concurrency_key: str | None = None,
         concurrency_limit: int = 1,
         traceparent: str | None = None,
+        budget_usd: float | None = None,
+        budget_soft: float | None = None,
     ) -> bool:
         """Insert a run at seq 0; False if it existed (a failed one is re-armed). With a
-        concurrency key: admitted if one of the key's slots is free, else queued."""
+        concurrency key: admitted if one of the key's slots is free, else queued. With
+        budget_usd: a budget over the run and all its descendants (budget_soft: the
+        fraction of it that is its soft limit)."""
 
     def debounce(
         self,
@@ -270,6 +282,13 @@ class AdminStore(Protocol):
     def resolve(self, run_id: str, done: bool, result: Any = None) -> tuple[bool, list[str]]:
         """Settle the run's unknown effects (done, with result; or not: they run again),
         and re-arm it if it stopped as unknown: (re-armed, the keys settled)."""
+
+    def budget(self, run_id: str) -> Budget | None:
+        """The budget run_id was enqueued with (over it and its descendants), or None."""
+
+    def raise_budget(self, run_id: str, usd: float) -> list[str] | None:
+        """Set that budget's limit to usd and re-arm the runs of its tree that stopped over
+        budget: their ids, for the caller to send; None when run_id has no budget."""
 
     def schedule_store(self) -> Schedules:
         """The schedules kept beside these runs (a fired tick's runs are created here)."""

@@ -31,6 +31,7 @@ from cairn.core.records import (
     RunFilter,
     Spawned,
     Wait,
+    budget_scope,
 )
 from cairn.core.status import SETTLED, RunStatus
 from cairn.store.sql import QUERIES
@@ -176,9 +177,16 @@ def create_params(
     concurrency_key: str | None,
     concurrency_limit: int,
     traceparent: str | None = None,
+    budget_usd: float | None = None,
+    budget_soft: float | None = None,
 ) -> dict[str, Any]:
-    """create_run's and create_keyed_run's parameters."""
+    """create_run's and create_keyed_run's parameters (and create_budget's)."""
+    scope = budget_scope(run_id) if budget_usd is not None else None
     return {
+        "budgets": [scope] if scope is not None else None,
+        "budget_scope": scope,
+        "budget_usd": budget_usd,
+        "budget_soft": budget_soft,
         "run_id": run_id,
         "workflow": workflow,
         "input": sealed(input),

@@ -122,3 +122,22 @@ def known(name: str, schedule: Schedule | None) -> Schedule:
 
 def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+def checked_budget(usd: Any, soft: Any, elsewhere: bool) -> None:
+    """enqueue's budget_usd and budget_soft (raise_budget's usd); elsewhere: an enqueue
+    in the caller's transaction or debounced, which take none yet."""
+    if usd is None:
+        if soft is not None:
+            raise InvalidInput("budget_soft needs budget_usd: the soft limit is a fraction of it")
+        return
+    if elsewhere:
+        raise InvalidInput("budget_usd cannot be combined with connection= or a debounce yet")
+    if isinstance(usd, bool) or not isinstance(usd, (int, float)) or not 0 < usd < float("inf"):
+        raise InvalidInput(f"a budget is a number of dollars above 0, not {usd!r}")
+    if soft is not None and (
+        isinstance(soft, bool) or not isinstance(soft, (int, float)) or not 0 < soft <= 1
+    ):
+        raise InvalidInput(
+            f"budget_soft is a fraction of the budget, above 0 and at most 1, not {soft!r}"
+        )

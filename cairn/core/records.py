@@ -60,6 +60,26 @@ class Recorded:
     cancel with no round trip of its own."""
 
     cancel_reason: str | None = None
+    # The budget scopes whose soft limit this call's cost crossed (each crossed once).
+    crossed: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Budget:
+    """A budget's ledger (Client.budget): its scope ('run:<id>': that run and all its
+    descendants), its hard limit and soft fraction, what its journaled calls cost
+    (spent_usd) and the worst case of its calls in flight (reserved_usd)."""
+
+    scope: str
+    limit_usd: float
+    soft: float | None
+    spent_usd: float
+    reserved_usd: float
+
+
+def budget_scope(run_id: str) -> str:
+    """The scope of the budget a run was enqueued with: it and all its descendants."""
+    return f"run:{run_id}"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -258,6 +278,8 @@ class Checkpoint:
     priority: int = 0
     traceparent: str | None = None  # the enqueuer's span (cairn.otel): deliveries go on its trace
     forked_at: int | None = None  # a fork's first seq (its origin's), never changed
+    # The budget scopes it spends against (runs.budgets: 'run:<id>', its tree's), never changed
+    budgets: list[str] | None = None
     # Read with the row, never written: the wait's timeout has passed; the oldest signal
     # of the awaited event not yet consumed ({"id", "payload"}).
     wait_over: bool = dataclasses.field(default=False, compare=False)

@@ -27,7 +27,10 @@ CREATE TABLE runs (
     traceparent   text,
     -- a fork (Client.fork): the run and the seq it was forked from
     forked_from   text,
-    forked_at     bigint
+    forked_at     bigint,
+    -- the budget scopes it spends against (migration 0023): 'run:<id>' of the run that
+    -- enqueued the tree with budget_usd, inherited by its children
+    budgets       text[]
 );
 
 -- Listing runs newest first, a page at a time (keyset on created_at, run_id).
@@ -547,7 +550,7 @@ BEGIN
 END $$;
 
 CREATE TRIGGER checkpoints_run_rearmed AFTER UPDATE OF status ON checkpoints
-    FOR EACH ROW WHEN (OLD.status IN ('failed', 'incompatible', 'unknown')
+    FOR EACH ROW WHEN (OLD.status IN ('failed', 'incompatible', 'unknown', 'budget_exceeded')
                        AND NEW.status = 'pending')
     EXECUTE FUNCTION cairn_run_rearmed();
 
@@ -595,3 +598,35 @@ CREATE TABLE steer_messages (
     created_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (run_id, n)
 );
+
+-- Budgets over a run tree (migration 0023) (Client.enqueue(budget_usd=...)): one row per scope, the spend
+-- ledger. A scope is a key: 'run:<id>' is a parent and all its descendants; a run lists
+-- the scopes it spends against (runs.budgets), so another kind of scope is one more key.
+-- spent_usd grows only in the transaction that journals a call (record_call): the record
+-- is the truth, and a call a replay returns from the journal adds nothing. reserved_usd
+-- is the worst case of the calls in flight (budget_holds), what the hard check counts.
+CREATE TABLE budgets (
+    scope         text PRIMARY KEY,
+    limit_usd     double precision NOT NULL,
+    -- the soft limit as a fraction of limit_usd: an event and a metric once crossed
+    soft          double precision,
+    spent_usd     double precision NOT NULL DEFAULT 0,
+    reserved_usd  double precision NOT NULL DEFAULT 0,
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+
+-- One row per call in flight that a budget admitted, keyed as its journal record will be:
+-- the record deletes it (settled); an attempt killed in the call leaves it, and the next
+-- attempt at the same call finds it (admitted already: a call is admitted once); a hold
+-- whose run saved past its seq or stopped is released by the next check of its scope.
+CREATE TABLE budget_holds (
+    scope   text NOT NULL REFERENCES budgets (scope) ON DELETE CASCADE,
+    run_id  text NOT NULL,
+    cursor  text NOT NULL,
+    visit   integer NOT NULL,
+    pos     integer NOT NULL,
+    seq     bigint NOT NULL,
+    usd     double precision NOT NULL,
+    PRIMARY KEY (run_id, cursor, visit, pos, scope)
+);
+CREATE INDEX budget_holds_scope ON budget_holds (scope);

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from cairn.core.errors import RunIdConflict
-from cairn.core.records import START, Run, RunFilter
+from cairn.core.records import START, Budget, Run, RunFilter, budget_scope
 from cairn.core.status import ACTIVE, REARMABLE, TERMINAL, RunStatus
 from cairn.store.rows import settled
 from cairn.testing.memory.rows import _dump, _loaded, _Row, _Signal
@@ -35,9 +35,12 @@ class _Admin(_Tables):
         concurrency_key: str | None = None,
         concurrency_limit: int = 1,
         traceparent: str | None = None,
+        budget_usd: float | None = None,
+        budget_soft: float | None = None,
     ) -> bool:
         """Insert a run at seq 0; False if it existed (a failed one is re-armed). With a
-        concurrency key it is admitted if a slot is free, else queued.
+        concurrency key it is admitted if a slot is free, else queued; with budget_usd,
+        its tree's budget.
 
         Raises RunIdConflict if run_id exists with another workflow or input.
         """
@@ -48,12 +51,16 @@ class _Admin(_Tables):
             created = row is None
             if concurrency_key is not None:  # create_keyed_run's upsert of the key
                 self._keys[(workflow, concurrency_key)] = concurrency_limit
+            scope = budget_scope(run_id) if budget_usd is not None else None
             if row is None:  # create_run
                 row = self._new_row(
                     run_id, workflow, text, stamp, cursor, max_cost_usd,
                     priority=priority, traceparent=traceparent, concurrency_key=concurrency_key,
                     concurrency_limit=concurrency_limit if concurrency_key is not None else None,
+                    budgets=[scope] if scope is not None else None,
                 )  # fmt: skip
+            if scope is not None:  # create_budget
+                self._budgets.setdefault(scope, [budget_usd, budget_soft, 0.0, 0.0])
                 if concurrency_key is not None:
                     row.status = RunStatus.QUEUED
                     self._enqueue(row)
@@ -334,3 +341,31 @@ class _Admin(_Tables):
             for row in self._rows.values():
                 totals[str(row.status)] = totals.get(str(row.status), 0) + 1
         return {s: {"status": s, "n": n, "unfolded": 0} for s, n in totals.items()}
+
+    # -- budgets -----------------------------------------------------------------------
+    def budget(self, run_id: str) -> Budget | None:
+        with self._lock:
+            got = self._budgets.get(budget_scope(run_id))
+            return _budget(budget_scope(run_id), got) if got is not None else None
+
+    def raise_budget(self, run_id: str, usd: float) -> list[str] | None:
+        scope = budget_scope(run_id)
+        with self._lock:
+            if scope not in self._budgets:
+                return None
+            self._budgets[scope][0] = usd
+            stamp, rearmed = self._stamp(), []
+            for row in self._rows.values():
+                if scope in (row.budgets or ()) and row.status == RunStatus.BUDGET_EXCEEDED:
+                    row.status, row.error, row.attempts, row.deliveries = (
+                        RunStatus.PENDING, None, 0, 0
+                    )  # fmt: skip
+                    row.retry_at, row.updated_at = None, stamp
+                    self._rearmed(row)
+                    rearmed.append(row.run_id)
+            return rearmed
+
+
+def _budget(scope: str, figures: list[Any]) -> Budget:
+    limit, soft, spent, reserved = figures
+    return Budget(scope=scope, limit_usd=limit, soft=soft, spent_usd=spent, reserved_usd=reserved)

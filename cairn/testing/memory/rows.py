@@ -90,6 +90,7 @@ class _Row:
     traceparent: str | None = None
     forked_from: str | None = None  # a fork: its origin, and the seq it was forked at
     forked_at: int | None = None
+    budgets: list[str] | None = None  # the budget scopes it spends against
     started_version: str | None = None  # the code version of its first claim's worker
     window: dict[int, str] = dataclasses.field(default_factory=dict)  # window_messages
     signals: dict[str, _Signal] = dataclasses.field(default_factory=dict)

@@ -14,6 +14,7 @@ from cairn.core.records import (
     START,
     STEERED,
     Attempt,
+    Budget,
     Call,
     Checkpoint,
     Recorded,
@@ -169,6 +170,7 @@ class _Runs(_Tables):
                     parent_seq=parent.seq,
                     depth=spawn.depth,
                     traceparent=spawn.traceparent,
+                    budgets=parent.budgets,  # a child spends its tree's
                 )
         self._gathers.setdefault((parent.run_id, parent.seq), [spawn.need, False])
 
@@ -338,11 +340,52 @@ class _Runs(_Tables):
             if row is None or row.seq != cp.seq or row.epoch > cp.epoch:
                 return None
             key = (cp.cursor, visit, call.pos)
+            crossed: tuple[str, ...] = ()
             if key in row.journal:
                 held, epoch = row.journal[key]
                 if not (epoch == cp.epoch and held.name == call.name):
                     return None
             else:
                 row.journal[key] = (stored, cp.epoch)
+                crossed = self._spend(cp, visit, call)
             row.deliveries = min(row.deliveries, 1)  # progress: not poison
-            return Recorded(row.cancel_reason)
+            return Recorded(row.cancel_reason, crossed)
+
+    # -- budgets (under the lock: the SQL's row lock on each budget) --------------------
+    def reserve(self, cp: Checkpoint, visit: int, pos: int, usd: float) -> Budget | None:
+        """Admit a call against the run's budgets, holding its worst case (budget_lock,
+        budget_release and budget_reserve in the SQL); None, or the budget it would pass."""
+        scopes = sorted(cp.budgets or ())
+        with self._lock:
+            for hold, (seq, held) in list(self._holds.items()):  # budget_release
+                run = self._rows.get(hold[0])
+                if hold[4] in scopes and (run is None or run.seq > seq or run.status in STOPPED):
+                    del self._holds[hold]
+                    self._budgets[hold[4]][3] = max(self._budgets[hold[4]][3] - held, 0.0)
+            mine = {s: self._holds.get((cp.run_id, cp.cursor, visit, pos, s)) for s in scopes}
+            for scope in scopes:
+                limit, _, spent, reserved = self._budgets[scope]
+                if mine[scope] is None and spent + reserved + usd > limit:
+                    return Budget(
+                        scope=scope, limit_usd=limit, soft=None, spent_usd=spent,
+                        reserved_usd=reserved,
+                    )  # fmt: skip
+            for scope in scopes:
+                before = mine[scope]
+                self._budgets[scope][3] += usd - (before[1] if before else 0.0)
+                self._holds[(cp.run_id, cp.cursor, visit, pos, scope)] = (cp.seq, usd)
+            return None
+
+    def _spend(self, cp: Checkpoint, visit: int, call: Call) -> tuple[str, ...]:
+        """record_budgeted_call's settling (under the lock): the call's holds released,
+        its cost added; the scopes whose soft limit it crossed."""
+        crossed = []
+        for scope in sorted(cp.budgets or ()):
+            figures = self._budgets[scope]
+            hold = self._holds.pop((cp.run_id, cp.cursor, visit, call.pos, scope), None)
+            figures[3] = max(figures[3] - (hold[1] if hold else 0.0), 0.0)
+            limit, soft, spent = figures[0], figures[1], figures[2] + call.cost_usd
+            figures[2] = spent
+            if soft is not None and spent >= soft * limit > spent - call.cost_usd:
+                crossed.append(scope)
+        return tuple(crossed)
