@@ -59,11 +59,11 @@ class _Admin(_Tables):
                     concurrency_limit=concurrency_limit if concurrency_key is not None else None,
                     budgets=[scope] if scope is not None else None,
                 )  # fmt: skip
-            if scope is not None:  # create_budget
-                self._budgets.setdefault(scope, [budget_usd, budget_soft, 0.0, 0.0])
                 if concurrency_key is not None:
                     row.status = RunStatus.QUEUED
                     self._enqueue(row)
+            if scope is not None:  # create_budget
+                self._budgets.setdefault(scope, [budget_usd, budget_soft, 0.0, 0.0])
             if concurrency_key is not None:
                 self._admit(workflow, concurrency_key)  # admit
             if created:
