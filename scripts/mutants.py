@@ -65,6 +65,7 @@ PROVIDERS = "tests/integration/test_providers.py"
 WAITS = "tests/integration/test_wait_many.py"
 DEBOUNCE = "tests/contract/test_store_contract.py"
 DEBOUNCE_FLEET = "tests/fleet/test_debounce.py"
+BUDGETS = "tests/integration/test_budgets.py"
 
 MUTANTS = [
     Mutant(
@@ -775,6 +776,24 @@ MUTANTS = [
         '"data": sealing.seal(data) if data is not None else None,',
         '"data": data,',
         (f"{SEALING}::test_every_payload_is_sealed_in_both_servers_and_opens_for_the_reader",),
+    ),
+    Mutant(
+        "M97",
+        "a journal record written again by its own writer (a retry whose first try committed) "
+        "adds the call's cost to its budgets again: spend counted twice for one record",
+        "store/sql/queries.sql",
+        "    SELECT run_id FROM recorded WHERE NOT EXISTS (SELECT 1 FROM before)",
+        "    SELECT run_id FROM recorded",
+        (f"{J}::test_a_record_written_again_by_its_writer_adds_its_cost_once",),
+    ),
+    Mutant(
+        "M98",
+        "a budget check without the lock on the budget's row: runs of a tree checking at once "
+        "each see the room the others are taking, and pass the limit together",
+        "store/sql/queries.sql",
+        "    SELECT scope FROM budgets WHERE scope = ANY(%(budgets)s) ORDER BY scope FOR UPDATE",
+        "    SELECT scope FROM budgets WHERE scope = ANY(%(budgets)s) ORDER BY scope",
+        (f"{BUDGETS}::test_runs_of_a_tree_checking_at_once_never_pass_its_limit",),
     ),
 ]
 

@@ -19,7 +19,7 @@ import pytest
 
 import cairn
 from cairn.core import errors
-from cairn.core.records import Checkpoint
+from cairn.core.records import Call, Checkpoint
 from cairn.core.settings import Settings
 from cairn.core.status import RunStatus
 from cairn.steps import Context, StepResult, context, workflow
@@ -704,3 +704,15 @@ def test_a_run_stops_over_its_budget_and_goes_on_when_it_is_raised(deps: loop.De
     assert calls[run_id].count("model") == 8  # the four recorded were replayed, not made
     assert _budget(deps, run_id) == pytest.approx((0.08, 0))
     assert deps.store.raise_budget("no-budget", 1.0) is None
+
+
+def test_a_record_written_again_by_its_writer_adds_its_cost_once(deps: loop.Deps) -> None:
+    run_id = _start(deps, "journal-agent", budget_usd=1.0)
+    cp = deps.store.claim(run_id, 1)
+    assert cp is not None
+    assert deps.store.reserve(cp, 0, 0, 0.02) is None
+    call = Call(pos=0, name="model", result={"n": 1}, cost_usd=0.01)
+    # The first try committed and its reply was lost: the retry meets its own row.
+    assert deps.store.record_call(cp, 0, call) is not None
+    assert deps.store.record_call(cp, 0, call) is not None
+    assert _budget(deps, run_id) == pytest.approx((0.01, 0))
