@@ -136,6 +136,23 @@ class NewRun(BaseModel):
         description="The latest start, in seconds after the first POST (at least debounce; "
         "default: no bound).",
     )
+    budget_usd: float | None = Field(
+        default=None,
+        gt=0,
+        description="A budget over the run and every run it spawns: a model call that could "
+        "pass it stops its run as budget_exceeded first. Not with a debounce.",
+    )
+    budget_soft: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="With budget_usd: the fraction of it whose crossing is a budget_soft event.",
+    )
+
+
+class RaiseBudget(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    usd: float = Field(gt=0, description="The budget's new limit, in dollars.")
 
 
 class Fork(BaseModel):

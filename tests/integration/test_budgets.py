@@ -142,3 +142,25 @@ def test_budget_mistakes_are_one_line_errors(client) -> None:
         client.raise_budget(plain, usd=1.0)
     with pytest.raises(errors.UnknownRun):
         client.budget("no-such-run")
+
+
+def test_the_http_api_reads_and_raises_a_budget(settings, client, deps) -> None:
+    from fastapi.testclient import TestClient
+
+    from cairn.web.api import create_app
+
+    with TestClient(create_app(settings, insecure_no_auth=True)) as http:
+        made = http.post(
+            "/runs", json={"workflow": "spender", "input": {}, "budget_usd": 1e-9}
+        ).json()
+        run_id = made["run_id"]
+        assert _run(run_id, deps) == "budget_exceeded"
+        assert http.get(f"/runs/{run_id}/budget").json()["limit_usd"] == 1e-9
+        raised = http.post(f"/runs/{run_id}/budget", json={"usd": 1.0})
+        assert raised.status_code == 200 and raised.json()["limit_usd"] == 1.0
+        assert _run(run_id, deps) == "done"
+        assert http.get(f"/runs/{run_id}/budget").json()["spent_usd"] > 0
+        plain = http.post("/runs", json={"workflow": "spender", "input": {}}).json()["run_id"]
+        assert http.get(f"/runs/{plain}/budget").status_code == 422
+        assert http.get("/runs/no-such-run/budget").status_code == 404
+        assert http.post(f"/runs/{run_id}/budget", json={"usd": -1}).status_code == 422

@@ -175,7 +175,7 @@ class ModelServer(_StandIn):
         self._cut_after: int | None = None
         self._cut_status: int | None = None
         self._received: list[tuple[str, dict[str, Any]]] = []
-        self._billed: dict[str, tuple[str, Any]] = {}  # key (or request no) -> (model, usage)
+        self._billed: dict[str, tuple[Any, Any]] = {}  # key (or request no) -> (model, usage)
 
     def stats(self) -> dict[str, Any]:
         """Same dict as ``GET /_stats``: requests (streamed ones included), injected
@@ -202,7 +202,7 @@ class ModelServer(_StandIn):
                 }
             return stats
 
-    def billed(self) -> list[tuple[str, Any]]:
+    def billed(self) -> list[tuple[Any, Any]]:
         """(model, usage) of each answer billed, oldest first: once per Idempotency-Key."""
         with self._lock:
             return list(self._billed.values())
