@@ -153,6 +153,7 @@ class ScheduleStore:
                             "max_cost_usd": None,
                             "priority": 0,
                             "traceparent": None,
+                            "budgets": None,
                         },
                     ).fetchone()
                     if new is not None:  # else the id exists: the schedule was re-added
