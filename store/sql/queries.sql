@@ -469,9 +469,10 @@ SELECT recorded.pos, c.cancel_reason,
 -- journal holds, once. crossed: the scopes whose soft limit this call's cost crossed
 -- (spend on one scope is serialized by its row lock, so exactly one record crosses it).
 WITH before AS (
-    SELECT 1 FROM journal j JOIN checkpoints c ON c.run_id = j.run_id
+    SELECT 1 FROM journal j
      WHERE j.run_id = %(run_id)s AND j.cursor = %(cursor)s AND j.visit = %(visit)s
-       AND j.pos = %(pos)s AND j.run_created = c.created_at
+       AND j.pos = %(pos)s
+       AND j.run_created = (SELECT created_at FROM checkpoints WHERE run_id = %(run_id)s)
 ), {{record_insert}},
 new AS (
     SELECT run_id FROM recorded WHERE NOT EXISTS (SELECT 1 FROM before)

@@ -37,6 +37,8 @@ CREATE TABLE runs (
 CREATE INDEX runs_newest ON runs (created_at DESC, run_id DESC);
 -- A run's forks (Client.fork).
 CREATE INDEX runs_forks ON runs (forked_from) WHERE forked_from IS NOT NULL;
+-- A budget's runs (raise_budget); runs without one are not indexed (migration 0023).
+CREATE INDEX runs_budgets ON runs USING gin (budgets) WHERE budgets IS NOT NULL;
 
 -- fillfactor leaves room on each page so the per-step update can be HOT (no index
 -- column changes per step: status changes only at start and end).

@@ -31,6 +31,8 @@ CREATE TABLE budget_holds (
 CREATE INDEX budget_holds_scope ON budget_holds (scope);
 
 ALTER TABLE runs ADD COLUMN budgets text[];
+-- raise_budget finds a budget's runs (a tree's) by it; runs without one are not indexed.
+CREATE INDEX runs_budgets ON runs USING gin (budgets) WHERE budgets IS NOT NULL;
 
 -- A run stopped over budget is re-armed when its budget is raised (raise_budget): with a
 -- concurrency key it takes a slot again, or queues, as a re-armed failed run does.
