@@ -354,19 +354,31 @@ class Context(JournaledCalls, ModelCalls):
         if (frame := self._inside()) is not None:
             frame.cost += usd  # recorded with the call, so its replay counts it
 
-    def _hold(self, pos: int, worst: float, what: str) -> None:
+    def _hold(self, pos: int, worst: float, what: str, tokens: int = 0) -> None:
         """Admit the journaled call at pos against the run's budgets (its tree's), holding
-        its worst case until its record settles it; BudgetExceeded if one would pass."""
+        its worst case (dollars, tokens) until its record settles it; BudgetExceeded if
+        one would pass."""
         if not self._cp.budgets:
             return
-        over = self._store.reserve(self._at(), self.visit, pos, worst)
-        if over is not None:
+        over = self._store.reserve(self._at(), self.visit, pos, worst, tokens)
+        if over is None:
+            return
+        raise_it = f"cairn runs raise-budget {over.scope.removeprefix('run:')}"
+        if over.limit_usd is not None and (
+            over.spent_usd + over.reserved_usd + worst > over.limit_usd
+        ):
             raise BudgetExceeded(
                 f"run {self.run_id}: budget {over.scope} has ${over.spent_usd:.6f} spent and "
                 f"${over.reserved_usd:.6f} held by calls in flight; {what} could cost up to "
                 f"${worst:.6f}, over its limit of ${over.limit_usd:.6f} (raise it to go on: "
-                f"cairn runs raise-budget {over.scope.removeprefix('run:')} --usd N)"
+                f"{raise_it} --usd N)"
             )
+        raise BudgetExceeded(
+            f"run {self.run_id}: budget {over.scope} has {over.spent_tokens} tokens spent and "
+            f"{over.reserved_tokens} held by calls in flight; {what} could take up to "
+            f"{tokens}, over its limit of {over.limit_tokens} tokens (raise it to go on: "
+            f"{raise_it} --tokens N)"
+        )
 
     def _crossed(self, scopes: tuple[str, ...]) -> None:
         """The soft limits a record's cost crossed: an event on the run, and the metric."""

@@ -113,7 +113,8 @@ class ModelCalls(StepParts):
 
     def _answered(self, pos: int, message: Any, cost: float) -> Any:
         encoded = _encode(self._model, message)
-        self._record(Call(pos=pos, name="model", result=encoded, cost_usd=cost))
+        tokens = _used(message)
+        self._record(Call(pos=pos, name="model", result=encoded, cost_usd=cost, tokens=tokens))
         if self._events is not None and isinstance(encoded, dict):
             self._tell("message", {"call": pos, **_shown(encoded), "cost_usd": cost})
         return message
@@ -188,8 +189,10 @@ class ModelCalls(StepParts):
         if self._cap is not None or (pos is not None and self._cp.budgets):
             worst = self._model.worst_cost(**request)
             self._afford(worst, "the next model call")
-            if pos is not None:
-                self._hold(pos, worst, "the next model call")
+            if pos is not None and self._cp.budgets:
+                count = getattr(self._model, "worst_tokens", None)  # a test's client may lack it
+                tokens = count(**request) if count is not None else 0
+                self._hold(pos, worst, "the next model call", tokens)
         if pos is not None and self._hooks is not None:
             self._hooks.before_call(self._cp, "model", pos)
 
@@ -216,6 +219,18 @@ def _attributes(model: Any, request: dict[str, Any], message: Any) -> dict[str, 
         return describe(request, message)  # type: ignore[no-any-return]
     name = getattr(message, "model", None) or request.get("model")
     return {"gen_ai.operation.name": "chat", "gen_ai.request.model": name}
+
+
+def _used(message: Any) -> int:
+    """The tokens an answer's usage reports (prompt, cached or not, and output), for token
+    budgets; 0 for an answer without one."""
+    from cairn.steps.prices import tokens_of
+
+    usage = message.get("usage") if isinstance(message, dict) else getattr(message, "usage", None)
+    if usage is None:
+        return 0
+    used = tokens_of(usage)
+    return used.prompt + used.output
 
 
 def _shown(message: dict[str, Any]) -> dict[str, Any]:

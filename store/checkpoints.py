@@ -75,6 +75,7 @@ class PgStore:
         traceparent: str | None = None,
         budget_usd: float | None = None,
         budget_soft: float | None = None,
+        budget_tokens: int | None = None,
     ) -> bool:
         """Insert a run at seq 0; False if it existed (a failed one is re-armed). With a
         concurrency key it is admitted if a slot is free, else queued (`admitted` then
@@ -85,9 +86,9 @@ class PgStore:
         """
         params = create_params(
             run_id, workflow, input, cursor, max_cost_usd, priority, concurrency_key,
-            concurrency_limit, traceparent, budget_usd, budget_soft,
+            concurrency_limit, traceparent, budget_usd, budget_soft, budget_tokens,
         )  # fmt: skip
-        budget = ("create_budget",) if budget_usd is not None else ()
+        budget = ("create_budget",) if params["budget_scope"] is not None else ()
         if concurrency_key is None:
             created = self.db.each(("create_run", *budget), params)[0] is not None
         else:
@@ -101,6 +102,7 @@ class PgStore:
                 run_id, workflow, input, cursor, max_cost_usd, priority=priority,
                 concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
                 traceparent=traceparent, budget_usd=budget_usd, budget_soft=budget_soft,
+                budget_tokens=budget_tokens,
             )  # fmt: skip
         conflict(run_id, row, input)
         self.db.one("rearm_failed", {"run_id": run_id})
@@ -491,7 +493,7 @@ class PgStore:
         params["commit"] = "off" if conn is None else None
         # A run with budgets settles its hold and adds its cost in the same statement.
         name = "record_budgeted_call" if cp.budgets else "record_call"
-        params["budgets"] = cp.budgets
+        params["budgets"], params["tokens"] = cp.budgets, call.tokens
         if conn is None:
             row = self.db.one(name, params)
         else:
@@ -507,9 +509,12 @@ class PgStore:
         return Recorded(row["cancel_reason"], tuple(row.get("crossed") or ()))
 
     # -- budgets -----------------------------------------------------------------------
-    def reserve(self, cp: Checkpoint, visit: int, pos: int, usd: float) -> Budget | None:
+    def reserve(
+        self, cp: Checkpoint, visit: int, pos: int, usd: float, tokens: int = 0
+    ) -> Budget | None:
         """Admit the call at pos of the step at cp (cp.cursor: its journal's) against
-        each of the run's budgets, holding its worst case usd until its record settles it;
+        each of the run's budgets, holding its worst case (usd, tokens) until its record
+        settles it;
         None: admitted, else the budget it would pass, as it stood. One transaction, the
         budgets' rows locked first: two runs of a tree checking at once are checked one
         after the other, so neither passes the limit on the room the other took."""
@@ -521,6 +526,7 @@ class PgStore:
             "pos": pos,
             "seq": cp.seq,
             "usd": usd,
+            "tokens": tokens,
         }
         row = self.db.each(("budget_lock", "budget_release", "budget_reserve"), params)[2]
         return _budget({**row, "soft": None}) if row is not None else None
@@ -530,11 +536,19 @@ class PgStore:
         row = self.db.one("budget_of", {"scope": budget_scope(run_id)})
         return _budget(row) if row is not None else None
 
-    def raise_budget(self, run_id: str, usd: float) -> list[str] | None:
-        """Set the limit of the budget run_id was enqueued with to usd, and re-arm the
+    def raise_budget(
+        self, run_id: str, usd: float | None = None, tokens: int | None = None
+    ) -> list[str] | None:
+        """Set the limits given of the budget run_id was enqueued with, and re-arm the
         runs of its tree that stopped over budget: their ids (the caller sends them), or
         None when run_id has no budget."""
-        params = {"scope": budget_scope(run_id), "limit_usd": usd}
+        params = {
+            "scope": budget_scope(run_id),
+            "set_usd": usd is not None,
+            "limit_usd": usd,
+            "set_tokens": tokens is not None,
+            "limit_tokens": tokens,
+        }
 
         def attempt() -> list[str] | None:
             with self.db.connection() as conn, conn.transaction():
@@ -647,4 +661,7 @@ def _budget(row: dict[str, Any]) -> Budget:
         soft=row["soft"],
         spent_usd=row["spent_usd"],
         reserved_usd=row["reserved_usd"],
+        limit_tokens=row["limit_tokens"],
+        spent_tokens=row["spent_tokens"],
+        reserved_tokens=row["reserved_tokens"],
     )

@@ -116,9 +116,12 @@ class RunStore(Protocol):
         inside it), committed with the record. A run with budgets (cp.budgets) settles
         the call's hold and adds its cost to each in the same transaction."""
 
-    def reserve(self, cp: Checkpoint, visit: int, pos: int, usd: float) -> Budget | None:
+    def reserve(
+        self, cp: Checkpoint, visit: int, pos: int, usd: float, tokens: int = 0
+    ) -> Budget | None:
         """Admit the call at pos of the step at cp (cp.cursor: its journal's) against each
-        of cp.budgets, holding its worst case usd until record_call settles it (a call
+        of cp.budgets, holding its worst case (usd, tokens) until record_call settles it
+        with the call's cost and tokens (a call
         already holding, from an attempt killed in it, is admitted again): None, or the
         budget it would pass. Atomic: two runs of a tree cannot both take the last room."""
 
@@ -158,11 +161,12 @@ class AdminStore(Protocol):
         traceparent: str | None = None,
         budget_usd: float | None = None,
         budget_soft: float | None = None,
+        budget_tokens: int | None = None,
     ) -> bool:
         """Insert a run at seq 0; False if it existed (a failed one is re-armed). With a
         concurrency key: admitted if one of the key's slots is free, else queued. With
-        budget_usd: a budget over the run and all its descendants (budget_soft: the
-        fraction of it that is its soft limit)."""
+        budget_usd or budget_tokens: a budget over the run and all its descendants
+        (budget_soft: the fraction of each limit that is its soft limit)."""
 
     def debounce(
         self,
@@ -286,8 +290,10 @@ class AdminStore(Protocol):
     def budget(self, run_id: str) -> Budget | None:
         """The budget run_id was enqueued with (over it and its descendants), or None."""
 
-    def raise_budget(self, run_id: str, usd: float) -> list[str] | None:
-        """Set that budget's limit to usd and re-arm the runs of its tree that stopped over
+    def raise_budget(
+        self, run_id: str, usd: float | None = None, tokens: int | None = None
+    ) -> list[str] | None:
+        """Set that budget's limits given and re-arm the runs of its tree that stopped over
         budget: their ids, for the caller to send; None when run_id has no budget."""
 
     def schedule_store(self) -> Schedules:

@@ -179,13 +179,16 @@ def create_params(
     traceparent: str | None = None,
     budget_usd: float | None = None,
     budget_soft: float | None = None,
+    budget_tokens: int | None = None,
 ) -> dict[str, Any]:
     """create_run's and create_keyed_run's parameters (and create_budget's)."""
-    scope = budget_scope(run_id) if budget_usd is not None else None
+    budgeted = budget_usd is not None or budget_tokens is not None
+    scope = budget_scope(run_id) if budgeted else None
     return {
         "budgets": [scope] if scope is not None else None,
         "budget_scope": scope,
         "budget_usd": budget_usd,
+        "budget_tokens": budget_tokens,
         "budget_soft": budget_soft,
         "run_id": run_id,
         "workflow": workflow,

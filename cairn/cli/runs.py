@@ -496,20 +496,34 @@ def resolve(
 @app.command("raise-budget")
 def raise_budget(
     run_id: Annotated[str, typer.Argument(help="The run enqueued with budget_usd=.")],
-    usd: Annotated[float, typer.Option("--usd", help="The budget's new limit, in dollars.")],
+    usd: Annotated[
+        float | None, typer.Option("--usd", help="The budget's new limit, in dollars.")
+    ] = None,
+    tokens: Annotated[
+        int | None, typer.Option("--tokens", help="The budget's new limit, in model tokens.")
+    ] = None,
     as_json: AsJson = False,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Set the limit of a run tree's budget; its runs stopped as budget_exceeded go on."""
+    """Set the limits of a run tree's budget; its runs stopped as budget_exceeded go on."""
     with open_client(load_settings(database_url=database_url)) as client:
-        budget = client.raise_budget(run_id, usd=usd)
+        budget = client.raise_budget(run_id, usd=usd, tokens=tokens)
     if as_json:
         print(dumps({"budget": dataclasses.asdict(budget)}))
         return
-    console.print(
-        f"{budget.scope}: limit ${budget.limit_usd:.6f}, spent ${budget.spent_usd:.6f}, "
+    usd_part = (
+        f"limit ${budget.limit_usd:.6f}, spent ${budget.spent_usd:.6f}, "
         f"in flight ${budget.reserved_usd:.6f}"
     )
+    token_part = (
+        f"limit {budget.limit_tokens} tokens, spent {budget.spent_tokens}, "
+        f"in flight {budget.reserved_tokens}"
+    )
+    shown = [
+        usd_part if budget.limit_usd is not None else "",
+        token_part if budget.limit_tokens is not None else "",
+    ]
+    console.print(f"{budget.scope}: " + "; ".join(p for p in shown if p))
 
 
 app.add_typer(forks.app)  # fork, rewind, replay

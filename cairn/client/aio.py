@@ -120,6 +120,7 @@ class AsyncClient:
         max_wait: float | None = None,
         budget_usd: float | None = None,
         budget_soft: float | None = None,
+        budget_tokens: int | None = None,
     ) -> str:
         """Client.enqueue for asyncio, in a worker thread; with connection= your psycopg
         AsyncConnection, the run is written in its open transaction by this event loop
@@ -131,12 +132,12 @@ class AsyncClient:
                 concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
                 priority=priority, connection=connection, debounce_key=debounce_key,
                 debounce=debounce, max_wait=max_wait, budget_usd=budget_usd,
-                budget_soft=budget_soft,
+                budget_soft=budget_soft, budget_tokens=budget_tokens,
             )  # fmt: skip
         # The checks, the flow defaults and the span are Client's; only the statements are
         # awaited here, on the caller's connection, in the caller's event loop.
         debounced = checked_debounce(debounce_key, debounce, max_wait, run_id, concurrency_key)
-        checked_budget(budget_usd, budget_soft, True)
+        checked_budget(budget_usd, budget_tokens, budget_soft, True)
         run_id, data = checked(self.settings, workflow, input, run_id)
         key, limit, prio = flow(workflow, concurrency_key, concurrency_limit, priority)
         self.sync._on_postgres()

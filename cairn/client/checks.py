@@ -124,17 +124,24 @@ def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def checked_budget(usd: Any, soft: Any, elsewhere: bool) -> None:
-    """enqueue's budget_usd and budget_soft (raise_budget's usd); elsewhere: an enqueue
-    in the caller's transaction or debounced, which take none yet."""
-    if usd is None:
+def checked_budget(usd: Any, tokens: Any, soft: Any, elsewhere: bool) -> None:
+    """enqueue's budget_usd, budget_tokens and budget_soft (raise_budget's usd and
+    tokens); elsewhere: an enqueue in the caller's transaction or debounced, which take
+    none yet."""
+    if usd is None and tokens is None:
         if soft is not None:
-            raise InvalidInput("budget_soft needs budget_usd: the soft limit is a fraction of it")
+            raise InvalidInput("budget_soft needs budget_usd or budget_tokens: it is a fraction")
         return
     if elsewhere:
-        raise InvalidInput("budget_usd cannot be combined with connection= or a debounce yet")
-    if isinstance(usd, bool) or not isinstance(usd, (int, float)) or not 0 < usd < float("inf"):
-        raise InvalidInput(f"a budget is a number of dollars above 0, not {usd!r}")
+        raise InvalidInput("a budget cannot be combined with connection= or a debounce yet")
+    if usd is not None and (
+        isinstance(usd, bool) or not isinstance(usd, (int, float)) or not 0 < usd < float("inf")
+    ):
+        raise InvalidInput(f"a budget in dollars is a number above 0, not {usd!r}")
+    if tokens is not None and (
+        isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1
+    ):
+        raise InvalidInput(f"a budget in tokens is a whole number above 0, not {tokens!r}")
     if soft is not None and (
         isinstance(soft, bool) or not isinstance(soft, (int, float)) or not 0 < soft <= 1
     ):

@@ -147,6 +147,7 @@ class Client:
         max_wait: float | None = None,
         budget_usd: float | None = None,
         budget_soft: float | None = None,
+        budget_tokens: int | None = None,
     ) -> str:
         """Record the run and send it to the workers; returns its run id.
 
@@ -175,8 +176,9 @@ class Client:
         it ends a sleep. Takes no run_id nor concurrency_key.
         budget_usd: a budget over the run and every run it spawns (and theirs): a model
         call of any of them that could take the tree's journaled cost past it stops that
-        run as budget_exceeded first, until raise_budget; budget_soft (0..1): the
-        fraction of it whose crossing is a `budget_soft` event and a metric, once
+        run as budget_exceeded first, until raise_budget; budget_tokens: the same in model
+        tokens (prompt and output), alone or beside it; budget_soft (0..1): the fraction
+        of each whose crossing is a `budget_soft` event and a metric, once
         (docs/guides/budgets.md). Not with connection= or a debounce.
 
         Raises:
@@ -185,7 +187,8 @@ class Client:
             RunIdConflict: run_id names a run with another workflow or input.
         """
         debounced = checked_debounce(debounce_key, debounce, max_wait, run_id, concurrency_key)
-        checked_budget(budget_usd, budget_soft, connection is not None or debounced is not None)
+        elsewhere = connection is not None or debounced is not None
+        checked_budget(budget_usd, budget_tokens, budget_soft, elsewhere)
         run_id, data = checked(self.settings, workflow, input, run_id)
         key, limit, prio = flow(workflow, concurrency_key, concurrency_limit, priority)
         with tracing.enqueuing(workflow, run_id, concurrency_key=key, priority=prio) as trace:
@@ -213,7 +216,7 @@ class Client:
             created = self.store.create_run(
                 run_id, workflow, data, max_cost_usd=max_cost_usd, priority=prio,
                 concurrency_key=key, concurrency_limit=limit, traceparent=trace,
-                budget_usd=budget_usd, budget_soft=budget_soft,
+                budget_usd=budget_usd, budget_soft=budget_soft, budget_tokens=budget_tokens,
             )  # fmt: skip
             if key is None:
                 self.send(run_id, priority=prio)
@@ -427,13 +430,18 @@ class Client:
             raise self._no_budget(run_id)
         return got
 
-    def raise_budget(self, run_id: str, *, usd: float) -> Budget:
-        """Set the limit of the budget run_id was enqueued with to usd (higher or lower),
-        and resume the runs of its tree that stopped as budget_exceeded: each goes on at
-        the call that stopped it, which is checked again. Raises UnknownRun, or
-        InvalidInput when the run has no budget or usd is not a number above 0."""
-        checked_budget(usd, None, False)
-        rearmed = self.store.raise_budget(run_id, usd)
+    def raise_budget(
+        self, run_id: str, *, usd: float | None = None, tokens: int | None = None
+    ) -> Budget:
+        """Set the limits given (usd, tokens; higher or lower) of the budget run_id was
+        enqueued with, and resume the runs of its tree that stopped as budget_exceeded:
+        each goes on at the call that stopped it, which is checked again. Raises
+        UnknownRun, or InvalidInput when the run has no budget or neither limit is given
+        as a number above 0."""
+        if usd is None and tokens is None:
+            raise InvalidInput("raise_budget: give usd=, tokens= or both")
+        checked_budget(usd, tokens, None, False)
+        rearmed = self.store.raise_budget(run_id, usd, tokens)
         if rearmed is None:
             raise self._no_budget(run_id)
         for rid in rearmed:

@@ -51,6 +51,9 @@ class Call:
     result: Any = None
     error: dict[str, Any] | None = None
     cost_usd: float = 0.0
+    # The model tokens it used (prompt and output), for the budgets it spends against:
+    # settled with its record, not kept in the journal.
+    tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,14 +70,18 @@ class Recorded:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Budget:
     """A budget's ledger (Client.budget): its scope ('run:<id>': that run and all its
-    descendants), its hard limit and soft fraction, what its journaled calls cost
-    (spent_usd) and the worst case of its calls in flight (reserved_usd)."""
+    descendants), its hard limits (None: none of that kind) and soft fraction, what its
+    journaled calls cost (spent_*) and the worst case of its calls in flight
+    (reserved_*), in dollars and in model tokens."""
 
     scope: str
-    limit_usd: float
+    limit_usd: float | None
     soft: float | None
     spent_usd: float
     reserved_usd: float
+    limit_tokens: int | None = None
+    spent_tokens: int = 0
+    reserved_tokens: int = 0
 
 
 def budget_scope(run_id: str) -> str:

@@ -154,10 +154,13 @@ class Budget(Answer):
     cost, and the worst case of their calls in flight."""
 
     scope: str = Field(description="run:<id> of the run it was enqueued with.")
-    limit_usd: float
-    soft: float | None = Field(description="The soft limit, a fraction of limit_usd.")
+    limit_usd: float | None = Field(description="null: no limit in dollars.")
+    soft: float | None = Field(description="The soft limit, a fraction of each limit.")
     spent_usd: float
     reserved_usd: float
+    limit_tokens: int | None = Field(description="null: no limit in tokens.")
+    spent_tokens: int
+    reserved_tokens: int
 
 
 class Counts(RootModel[dict[RunStatus, int]]):

@@ -480,16 +480,23 @@ new AS (
     DELETE FROM budget_holds h USING new
      WHERE h.run_id = new.run_id AND h.cursor = %(cursor)s
        AND h.visit = %(visit)s AND h.pos = %(pos)s
-    RETURNING h.scope, h.usd
+    RETURNING h.scope, h.usd, h.tokens
 ), spend AS (
     UPDATE budgets b
        SET spent_usd = b.spent_usd + %(cost_usd)s,
+           spent_tokens = b.spent_tokens + %(tokens)s,
            reserved_usd = greatest(b.reserved_usd
-                                   - coalesce((SELECT usd FROM hold WHERE hold.scope = b.scope), 0), 0)
+                                   - coalesce((SELECT usd FROM hold WHERE hold.scope = b.scope), 0), 0),
+           reserved_tokens = greatest(b.reserved_tokens
+                                      - coalesce((SELECT tokens FROM hold WHERE hold.scope = b.scope), 0), 0)
       FROM new
      WHERE b.scope = ANY(%(budgets)s)
-    RETURNING b.scope, b.soft IS NOT NULL AND b.spent_usd >= b.soft * b.limit_usd
-                       AND b.spent_usd - %(cost_usd)s < b.soft * b.limit_usd AS crossed
+    RETURNING b.scope,
+              b.soft IS NOT NULL AND (
+                  (b.spent_usd >= b.soft * b.limit_usd
+                   AND b.spent_usd - %(cost_usd)s < b.soft * b.limit_usd)
+                  OR (b.spent_tokens >= b.soft * b.limit_tokens
+                      AND b.spent_tokens - %(tokens)s < b.soft * b.limit_tokens)) AS crossed
 )
 SELECT recorded.pos, c.cancel_reason,
        (SELECT coalesce(array_agg(scope ORDER BY scope), '{}') FROM spend WHERE crossed)
@@ -1133,8 +1140,8 @@ SELECT pg_notify('cairn_enqueued', %(run_id)s);
 -- name: create_budget
 -- Enqueue with budget_usd: the tree's ledger row, with the run (same transaction). A run
 -- enqueued again keeps its row as it is (raise_budget changes the limit).
-INSERT INTO budgets (scope, limit_usd, soft)
-SELECT %(budget_scope)s, %(budget_usd)s, %(budget_soft)s
+INSERT INTO budgets (scope, limit_usd, limit_tokens, soft)
+SELECT %(budget_scope)s, %(budget_usd)s, %(budget_tokens)s, %(budget_soft)s
  WHERE %(budget_scope)s::text IS NOT NULL
 ON CONFLICT (scope) DO NOTHING
 RETURNING scope;
@@ -1156,11 +1163,12 @@ WITH dead AS (
      WHERE h.scope = ANY(%(budgets)s) AND c.run_id = h.run_id
        AND (c.seq > h.seq OR c.status IN ('done', 'failed', 'cancelled', 'budget_exceeded',
                                           'incompatible', 'unknown'))
-    RETURNING h.scope, h.usd
+    RETURNING h.scope, h.usd, h.tokens
 ), freed AS (
-    SELECT scope, sum(usd) AS usd FROM dead GROUP BY scope
+    SELECT scope, sum(usd) AS usd, sum(tokens) AS tokens FROM dead GROUP BY scope
 )
-UPDATE budgets b SET reserved_usd = greatest(b.reserved_usd - freed.usd, 0)
+UPDATE budgets b SET reserved_usd = greatest(b.reserved_usd - freed.usd, 0),
+                     reserved_tokens = greatest(b.reserved_tokens - freed.tokens, 0)
   FROM freed WHERE b.scope = freed.scope
 RETURNING b.scope;
 
@@ -1171,38 +1179,49 @@ RETURNING b.scope;
 -- admitted then: its hold is renewed unchecked. No row: admitted; else the first scope
 -- over its limit, with the figures.
 WITH scopes AS (
-    SELECT scope, limit_usd, spent_usd, reserved_usd FROM budgets
-     WHERE scope = ANY(%(budgets)s)
+    SELECT scope, limit_usd, spent_usd, reserved_usd, limit_tokens, spent_tokens,
+           reserved_tokens
+      FROM budgets WHERE scope = ANY(%(budgets)s)
 ), mine AS (
-    SELECT scope, usd FROM budget_holds
+    SELECT scope, usd, tokens FROM budget_holds
      WHERE run_id = %(run_id)s AND cursor = %(cursor)s AND visit = %(visit)s AND pos = %(pos)s
 ), over AS (
     SELECT s.* FROM scopes s
      WHERE s.scope NOT IN (SELECT scope FROM mine)
-       AND s.spent_usd + s.reserved_usd + %(usd)s > s.limit_usd
+       AND (s.spent_usd + s.reserved_usd + %(usd)s > s.limit_usd
+            OR s.spent_tokens + s.reserved_tokens + %(tokens)s > s.limit_tokens)
 ), held AS (
-    INSERT INTO budget_holds (scope, run_id, cursor, visit, pos, seq, usd)
-    SELECT scope, %(run_id)s, %(cursor)s, %(visit)s, %(pos)s, %(seq)s, %(usd)s FROM scopes
+    INSERT INTO budget_holds (scope, run_id, cursor, visit, pos, seq, usd, tokens)
+    SELECT scope, %(run_id)s, %(cursor)s, %(visit)s, %(pos)s, %(seq)s, %(usd)s, %(tokens)s
+      FROM scopes
      WHERE NOT EXISTS (SELECT 1 FROM over)
     ON CONFLICT (run_id, cursor, visit, pos, scope)
-    DO UPDATE SET usd = EXCLUDED.usd, seq = EXCLUDED.seq
+    DO UPDATE SET usd = EXCLUDED.usd, tokens = EXCLUDED.tokens, seq = EXCLUDED.seq
 ), counted AS (
     UPDATE budgets b
-       SET reserved_usd = b.reserved_usd + %(usd)s - coalesce(m.usd, 0)
+       SET reserved_usd = b.reserved_usd + %(usd)s - coalesce(m.usd, 0),
+           reserved_tokens = b.reserved_tokens + %(tokens)s - coalesce(m.tokens, 0)
       FROM scopes s LEFT JOIN mine m USING (scope)
      WHERE b.scope = s.scope AND NOT EXISTS (SELECT 1 FROM over)
 )
-SELECT scope, limit_usd, spent_usd, reserved_usd FROM over ORDER BY scope LIMIT 1;
+SELECT scope, limit_usd, spent_usd, reserved_usd, limit_tokens, spent_tokens, reserved_tokens
+  FROM over ORDER BY scope LIMIT 1;
 
 -- name: budget_of
 -- A budget's figures (Client.budget, raise_budget's answer).
-SELECT scope, limit_usd, soft, spent_usd, reserved_usd FROM budgets WHERE scope = %(scope)s;
+SELECT scope, limit_usd, soft, spent_usd, reserved_usd, limit_tokens, spent_tokens,
+       reserved_tokens
+  FROM budgets WHERE scope = %(scope)s;
 
 -- name: raise_budget
--- A new limit for the scope, and its runs stopped over budget re-armed at their cursor
+-- New limits for the scope (set_usd, set_tokens: which; a limit set to NULL is none), and its runs stopped over budget re-armed at their cursor
 -- (as enqueueing a failed run again does): the caller sends them.
 WITH b AS (
-    UPDATE budgets SET limit_usd = %(limit_usd)s WHERE scope = %(scope)s RETURNING scope
+    UPDATE budgets
+       SET limit_usd = CASE WHEN %(set_usd)s THEN %(limit_usd)s ELSE limit_usd END,
+           limit_tokens = CASE WHEN %(set_tokens)s THEN %(limit_tokens)s ELSE limit_tokens END
+     WHERE scope = %(scope)s
+    RETURNING scope
 )
 UPDATE checkpoints c SET status = 'pending', error = NULL, attempts = 0, deliveries = 0,
        retry_at = NULL, updated_at = now()

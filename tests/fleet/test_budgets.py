@@ -16,7 +16,7 @@ import pytest
 
 from cairn.client.client import Client
 from cairn.steps.model import ModelClient
-from cairn.steps.prices import cost_of
+from cairn.steps.prices import cost_of, tokens_of
 from cairn.store import Leases
 from cairn.testing.standins import ModelServer
 from tests.helpers.runs import holder_pid, wait_for
@@ -74,4 +74,6 @@ def test_a_tree_under_kills_never_passes_its_budget_and_spends_what_was_billed(
     journaled = sum(c.cost_usd for r in [parent, *kids] for c in client.calls(r))
     billed = sum(cost_of(m, usage, "anthropic") for m, usage in model.billed())
     assert budget.spent_usd == pytest.approx(journaled) and journaled == pytest.approx(billed)
+    tokens = sum(tokens_of(usage).prompt + tokens_of(usage).output for _, usage in model.billed())
+    assert budget.spent_tokens == tokens  # the tokens it served, each answer once
     assert budget.reserved_usd == pytest.approx(0, abs=1e-12)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from cairn.core import errors
+from cairn.steps.prices import tokens_of
 from cairn.testing.standins import ModelServer
 from cairn.workers import loop
 from cairn.workers.middleware import Chain, Middleware
@@ -140,6 +141,10 @@ def test_budget_mistakes_are_one_line_errors(client) -> None:
     plain = client.enqueue("spender", {})
     with pytest.raises(errors.InvalidInput, match="has no budget"):
         client.raise_budget(plain, usd=1.0)
+    with pytest.raises(errors.InvalidInput, match="give usd="):
+        client.raise_budget(plain)
+    with pytest.raises(errors.InvalidInput, match="whole number"):
+        client.enqueue("spender", {}, budget_tokens=1.5)
     with pytest.raises(errors.UnknownRun):
         client.budget("no-such-run")
 
@@ -164,3 +169,25 @@ def test_the_http_api_reads_and_raises_a_budget(settings, client, deps) -> None:
         assert http.get(f"/runs/{plain}/budget").status_code == 422
         assert http.get("/runs/no-such-run/budget").status_code == 404
         assert http.post(f"/runs/{run_id}/budget", json={"usd": -1}).status_code == 422
+
+
+def test_a_token_budget_stops_the_tree_and_counts_the_tokens_the_model_billed(
+    client, deps, model: ModelServer
+) -> None:
+    assert deps.model is not None
+    worst = deps.model.worst_tokens(
+        messages=[{"role": "user", "content": "REPLY: ok 0-0"}], max_tokens=16
+    )
+    parent = client.enqueue("spender", {"children": 4, "calls": 3}, budget_tokens=3 * worst)
+    assert _run(parent, deps) == "waiting"
+    kids = [k.run_id for k in client.children(parent)]
+    statuses = [_run(k, deps) for k in kids]
+    assert "budget_exceeded" in statuses
+    stopped = client.get(kids[statuses.index("budget_exceeded")])
+    assert "tokens" in stopped.error and "--tokens N" in stopped.error
+    budget = client.budget(parent)
+    billed = sum(tokens_of(u).prompt + tokens_of(u).output for _, u in model.billed())
+    assert budget.limit_usd is None and 0 < budget.spent_tokens == billed <= 3 * worst
+    assert budget.spent_usd == pytest.approx(_journaled(client, kids))
+    client.raise_budget(parent, tokens=1000 * worst)
+    assert all(_run(k, deps) == "done" for k in kids)

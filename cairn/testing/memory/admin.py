@@ -37,6 +37,7 @@ class _Admin(_Tables):
         traceparent: str | None = None,
         budget_usd: float | None = None,
         budget_soft: float | None = None,
+        budget_tokens: int | None = None,
     ) -> bool:
         """Insert a run at seq 0; False if it existed (a failed one is re-armed). With a
         concurrency key it is admitted if a slot is free, else queued; with budget_usd,
@@ -51,7 +52,8 @@ class _Admin(_Tables):
             created = row is None
             if concurrency_key is not None:  # create_keyed_run's upsert of the key
                 self._keys[(workflow, concurrency_key)] = concurrency_limit
-            scope = budget_scope(run_id) if budget_usd is not None else None
+            budgeted = budget_usd is not None or budget_tokens is not None
+            scope = budget_scope(run_id) if budgeted else None
             if row is None:  # create_run
                 row = self._new_row(
                     run_id, workflow, text, stamp, cursor, max_cost_usd,
@@ -63,7 +65,11 @@ class _Admin(_Tables):
                     row.status = RunStatus.QUEUED
                     self._enqueue(row)
             if scope is not None:  # create_budget
-                self._budgets.setdefault(scope, [budget_usd, budget_soft, 0.0, 0.0])
+                self._budgets.setdefault(scope, {
+                    "limit_usd": budget_usd, "soft": budget_soft, "spent_usd": 0.0,
+                    "reserved_usd": 0.0, "limit_tokens": budget_tokens, "spent_tokens": 0,
+                    "reserved_tokens": 0,
+                })  # fmt: skip
             if concurrency_key is not None:
                 self._admit(workflow, concurrency_key)  # admit
             if created:
@@ -348,12 +354,17 @@ class _Admin(_Tables):
             got = self._budgets.get(budget_scope(run_id))
             return _budget(budget_scope(run_id), got) if got is not None else None
 
-    def raise_budget(self, run_id: str, usd: float) -> list[str] | None:
+    def raise_budget(
+        self, run_id: str, usd: float | None = None, tokens: int | None = None
+    ) -> list[str] | None:
         scope = budget_scope(run_id)
         with self._lock:
             if scope not in self._budgets:
                 return None
-            self._budgets[scope][0] = usd
+            if usd is not None:
+                self._budgets[scope]["limit_usd"] = usd
+            if tokens is not None:
+                self._budgets[scope]["limit_tokens"] = tokens
             stamp, rearmed = self._stamp(), []
             for row in self._rows.values():
                 if scope in (row.budgets or ()) and row.status == RunStatus.BUDGET_EXCEEDED:
@@ -366,6 +377,5 @@ class _Admin(_Tables):
             return rearmed
 
 
-def _budget(scope: str, figures: list[Any]) -> Budget:
-    limit, soft, spent, reserved = figures
-    return Budget(scope=scope, limit_usd=limit, soft=soft, spent_usd=spent, reserved_usd=reserved)
+def _budget(scope: str, figures: dict[str, Any]) -> Budget:
+    return Budget(scope=scope, **figures)

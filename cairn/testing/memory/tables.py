@@ -55,10 +55,10 @@ class _Tables:
         self._queued: dict[str, tuple[str, str, int, int]] = {}
         self._queue_n = 0
         self._last = dt.datetime.min.replace(tzinfo=dt.UTC)
-        # budgets: scope -> [limit, soft, spent, reserved]; holds: (run, cursor, visit,
-        # pos, scope) -> (seq, usd), the calls in flight each budget admitted
-        self._budgets: dict[str, list[Any]] = {}
-        self._holds: dict[tuple[str, str, int, int, str], tuple[int, float]] = {}
+        # budgets: scope -> its ledger (a Budget's fields); holds: (run, cursor, visit,
+        # pos, scope) -> (seq, usd, tokens), the calls in flight each budget admitted
+        self._budgets: dict[str, dict[str, Any]] = {}
+        self._holds: dict[tuple[str, str, int, int, str], tuple[int, float, int]] = {}
 
     def _now(self) -> dt.datetime:
         """The clock's time: what reads compare with, and what deadlines count from."""

@@ -125,6 +125,7 @@ def start_run(
             concurrency_key=new.concurrency_key, concurrency_limit=new.concurrency_limit,
             priority=new.priority, debounce_key=new.debounce_key, debounce=new.debounce,
             max_wait=new.max_wait, budget_usd=new.budget_usd, budget_soft=new.budget_soft,
+            budget_tokens=new.budget_tokens,
         )  # fmt: skip
     return run_json(client, run_id)
 
@@ -298,4 +299,4 @@ def budget(run_id: str, client: ClientDep) -> dict[str, Any]:
 )
 def raise_budget(run_id: str, body: RaiseBudget, client: ClientDep) -> dict[str, Any]:
     """Set the budget's limit; the runs of its tree stopped as budget_exceeded go on."""
-    return dataclasses.asdict(client.raise_budget(run_id, usd=body.usd))
+    return dataclasses.asdict(client.raise_budget(run_id, usd=body.usd, tokens=body.tokens))

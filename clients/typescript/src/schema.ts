@@ -520,8 +520,18 @@ export interface components {
          *     cost, and the worst case of their calls in flight.
          */
         Budget: {
-            /** Limit Usd */
-            limit_usd: number;
+            /**
+             * Limit Tokens
+             * @description null: no limit in tokens.
+             */
+            limit_tokens: number | null;
+            /**
+             * Limit Usd
+             * @description null: no limit in dollars.
+             */
+            limit_usd: number | null;
+            /** Reserved Tokens */
+            reserved_tokens: number;
             /** Reserved Usd */
             reserved_usd: number;
             /**
@@ -531,9 +541,11 @@ export interface components {
             scope: string;
             /**
              * Soft
-             * @description The soft limit, a fraction of limit_usd.
+             * @description The soft limit, a fraction of each limit.
              */
             soft: number | null;
+            /** Spent Tokens */
+            spent_tokens: number;
             /** Spent Usd */
             spent_usd: number;
         };
@@ -877,9 +889,14 @@ export interface components {
         NewRun: {
             /**
              * Budget Soft
-             * @description With budget_usd: the fraction of it whose crossing is a budget_soft event.
+             * @description With a budget: the fraction of each limit whose crossing is a budget_soft event.
              */
             budget_soft?: number | null;
+            /**
+             * Budget Tokens
+             * @description The same budget in model tokens (prompt and output), alone or beside budget_usd.
+             */
+            budget_tokens?: number | null;
             /**
              * Budget Usd
              * @description A budget over the run and every run it spawns: a model call that could pass it stops its run as budget_exceeded first. Not with a debounce.
@@ -998,10 +1015,15 @@ export interface components {
         /** RaiseBudget */
         RaiseBudget: {
             /**
-             * Usd
-             * @description The budget's new limit, in dollars.
+             * Tokens
+             * @description The new limit, in model tokens.
              */
-            usd: number;
+            tokens?: number | null;
+            /**
+             * Usd
+             * @description The new limit, in dollars.
+             */
+            usd?: number | null;
         };
         /** Replay */
         Replay: {

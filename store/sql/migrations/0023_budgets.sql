@@ -1,17 +1,22 @@
 -- Budgets over a run tree (Client.enqueue(budget_usd=...)): one row per scope, the spend
 -- ledger. A scope is a key: 'run:<id>' is a parent and all its descendants; a run lists
 -- the scopes it spends against (runs.budgets), so another kind of scope is one more key.
--- spent_usd grows only in the transaction that journals a call (record_call): the record
--- is the truth, and a call a replay returns from the journal adds nothing. reserved_usd
--- is the worst case of the calls in flight (budget_holds), what the hard check counts.
+-- spent_* grows only in the transaction that journals a call (record_call): the record
+-- is the truth, and a call a replay returns from the journal adds nothing. reserved_* is
+-- the worst case of the calls in flight (budget_holds), what the hard check counts too.
 CREATE TABLE budgets (
-    scope         text PRIMARY KEY,
-    limit_usd     double precision NOT NULL,
-    -- the soft limit as a fraction of limit_usd: an event and a metric once crossed
-    soft          double precision,
-    spent_usd     double precision NOT NULL DEFAULT 0,
-    reserved_usd  double precision NOT NULL DEFAULT 0,
-    created_at    timestamptz NOT NULL DEFAULT now()
+    scope            text PRIMARY KEY,
+    -- the hard limits (NULL: none of that kind; at least one is set)
+    limit_usd        double precision,
+    limit_tokens     bigint,
+    -- the soft limit as a fraction of each limit: an event and a metric once crossed
+    soft             double precision,
+    spent_usd        double precision NOT NULL DEFAULT 0,
+    reserved_usd     double precision NOT NULL DEFAULT 0,
+    spent_tokens     bigint NOT NULL DEFAULT 0,
+    reserved_tokens  bigint NOT NULL DEFAULT 0,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT budgets_some_limit CHECK (limit_usd IS NOT NULL OR limit_tokens IS NOT NULL)
 );
 
 -- One row per call in flight that a budget admitted, keyed as its journal record will be:
@@ -26,6 +31,7 @@ CREATE TABLE budget_holds (
     pos     integer NOT NULL,
     seq     bigint NOT NULL,
     usd     double precision NOT NULL,
+    tokens  bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (run_id, cursor, visit, pos, scope)
 );
 CREATE INDEX budget_holds_scope ON budget_holds (scope);
