@@ -122,8 +122,8 @@ MUTANTS = [
         "M7",
         "no lease check before a model call",
         "steps/modelcalls.py",
-        "        self._ensure_before_call()\n        if self._cap is not None:",
-        "        if self._cap is not None:",
+        "        self._ensure_before_call()\n        if self._cap is not None or (pos",
+        "        if self._cap is not None or (pos",
         (f"{ZOMBIE}[prefork-two]", f"{ZOMBIE}[threads-two]"),
     ),
     Mutant(
