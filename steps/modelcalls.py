@@ -113,7 +113,7 @@ class ModelCalls(StepParts):
 
     def _answered(self, pos: int, message: Any, cost: float) -> Any:
         encoded = _encode(self._model, message)
-        tokens = _used(message)
+        tokens = _used(message) if self._cp.budgets else 0  # only a budget counts them
         self._record(Call(pos=pos, name="model", result=encoded, cost_usd=cost, tokens=tokens))
         if self._events is not None and isinstance(encoded, dict):
             self._tell("message", {"call": pos, **_shown(encoded), "cost_usd": cost})

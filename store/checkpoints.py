@@ -514,10 +514,10 @@ class PgStore:
     ) -> Budget | None:
         """Admit the call at pos of the step at cp (cp.cursor: its journal's) against
         each of the run's budgets, holding its worst case (usd, tokens) until its record
-        settles it;
-        None: admitted, else the budget it would pass, as it stood. One transaction, the
-        budgets' rows locked first: two runs of a tree checking at once are checked one
-        after the other, so neither passes the limit on the room the other took."""
+        settles it; None: admitted, else the budget it would pass, as it stood. One
+        transaction, the budgets' rows locked first: two runs of a tree checking at once
+        are checked one after the other, so neither passes the limit on the room the
+        other took."""
         params = {
             "budgets": cp.budgets,
             "run_id": cp.run_id,
