@@ -712,7 +712,7 @@ SELECT c.run_id
 
 -- name: sweep
 -- Retention, one batch: up to `batch` terminal runs older than the horizon go, with
--- their window, ledger, history, signal, journal and graph rows. Called until a batch comes back short,
+-- their window, ledger, history, signal, journal, budget and graph rows. Called until a batch comes back short,
 -- so each transaction (and its cascade) stays small. History and journal rows of a run
 -- from a month wholly behind the horizon stay: that month's partition is dropped whole
 -- once its last run is gone (cairn_drop_partitions); but those in the default partition,
@@ -739,6 +739,8 @@ WITH old AS (
      WHERE NOT gone.rows AND s.run_id = gone.run_id AND s.run_created = gone.created_at
 ), sig AS (
     DELETE FROM signals s USING gone WHERE s.run_id = gone.run_id
+), bu AS (  -- the budget a run was enqueued with (its holds cascade)
+    DELETE FROM budgets b USING gone WHERE b.scope = 'run:' || gone.run_id
 ), ga AS (
     DELETE FROM gathers g USING gone WHERE g.parent_id = gone.run_id
 ), j AS (
