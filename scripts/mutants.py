@@ -67,6 +67,7 @@ PROVIDERS = "tests/integration/test_providers.py"
 WAITS = "tests/integration/test_wait_many.py"
 DEBOUNCE = "tests/contract/test_store_contract.py"
 DEBOUNCE_FLEET = "tests/fleet/test_debounce.py"
+BUDGETS = "tests/integration/test_budgets.py"
 
 MUTANTS = [
     Mutant(
@@ -123,8 +124,8 @@ MUTANTS = [
         "M7",
         "no lease check before a model call",
         "steps/modelcalls.py",
-        "        self._ensure_before_call()\n        if self._cap is not None:",
-        "        if self._cap is not None:",
+        "        self._ensure_before_call()\n        if self._cap is not None or (pos",
+        "        if self._cap is not None or (pos",
         (f"{ZOMBIE}[prefork-two]", f"{ZOMBIE}[threads-two]"),
     ),
     Mutant(
@@ -842,6 +843,24 @@ MUTANTS = [
         "        for message in await asyncio.to_thread(step.messages):",
         "        for message in [m for _, m in step._store.steers_pending(step.run_id)]:",
         (f"{PAI}::test_a_steer_message_reaches_the_agent_s_next_request_once_across_a_kill",),
+    ),
+    Mutant(
+        "M97",
+        "a journal record written again by its own writer (a retry whose first try committed) "
+        "adds the call's cost to its budgets again: spend counted twice for one record",
+        "store/sql/queries.sql",
+        "    SELECT run_id FROM recorded WHERE NOT EXISTS (SELECT 1 FROM before)",
+        "    SELECT run_id FROM recorded",
+        (f"{J}::test_a_record_written_again_by_its_writer_adds_its_cost_once",),
+    ),
+    Mutant(
+        "M98",
+        "a budget check without the lock on the budget's row: runs of a tree checking at once "
+        "each see the room the others are taking, and pass the limit together",
+        "store/sql/queries.sql",
+        "    SELECT scope FROM budgets WHERE scope = ANY(%(budgets)s) ORDER BY scope FOR UPDATE",
+        "    SELECT scope FROM budgets WHERE scope = ANY(%(budgets)s) ORDER BY scope",
+        (f"{BUDGETS}::test_runs_of_a_tree_checking_at_once_never_pass_its_limit",),
     ),
 ]
 

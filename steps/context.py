@@ -45,6 +45,8 @@ class CallHooks(Protocol):
         self, cp: Checkpoint, name: str, pos: int, exception: BaseException | None = None
     ) -> None: ...
 
+    def budget_crossed(self, cp: Checkpoint, scope: str) -> None: ...
+
 
 class EventSink(Protocol):
     """Where a step's events go (the worker's outbox, cairn.workers.outbox.Outbox)."""
@@ -352,6 +354,40 @@ class Context(JournaledCalls, ModelCalls):
             self.cost_usd += usd
         if (frame := self._inside()) is not None:
             frame.cost += usd  # recorded with the call, so its replay counts it
+
+    def _hold(self, pos: int, worst: float, what: str, tokens: int = 0) -> None:
+        """Admit the journaled call at pos against the run's budgets (its tree's), holding
+        its worst case (dollars, tokens) until its record settles it; BudgetExceeded if
+        one would pass."""
+        if not self._cp.budgets:
+            return
+        over = self._store.reserve(self._at(), self.visit, pos, worst, tokens)
+        if over is None:
+            return
+        raise_it = f"cairn runs raise-budget {over.scope.removeprefix('run:')}"
+        if over.limit_usd is not None and (
+            over.spent_usd + over.reserved_usd + worst > over.limit_usd
+        ):
+            raise BudgetExceeded(
+                f"run {self.run_id}: budget {over.scope} has ${over.spent_usd:.6f} spent and "
+                f"${over.reserved_usd:.6f} held by calls in flight; {what} could cost up to "
+                f"${worst:.6f}, over its limit of ${over.limit_usd:.6f} (raise it to go on: "
+                f"{raise_it} --usd N)"
+            )
+        raise BudgetExceeded(
+            f"run {self.run_id}: budget {over.scope} has {over.spent_tokens} tokens spent and "
+            f"{over.reserved_tokens} held by calls in flight; {what} could take up to "
+            f"{tokens}, over its limit of {over.limit_tokens} tokens (raise it to go on: "
+            f"{raise_it} --tokens N)"
+        )
+
+    def _crossed(self, scopes: tuple[str, ...]) -> None:
+        """The soft limits a record's cost crossed: an event on the run, and the metric."""
+        for scope in scopes:
+            logger.info("run %s: budget %s passed its soft limit", self.run_id, scope)
+            self._tell("budget_soft", {"scope": scope})
+            if self._hooks is not None:
+                self._hooks.budget_crossed(self._cp, scope)
 
     def _afford(self, worst: float, what: str) -> None:
         if self._cap is None:

@@ -152,9 +152,15 @@ class StepParts:
 
         def _afford(self, worst: float, what: str) -> None: ...
 
+        def _hold(self, pos: int, worst: float, what: str, tokens: int = 0) -> None: ...
+
+        def _crossed(self, scopes: tuple[str, ...]) -> None: ...
+
         def _inside(self) -> _Frame | None: ...
 
         def _position(self, name: str) -> tuple[int, int]: ...
+
+        def _scoped(self) -> Journal: ...
 
         def _recorded(self, pos: int, name: str) -> Call | None: ...
 
@@ -468,6 +474,7 @@ class JournaledCalls(StepParts):
             self._ensure_before_call()
             if max_cost is not None:
                 self._afford(max_cost, f"ctx.call({name!r})")
+                self._hold(pos, max_cost, f"ctx.call({name!r})")
         return pos, n, recorded
 
     def _failed(
@@ -566,9 +573,16 @@ class JournaledCalls(StepParts):
             raise _rebuilt(call.error)
         return call.result
 
+    def _at(self) -> Checkpoint:
+        """The checkpoint as the journal in hand keys its records (a scope's cursor)."""
+        v = self._scoped()
+        return (
+            self._cp if v.cursor == self.cursor else dataclasses.replace(self._cp, cursor=v.cursor)
+        )
+
     def _record(self, call: Call, tx: StepTx | None = None) -> None:
         v = self._scoped()
-        at = self._cp if v.cursor == self.cursor else dataclasses.replace(self._cp, cursor=v.cursor)
+        at = self._at()
         asked = time.monotonic()
         recorded = self._store.record_call(at, self.visit, call, tx)
         if recorded is None:
@@ -576,6 +590,8 @@ class JournaledCalls(StepParts):
             raise StaleWrite(self.run_id, self.seq, self._lease.epoch)
         assert v.records is not None
         v.records[call.pos] = call
+        if recorded.crossed:
+            self._crossed(recorded.crossed)
         self._cancelled(recorded.cancel_reason, asked)  # kept, but the step goes no further
 
     def _recordable(self, exc: BaseException) -> TypeGuard[Exception]:

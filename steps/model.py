@@ -195,6 +195,11 @@ class ModelClient:
         request = dict(request)
         return self._worst(route(request, self.default_model), request)
 
+    def worst_tokens(self, **request: Any) -> int:
+        """An upper estimate of a request's tokens (its prompt and the most output it
+        allows), for a token budget's check before the call, as worst_cost's."""
+        return self._tokens(dict(request))
+
     def _worst(self, route: Route, request: dict[str, Any]) -> float:
         provider = self.providers[route.provider]
         price = self.prices.price(route.provider, route.model)

@@ -62,10 +62,11 @@ class ModelCalls(StepParts):
         request.update(_routing(provider, api))
         if self._inside() is not None:  # part of the call's own result: not journaled apart
             return self._ask(request, stream=stream)[0]
-        pos, _ = self._position("model")
+        pos, n = self._position("model")
         recorded = self._recorded(pos, "model")
         if recorded is not None:
             return self._replayed_message(pos, recorded)
+        self._keyed(request, n)
         try:
             message, cost = self._ask(request, pos, stream, interruptible)
         except Exception as exc:
@@ -89,16 +90,27 @@ class ModelCalls(StepParts):
         request.update(_routing(provider, api))
         if self._inside() is not None:
             return (await self._aask(request, None, stream))[0]
-        pos, _ = self._position("model")
+        pos, n = self._position("model")
         recorded = self._recorded(pos, "model")
         if recorded is not None:
             return self._replayed_message(pos, recorded)
+        self._keyed(request, n)
         try:
             message, cost = await self._aask(request, pos, stream, interruptible)
         except Exception as exc:
             self._model_failed(pos, exc, request)
             raise
         return self._answered(pos, message, cost)
+
+    def _keyed(self, request: dict[str, Any], n: int) -> None:
+        """An Idempotency-Key header on the request, the same on every attempt at this
+        call: a provider that honours it bills a call a killed worker made once, when the
+        next attempt makes it again (the stand-in does, cairn.testing.standins)."""
+        from cairn.steps.model import ModelClient
+
+        if isinstance(self._model, ModelClient):
+            key = f"cairn:{self.run_id}:{self._scoped().cursor}:{self.visit}:model:{n}"
+            request["extra_headers"] = {"Idempotency-Key": key, **request.get("extra_headers", {})}
 
     def _replayed_message(self, pos: int, recorded: Call) -> Any:
         assert self._model is not None
@@ -109,7 +121,8 @@ class ModelCalls(StepParts):
 
     def _answered(self, pos: int, message: Any, cost: float) -> Any:
         encoded = _encode(self._model, message)
-        self._record(Call(pos=pos, name="model", result=encoded, cost_usd=cost))
+        tokens = _used(message) if self._cp.budgets else 0  # only a budget counts them
+        self._record(Call(pos=pos, name="model", result=encoded, cost_usd=cost, tokens=tokens))
         if self._events is not None and isinstance(encoded, dict):
             self._tell("message", {"call": pos, **_shown(encoded), "cost_usd": cost})
         return message
@@ -214,8 +227,13 @@ class ModelCalls(StepParts):
         # A model call costs money and shapes the run: a worker that lost the run must not
         # make one (a process resumed after SIGSTOP finds out here), nor a cancelled run.
         self._ensure_before_call()
-        if self._cap is not None:
-            self._afford(self._model.worst_cost(**request), "the next model call")
+        if self._cap is not None or (pos is not None and self._cp.budgets):
+            worst = self._model.worst_cost(**request)
+            self._afford(worst, "the next model call")
+            if pos is not None and self._cp.budgets:
+                count = getattr(self._model, "worst_tokens", None)  # a test's client may lack it
+                tokens = count(**request) if count is not None else 0
+                self._hold(pos, worst, "the next model call", tokens)
         if pos is not None and self._hooks is not None:
             self._hooks.before_call(self._cp, "model", pos)
 
@@ -242,6 +260,18 @@ def _attributes(model: Any, request: dict[str, Any], message: Any) -> dict[str, 
         return describe(request, message)  # type: ignore[no-any-return]
     name = getattr(message, "model", None) or request.get("model")
     return {"gen_ai.operation.name": "chat", "gen_ai.request.model": name}
+
+
+def _used(message: Any) -> int:
+    """The tokens an answer's usage reports (prompt, cached or not, and output), for token
+    budgets; 0 for an answer without one."""
+    from cairn.steps.prices import tokens_of
+
+    usage = message.get("usage") if isinstance(message, dict) else getattr(message, "usage", None)
+    if usage is None:
+        return 0
+    used = tokens_of(usage)
+    return used.prompt + used.output
 
 
 def _shown(message: dict[str, Any]) -> dict[str, Any]:

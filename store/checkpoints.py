@@ -18,6 +18,7 @@ from cairn.core.records import (
     START,
     STEERED,
     Attempt,
+    Budget,
     Call,
     Checkpoint,
     Recorded,
@@ -26,6 +27,7 @@ from cairn.core.records import (
     Saved,
     Spawned,
     Wait,
+    budget_scope,
 )
 from cairn.core.status import TERMINAL, RunStatus
 from cairn.store.db import Database, outage, translated
@@ -76,21 +78,27 @@ class PgStore:
         concurrency_limit: int = 1,
         traceparent: str | None = None,
         tenant: str | None = None,
+        budget_usd: float | None = None,
+        budget_soft: float | None = None,
+        budget_tokens: int | None = None,
     ) -> bool:
         """Insert a run at seq 0 (for tenant, if given); False if it existed (a failed one
         is re-armed). With a concurrency key it is admitted if a slot is free, else queued
-        (`admitted` then says which runs to send).
+        (`admitted` then says which runs to send). With budget_usd, its tree's budget (the
+        run and all its descendants) is made with it.
 
         Raises RunIdConflict if run_id exists with another workflow, input or tenant.
         """
         params = create_params(
             run_id, workflow, input, cursor, max_cost_usd, priority, concurrency_key,
-            concurrency_limit, traceparent, tenant,
+            concurrency_limit, traceparent, tenant, budget_usd, budget_soft, budget_tokens,
         )  # fmt: skip
+        budget = ("create_budget",) if params["budget_scope"] is not None else ()
         if concurrency_key is None:
-            created = self.db.one("create_run", params) is not None
+            created = self.db.each(("create_run", *budget), params)[0] is not None
         else:
-            created = self.db.each(("create_keyed_run", "admit"), params)[0] is not None
+            names = ("create_keyed_run", "admit", *budget)
+            created = self.db.each(names, params)[0] is not None
         if created:
             return True
         row = self.db.one("existing_run", params)
@@ -98,7 +106,8 @@ class PgStore:
             return self.create_run(
                 run_id, workflow, input, cursor, max_cost_usd, priority=priority,
                 concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
-                traceparent=traceparent, tenant=tenant,
+                traceparent=traceparent, tenant=tenant, budget_usd=budget_usd,
+                budget_soft=budget_soft, budget_tokens=budget_tokens,
             )  # fmt: skip
         conflict(run_id, row, input)
         self.db.one("rearm_failed", {"run_id": run_id})
@@ -512,17 +521,72 @@ class PgStore:
         }
         conn = tx.open if tx is not None else None
         params["commit"] = "off" if conn is None else None
+        # A run with budgets settles its hold and adds its cost in the same statement.
+        name = "record_budgeted_call" if cp.budgets else "record_call"
+        params["budgets"], params["tokens"] = cp.budgets, call.tokens
         if conn is None:
-            row = self.db.one("record_call", params)
+            row = self.db.one(name, params)
         else:
             with translated():
                 self.db.hold_row(conn)
-                row = conn.execute(QUERIES["record_call"], params).fetchone()
+                row = conn.execute(QUERIES[name], params).fetchone()
                 if row is not None:
                     conn.commit()
                 else:
                     conn.rollback()
-        return Recorded(row["cancel_reason"]) if row is not None else None
+        if row is None:
+            return None
+        return Recorded(row["cancel_reason"], tuple(row.get("crossed") or ()))
+
+    # -- budgets -----------------------------------------------------------------------
+    def reserve(
+        self, cp: Checkpoint, visit: int, pos: int, usd: float, tokens: int = 0
+    ) -> Budget | None:
+        """Admit the call at pos of the step at cp (cp.cursor: its journal's) against
+        each of the run's budgets, holding its worst case (usd, tokens) until its record
+        settles it; None: admitted, else the budget it would pass, as it stood. One
+        transaction, the budgets' rows locked first: two runs of a tree checking at once
+        are checked one after the other, so neither passes the limit on the room the
+        other took."""
+        params = {
+            "budgets": cp.budgets,
+            "run_id": cp.run_id,
+            "cursor": cp.cursor,
+            "visit": visit,
+            "pos": pos,
+            "seq": cp.seq,
+            "usd": usd,
+            "tokens": tokens,
+        }
+        row = self.db.each(("budget_lock", "budget_release", "budget_reserve"), params)[2]
+        return _budget({**row, "soft": None}) if row is not None else None
+
+    def budget(self, run_id: str) -> Budget | None:
+        """The budget run_id was enqueued with (it and its descendants), or None."""
+        row = self.db.one("budget_of", {"scope": budget_scope(run_id)})
+        return _budget(row) if row is not None else None
+
+    def raise_budget(
+        self, run_id: str, usd: float | None = None, tokens: int | None = None
+    ) -> list[str] | None:
+        """Set the limits given of the budget run_id was enqueued with, and re-arm the
+        runs of its tree that stopped over budget: their ids (the caller sends them), or
+        None when run_id has no budget."""
+        params = {
+            "scope": budget_scope(run_id),
+            "set_usd": usd is not None,
+            "limit_usd": usd,
+            "set_tokens": tokens is not None,
+            "limit_tokens": tokens,
+        }
+
+        def attempt() -> list[str] | None:
+            with self.db.connection() as conn, conn.transaction():
+                if conn.execute(QUERIES["budget_of"], params).fetchone() is None:
+                    return None
+                return [r["run_id"] for r in conn.execute(QUERIES["raise_budget"], params)]
+
+        return self.db.retry(attempt)
 
     # -- queries for the CLI, the reaper and the sweep -------------------------------
     def list_runs(self, which: RunFilter | None = None) -> list[Run]:
@@ -636,3 +700,16 @@ class PgStore:
                 break
         self.db.one("partitions")
         return total
+
+
+def _budget(row: dict[str, Any]) -> Budget:
+    return Budget(
+        scope=row["scope"],
+        limit_usd=row["limit_usd"],
+        soft=row["soft"],
+        spent_usd=row["spent_usd"],
+        reserved_usd=row["reserved_usd"],
+        limit_tokens=row["limit_tokens"],
+        spent_tokens=row["spent_tokens"],
+        reserved_tokens=row["reserved_tokens"],
+    )

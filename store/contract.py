@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from cairn.core.cuts import Cut
     from cairn.core.records import (
         Attempt,
+        Budget,
         Call,
         Checkpoint,
         Recorded,
@@ -122,7 +123,17 @@ class RunStore(Protocol):
     ) -> Recorded | None:
         """Journal call for the step at cp, fenced like a save; None if fenced, else the
         run's cancel reason as the record read it. tx: the call's own transaction (ctx.db
-        inside it), committed with the record."""
+        inside it), committed with the record. A run with budgets (cp.budgets) settles
+        the call's hold and adds its cost to each in the same transaction."""
+
+    def reserve(
+        self, cp: Checkpoint, visit: int, pos: int, usd: float, tokens: int = 0
+    ) -> Budget | None:
+        """Admit the call at pos of the step at cp (cp.cursor: its journal's) against each
+        of cp.budgets, holding its worst case (usd, tokens) until record_call settles it
+        with the call's cost and tokens (a call
+        already holding, from an attempt killed in it, is admitted again): None, or the
+        budget it would pass. Atomic: two runs of a tree cannot both take the last room."""
 
     def steers(self, run_id: str, numbers: list[int]) -> list[tuple[int, Any]]:
         """The run's steer messages of these numbers (a replayed read), in order."""
@@ -164,10 +175,15 @@ class AdminStore(Protocol):
         concurrency_limit: int = 1,
         traceparent: str | None = None,
         tenant: str | None = None,
+        budget_usd: float | None = None,
+        budget_soft: float | None = None,
+        budget_tokens: int | None = None,
     ) -> bool:
         """Insert a run at seq 0, for tenant if given; False if it existed (a failed one is
         re-armed). With a concurrency key: admitted if one of the key's slots is free, else
-        queued. RunIdConflict: run_id names a run of another workflow, input or tenant."""
+        queued. With budget_usd or budget_tokens: a budget over the run and all its
+        descendants (budget_soft: the fraction of each limit that is its soft limit).
+        RunIdConflict: run_id names a run of another workflow, input or tenant."""
 
     def debounce(
         self,
@@ -295,6 +311,15 @@ class AdminStore(Protocol):
     def resolve(self, run_id: str, done: bool, result: Any = None) -> tuple[bool, list[str]]:
         """Settle the run's unknown effects (done, with result; or not: they run again),
         and re-arm it if it stopped as unknown: (re-armed, the keys settled)."""
+
+    def budget(self, run_id: str) -> Budget | None:
+        """The budget run_id was enqueued with (over it and its descendants), or None."""
+
+    def raise_budget(
+        self, run_id: str, usd: float | None = None, tokens: int | None = None
+    ) -> list[str] | None:
+        """Set that budget's limits given and re-arm the runs of its tree that stopped over
+        budget: their ids, for the caller to send; None when run_id has no budget."""
 
     def schedule_store(self) -> Schedules:
         """The schedules kept beside these runs (a fired tick's runs are created here)."""

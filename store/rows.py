@@ -32,6 +32,7 @@ from cairn.core.records import (
     RunFilter,
     Spawned,
     Wait,
+    budget_scope,
 )
 from cairn.core.status import SETTLED, RunStatus
 from cairn.store.sql import QUERIES
@@ -184,9 +185,19 @@ def create_params(
     concurrency_limit: int,
     traceparent: str | None = None,
     tenant: str | None = None,
+    budget_usd: float | None = None,
+    budget_soft: float | None = None,
+    budget_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """create_run's and create_keyed_run's parameters."""
+    """create_run's and create_keyed_run's parameters (and create_budget's)."""
+    budgeted = budget_usd is not None or budget_tokens is not None
+    scope = budget_scope(run_id) if budgeted else None
     return {
+        "budgets": [scope] if scope is not None else None,
+        "budget_scope": scope,
+        "budget_usd": budget_usd,
+        "budget_tokens": budget_tokens,
+        "budget_soft": budget_soft,
         "run_id": run_id,
         "workflow": workflow,
         "input": sealed(input),

@@ -154,6 +154,7 @@ class ScheduleStore:
                             "priority": 0,
                             "traceparent": None,
                             "tenant": None,  # a schedule's runs are no tenant's
+                            "budgets": None,
                         },
                     ).fetchone()
                     if new is not None:  # else the id exists: the schedule was re-added

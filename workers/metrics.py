@@ -51,6 +51,11 @@ RATE_DEFERRED = Counter(
     "Model calls over the rate limit past CAIRN_RATE_WAIT_MAX: their steps retried later.",
     ["model"],
 )
+BUDGET_SOFT = Counter(
+    "cairn_budget_soft_crossed_total",
+    "Budgets whose soft limit a journaled call's cost crossed (each once).",
+    ["workflow"],
+)
 RATE_429 = Counter(
     "cairn_model_429_total", "429 (rate limited) answers from the model API.", ["model"]
 )
@@ -121,6 +126,9 @@ class Metrics(Middleware):
 
     def resumed(self, cp: Checkpoint) -> None:
         _child(RESUMES, cp.workflow).inc()
+
+    def budget_crossed(self, cp: Checkpoint, scope: str) -> None:
+        _child(BUDGET_SOFT, cp.workflow).inc()
 
     def after_step(
         self,

@@ -50,6 +50,9 @@ class Middleware:
     ) -> None:
         """The call returned (or raised exception); its journal record is not written yet."""
 
+    def budget_crossed(self, cp: Checkpoint, scope: str) -> None:
+        """A journaled call's record took the budget scope past its soft limit (once)."""
+
     def after_step(
         self,
         cp: Checkpoint,
@@ -112,6 +115,9 @@ class Chain:
     ) -> None:
         self._emit("after_call", cp, name, pos, exception=exception)
 
+    def budget_crossed(self, cp: Checkpoint, scope: str) -> None:
+        self._emit("budget_crossed", cp, scope)
+
     def after_step(
         self,
         cp: Checkpoint,
@@ -136,6 +142,7 @@ _HOOKS = (
     "after_effect",
     "before_call",
     "after_call",
+    "budget_crossed",
     "after_step",
     "after_run",
 )

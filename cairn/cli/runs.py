@@ -7,6 +7,7 @@ here: `old_spellings` keeps them working, hidden, for one release."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from datetime import datetime
@@ -510,6 +511,39 @@ def resolve(
     what = "done" if done else "not done (it runs again)"
     keys = ", ".join(open_keys) or "nothing open"
     console.print(f"{run_id}: {keys} settled as {what}; run {run.status}")
+
+
+@app.command("raise-budget")
+def raise_budget(
+    run_id: Annotated[str, typer.Argument(help="The run enqueued with budget_usd=.")],
+    usd: Annotated[
+        float | None, typer.Option("--usd", help="The budget's new limit, in dollars.")
+    ] = None,
+    tokens: Annotated[
+        int | None, typer.Option("--tokens", help="The budget's new limit, in model tokens.")
+    ] = None,
+    as_json: AsJson = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Set the limits of a run tree's budget; its runs stopped as budget_exceeded go on."""
+    with open_client(load_settings(database_url=database_url)) as client:
+        budget = client.raise_budget(run_id, usd=usd, tokens=tokens)
+    if as_json:
+        print(dumps({"budget": dataclasses.asdict(budget)}))
+        return
+    usd_part = (
+        f"limit ${budget.limit_usd:.6f}, spent ${budget.spent_usd:.6f}, "
+        f"in flight ${budget.reserved_usd:.6f}"
+    )
+    token_part = (
+        f"limit {budget.limit_tokens} tokens, spent {budget.spent_tokens}, "
+        f"in flight {budget.reserved_tokens}"
+    )
+    shown = [
+        usd_part if budget.limit_usd is not None else "",
+        token_part if budget.limit_tokens is not None else "",
+    ]
+    console.print(f"{budget.scope}: " + "; ".join(p for p in shown if p))
 
 
 app.add_typer(forks.app)  # fork, rewind, replay

@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Self, TypeVar
 
-from cairn.client.checks import checked, checked_debounce, flow
+from cairn.client.checks import checked, checked_budget, checked_debounce, flow
 from cairn.client.client import Client
 from cairn.core import tracing
 from cairn.core.records import Run
@@ -137,6 +137,9 @@ class AsyncClient:
         debounce_key: str | None = None,
         debounce: float | None = None,
         max_wait: float | None = None,
+        budget_usd: float | None = None,
+        budget_soft: float | None = None,
+        budget_tokens: int | None = None,
     ) -> str:
         """Client.enqueue for asyncio, in a worker thread; with connection= your psycopg
         AsyncConnection, the run is written in its open transaction by this event loop
@@ -147,13 +150,15 @@ class AsyncClient:
                 self, workflow, input, run_id=run_id, max_cost_usd=max_cost_usd,
                 concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
                 priority=priority, connection=connection, debounce_key=debounce_key,
-                debounce=debounce, max_wait=max_wait,
+                debounce=debounce, max_wait=max_wait, budget_usd=budget_usd,
+                budget_soft=budget_soft, budget_tokens=budget_tokens,
             )  # fmt: skip
         # The checks, the flow defaults and the span are Client's; only the statements are
         # awaited here, on the caller's connection, in the caller's event loop.
         debounced = self.sync._debounced(
             checked_debounce(debounce_key, debounce, max_wait, run_id, concurrency_key)
         )
+        checked_budget(budget_usd, budget_tokens, budget_soft, True)
         run_id, data = checked(self.settings, workflow, input, run_id)
         key, limit, prio = self.sync._tenant_key(
             *flow(workflow, concurrency_key, concurrency_limit, priority)
@@ -177,6 +182,8 @@ class AsyncClient:
     list = _threaded(Client.list)
     counts = _threaded(Client.counts)
     cancel = _threaded(Client.cancel)
+    budget = _threaded(Client.budget)
+    raise_budget = _threaded(Client.raise_budget)
     children = _threaded(Client.children)
     fork = _threaded(Client.fork)
     rewind = _threaded(Client.rewind)

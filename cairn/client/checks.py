@@ -122,3 +122,29 @@ def known(name: str, schedule: Schedule | None) -> Schedule:
 
 def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+def checked_budget(usd: Any, tokens: Any, soft: Any, elsewhere: bool) -> None:
+    """enqueue's budget_usd, budget_tokens and budget_soft (raise_budget's usd and
+    tokens); elsewhere: an enqueue in the caller's transaction or debounced, which take
+    none yet."""
+    if usd is None and tokens is None:
+        if soft is not None:
+            raise InvalidInput("budget_soft needs budget_usd or budget_tokens: it is a fraction")
+        return
+    if elsewhere:
+        raise InvalidInput("a budget cannot be combined with connection= or a debounce yet")
+    if usd is not None and (
+        isinstance(usd, bool) or not isinstance(usd, (int, float)) or not 0 < usd < float("inf")
+    ):
+        raise InvalidInput(f"a budget in dollars is a number above 0, not {usd!r}")
+    if tokens is not None and (
+        isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1
+    ):
+        raise InvalidInput(f"a budget in tokens is a whole number above 0, not {tokens!r}")
+    if soft is not None and (
+        isinstance(soft, bool) or not isinstance(soft, (int, float)) or not 0 < soft <= 1
+    ):
+        raise InvalidInput(
+            f"budget_soft is a fraction of the budget, above 0 and at most 1, not {soft!r}"
+        )

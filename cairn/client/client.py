@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from cairn.client.checks import (
     checked,
+    checked_budget,
     checked_debounce,
     checked_fork,
     checked_replay,
@@ -33,7 +34,7 @@ from cairn.client.sender import Sender, no_broker
 from cairn.core import tracing
 from cairn.core.errors import CairnError, InvalidInput, RunEnded, RunIdConflict, UnknownRun
 from cairn.core.inputs import TENANT_KEY, check_input, check_run_id, check_tenant
-from cairn.core.records import CallRecord, Run, RunFilter, StepRecord
+from cairn.core.records import Budget, CallRecord, Run, RunFilter, StepRecord
 from cairn.core.settings import Settings
 from cairn.core.status import CANCEL_REASON, STOPPED, RunStatus
 from cairn.store.checkpoints import PgStore
@@ -164,6 +165,9 @@ class Client:
         debounce_key: str | None = None,
         debounce: float | None = None,
         max_wait: float | None = None,
+        budget_usd: float | None = None,
+        budget_soft: float | None = None,
+        budget_tokens: int | None = None,
     ) -> str:
         """Record the run and send it to the workers; returns its run id.
 
@@ -190,6 +194,12 @@ class Client:
         (but at most max_wait seconds after the first; None: no bound) with the latest
         input; each returns that run's id until it starts. Beat's wake pass sends it, as
         it ends a sleep. Takes no run_id nor concurrency_key.
+        budget_usd: a budget over the run and every run it spawns (and theirs): a model
+        call of any of them that could take the tree's journaled cost past it stops that
+        run as budget_exceeded first, until raise_budget; budget_tokens: the same in model
+        tokens (prompt and output), alone or beside it; budget_soft (0..1): the fraction
+        of each whose crossing is a `budget_soft` event and a metric, once
+        (docs/guides/budgets.md). Not with connection= or a debounce.
 
         Raises:
             InvalidInput: a bad input, run id or option (debounce <= 0, max_wait below
@@ -199,6 +209,8 @@ class Client:
         debounced = self._debounced(
             checked_debounce(debounce_key, debounce, max_wait, run_id, concurrency_key)
         )
+        elsewhere = connection is not None or debounced is not None
+        checked_budget(budget_usd, budget_tokens, budget_soft, elsewhere)
         run_id, data = checked(self.settings, workflow, input, run_id)
         key, limit, prio = self._tenant_key(
             *flow(workflow, concurrency_key, concurrency_limit, priority)
@@ -231,6 +243,7 @@ class Client:
                 run_id, workflow, data, max_cost_usd=max_cost_usd, priority=prio,
                 concurrency_key=key, concurrency_limit=limit, traceparent=trace,
                 tenant=tenant,
+                budget_usd=budget_usd, budget_soft=budget_soft, budget_tokens=budget_tokens,
             )  # fmt: skip
             if key is None:
                 self.send(run_id, priority=prio)
@@ -492,6 +505,44 @@ class Client:
         if rearmed:
             self.send(run_id)
         return run
+
+    def budget(self, run_id: str) -> Budget:
+        """The budget run_id was enqueued with (budget_usd=): its limit, what the tree's
+        journaled calls cost (spent_usd) and what its calls in flight may cost at worst
+        (reserved_usd). Raises UnknownRun, or InvalidInput when the run has no budget."""
+        self._known(run_id)
+        got = self.store.budget(run_id)
+        if got is None:
+            raise self._no_budget(run_id)
+        return got
+
+    def raise_budget(
+        self, run_id: str, *, usd: float | None = None, tokens: int | None = None
+    ) -> Budget:
+        """Set the limits given (usd, tokens; higher or lower) of the budget run_id was
+        enqueued with, and resume the runs of its tree that stopped as budget_exceeded:
+        each goes on at the call that stopped it, which is checked again. Raises
+        UnknownRun, or InvalidInput when the run has no budget or neither limit is given
+        as a number above 0."""
+        if usd is None and tokens is None:
+            raise InvalidInput("raise_budget: give usd=, tokens= or both")
+        checked_budget(usd, tokens, None, False)
+        self._known(run_id)
+        rearmed = self.store.raise_budget(run_id, usd, tokens)
+        if rearmed is None:
+            raise self._no_budget(run_id)
+        for rid in rearmed:
+            run = self.get(rid)
+            if run is not None and run.status == RunStatus.PENDING:  # else queued for its key
+                self.send(rid, priority=run.priority)
+        return self.budget(run_id)
+
+    def _no_budget(self, run_id: str) -> Exception:
+        if self.get(run_id) is None:
+            return UnknownRun(f"no run {run_id!r}")
+        return InvalidInput(
+            f"run {run_id!r} has no budget: enqueue(..., budget_usd=...) gives a run one"
+        )
 
     def wait(self, run_id: str, timeout: float | None = 60.0) -> Run:
         """The run once it is done, failed, cancelled (any stopped status) or waiting for a

@@ -24,6 +24,7 @@ RESERVED = frozenset(
         "model_restart",  # a streamed call was retried: drop its tokens so far ({call})
         "message",  # a model call's whole answer, once journaled: {call, text, tool_calls}
         "call",  # a journaled ctx.call's outcome: {call, name, result | error}
+        "budget_soft",  # a call's cost crossed a budget's soft limit: {scope, spent_usd, ...}
         "step_saved",  # the attempt's checkpoint committed: its events stand
         "retry",  # the attempt failed and will be retried: drop its events
         "attempt_abandoned",  # an attempt was cut (a killed worker): drop its events
@@ -36,7 +37,17 @@ RESERVED = frozenset(
 )
 # Written after a fenced Postgres write succeeded: they need no fence of their own.
 _AFTER_COMMIT = frozenset(
-    {"message", "call", "step_saved", "retry", "wait", "resumed", "run_ended", "dropped"}
+    {
+        "message",
+        "call",
+        "budget_soft",
+        "step_saved",
+        "retry",
+        "wait",
+        "resumed",
+        "run_ended",
+        "dropped",
+    }
 )
 # An attempt's last event is one of these when it ended on purpose: after any other, the
 # next attempt's worker marks it abandoned.

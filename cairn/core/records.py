@@ -51,6 +51,9 @@ class Call:
     result: Any = None
     error: dict[str, Any] | None = None
     cost_usd: float = 0.0
+    # The model tokens it used (prompt and output), for the budgets it spends against:
+    # settled with its record, not kept in the journal.
+    tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +63,30 @@ class Recorded:
     cancel with no round trip of its own."""
 
     cancel_reason: str | None = None
+    # The budget scopes whose soft limit this call's cost crossed (each crossed once).
+    crossed: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Budget:
+    """A budget's ledger (Client.budget): its scope ('run:<id>': that run and all its
+    descendants), its hard limits (None: none of that kind) and soft fraction, what its
+    journaled calls cost (spent_*) and the worst case of its calls in flight
+    (reserved_*), in dollars and in model tokens."""
+
+    scope: str
+    limit_usd: float | None
+    soft: float | None
+    spent_usd: float
+    reserved_usd: float
+    limit_tokens: int | None = None
+    spent_tokens: int = 0
+    reserved_tokens: int = 0
+
+
+def budget_scope(run_id: str) -> str:
+    """The scope of the budget a run was enqueued with: it and all its descendants."""
+    return f"run:{run_id}"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -266,6 +293,8 @@ class Checkpoint:
     # A pinned run (versions="pin"): the code version it goes on under, its start's; None
     # for a run any version takes. Set by its first claim, never by a save.
     pinned_to: str | None = None
+    # The budget scopes it spends against (runs.budgets: 'run:<id>', its tree's), never changed
+    budgets: list[str] | None = None
     # Read with the row, never written: the wait's timeout has passed; the oldest signal
     # of the awaited event not yet consumed ({"id", "payload"}).
     wait_over: bool = dataclasses.field(default=False, compare=False)

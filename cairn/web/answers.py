@@ -154,6 +154,20 @@ class Steered(Answer):
     n: int = Field(ge=1)
 
 
+class Budget(Answer):
+    """A budget over a run and its descendants: its limit, what their journaled calls
+    cost, and the worst case of their calls in flight."""
+
+    scope: str = Field(description="run:<id> of the run it was enqueued with.")
+    limit_usd: float | None = Field(description="null: no limit in dollars.")
+    soft: float | None = Field(description="The soft limit, a fraction of each limit.")
+    spent_usd: float
+    reserved_usd: float
+    limit_tokens: int | None = Field(description="null: no limit in tokens.")
+    spent_tokens: int
+    reserved_tokens: int
+
+
 class Counts(RootModel[dict[RunStatus, int]]):
     """How many runs are in each status (a status with none: absent)."""
 
@@ -214,6 +228,7 @@ EventKind = Literal[
     "model_restart",
     "message",
     "call",
+    "budget_soft",
     "step_saved",
     "retry",
     "attempt_abandoned",
@@ -267,6 +282,12 @@ class CallData(EventData):
     name: str
     result: Any = None
     error: str | None = None
+
+
+class BudgetSoftData(EventData):
+    """budget_soft: this call's cost took a budget past its soft limit (once)."""
+
+    scope: str
 
 
 class StepSavedData(EventData):
@@ -331,6 +352,7 @@ EVENT_DATA: tuple[type[BaseModel], ...] = (
     ModelRestartData,
     MessageData,
     CallData,
+    BudgetSoftData,
     StepSavedData,
     RetryData,
     AttemptAbandonedData,

@@ -136,6 +136,32 @@ class NewRun(BaseModel):
         description="The latest start, in seconds after the first POST (at least debounce; "
         "default: no bound).",
     )
+    budget_usd: float | None = Field(
+        default=None,
+        gt=0,
+        description="A budget over the run and every run it spawns: a model call that could "
+        "pass it stops its run as budget_exceeded first. Not with a debounce.",
+    )
+    budget_tokens: Annotated[int, Field(ge=1, le=WHOLE_MAX), WHOLE] | None = Field(
+        default=None,
+        description="The same budget in model tokens (prompt and output), alone or beside "
+        "budget_usd.",
+    )
+    budget_soft: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="With a budget: the fraction of each limit whose crossing is a "
+        "budget_soft event.",
+    )
+
+
+class RaiseBudget(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    usd: float | None = Field(default=None, gt=0, description="The new limit, in dollars.")
+    tokens: Annotated[int, Field(ge=1, le=WHOLE_MAX), WHOLE] | None = Field(
+        default=None, description="The new limit, in model tokens."
+    )
 
 
 class Fork(BaseModel):

@@ -2,9 +2,10 @@
 -- Enqueue: the run and its initial checkpoint (seq 0). An existing run is left as is,
 -- so enqueueing a known run id resumes it and never starts it over.
 WITH new_run AS (
-    INSERT INTO runs (run_id, workflow, input, max_cost_usd, priority, traceparent, tenant)
+    INSERT INTO runs (run_id, workflow, input, max_cost_usd, priority, traceparent, tenant,
+                      budgets)
     VALUES (%(run_id)s, %(workflow)s, %(input)s, %(max_cost_usd)s, %(priority)s,
-            %(traceparent)s, %(tenant)s)
+            %(traceparent)s, %(tenant)s, %(budgets)s)
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id
 )
@@ -23,9 +24,9 @@ WITH k AS (
     ON CONFLICT (workflow, key) DO UPDATE SET lim = EXCLUDED.lim
 ), new_run AS (
     INSERT INTO runs (run_id, workflow, input, max_cost_usd, concurrency_key,
-                      concurrency_limit, priority, traceparent, tenant)
+                      concurrency_limit, priority, traceparent, tenant, budgets)
     VALUES (%(run_id)s, %(workflow)s, %(input)s, %(max_cost_usd)s, %(key)s, %(limit)s,
-            %(priority)s, %(traceparent)s, %(tenant)s)
+            %(priority)s, %(traceparent)s, %(tenant)s, %(budgets)s)
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id
 ), q AS (
@@ -144,7 +145,7 @@ c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_start,
        c.attempts, c.deliveries, c.cancel_reason, r.max_cost_usd, c.wait_event,
        c.wait_timeout_cursor, coalesce(c.wait_until <= now(), false) AS wait_over,
        c.flow_version, r.parent_id, r.depth, r.concurrency_key, r.priority, r.traceparent,
-       r.forked_from, r.forked_at, r.tenant,
+       r.forked_from, r.forked_at, r.tenant, r.budgets,
        CASE WHEN c.pinned THEN c.started_version END AS pinned_to,
        (SELECT jsonb_build_object('id', s.signal_id, 'payload', s.payload)
                || CASE WHEN s.traceparent IS NULL THEN '{}'::jsonb
@@ -239,10 +240,11 @@ WITH saved AS (
         AS k (run_id text, workflow text, input jsonb, ord integer)
 ), new_runs AS (
     INSERT INTO runs (run_id, workflow, input, created_at, parent_id, parent_seq, depth,
-                      traceparent, tenant)
+                      traceparent, tenant, budgets)
     SELECT run_id, workflow, input, now() + make_interval(secs => ord * 1e-6),
            %(run_id)s, %(seq)s, %(depth)s, %(traceparent)s,
-           (SELECT tenant FROM runs WHERE run_id = %(run_id)s)  -- the parent's
+           (SELECT tenant FROM runs WHERE run_id = %(run_id)s),  -- the parent's
+           (SELECT budgets FROM runs WHERE run_id = %(run_id)s)  -- a child spends its tree's
       FROM kids
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, created_at
@@ -471,7 +473,59 @@ SELECT cursor, visit, pos, name, result, error, cost_usd, created_at
 -- run_created is the run's, never changed: one call's key is unique across the months.
 -- commit: 'off' commits it asynchronously (a record alone: see record_call), NULL as the
 -- session does (a record with the call's own ctx.db writes).
-WITH recorded AS (
+WITH {{record_insert}}
+SELECT recorded.pos, c.cancel_reason,
+       set_config('synchronous_commit',
+                  coalesce(%(commit)s, current_setting('synchronous_commit')), true)
+  FROM recorded JOIN checkpoints c ON c.run_id = recorded.run_id;
+
+-- name: record_budgeted_call
+-- record_call for a run that spends against budgets (runs.budgets): in the same
+-- statement the call's hold is settled (deleted, its worst case out of reserved_usd) and
+-- its cost added to each scope's spent_usd, only when this statement wrote the record
+-- (not a retry that met its own row: `before` saw it), so the ledger counts what the
+-- journal holds, once. crossed: the scopes whose soft limit this call's cost crossed
+-- (spend on one scope is serialized by its row lock, so exactly one record crosses it).
+WITH before AS (
+    SELECT 1 FROM journal j
+     WHERE j.run_id = %(run_id)s AND j.cursor = %(cursor)s AND j.visit = %(visit)s
+       AND j.pos = %(pos)s
+       AND j.run_created = (SELECT created_at FROM checkpoints WHERE run_id = %(run_id)s)
+), {{record_insert}},
+new AS (
+    SELECT run_id FROM recorded WHERE NOT EXISTS (SELECT 1 FROM before)
+), hold AS (
+    DELETE FROM budget_holds h USING new
+     WHERE h.run_id = new.run_id AND h.cursor = %(cursor)s
+       AND h.visit = %(visit)s AND h.pos = %(pos)s
+    RETURNING h.scope, h.usd, h.tokens
+), spend AS (
+    UPDATE budgets b
+       SET spent_usd = b.spent_usd + %(cost_usd)s,
+           spent_tokens = b.spent_tokens + %(tokens)s,
+           reserved_usd = greatest(b.reserved_usd
+                                   - coalesce((SELECT usd FROM hold WHERE hold.scope = b.scope), 0), 0),
+           reserved_tokens = greatest(b.reserved_tokens
+                                      - coalesce((SELECT tokens FROM hold WHERE hold.scope = b.scope), 0), 0)
+      FROM new
+     WHERE b.scope = ANY(%(budgets)s)
+    RETURNING b.scope,
+              b.soft IS NOT NULL AND (
+                  (b.spent_usd >= b.soft * b.limit_usd
+                   AND b.spent_usd - %(cost_usd)s < b.soft * b.limit_usd)
+                  OR (b.spent_tokens >= b.soft * b.limit_tokens
+                      AND b.spent_tokens - %(tokens)s < b.soft * b.limit_tokens)) AS crossed
+)
+SELECT recorded.pos, c.cancel_reason,
+       (SELECT coalesce(array_agg(scope ORDER BY scope), '{}') FROM spend WHERE crossed)
+           AS crossed,
+       set_config('synchronous_commit',
+                  coalesce(%(commit)s, current_setting('synchronous_commit')), true)
+  FROM recorded JOIN checkpoints c ON c.run_id = recorded.run_id;
+
+-- fragment: record_insert
+-- The record itself, fenced (see record_call), and the delivery count it restarts.
+recorded AS (
     INSERT INTO journal AS j (run_id, cursor, visit, pos, name, seq, epoch, result, error,
                               cost_usd, run_created)
     SELECT c.run_id, %(cursor)s, %(visit)s, %(pos)s, %(name)s, c.seq, %(epoch)s, %(result)s,
@@ -487,10 +541,6 @@ WITH recorded AS (
       FROM recorded
      WHERE c.run_id = recorded.run_id AND c.deliveries > 1
 )
-SELECT recorded.pos, c.cancel_reason,
-       set_config('synchronous_commit',
-                  coalesce(%(commit)s, current_setting('synchronous_commit')), true)
-  FROM recorded JOIN checkpoints c ON c.run_id = recorded.run_id;
 
 -- fragment: run_shown
 -- What Client.get shows: position, result and error, not the window.
@@ -721,7 +771,7 @@ SELECT c.run_id
 
 -- name: sweep
 -- Retention, one batch: up to `batch` terminal runs older than the horizon go, with
--- their window, ledger, history, signal, journal and graph rows. Called until a batch comes back short,
+-- their window, ledger, history, signal, journal, budget and graph rows. Called until a batch comes back short,
 -- so each transaction (and its cascade) stays small. History and journal rows of a run
 -- from a month wholly behind the horizon stay: that month's partition is dropped whole
 -- once its last run is gone (cairn_drop_partitions); but those in the default partition,
@@ -748,6 +798,8 @@ WITH old AS (
      WHERE NOT gone.rows AND s.run_id = gone.run_id AND s.run_created = gone.created_at
 ), sig AS (
     DELETE FROM signals s USING gone WHERE s.run_id = gone.run_id
+), bu AS (  -- the budget a run was enqueued with (its holds cascade)
+    DELETE FROM budgets b USING gone WHERE b.scope = 'run:' || gone.run_id
 ), ga AS (
     DELETE FROM gathers g USING gone WHERE g.parent_id = gone.run_id
 ), j AS (
@@ -1166,3 +1218,95 @@ SELECT id, name, tenant, admin, created_at, revoked_at FROM api_tokens
 -- Revoke a token; the first revocation's time stays.
 UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = %(id)s
 RETURNING id, name, tenant, admin, created_at, revoked_at;
+
+-- name: create_budget
+-- Enqueue with budget_usd: the tree's ledger row, with the run (same transaction). A run
+-- enqueued again keeps its row as it is (raise_budget changes the limit).
+INSERT INTO budgets (scope, limit_usd, limit_tokens, soft)
+SELECT %(budget_scope)s, %(budget_usd)s, %(budget_tokens)s, %(budget_soft)s
+ WHERE %(budget_scope)s::text IS NOT NULL
+ON CONFLICT (scope) DO NOTHING
+RETURNING scope;
+
+-- name: budget_lock
+-- The first statement of a budget check: the run's scopes' rows locked (in scope order,
+-- so two checks over the same scopes never deadlock). Every later statement of the
+-- transaction reads after the lock (READ COMMITTED: a fresh snapshot each), so two
+-- children checking at once are checked one after the other.
+SELECT count(*) AS n FROM (
+    SELECT scope FROM budgets WHERE scope = ANY(%(budgets)s) ORDER BY scope FOR UPDATE
+) locked;
+
+-- name: budget_release
+-- Holds that can no longer be settled: their run saved past the step that made them (a
+-- call abandoned with its attempt), or stopped. Released before the check.
+WITH dead AS (
+    DELETE FROM budget_holds h USING checkpoints c
+     WHERE h.scope = ANY(%(budgets)s) AND c.run_id = h.run_id
+       AND (c.seq > h.seq OR c.status IN ('done', 'failed', 'cancelled', 'budget_exceeded',
+                                          'incompatible', 'unknown'))
+    RETURNING h.scope, h.usd, h.tokens
+), freed AS (
+    SELECT scope, sum(usd) AS usd, sum(tokens) AS tokens FROM dead GROUP BY scope
+)
+UPDATE budgets b SET reserved_usd = greatest(b.reserved_usd - freed.usd, 0),
+                     reserved_tokens = greatest(b.reserved_tokens - freed.tokens, 0)
+  FROM freed WHERE b.scope = freed.scope
+RETURNING b.scope;
+
+-- name: budget_reserve
+-- The check and the hold, after budget_lock: a call is admitted when, on every scope,
+-- spent + reserved + its worst case stays within the limit; then it holds its worst case
+-- on each. A call that holds already (an attempt killed in it; this is the next) was
+-- admitted then: its hold is renewed unchecked. No row: admitted; else the first scope
+-- over its limit, with the figures.
+WITH scopes AS (
+    SELECT scope, limit_usd, spent_usd, reserved_usd, limit_tokens, spent_tokens,
+           reserved_tokens
+      FROM budgets WHERE scope = ANY(%(budgets)s)
+), mine AS (
+    SELECT scope, usd, tokens FROM budget_holds
+     WHERE run_id = %(run_id)s AND cursor = %(cursor)s AND visit = %(visit)s AND pos = %(pos)s
+), over AS (
+    SELECT s.* FROM scopes s
+     WHERE s.scope NOT IN (SELECT scope FROM mine)
+       AND (s.spent_usd + s.reserved_usd + %(usd)s > s.limit_usd
+            OR s.spent_tokens + s.reserved_tokens + %(tokens)s > s.limit_tokens)
+), held AS (
+    INSERT INTO budget_holds (scope, run_id, cursor, visit, pos, seq, usd, tokens)
+    SELECT scope, %(run_id)s, %(cursor)s, %(visit)s, %(pos)s, %(seq)s, %(usd)s, %(tokens)s
+      FROM scopes
+     WHERE NOT EXISTS (SELECT 1 FROM over)
+    ON CONFLICT (run_id, cursor, visit, pos, scope)
+    DO UPDATE SET usd = EXCLUDED.usd, tokens = EXCLUDED.tokens, seq = EXCLUDED.seq
+), counted AS (
+    UPDATE budgets b
+       SET reserved_usd = b.reserved_usd + %(usd)s - coalesce(m.usd, 0),
+           reserved_tokens = b.reserved_tokens + %(tokens)s - coalesce(m.tokens, 0)
+      FROM scopes s LEFT JOIN mine m USING (scope)
+     WHERE b.scope = s.scope AND NOT EXISTS (SELECT 1 FROM over)
+)
+SELECT scope, limit_usd, spent_usd, reserved_usd, limit_tokens, spent_tokens, reserved_tokens
+  FROM over ORDER BY scope LIMIT 1;
+
+-- name: budget_of
+-- A budget's figures (Client.budget, raise_budget's answer).
+SELECT scope, limit_usd, soft, spent_usd, reserved_usd, limit_tokens, spent_tokens,
+       reserved_tokens
+  FROM budgets WHERE scope = %(scope)s;
+
+-- name: raise_budget
+-- New limits for the scope (set_usd, set_tokens: which; a limit set to NULL is none), and its runs stopped over budget re-armed at their cursor
+-- (as enqueueing a failed run again does): the caller sends them.
+WITH b AS (
+    UPDATE budgets
+       SET limit_usd = CASE WHEN %(set_usd)s THEN %(limit_usd)s ELSE limit_usd END,
+           limit_tokens = CASE WHEN %(set_tokens)s THEN %(limit_tokens)s ELSE limit_tokens END
+     WHERE scope = %(scope)s
+    RETURNING scope
+)
+UPDATE checkpoints c SET status = 'pending', error = NULL, attempts = 0, deliveries = 0,
+       retry_at = NULL, updated_at = now()
+  FROM b, runs r
+ WHERE r.budgets @> ARRAY[b.scope] AND c.run_id = r.run_id AND c.status = 'budget_exceeded'
+RETURNING c.run_id;

@@ -30,7 +30,10 @@ CREATE TABLE runs (
     forked_at     bigint,
     -- the customer it is for (Client(tenant=), or the token that enqueued it; NULL: none);
     -- a child and a fork keep their origin's (migration 0021)
-    tenant        text
+    tenant        text,
+    -- the budget scopes it spends against (migration 0023): 'run:<id>' of the run that
+    -- enqueued the tree with budget_usd, inherited by its children
+    budgets       text[]
 );
 
 -- Listing runs newest first, a page at a time (keyset on created_at, run_id).
@@ -40,6 +43,8 @@ CREATE INDEX runs_forks ON runs (forked_from) WHERE forked_from IS NOT NULL;
 -- A tenant's runs newest first (a tenant token's lists).
 CREATE INDEX runs_tenant_newest ON runs (tenant, created_at DESC, run_id DESC)
     WHERE tenant IS NOT NULL;
+-- A budget's runs (raise_budget); runs without one are not indexed (migration 0023).
+CREATE INDEX runs_budgets ON runs USING gin (budgets) WHERE budgets IS NOT NULL;
 
 -- fillfactor leaves room on each page so the per-step update can be HOT (no index
 -- column changes per step: status changes only at start and end).
@@ -563,7 +568,7 @@ BEGIN
 END $$;
 
 CREATE TRIGGER checkpoints_run_rearmed AFTER UPDATE OF status ON checkpoints
-    FOR EACH ROW WHEN (OLD.status IN ('failed', 'incompatible', 'unknown')
+    FOR EACH ROW WHEN (OLD.status IN ('failed', 'incompatible', 'unknown', 'budget_exceeded')
                        AND NEW.status = 'pending')
     EXECUTE FUNCTION cairn_run_rearmed();
 
@@ -625,3 +630,41 @@ CREATE TABLE api_tokens (
     revoked_at  timestamptz,
     CONSTRAINT api_tokens_scope_check CHECK (admin OR tenant IS NOT NULL)
 );
+
+-- Budgets over a run tree (migration 0023) (Client.enqueue(budget_usd=...)): one row per scope, the spend
+-- ledger. A scope is a key: 'run:<id>' is a parent and all its descendants; a run lists
+-- the scopes it spends against (runs.budgets), so another kind of scope is one more key.
+-- spent_* grows only in the transaction that journals a call (record_call): the record
+-- is the truth, and a call a replay returns from the journal adds nothing. reserved_* is
+-- the worst case of the calls in flight (budget_holds), what the hard check counts too.
+CREATE TABLE budgets (
+    scope            text PRIMARY KEY,
+    -- the hard limits (NULL: none of that kind; at least one is set)
+    limit_usd        double precision,
+    limit_tokens     bigint,
+    -- the soft limit as a fraction of each limit: an event and a metric once crossed
+    soft             double precision,
+    spent_usd        double precision NOT NULL DEFAULT 0,
+    reserved_usd     double precision NOT NULL DEFAULT 0,
+    spent_tokens     bigint NOT NULL DEFAULT 0,
+    reserved_tokens  bigint NOT NULL DEFAULT 0,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT budgets_some_limit CHECK (limit_usd IS NOT NULL OR limit_tokens IS NOT NULL)
+);
+
+-- One row per call in flight that a budget admitted, keyed as its journal record will be:
+-- the record deletes it (settled); an attempt killed in the call leaves it, and the next
+-- attempt at the same call finds it (admitted already: a call is admitted once); a hold
+-- whose run saved past its seq or stopped is released by the next check of its scope.
+CREATE TABLE budget_holds (
+    scope   text NOT NULL REFERENCES budgets (scope) ON DELETE CASCADE,
+    run_id  text NOT NULL,
+    cursor  text NOT NULL,
+    visit   integer NOT NULL,
+    pos     integer NOT NULL,
+    seq     bigint NOT NULL,
+    usd     double precision NOT NULL,
+    tokens  bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (run_id, cursor, visit, pos, scope)
+);
+CREATE INDEX budget_holds_scope ON budget_holds (scope);

@@ -19,7 +19,7 @@ import pytest
 
 import cairn
 from cairn.core import errors
-from cairn.core.records import Checkpoint
+from cairn.core.records import Call, Checkpoint
 from cairn.core.settings import Settings
 from cairn.core.status import RunStatus
 from cairn.steps import Context, StepResult, context, workflow
@@ -32,6 +32,7 @@ from tests.helpers.contract import on_both
 
 calls: defaultdict[str, list[Any]] = defaultdict(list)  # what really ran, per run
 dies: dict[str, int] = {}  # run id -> the number of calls after which its process dies once
+killed_in_call: dict[str, int] = {}  # run id -> the model call (1st...) its process dies in
 
 
 class ProcessDied(BaseException):
@@ -47,6 +48,9 @@ class _Model:
     def create(self, **request: Any) -> tuple[Any, float]:
         run_id = request["metadata"]["user_id"]
         calls[run_id].append("model")
+        if killed_in_call.get(run_id) == calls[run_id].count("model"):
+            del killed_in_call[run_id]
+            raise ProcessDied  # after the provider billed it, before its record
         return {"role": "assistant", "content": f"answer {len(calls[run_id])}"}, 0.01
 
 
@@ -652,3 +656,63 @@ def test_ctx_db_in_a_call_commits_with_the_calls_record(
     keys = [f"cairn:{run_id}:book:0:book:{n}" for n in range(3)]
     assert sorted(r[0] for r in rows) == keys  # each row once: none lost, none twice
     assert _load(deps, run_id).state["booked"] == keys
+
+
+# -- budgets: the spend a journaled call adds, once -------------------------------------
+def _budget(deps: loop.Deps, run_id: str) -> tuple[float, float]:
+    budget = deps.store.budget(run_id)
+    assert budget is not None
+    return budget.spent_usd, budget.reserved_usd
+
+
+@pytest.mark.parametrize("die_after", [0, 5])
+def test_a_budgets_spend_is_what_the_journal_holds_after_a_crash(
+    deps: loop.Deps, die_after: int
+) -> None:
+    run_id = _start(deps, "journal-agent", budget_usd=1.0)
+    dies[run_id] = die_after
+    with pytest.raises(ProcessDied):
+        loop.run(run_id, deps)
+    assert _budget(deps, run_id) == pytest.approx((0.01 * calls[run_id].count("model"), 0))
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+    assert _budget(deps, run_id) == pytest.approx((0.08, 0))  # the replayed five added nothing
+
+
+def test_a_call_cut_by_a_kill_holds_its_worst_case_until_the_next_attempt_settles_it(
+    deps: loop.Deps,
+) -> None:
+    run_id = _start(deps, "journal-agent", budget_usd=1.0)
+    killed_in_call[run_id] = 3
+    with pytest.raises(ProcessDied):
+        loop.run(run_id, deps)
+    assert _budget(deps, run_id) == pytest.approx((0.02, 0.02))  # two recorded, one in flight
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+    assert _budget(deps, run_id) == pytest.approx((0.08, 0))  # the hold settled, not leaked
+
+
+def test_a_run_stops_over_its_budget_and_goes_on_when_it_is_raised(deps: loop.Deps) -> None:
+    # Each call costs 0.01 at worst 0.02: the fifth would make 0.04 + 0.02 > 0.05.
+    run_id = _start(deps, "journal-agent", budget_usd=0.05)
+    assert loop.run(run_id, deps) == RunStatus.BUDGET_EXCEEDED
+    assert calls[run_id].count("model") == 4
+    cp = _load(deps, run_id)
+    assert f"budget run:{run_id}" in (cp.error or "")
+    assert _budget(deps, run_id) == pytest.approx((0.04, 0))
+    assert deps.store.raise_budget(run_id, 1.0) == [run_id]
+    assert _load(deps, run_id).status == RunStatus.PENDING
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    assert calls[run_id].count("model") == 8  # the four recorded were replayed, not made
+    assert _budget(deps, run_id) == pytest.approx((0.08, 0))
+    assert deps.store.raise_budget("no-budget", 1.0) is None
+
+
+def test_a_record_written_again_by_its_writer_adds_its_cost_once(deps: loop.Deps) -> None:
+    run_id = _start(deps, "journal-agent", budget_usd=1.0)
+    cp = deps.store.claim(run_id, 1)
+    assert cp is not None
+    assert deps.store.reserve(cp, 0, 0, 0.02) is None
+    call = Call(pos=0, name="model", result={"n": 1}, cost_usd=0.01)
+    # The first try committed and its reply was lost: the retry meets its own row.
+    assert deps.store.record_call(cp, 0, call) is not None
+    assert deps.store.record_call(cp, 0, call) is not None
+    assert _budget(deps, run_id) == pytest.approx((0.01, 0))

@@ -977,6 +977,23 @@ def test_the_sweep_removes_old_terminal_runs_with_everything_they_own(backend: B
     assert _load(store, "old-done").signal is None
 
 
+def test_the_sweep_removes_a_swept_runs_budget_with_its_holds(backend: Backend) -> None:
+    store = backend.store
+    assert store.create_run("tree", "probe", {}, "one", budget_usd=1.0)
+    cp = store.claim("tree", 1)
+    assert cp is not None and cp.budgets == ["run:tree"]
+    assert store.reserve(cp, 0, 0, 0.5) is None  # a call in flight when the run stopped
+    store.save(_advance(cp, status=RunStatus.DONE), cp)
+    backend.elapse(8 * 86400)
+    assert store.budget("tree") is not None
+    assert store.sweep(older_than=7 * 86400) == 1
+    assert store.budget("tree") is None
+    # The id enqueued again is a new tree, with a new budget.
+    assert store.create_run("tree", "probe", {}, "one", budget_usd=2.0)
+    got = store.budget("tree")
+    assert got is not None and (got.limit_usd, got.spent_usd, got.reserved_usd) == (2.0, 0, 0)
+
+
 # -- the journal of calls inside a step --------------------------------------------------
 def test_calls_are_journaled_in_order_per_visit(any_store: CheckpointStore) -> None:
     cp = _running(any_store)  # at cursor "two", seq 1, epoch 1

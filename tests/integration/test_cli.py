@@ -19,7 +19,7 @@ BIN = Path(sys.executable).parent
 
 # The operations on runs, under `cairn runs`; the first six were top-level commands once.
 OLD_SPELLINGS = ["enqueue", "show", "events", "signal", "cancel", "resolve"]
-OPERATIONS = ["list", *OLD_SPELLINGS, "steer", "fork", "rewind", "replay", "export"]
+OPERATIONS = ["list", *OLD_SPELLINGS, "steer", "raise-budget", "fork", "rewind", "replay", "export"]
 
 COMMANDS = [
     "worker",
@@ -285,3 +285,16 @@ def test_runs_list_is_runs(cli_env, store: PgStore) -> None:
         listed = _cairn("runs", "list", *flags, env=cli_env)
         assert listed.returncode == 0 and "l-1" in listed.stdout, listed.stderr
         assert listed.stdout == _cairn("runs", *flags, env=cli_env).stdout
+
+
+def test_runs_raise_budget_resumes_the_tree_or_says_why_not(cli_env, client) -> None:
+    import tests.helpers.budget_flows  # noqa: F401  (spender)
+
+    run_id = client.enqueue("spender", {}, budget_usd=0.5)
+    done = _cairn("runs", "raise-budget", run_id, "--usd", "2", "--json", env=cli_env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["budget"]["limit_usd"] == 2.0
+    plain = client.enqueue("spender", {})
+    refused = _cairn("runs", "raise-budget", plain, "--usd", "2", env=cli_env)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "has no budget" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1

@@ -13,7 +13,7 @@ from typing import Any
 
 from cairn.core.errors import RunIdConflict
 from cairn.core.inputs import key_scope
-from cairn.core.records import START, Run, RunFilter
+from cairn.core.records import START, Budget, Run, RunFilter, budget_scope
 from cairn.core.status import ACTIVE, REARMABLE, TERMINAL, RunStatus
 from cairn.store.rows import settled
 from cairn.testing.memory.rows import _dump, _loaded, _Row, _Signal
@@ -37,9 +37,13 @@ class _Admin(_Tables):
         concurrency_limit: int = 1,
         traceparent: str | None = None,
         tenant: str | None = None,
+        budget_usd: float | None = None,
+        budget_soft: float | None = None,
+        budget_tokens: int | None = None,
     ) -> bool:
         """Insert a run at seq 0 (for tenant, if given); False if it existed (a failed one
-        is re-armed). With a concurrency key it is admitted if a slot is free, else queued.
+        is re-armed). With a concurrency key it is admitted if a slot is free, else queued;
+        with budget_usd, its tree's budget.
 
         Raises RunIdConflict if run_id exists with another workflow, input or tenant.
         """
@@ -49,18 +53,27 @@ class _Admin(_Tables):
             row = self._rows.get(run_id)
             created = row is None
             if concurrency_key is not None:  # create_keyed_run's upsert of the key
-                scope = key_scope(workflow, concurrency_key)  # a tenant's key spans workflows
-                self._keys[(scope, concurrency_key)] = concurrency_limit
+                keyed = key_scope(workflow, concurrency_key)  # a tenant's key spans workflows
+                self._keys[(keyed, concurrency_key)] = concurrency_limit
+            budgeted = budget_usd is not None or budget_tokens is not None
+            scope = budget_scope(run_id) if budgeted else None
             if row is None:  # create_run
                 row = self._new_row(
                     run_id, workflow, text, stamp, cursor, max_cost_usd,
                     priority=priority, traceparent=traceparent, concurrency_key=concurrency_key,
                     concurrency_limit=concurrency_limit if concurrency_key is not None else None,
                     tenant=tenant,
+                    budgets=[scope] if scope is not None else None,
                 )  # fmt: skip
                 if concurrency_key is not None:
                     row.status = RunStatus.QUEUED
                     self._enqueue(row)
+            if scope is not None:  # create_budget
+                self._budgets.setdefault(scope, {
+                    "limit_usd": budget_usd, "soft": budget_soft, "spent_usd": 0.0,
+                    "reserved_usd": 0.0, "limit_tokens": budget_tokens, "spent_tokens": 0,
+                    "reserved_tokens": 0,
+                })  # fmt: skip
             if concurrency_key is not None:
                 self._admit(key_scope(workflow, concurrency_key), concurrency_key)  # admit
             if created:
@@ -352,3 +365,35 @@ class _Admin(_Tables):
                     continue
                 totals[str(row.status)] = totals.get(str(row.status), 0) + 1
         return {s: {"status": s, "n": n, "unfolded": 0} for s, n in totals.items()}
+
+    # -- budgets -----------------------------------------------------------------------
+    def budget(self, run_id: str) -> Budget | None:
+        with self._lock:
+            got = self._budgets.get(budget_scope(run_id))
+            return _budget(budget_scope(run_id), got) if got is not None else None
+
+    def raise_budget(
+        self, run_id: str, usd: float | None = None, tokens: int | None = None
+    ) -> list[str] | None:
+        scope = budget_scope(run_id)
+        with self._lock:
+            if scope not in self._budgets:
+                return None
+            if usd is not None:
+                self._budgets[scope]["limit_usd"] = usd
+            if tokens is not None:
+                self._budgets[scope]["limit_tokens"] = tokens
+            stamp, rearmed = self._stamp(), []
+            for row in self._rows.values():
+                if scope in (row.budgets or ()) and row.status == RunStatus.BUDGET_EXCEEDED:
+                    row.status, row.error, row.attempts, row.deliveries = (
+                        RunStatus.PENDING, None, 0, 0
+                    )  # fmt: skip
+                    row.retry_at, row.updated_at = None, stamp
+                    self._rearmed(row)
+                    rearmed.append(row.run_id)
+            return rearmed
+
+
+def _budget(scope: str, figures: dict[str, Any]) -> Budget:
+    return Budget(scope=scope, **figures)

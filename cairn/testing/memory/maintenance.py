@@ -6,6 +6,7 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
+from cairn.core.records import budget_scope
 from cairn.core.status import TERMINAL, RunStatus
 from cairn.store.rows import FOLD_BATCH, WAKE_BATCH
 from cairn.testing.memory.rows import _unconsumed
@@ -143,6 +144,11 @@ class _Maintenance(_Tables):
                 gone = set(old)
                 for key in [k for k, (run_id, *_) in self._effects.items() if run_id in gone]:
                     del self._effects[key]
+                scopes = {budget_scope(run_id) for run_id in old}
+                for scope in scopes & self._budgets.keys():
+                    del self._budgets[scope]
+                for hold in [h for h in self._holds if h[4] in scopes]:
+                    del self._holds[hold]
             total += len(old)
             if progress is not None and old:
                 progress(total)

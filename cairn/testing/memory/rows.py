@@ -91,6 +91,7 @@ class _Row:
     forked_from: str | None = None  # a fork: its origin, and the seq it was forked at
     forked_at: int | None = None
     tenant: str | None = None  # the customer it is for; a child's and a fork's origin's
+    budgets: list[str] | None = None  # the budget scopes it spends against
     started_version: str | None = None  # the code version of its first claim's worker
     pinned: bool = False  # goes on only under started_version (versions="pin")
     window: dict[int, str] = dataclasses.field(default_factory=dict)  # window_messages

@@ -15,6 +15,7 @@ from cairn.core.records import (
     START,
     STEERED,
     Attempt,
+    Budget,
     Call,
     Checkpoint,
     Recorded,
@@ -185,6 +186,7 @@ class _Runs(_Tables):
                     depth=spawn.depth,
                     traceparent=spawn.traceparent,
                     tenant=parent.tenant,
+                    budgets=parent.budgets,  # a child spends its tree's
                 )
         self._gathers.setdefault((parent.run_id, parent.seq), [spawn.need, False])
 
@@ -359,11 +361,68 @@ class _Runs(_Tables):
             if row is None or row.seq != cp.seq or row.epoch > cp.epoch:
                 return None
             key = (cp.cursor, visit, call.pos)
+            crossed: tuple[str, ...] = ()
             if key in row.journal:
                 held, epoch = row.journal[key]
                 if not (epoch == cp.epoch and held.name == call.name):
                     return None
             else:
                 row.journal[key] = (stored, cp.epoch)
+                crossed = self._spend(cp, visit, call)
             row.deliveries = min(row.deliveries, 1)  # progress: not poison
-            return Recorded(row.cancel_reason)
+            return Recorded(row.cancel_reason, crossed)
+
+    # -- budgets (under the lock: the SQL's row lock on each budget) --------------------
+    def reserve(
+        self, cp: Checkpoint, visit: int, pos: int, usd: float, tokens: int = 0
+    ) -> Budget | None:
+        """Admit a call against the run's budgets, holding its worst case (budget_lock,
+        budget_release and budget_reserve in the SQL); None, or the budget it would pass."""
+        scopes = sorted(cp.budgets or ())
+        with self._lock:
+            for hold, (seq, held, held_tokens) in list(self._holds.items()):  # budget_release
+                run = self._rows.get(hold[0])
+                if hold[4] in scopes and (run is None or run.seq > seq or run.status in STOPPED):
+                    del self._holds[hold]
+                    b = self._budgets[hold[4]]
+                    b["reserved_usd"] = max(b["reserved_usd"] - held, 0.0)
+                    b["reserved_tokens"] = max(b["reserved_tokens"] - held_tokens, 0)
+            mine = {s: self._holds.get((cp.run_id, cp.cursor, visit, pos, s)) for s in scopes}
+            for scope in scopes:
+                b = self._budgets[scope]
+                over_usd = b["limit_usd"] is not None and (
+                    b["spent_usd"] + b["reserved_usd"] + usd > b["limit_usd"]
+                )
+                over_tokens = b["limit_tokens"] is not None and (
+                    b["spent_tokens"] + b["reserved_tokens"] + tokens > b["limit_tokens"]
+                )
+                if mine[scope] is None and (over_usd or over_tokens):
+                    return Budget(scope=scope, **{**b, "soft": None})
+            for scope in scopes:
+                b, before = self._budgets[scope], mine[scope]
+                b["reserved_usd"] += usd - (before[1] if before else 0.0)
+                b["reserved_tokens"] += tokens - (before[2] if before else 0)
+                self._holds[(cp.run_id, cp.cursor, visit, pos, scope)] = (cp.seq, usd, tokens)
+            return None
+
+    def _spend(self, cp: Checkpoint, visit: int, call: Call) -> tuple[str, ...]:
+        """record_budgeted_call's settling (under the lock): the call's holds released,
+        its cost and tokens added; the scopes whose soft limit it crossed."""
+        crossed = []
+        for scope in sorted(cp.budgets or ()):
+            b = self._budgets[scope]
+            hold = self._holds.pop((cp.run_id, cp.cursor, visit, call.pos, scope), None)
+            b["reserved_usd"] = max(b["reserved_usd"] - (hold[1] if hold else 0.0), 0.0)
+            b["reserved_tokens"] = max(b["reserved_tokens"] - (hold[2] if hold else 0), 0)
+            b["spent_usd"] += call.cost_usd
+            b["spent_tokens"] += call.tokens
+            soft = b["soft"]
+            if soft is not None and any(
+                b[limit] is not None and b[spent] >= soft * b[limit] > b[spent] - added
+                for limit, spent, added in (
+                    ("limit_usd", "spent_usd", call.cost_usd),
+                    ("limit_tokens", "spent_tokens", call.tokens),
+                )
+            ):
+                crossed.append(scope)
+        return tuple(crossed)

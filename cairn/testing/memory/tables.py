@@ -58,6 +58,10 @@ class _Tables:
         self._queue_n = 0
         self._last = dt.datetime.min.replace(tzinfo=dt.UTC)
         self._cuts = Cuts()  # the calls in flight a steer message may interrupt
+        # budgets: scope -> its ledger (a Budget's fields); holds: (run, cursor, visit,
+        # pos, scope) -> (seq, usd, tokens), the calls in flight each budget admitted
+        self._budgets: dict[str, dict[str, Any]] = {}
+        self._holds: dict[tuple[str, str, int, int, str], tuple[int, float, int]] = {}
 
     def _now(self) -> dt.datetime:
         """The clock's time: what reads compare with, and what deadlines count from."""
@@ -216,6 +220,7 @@ class _Tables:
             "forked_at": row.forked_at,
             "tenant": row.tenant,
             "pinned_to": row.started_version if row.pinned else None,
+            "budgets": row.budgets,
             "signal": _signal_of(*pending) if pending else None,
             "window": [
                 json.loads(row.window[i])

@@ -31,6 +31,10 @@ What every API shares
   the API's rate-limit headers while a limit is set.
 * ``stats()`` (``GET /_stats``) counts requests, injected failures (cuts included) and
   streams over all the APIs, and per API under ``by_api`` once an OpenAI API was asked.
+* Billing: :meth:`ModelServer.billed` lists the usage of every answer made, each billed
+  once per ``Idempotency-Key`` header (a request whose key was billed is answered again,
+  unbilled, as by a provider that honours the key; cairn sends one per journaled model
+  call, the same on every attempt at it), or once per request without one.
 * ``GET /_stats`` and ``POST /_control`` answer in the Anthropic shape; an unknown route
   is a 404 in the shape of the API its path belongs to.
 """
@@ -171,6 +175,7 @@ class ModelServer(_StandIn):
         self._cut_after: int | None = None
         self._cut_status: int | None = None
         self._received: list[tuple[str, dict[str, Any]]] = []
+        self._billed: dict[str, tuple[Any, Any]] = {}  # key (or request no) -> (model, usage)
 
     def stats(self) -> dict[str, Any]:
         """Same dict as ``GET /_stats``: requests (streamed ones included), injected
@@ -196,6 +201,11 @@ class ModelServer(_StandIn):
                     for name, counts in self._by_api.items()
                 }
             return stats
+
+    def billed(self) -> list[tuple[Any, Any]]:
+        """(model, usage) of each answer billed, oldest first: once per Idempotency-Key."""
+        with self._lock:
+            return list(self._billed.values())
 
     def received(self, api: str | None = None) -> list[dict[str, Any]]:
         """Bodies of the requests seen so far (JSON objects only), oldest first; with
@@ -258,7 +268,8 @@ class ModelServer(_StandIn):
     ) -> tuple[int, Any, dict[str, str]]:
         api = _ROUTES.get(path)
         if method == "POST" and api is not None:
-            return self._serve(api, raw)
+            key = next((v for k, v in headers.items() if k.lower() == "idempotency-key"), None)
+            return self._serve(api, raw, key)
         if method == "GET" and path == "/_stats":
             return 200, self.stats(), {"request-id": "req_local_stats"}
         if method == "POST" and path == "/_control":
@@ -302,7 +313,9 @@ class ModelServer(_StandIn):
             }
         return 200, state, hdrs
 
-    def _serve(self, api: _Api, raw: bytes) -> tuple[int, Any, dict[str, str]]:
+    def _serve(
+        self, api: _Api, raw: bytes, key: str | None = None
+    ) -> tuple[int, Any, dict[str, str]]:
         data = _parse_json_object(raw)
         with self._lock:
             counts = self._by_api[api.name]
@@ -350,6 +363,10 @@ class ModelServer(_StandIn):
             self._served += 1
             no = self._served
         answer = api.answer(data, no)
+        with self._lock:
+            self._billed.setdefault(
+                key or f"request {n}", (answer.get("model"), answer.get("usage"))
+            )
         if not data.get("stream"):
             return 200, answer, headers
         with self._lock:

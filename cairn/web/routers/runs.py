@@ -6,6 +6,7 @@ pool and Celery's producer pool), run in FastAPI's thread pool.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Annotated, Any, cast
 
@@ -18,7 +19,17 @@ from cairn.core.inputs import check_run_id
 from cairn.core.records import StepRecord
 from cairn.core.status import RunStatus
 from cairn.steps import registry
-from cairn.web.answers import Calls, Children, Counts, Forks, Replayed, Run, RunPage, Steps
+from cairn.web.answers import (
+    Budget,
+    Calls,
+    Children,
+    Counts,
+    Forks,
+    Replayed,
+    Run,
+    RunPage,
+    Steps,
+)
 from cairn.web.deps import ClientDep, ReadsDep
 from cairn.web.errors import errors
 from cairn.web.models import (
@@ -27,6 +38,7 @@ from cairn.web.models import (
     Cancel,
     Fork,
     NewRun,
+    RaiseBudget,
     Replay,
     Resolve,
     Rewind,
@@ -112,7 +124,8 @@ def start_run(
             new.workflow, new.input, run_id=run_id, max_cost_usd=new.max_cost_usd,
             concurrency_key=new.concurrency_key, concurrency_limit=new.concurrency_limit,
             priority=new.priority, debounce_key=new.debounce_key, debounce=new.debounce,
-            max_wait=new.max_wait,
+            max_wait=new.max_wait, budget_usd=new.budget_usd, budget_soft=new.budget_soft,
+            budget_tokens=new.budget_tokens,
         )  # fmt: skip
     return run_json(client, run_id)
 
@@ -268,3 +281,22 @@ def resolve(run_id: str, body: Resolve, client: ClientDep) -> dict[str, Any]:
     """Settle a run stopped as unknown: whether its at-most-once effect happened. The
     run goes on at its cursor."""
     return client.resolve(run_id, done=body.done, result=body.result).to_json()
+
+
+NO_BUDGET = {404: "No such run.", 422: "The run has no budget (invalid_input)."}
+
+
+@router.get(
+    "/runs/{run_id}/budget", response_model=Budget, responses=errors(404, 422, why=NO_BUDGET)
+)
+def budget(run_id: str, client: ClientDep) -> dict[str, Any]:
+    """The budget the run was enqueued with (budget_usd), over it and its descendants."""
+    return dataclasses.asdict(client.budget(run_id))
+
+
+@router.post(
+    "/runs/{run_id}/budget", response_model=Budget, responses=errors(404, 422, why=NO_BUDGET)
+)
+def raise_budget(run_id: str, body: RaiseBudget, client: ClientDep) -> dict[str, Any]:
+    """Set the budget's limit; the runs of its tree stopped as budget_exceeded go on."""
+    return dataclasses.asdict(client.raise_budget(run_id, usd=body.usd, tokens=body.tokens))

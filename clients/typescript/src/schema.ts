@@ -131,6 +131,30 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/runs/{run_id}/budget": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Budget
+         * @description The budget the run was enqueued with (budget_usd), over it and its descendants.
+         */
+        get: operations["budget_runs__run_id__budget_get"];
+        put?: never;
+        /**
+         * Raise Budget
+         * @description Set the budget's limit; the runs of its tree stopped as budget_exceeded go on.
+         */
+        post: operations["raise_budget_runs__run_id__budget_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/runs/{run_id}/calls": {
         parameters: {
             query?: never;
@@ -492,6 +516,56 @@ export interface components {
             [key: string]: unknown;
         };
         /**
+         * Budget
+         * @description A budget over a run and its descendants: its limit, what their journaled calls
+         *     cost, and the worst case of their calls in flight.
+         */
+        Budget: {
+            /**
+             * Limit Tokens
+             * @description null: no limit in tokens.
+             */
+            limit_tokens: number | null;
+            /**
+             * Limit Usd
+             * @description null: no limit in dollars.
+             */
+            limit_usd: number | null;
+            /** Reserved Tokens */
+            reserved_tokens: number;
+            /** Reserved Usd */
+            reserved_usd: number;
+            /**
+             * Scope
+             * @description run:<id> of the run it was enqueued with.
+             */
+            scope: string;
+            /**
+             * Soft
+             * @description The soft limit, a fraction of each limit.
+             */
+            soft: number | null;
+            /** Spent Tokens */
+            spent_tokens: number;
+            /** Spent Usd */
+            spent_usd: number;
+        };
+        /**
+         * BudgetSoftData
+         * @description budget_soft: this call's cost took a budget past its soft limit (once).
+         */
+        BudgetSoftData: {
+            /**
+             * Late
+             * @default null
+             */
+            late?: boolean | null;
+            /** Scope */
+            scope: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /**
          * Call
          * @description One journaled call (a model request, a ctx.call): its outcome and its cost.
          */
@@ -692,7 +766,7 @@ export interface components {
          * @description cairn's own event kinds; a step's ctx.emit names others.
          * @enum {string}
          */
-        EventKind: "step_started" | "token" | "model_restart" | "message" | "call" | "step_saved" | "retry" | "attempt_abandoned" | "wait" | "resumed" | "run_ended" | "dropped" | "gap";
+        EventKind: "step_started" | "token" | "model_restart" | "message" | "call" | "budget_soft" | "step_saved" | "retry" | "attempt_abandoned" | "wait" | "resumed" | "run_ended" | "dropped" | "gap";
         /**
          * EventsToken
          * @description A token that reads one run's events and nothing else, for a browser's EventSource
@@ -815,6 +889,21 @@ export interface components {
          */
         NewRun: {
             /**
+             * Budget Soft
+             * @description With a budget: the fraction of each limit whose crossing is a budget_soft event.
+             */
+            budget_soft?: number | null;
+            /**
+             * Budget Tokens
+             * @description The same budget in model tokens (prompt and output), alone or beside budget_usd.
+             */
+            budget_tokens?: number | null;
+            /**
+             * Budget Usd
+             * @description A budget over the run and every run it spawns: a model call that could pass it stops its run as budget_exceeded first. Not with a debounce.
+             */
+            budget_usd?: number | null;
+            /**
              * Concurrency Key
              * @description At most concurrency_limit runs of the workflow with this key at a time; the others wait as queued.
              * @example user:42
@@ -929,6 +1018,19 @@ export interface components {
              * @example Also check the invoice date.
              */
             message: unknown;
+        };
+        /** RaiseBudget */
+        RaiseBudget: {
+            /**
+             * Tokens
+             * @description The new limit, in model tokens.
+             */
+            tokens?: number | null;
+            /**
+             * Usd
+             * @description The new limit, in dollars.
+             */
+            usd?: number | null;
         };
         /** Replay */
         Replay: {
@@ -1786,6 +1888,175 @@ export interface operations {
                 };
             };
             /** @description The request breaks a rule of this document (invalid_request), or one of the server's own: an input its workflow refuses, or over CAIRN_MAX_INPUT_BYTES, or with NUL in a string (invalid_input); an unknown workflow (unknown_workflow). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Postgres or the broker is away: retry after Retry-After seconds. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    budget_runs__run_id__budget_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                run_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Budget"];
+                };
+            };
+            /** @description No API token, or not this server's (unauthorized). */
+            401: {
+                headers: {
+                    /** @description Bearer */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such run. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The run has no budget (invalid_input). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Postgres or the broker is away: retry after Retry-After seconds. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    raise_budget_runs__run_id__budget_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                run_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "usd": 5
+                 *     }
+                 */
+                "application/json": components["schemas"]["RaiseBudget"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Budget"];
+                };
+            };
+            /** @description The body is not JSON (invalid_json). */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No API token, or not this server's (unauthorized). */
+            401: {
+                headers: {
+                    /** @description Bearer */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such run. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A chunked body without Content-Length (length_required). */
+            411: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body is larger than CAIRN_MAX_INPUT_BYTES plus 64 KiB (body_too_large). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The run has no budget (invalid_input). */
             422: {
                 headers: {
                     [name: string]: unknown;

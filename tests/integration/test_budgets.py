@@ -1,0 +1,193 @@
+"""Budgets over a run tree (Client.enqueue(budget_usd=...)): the hard check before each
+model call, counted over the parent and its children; the spend a journaled call adds
+once, never again on replay; the soft limit's event; raise_budget resuming the tree."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from cairn.core import errors
+from cairn.steps.prices import tokens_of
+from cairn.testing.standins import ModelServer
+from cairn.workers import loop
+from cairn.workers.middleware import Chain, Middleware
+
+
+@pytest.fixture(autouse=True)
+def _flows() -> None:
+    import tests.helpers.budget_flows  # noqa: F401  (registers spender, spend)
+
+
+def _run(run_id: str, deps: loop.Deps) -> str:
+    """Deliver the run in process until it stops or waits (a retry: again, at once)."""
+    for _ in range(10):
+        try:
+            return str(loop.run(run_id, deps))
+        except errors.RetryLater:
+            time.sleep(0.05)
+    raise AssertionError(f"run {run_id} kept retrying")
+
+
+def _worst(deps: loop.Deps, tag: str) -> float:
+    assert deps.model is not None
+    return deps.model.worst_cost(
+        messages=[{"role": "user", "content": f"REPLY: ok {tag}"}], max_tokens=16
+    )
+
+
+def _journaled(client: Any, run_ids: list[str]) -> float:
+    return sum(c.cost_usd for rid in run_ids for c in client.calls(rid))
+
+
+def test_a_tree_stops_before_the_call_that_would_pass_its_budget_and_goes_on_when_raised(
+    client, deps, model: ModelServer
+) -> None:
+    worst = _worst(deps, "0-0")
+    # Room for a few calls (each settles at its usage, below its worst case), not for
+    # the six children's eighteen.
+    parent = client.enqueue("spender", {"children": 6, "calls": 3}, budget_usd=2.5 * worst)
+    assert _run(parent, deps) == "waiting"
+    kids = [k.run_id for k in client.children(parent)]
+    statuses = [_run(k, deps) for k in kids]
+    assert "done" in statuses and "budget_exceeded" in statuses
+    stopped = client.get(kids[statuses.index("budget_exceeded")])
+    assert f"budget run:{parent}" in stopped.error and "over its limit" in stopped.error
+    budget = client.budget(parent)
+    assert budget.spent_usd == pytest.approx(_journaled(client, kids))
+    assert budget.spent_usd <= budget.limit_usd < budget.spent_usd + worst
+    assert budget.reserved_usd == pytest.approx(0)
+    made = sum(len(client.calls(k)) for k in kids)
+    assert model.stats()["requests"] == made  # refused before the call, not after
+    # The parent went on once its children stopped, and stopped at its own call.
+    assert _run(parent, deps) == "budget_exceeded"
+
+    raised = client.raise_budget(parent, usd=100 * worst)
+    assert raised.limit_usd == pytest.approx(100 * worst)
+    for rid in [parent, *kids]:
+        assert client.get(rid).status in ("pending", "done")
+    assert all(_run(k, deps) == "done" for k in kids)
+    assert _run(parent, deps) == "done"
+    assert client.budget(parent).spent_usd == pytest.approx(_journaled(client, [parent, *kids]))
+    assert model.stats()["requests"] == 6 * 3 + 1
+
+
+def test_a_replayed_call_adds_nothing_to_the_spend(
+    client, deps, model: ModelServer, tmp_path
+) -> None:
+    child = {"fail_once": str(tmp_path)}
+    parent = client.enqueue(
+        "spender", {"children": 2, "calls": 2, "child": child}, budget_usd=1.0, budget_soft=0.5
+    )
+    assert _run(parent, deps) == "waiting"
+    kids = [k.run_id for k in client.children(parent)]
+    assert all(_run(k, deps) == "done" for k in kids)  # each failed once, then replayed
+    assert model.stats()["requests"] == 4  # the retries' calls came from the journal
+    spent = client.budget(parent).spent_usd
+    assert spent > 0 and spent == pytest.approx(_journaled(client, kids))
+
+
+def test_the_soft_limit_is_crossed_once(client, deps, model: ModelServer) -> None:
+    crossed: list[tuple[str, str]] = []
+
+    class Seen(Middleware):
+        def budget_crossed(self, cp: Any, scope: str) -> None:
+            crossed.append((cp.run_id, scope))
+
+    deps = dataclasses.replace(deps, middleware=Chain([Seen()]))
+    worst = _worst(deps, "0-0")
+    parent = client.enqueue(
+        "spender", {"children": 2, "calls": 3}, budget_usd=100 * worst, budget_soft=1e-6
+    )
+    _run(parent, deps)
+    kids = [k.run_id for k in client.children(parent)]
+    assert all(_run(k, deps) == "done" for k in kids)
+    assert crossed == [(kids[0], f"run:{parent}")]  # its first call crossed it; no other
+
+
+def test_runs_of_a_tree_checking_at_once_never_pass_its_limit(client, store) -> None:
+    parent = client.enqueue("spender", {}, budget_usd=10.0)
+    cp = store.load(parent)
+    admitted: list[int] = []
+    start = threading.Barrier(24)
+
+    def call(pos: int) -> None:
+        start.wait()
+        if store.reserve(cp, 0, pos, 1.0) is None:
+            admitted.append(pos)
+
+    threads = [threading.Thread(target=call, args=(pos,)) for pos in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(admitted) == 10
+    budget = client.budget(parent)
+    assert (budget.spent_usd, budget.reserved_usd) == (0, 10.0)
+    # The same call asked again (the next attempt after a kill in it) was admitted once.
+    assert store.reserve(cp, 0, admitted[0], 1.0) is None
+    assert store.reserve(cp, 0, 99, 1.0) is not None
+
+
+def test_budget_mistakes_are_one_line_errors(client) -> None:
+    with pytest.raises(errors.InvalidInput, match="above 0"):
+        client.enqueue("spender", {}, budget_usd=-1)
+    with pytest.raises(errors.InvalidInput, match="needs budget_usd"):
+        client.enqueue("spender", {}, budget_soft=0.5)
+    plain = client.enqueue("spender", {})
+    with pytest.raises(errors.InvalidInput, match="has no budget"):
+        client.raise_budget(plain, usd=1.0)
+    with pytest.raises(errors.InvalidInput, match="give usd="):
+        client.raise_budget(plain)
+    with pytest.raises(errors.InvalidInput, match="whole number"):
+        client.enqueue("spender", {}, budget_tokens=1.5)
+    with pytest.raises(errors.UnknownRun):
+        client.budget("no-such-run")
+
+
+def test_the_http_api_reads_and_raises_a_budget(settings, client, deps) -> None:
+    from fastapi.testclient import TestClient
+
+    from cairn.web.api import create_app
+
+    with TestClient(create_app(settings, insecure_no_auth=True)) as http:
+        made = http.post(
+            "/runs", json={"workflow": "spender", "input": {}, "budget_usd": 1e-9}
+        ).json()
+        run_id = made["run_id"]
+        assert _run(run_id, deps) == "budget_exceeded"
+        assert http.get(f"/runs/{run_id}/budget").json()["limit_usd"] == 1e-9
+        raised = http.post(f"/runs/{run_id}/budget", json={"usd": 1.0})
+        assert raised.status_code == 200 and raised.json()["limit_usd"] == 1.0
+        assert _run(run_id, deps) == "done"
+        assert http.get(f"/runs/{run_id}/budget").json()["spent_usd"] > 0
+        plain = http.post("/runs", json={"workflow": "spender", "input": {}}).json()["run_id"]
+        assert http.get(f"/runs/{plain}/budget").status_code == 422
+        assert http.get("/runs/no-such-run/budget").status_code == 404
+        assert http.post(f"/runs/{run_id}/budget", json={"usd": -1}).status_code == 422
+
+
+def test_a_token_budget_stops_the_tree_and_counts_the_tokens_the_model_billed(
+    client, deps, model: ModelServer
+) -> None:
+    assert deps.model is not None
+    worst = deps.model.worst_tokens(
+        messages=[{"role": "user", "content": "REPLY: ok 0-0"}], max_tokens=16
+    )
+    parent = client.enqueue("spender", {"children": 4, "calls": 3}, budget_tokens=3 * worst)
+    assert _run(parent, deps) == "waiting"
+    kids = [k.run_id for k in client.children(parent)]
+    statuses = [_run(k, deps) for k in kids]
+    assert "budget_exceeded" in statuses
+    stopped = client.get(kids[statuses.index("budget_exceeded")])
+    assert "tokens" in stopped.error and "--tokens N" in stopped.error
+    budget = client.budget(parent)
+    billed = sum(tokens_of(u).prompt + tokens_of(u).output for _, u in model.billed())
+    assert budget.limit_usd is None and 0 < budget.spent_tokens == billed <= 3 * worst
+    assert budget.spent_usd == pytest.approx(_journaled(client, kids))
+    client.raise_budget(parent, tokens=1000 * worst)
+    assert all(_run(k, deps) == "done" for k in kids)
