@@ -24,10 +24,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from cairn.core.records import (
+        Approval,
+        ApprovalFilter,
         Attempt,
         Call,
         Checkpoint,
         Recorded,
+        Rule,
         Run,
         RunFilter,
         Saved,
@@ -274,6 +277,9 @@ class AdminStore(Protocol):
     def schedule_store(self) -> Schedules:
         """The schedules kept beside these runs (a fired tick's runs are created here)."""
 
+    def approval_store(self) -> Approvals:
+        """The approvals of these runs (a save that waits with a request writes one)."""
+
 
 class Maintenance(Protocol):
     """The reaper's and the sweep's: runs that look abandoned, and old ones to delete."""
@@ -308,6 +314,38 @@ class Maintenance(Protocol):
 class CheckpointStore(RunStore, AdminStore, Maintenance, Protocol):
     """A whole backend: what PgStore and MemoryStore are, and what a worker's loop, its
     reaper and a Client are given."""
+
+
+class Approvals(Protocol):
+    """The approvals inbox: what the runs waiting on a person ask (written by the save
+    that parks each), decided once, each decision with its audit row; and the standing
+    rules that decide a request as its run saves the wait."""
+
+    def list_approvals(self, which: ApprovalFilter) -> list[Approval]:
+        """A page of the undecided approvals whose run still waits on them."""
+
+    def get(self, approval_id: int) -> Approval | None:
+        """The approval with its decision, or None."""
+
+    def decide(
+        self,
+        approval_id: int,
+        decision: str,
+        payload: dict[str, Any],
+        decided_by: str,
+        traceparent: str | None = None,
+    ) -> str:
+        """Decide it and send its run the signal (payload) with the audit row, at once;
+        the run's id. Raises UnknownApproval, AlreadyDecided or ApprovalGone."""
+
+    def add_rule(self, workflow: str, tool: str, created_by: str) -> tuple[Rule, bool]:
+        """A standing rule (the same workflow and tool twice is one); whether it is new."""
+
+    def rules(self) -> list[Rule]:
+        """Every standing rule, oldest first."""
+
+    def remove_rule(self, rule_id: int) -> bool:
+        """Delete it; False if there was none."""
 
 
 class Schedules(Protocol):

@@ -339,6 +339,130 @@ SELECT n, message FROM steer_messages
           AND jsonb_typeof(j.result) = 'array')
  ORDER BY n;
 
+-- name: save_approval
+-- `save` for a step whose wait asks for an approval (StepResult.wait with request=): the
+-- request's row joins on the row the guarded upsert returned, so it exists exactly when
+-- the save does. A standing rule for its workflow and tool decides it in this statement
+-- (the audit row names the rule, the signal is stored): the save answers signalled and
+-- the run goes on at once, nobody asked.
+WITH saved AS (
+{{save_upsert}}
+{{save_window_history_signal}}
+), rule AS (
+    SELECT min(rule_id) AS rule_id FROM approval_rules
+     WHERE workflow = %(workflow)s AND tool = %(tool)s
+    HAVING count(*) > 0
+), asked AS (
+    INSERT INTO approvals (run_id, seq, event, workflow, tool, request, decided_at)
+    SELECT saved.run_id, %(seq)s, %(wait_event)s, %(workflow)s, %(tool)s, %(request)s,
+           CASE WHEN EXISTS (SELECT 1 FROM rule) THEN now() END
+      FROM saved
+    ON CONFLICT (run_id, seq) DO NOTHING
+    RETURNING approval_id, decided_at
+), ruled AS (
+    INSERT INTO approval_decisions (approval_id, run_id, workflow, tool, decision, payload,
+                                    decided_by, rule_id)
+    SELECT asked.approval_id, %(run_id)s, %(workflow)s, %(tool)s, 'approve',
+           jsonb_build_object('decision', 'approve', 'args', NULL, 'approval_id',
+                              asked.approval_id, 'rule_id', rule.rule_id),
+           'rule ' || rule.rule_id, rule.rule_id
+      FROM asked, rule
+    RETURNING approval_id, rule_id, payload
+), ruled_signal AS (
+    INSERT INTO signals (run_id, signal_id, event, payload)
+    SELECT %(run_id)s, 'approval-' || approval_id, %(wait_event)s, payload FROM ruled
+    ON CONFLICT (run_id, signal_id) DO NOTHING
+)
+SELECT run_id, cancel_reason,
+       EXISTS (SELECT 1 FROM ruled) OR EXISTS (
+           SELECT 1 FROM signals s
+            WHERE s.run_id = saved.run_id AND s.event = %(wait_event)s
+              AND s.consumed_seq IS NULL AND s.signal_id IS DISTINCT FROM %(consumed)s
+       ) AS signalled
+  FROM saved;
+
+-- fragment: approval_columns
+a.approval_id, a.run_id, a.workflow, a.event, a.tool, a.request, a.created_at
+
+-- name: approvals_newest
+-- The inbox: approvals nobody decided whose run still waits on them (a run that timed
+-- out, was cancelled or was swept drops out), newest first, keyset-paged on approval_id
+-- (`after`: the previous page's last). Walks approvals_pending (or _workflow), then each
+-- row's checkpoint and run by primary key: a page costs what it returns, whatever the
+-- number of runs. r is the run, for filters on what the run carries.
+SELECT {{approval_columns}}
+  FROM approvals a
+  JOIN checkpoints c ON c.run_id = a.run_id AND c.seq = a.seq AND c.status = 'waiting'
+  JOIN runs r ON r.run_id = a.run_id
+ WHERE a.decided_at IS NULL
+   AND (%(workflow)s::text IS NULL OR a.workflow = %(workflow)s)
+   AND (%(event)s::text IS NULL OR a.event = %(event)s)
+   AND (%(after)s::bigint IS NULL OR a.approval_id < %(after)s)
+ ORDER BY a.approval_id DESC
+ LIMIT %(limit)s;
+
+-- name: approvals_oldest
+-- approvals_newest, oldest first (the queue a team works through).
+SELECT {{approval_columns}}
+  FROM approvals a
+  JOIN checkpoints c ON c.run_id = a.run_id AND c.seq = a.seq AND c.status = 'waiting'
+  JOIN runs r ON r.run_id = a.run_id
+ WHERE a.decided_at IS NULL
+   AND (%(workflow)s::text IS NULL OR a.workflow = %(workflow)s)
+   AND (%(event)s::text IS NULL OR a.event = %(event)s)
+   AND (%(after)s::bigint IS NULL OR a.approval_id > %(after)s)
+ ORDER BY a.approval_id
+ LIMIT %(limit)s;
+
+-- name: approval
+-- One approval, its decision (the audit row) if it has one, and whether it still waits
+-- for one (undecided, its run parked on it).
+SELECT {{approval_columns}}, a.decided_at IS NOT NULL AS decided,
+       a.decided_at IS NULL AND coalesce(c.status = 'waiting' AND c.seq = a.seq, false)
+           AS waiting,
+       d.decision, d.payload, d.decided_by, d.rule_id, d.decided_at
+  FROM approvals a
+  LEFT JOIN checkpoints c ON c.run_id = a.run_id
+  LEFT JOIN approval_decisions d ON d.approval_id = a.approval_id
+ WHERE a.approval_id = %(approval_id)s;
+
+-- name: decide
+-- A decision: the approval marked decided, the audit row and the signal its run waits on,
+-- in one statement (one transaction). The guard is the UPDATE: an approval decided
+-- already, or whose run no longer waits on it, returns no row and nothing is written; of
+-- two racing decisions the second waits on the row lock, then finds it decided.
+WITH chosen AS (
+    UPDATE approvals a SET decided_at = now()
+      FROM checkpoints c
+     WHERE a.approval_id = %(approval_id)s AND a.decided_at IS NULL
+       AND c.run_id = a.run_id AND c.seq = a.seq AND c.status = 'waiting'
+    RETURNING a.approval_id, a.run_id, a.event, a.workflow, a.tool
+), audit AS (
+    INSERT INTO approval_decisions (approval_id, run_id, workflow, tool, decision, payload,
+                                    decided_by)
+    SELECT approval_id, run_id, workflow, tool, %(decision)s, %(payload)s, %(decided_by)s
+      FROM chosen
+), sent AS (
+    INSERT INTO signals (run_id, signal_id, event, payload, traceparent)
+    SELECT run_id, 'approval-' || approval_id, event, %(payload)s, %(traceparent)s
+      FROM chosen
+    ON CONFLICT (run_id, signal_id) DO NOTHING
+)
+SELECT run_id FROM chosen;
+
+-- name: add_rule
+-- A standing rule; the same workflow and tool twice is one rule (created: whether new).
+INSERT INTO approval_rules (workflow, tool, created_by)
+VALUES (%(workflow)s, %(tool)s, %(created_by)s)
+ON CONFLICT (workflow, tool) DO UPDATE SET workflow = EXCLUDED.workflow
+RETURNING rule_id, workflow, tool, created_by, created_at, (xmax = 0) AS created;
+
+-- name: rules
+SELECT rule_id, workflow, tool, created_by, created_at FROM approval_rules ORDER BY rule_id;
+
+-- name: remove_rule
+DELETE FROM approval_rules WHERE rule_id = %(rule_id)s RETURNING rule_id;
+
 -- name: cancel_reason
 SELECT cancel_reason FROM checkpoints WHERE run_id = %(run_id)s;
 

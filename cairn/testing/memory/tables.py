@@ -13,6 +13,7 @@ from typing import Any
 
 from cairn.core.records import CHECKPOINT_VERSION, START, Attempt, Run
 from cairn.core.status import ACTIVE, STOPPED, RunStatus
+from cairn.testing.memory.approvals import _AskTables
 from cairn.testing.memory.clock import Clock
 from cairn.testing.memory.rows import _dump, _Row, _Signal, _signal_of, _unconsumed
 
@@ -54,6 +55,7 @@ class _Tables:
         self._slots: dict[str, list[Any]] = {}
         self._queued: dict[str, tuple[str, str, int, int]] = {}
         self._queue_n = 0
+        self._asks = _AskTables()  # approvals, their audit rows and the standing rules
         self._last = dt.datetime.min.replace(tzinfo=dt.UTC)
 
     def _now(self) -> dt.datetime:
