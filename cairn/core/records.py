@@ -361,6 +361,13 @@ class Approval:
             decision=decision,
         )
 
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["created_at"] = self.created_at.isoformat()
+        if self.decision is not None:
+            out["decision"]["decided_at"] = self.decision.decided_at.isoformat()
+        return out
+
 
 @dataclasses.dataclass(frozen=True)
 class ApprovalFilter:
@@ -385,3 +392,6 @@ class Rule:
     tool: str
     created_by: str
     created_at: dt.datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "created_at": self.created_at.isoformat()}

@@ -64,6 +64,10 @@ def request_examples(workflow: str) -> dict[tuple[str, str], dict[str, Any]]:
             "signal_id": "approval-1",
         },
         ("post", "/runs/{run_id}/steer"): {"message": "Also check the invoice date."},
+        ("post", "/approvals/{approval_id}/decision"): {
+            "decision": "approve",
+            "note": "checked the invoice",
+        },
     }
 
 
