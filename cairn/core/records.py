@@ -308,6 +308,17 @@ class Attempt:
 DECISIONS = ("approve", "deny", "edit")
 
 
+def decision_in(payload: Any) -> tuple[str, dict[str, Any] | None] | None:
+    """A signal's payload as Client.decide sends it: (approve | deny | edit, an edit's
+    args); None for any other payload (the integrations take their own shapes too)."""
+    if not isinstance(payload, dict) or "approval_id" not in payload:
+        return None
+    decision, args = payload.get("decision"), payload.get("args")
+    if decision not in DECISIONS:
+        return None
+    return decision, args if isinstance(args, dict) else None
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Decision:
     """An approval's decision, as its audit row keeps it: approve, deny or edit (approve
