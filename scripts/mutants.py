@@ -65,6 +65,7 @@ PROVIDERS = "tests/integration/test_providers.py"
 WAITS = "tests/integration/test_wait_many.py"
 DEBOUNCE = "tests/contract/test_store_contract.py"
 DEBOUNCE_FLEET = "tests/fleet/test_debounce.py"
+APPROVALS = "tests/contract/test_approvals.py"
 
 MUTANTS = [
     Mutant(
@@ -775,6 +776,22 @@ MUTANTS = [
         '"data": sealing.seal(data) if data is not None else None,',
         '"data": data,',
         (f"{SEALING}::test_every_payload_is_sealed_in_both_servers_and_opens_for_the_reader",),
+    ),
+    Mutant(
+        "M95",
+        "a decision without the undecided guard: a second (or racing) decision is sent too",
+        "store/sql/queries.sql",
+        "     WHERE a.approval_id = %(approval_id)s AND a.decided_at IS NULL",
+        "     WHERE a.approval_id = %(approval_id)s",
+        (APPROVALS,),
+    ),
+    Mutant(
+        "M96",
+        "a decision sent to a run that no longer waits on it (timed out, cancelled)",
+        "store/sql/queries.sql",
+        "       AND c.run_id = a.run_id AND c.seq = a.seq AND c.status = 'waiting'",
+        "       AND c.run_id = a.run_id",
+        (APPROVALS,),
     ),
 ]
 
