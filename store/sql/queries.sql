@@ -184,12 +184,16 @@ c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_start,
 -- (Statements of one query share a snapshot, so the signal consumed in this statement
 -- is excluded by hand.)
 SELECT run_id, cancel_reason,
-       %(wait_event)s::text IS NOT NULL AND EXISTS (
+       %(wait_event)s::text IS NOT NULL AND {{signal_came_first}} AS signalled
+  FROM saved
+
+-- fragment: signal_came_first
+-- A signal of the awaited event is there, other than the one this save consumed.
+EXISTS (
            SELECT 1 FROM signals s
             WHERE s.run_id = saved.run_id AND s.event = %(wait_event)s
               AND s.consumed_seq IS NULL AND s.signal_id IS DISTINCT FROM %(consumed)s
-       ) AS signalled
-  FROM saved
+       )
 
 -- fragment: save_window_history_signal
 -- The save's parts after the upsert, each joined on the row it returned: the window's new
@@ -374,11 +378,7 @@ WITH saved AS (
     ON CONFLICT (run_id, signal_id) DO NOTHING
 )
 SELECT run_id, cancel_reason,
-       EXISTS (SELECT 1 FROM ruled) OR EXISTS (
-           SELECT 1 FROM signals s
-            WHERE s.run_id = saved.run_id AND s.event = %(wait_event)s
-              AND s.consumed_seq IS NULL AND s.signal_id IS DISTINCT FROM %(consumed)s
-       ) AS signalled
+       EXISTS (SELECT 1 FROM ruled) OR {{signal_came_first}} AS signalled
   FROM saved;
 
 -- fragment: approval_columns

@@ -20,9 +20,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from cairn.core import logs
+from cairn.core.records import Approval
 from cairn.core.status import STOPPED, RunStatus
 from cairn.web.auth import COOKIE
-from cairn.core.records import Approval
 from cairn.web.deps import AuthDep, ClientDep, ReadsDep, SettingsDep
 from cairn.web.render import STATUSES, call_row, templates, timeline, trace_url
 
