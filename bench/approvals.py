@@ -5,7 +5,8 @@ A database with --runs runs (1M by default), --pending of them waiting on an app
 table. Then the inbox as GET /approvals and the page read it, through the public Client:
 the first page (50, newest first), a page deep in the list (keyset), a workflow's page,
 and all the pending approvals in pages of 1,000. Each is the median of --reps calls after
-a warm-up, with the plan of the first page (which index it walks).
+a warm-up; then all of them in one statement as Postgres runs it (EXPLAIN ANALYZE), and
+the plan of the first page (which index it walks).
 """
 
 from __future__ import annotations
@@ -110,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
                 ms = _ms(fn, args.reps)
                 flag = "" if ms <= BOUND_MS else f"  over the {BOUND_MS:.0f} ms bound"
                 print(f"{label:40} {ms:8.2f} ms{flag}")
+        with psycopg.connect(url, autocommit=True) as conn:
+            every = {"workflow": None, "event": None, "after": None, "limit": args.pending}
+            analyzed = conn.execute("EXPLAIN ANALYZE " + _first_page_sql(), every).fetchall()
+        print(f"all {args.pending:,} in one statement, in Postgres: {analyzed[-1][0]}")
         print("plan of the first page:")
         for (line,) in plan:
             print("  " + line)

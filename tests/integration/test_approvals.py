@@ -126,3 +126,18 @@ def test_the_cli_lists_approves_denies_and_adds_rules(
     rule = json.loads(out.stdout)["rule"]
     assert (rule["workflow"], rule["tool"]) == ("refund", "refund")
     assert [r.rule_id for r in client.rules()] == [rule["rule_id"]]
+
+
+def test_the_approvals_bench_lists_every_pending_request(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Keeps `python -m bench.approvals` alive (no timing asserted): its inbox holds exactly
+    # the pending requests, or main fails.
+    from bench.approvals import main
+    from tests.helpers.services import BASE_DB, BASE_REDIS
+
+    monkeypatch.setenv("CAIRN_DATABASE_URL", BASE_DB)
+    monkeypatch.setenv("CAIRN_REDIS_URL", BASE_REDIS)
+    assert main(["--runs", "400", "--pending", "30", "--reps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "all 30 pending, pages of 1,000" in out and "plan of the first page" in out
