@@ -787,10 +787,11 @@ MUTANTS = [
     ),
     Mutant(
         "M96",
-        "a decision sent to a run that no longer waits on it (timed out, cancelled)",
-        "store/sql/queries.sql",
-        "       AND c.run_id = a.run_id AND c.seq = a.seq AND c.status = 'waiting'",
-        "       AND c.run_id = a.run_id",
+        "a run leaving its wait (timed out, cancelled) does not close its request: it stays "
+        "listed, and a decision is sent to a run that no longer waits on it",
+        "store/sql/migrations/0022_approvals.sql",
+        "    FOR EACH ROW WHEN (OLD.status = 'waiting' AND (NEW.status <> 'waiting' OR NEW.seq <> OLD.seq))",
+        "    FOR EACH ROW WHEN (false)",
         (APPROVALS,),
     ),
 ]

@@ -357,9 +357,9 @@ WITH saved AS (
      WHERE workflow = %(workflow)s AND tool = %(tool)s
     HAVING count(*) > 0
 ), asked AS (
-    INSERT INTO approvals (run_id, seq, event, workflow, tool, request, decided_at)
+    INSERT INTO approvals (run_id, seq, event, workflow, tool, request, decided_at, pending)
     SELECT saved.run_id, %(seq)s, %(wait_event)s, %(workflow)s, %(tool)s, %(request)s,
-           CASE WHEN EXISTS (SELECT 1 FROM rule) THEN now() END
+           CASE WHEN EXISTS (SELECT 1 FROM rule) THEN now() END, NOT EXISTS (SELECT 1 FROM rule)
       FROM saved
     ON CONFLICT (run_id, seq) DO NOTHING
     RETURNING approval_id, decided_at
@@ -385,20 +385,12 @@ SELECT run_id, cancel_reason,
 a.approval_id, a.run_id, a.workflow, a.event, a.tool, a.request, a.created_at
 
 -- fragment: approvals_live
--- The inbox's rows: approvals nobody decided whose run still waits on them (a run that
--- timed out, was cancelled or was swept drops out). Each row's run and checkpoint are
--- read by primary key in a LATERAL that OFFSET 0 keeps from being flattened: the planner,
--- which cannot know how many undecided rows still wait, hash-joined every waiting
--- checkpoint instead (23 ms a page at 20k runs); this way a page walks approvals_pending
--- in order and stops at `limit` (bench/approvals.py). r is the run, for filters on what
--- the run carries.
+-- The inbox's rows: the pending approvals (undecided, their run still parked on them),
+-- read from approvals_pending (or _workflow) alone, in order, up to `limit`. What a list
+-- filters on is a column of the row, copied from the run at its save, as workflow is.
 SELECT {{approval_columns}}
   FROM approvals a
- CROSS JOIN LATERAL (
-       SELECT r.run_id FROM checkpoints c JOIN runs r USING (run_id)
-        WHERE c.run_id = a.run_id AND c.seq = a.seq AND c.status = 'waiting'
-       OFFSET 0) r
- WHERE a.decided_at IS NULL
+ WHERE a.pending
    AND (%(workflow)s::text IS NULL OR a.workflow = %(workflow)s)
    AND (%(event)s::text IS NULL OR a.event = %(event)s)
 
@@ -419,12 +411,9 @@ SELECT {{approval_columns}}
 -- name: approval
 -- One approval, its decision (the audit row) if it has one, and whether it still waits
 -- for one (undecided, its run parked on it).
-SELECT {{approval_columns}}, a.decided_at IS NOT NULL AS decided,
-       a.decided_at IS NULL AND coalesce(c.status = 'waiting' AND c.seq = a.seq, false)
-           AS waiting,
+SELECT {{approval_columns}}, a.pending AS waiting,
        d.decision, d.payload, d.decided_by, d.rule_id, d.decided_at
   FROM approvals a
-  LEFT JOIN checkpoints c ON c.run_id = a.run_id
   LEFT JOIN approval_decisions d ON d.approval_id = a.approval_id
  WHERE a.approval_id = %(approval_id)s;
 
@@ -434,10 +423,9 @@ SELECT {{approval_columns}}, a.decided_at IS NOT NULL AS decided,
 -- already, or whose run no longer waits on it, returns no row and nothing is written; of
 -- two racing decisions the second waits on the row lock, then finds it decided.
 WITH chosen AS (
-    UPDATE approvals a SET decided_at = now()
-      FROM checkpoints c
+    UPDATE approvals a SET decided_at = now(), pending = false
      WHERE a.approval_id = %(approval_id)s AND a.decided_at IS NULL
-       AND c.run_id = a.run_id AND c.seq = a.seq AND c.status = 'waiting'
+       AND a.pending
     RETURNING a.approval_id, a.run_id, a.event, a.workflow, a.tool
 ), audit AS (
     INSERT INTO approval_decisions (approval_id, run_id, workflow, tool, decision, payload,
