@@ -779,9 +779,9 @@ MUTANTS = [
     ),
     Mutant(
         "M95",
-        "a decision without the undecided guard: a second (or racing) decision is sent too",
+        "a decision without the pending guard: a second (or racing) decision is sent too",
         "store/sql/queries.sql",
-        "     WHERE a.approval_id = %(approval_id)s AND a.decided_at IS NULL",
+        "     WHERE a.approval_id = %(approval_id)s AND a.pending",
         "     WHERE a.approval_id = %(approval_id)s",
         (APPROVALS,),
     ),
