@@ -421,8 +421,8 @@ SELECT {{approval_columns}}, a.pending AS waiting,
 -- A decision: the approval marked decided, the audit row and the signal its run waits on,
 -- in one statement (one transaction). The guard is the UPDATE: an approval decided
 -- already, or whose run no longer waits on it (pending false), returns no row and nothing
--- is written; of
--- two racing decisions the second waits on the row lock, then finds it decided.
+-- is written; of two racing decisions the second waits on the row lock, then finds it
+-- decided.
 WITH chosen AS (
     UPDATE approvals a SET decided_at = now(), pending = false
      WHERE a.approval_id = %(approval_id)s AND a.pending
