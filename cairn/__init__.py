@@ -22,6 +22,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cairn.core.errors import (
+    AlreadyDecided,
+    ApprovalGone,
     BudgetExceeded,
     CairnError,
     CallFailed,
@@ -40,6 +42,7 @@ from cairn.core.errors import (
     StepStopped,
     StoreUnavailable,
     Transient,
+    UnknownApproval,
     UnknownRun,
     UnknownWorkflow,
     WaitTimedOut,
@@ -70,6 +73,9 @@ _LAZY = {
     "Run": "cairn.core.records",
     "StepRecord": "cairn.core.records",
     "CallRecord": "cairn.core.records",
+    "Approval": "cairn.core.records",
+    "Decision": "cairn.core.records",
+    "Rule": "cairn.core.records",
     "RunStatus": "cairn.core.status",
     "Settings": "cairn.core.settings",
     "Middleware": "cairn.workers.middleware",
@@ -81,7 +87,7 @@ _LAZY = {
 if TYPE_CHECKING:
     from cairn.client import AsyncClient, Client
     from cairn.core.events import Event
-    from cairn.core.records import CallRecord, Run, StepRecord
+    from cairn.core.records import Approval, CallRecord, Decision, Rule, Run, StepRecord
     from cairn.core.settings import Settings
     from cairn.core.status import RunStatus
     from cairn.steps.context import Context, current
@@ -110,6 +116,9 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "DONE",
+    "AlreadyDecided",
+    "Approval",
+    "ApprovalGone",
     "AsyncClient",
     "BudgetExceeded",
     "CairnError",
@@ -120,6 +129,7 @@ __all__ = [
     "Child",
     "Client",
     "Context",
+    "Decision",
     "Event",
     "EventRefused",
     "InvalidInput",
@@ -131,6 +141,7 @@ __all__ = [
     "MultipleEffects",
     "OutcomeUnknown",
     "Retry",
+    "Rule",
     "Run",
     "RunEnded",
     "RunIdConflict",
@@ -144,6 +155,7 @@ __all__ = [
     "StepStopped",
     "StoreUnavailable",
     "Transient",
+    "UnknownApproval",
     "UnknownRun",
     "UnknownSchedule",
     "UnknownWorkflow",

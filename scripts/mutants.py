@@ -68,6 +68,8 @@ WAITS = "tests/integration/test_wait_many.py"
 DEBOUNCE = "tests/contract/test_store_contract.py"
 DEBOUNCE_FLEET = "tests/fleet/test_debounce.py"
 BUDGETS = "tests/integration/test_budgets.py"
+APPROVALS = "tests/contract/test_approvals.py"
+TENANT_APPROVALS = "test_a_tenant_sees_and_decides_its_own_approvals_only_and_its_rules_are_its_own"
 
 MUTANTS = [
     Mutant(
@@ -845,6 +847,14 @@ MUTANTS = [
         (f"{PAI}::test_a_steer_message_reaches_the_agent_s_next_request_once_across_a_kill",),
     ),
     Mutant(
+        "M102",
+        "a tenant's approvals inbox lists every tenant's approvals",
+        "store/sql/queries.sql",
+        "   AND (%(tenant)s::text IS NULL OR a.tenant = %(tenant)s)\n\n-- name: approvals_newest",
+        "\n-- name: approvals_newest",
+        (f"{APPROVALS}::{TENANT_APPROVALS}",),
+    ),
+    Mutant(
         "M97",
         "a journal record written again by its own writer (a retry whose first try committed) "
         "adds the call's cost to its budgets again: spend counted twice for one record",
@@ -861,6 +871,23 @@ MUTANTS = [
         "    SELECT scope FROM budgets WHERE scope = ANY(%(budgets)s) ORDER BY scope FOR UPDATE",
         "    SELECT scope FROM budgets WHERE scope = ANY(%(budgets)s) ORDER BY scope",
         (f"{BUDGETS}::test_runs_of_a_tree_checking_at_once_never_pass_its_limit",),
+    ),
+    Mutant(
+        "M95",
+        "a decision without the pending guard: a second (or racing) decision is sent too",
+        "store/sql/queries.sql",
+        "     WHERE a.approval_id = %(approval_id)s AND a.pending",
+        "     WHERE a.approval_id = %(approval_id)s",
+        (APPROVALS,),
+    ),
+    Mutant(
+        "M96",
+        "a run leaving its wait (timed out, cancelled) does not close its request: it stays "
+        "listed, and a decision is sent to a run that no longer waits on it",
+        "store/sql/migrations/0022_approvals.sql",
+        "    FOR EACH ROW WHEN (OLD.status = 'waiting' AND (NEW.status <> 'waiting' OR NEW.seq <> OLD.seq))",
+        "    FOR EACH ROW WHEN (false)",
+        (APPROVALS,),
     ),
 ]
 

@@ -92,16 +92,28 @@ class StepResult:
         on_timeout: str | None = None,
         state: Mapping[str, Any] | None = None,
         window: list[dict[str, Any]] | None = None,
+        request: Mapping[str, Any] | None = None,
     ) -> StepResult:
         """Park the run until a signal of `event` arrives; then the step `cursor` runs and
         finds it in ctx.signal. No worker holds a waiting run. With timeout (seconds), the
         run goes on at on_timeout (default: cursor, with ctx.signal None) if no signal
-        came first. A signal sent before the run waits is kept for it."""
+        came first. A signal sent before the run waits is kept for it.
+
+        With request (JSON: {"tool": name, "args": {...}, "prompt": "..."}, any keys) the
+        wait is an approval: listed across runs (Client.approvals, GET /approvals, the
+        approvals page) until someone decides it (Client.decide), whose signal is
+        {"decision": "approve" | "deny" | "edit", "args": ..., "approval_id": ...}; a
+        standing rule for its workflow and tool approves it as the run saves."""
         return cls(
             cursor=cursor,
             state=state or {},
             window=window,
-            waits_for=Wait(event=event, timeout=timeout, on_timeout=on_timeout or cursor),
+            waits_for=Wait(
+                event=event,
+                timeout=timeout,
+                on_timeout=on_timeout or cursor,
+                request=_request(request),
+            ),
         )
 
     @classmethod
@@ -145,6 +157,18 @@ class StepResult:
             ),
             spawns=Spawn(kids, need),
         )
+
+
+def _request(request: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """An approval's request as the wait stores it; a mistake is the step's error."""
+    if request is None:
+        return None
+    if not isinstance(request, Mapping):
+        raise TypeError(f"wait request= wants a dict, got {type(request).__name__}")
+    tool = request.get("tool")
+    if tool is not None and not (isinstance(tool, str) and 0 < len(tool) <= 200):
+        raise ValueError(f"wait request: 'tool' is a name of 1-200 characters, not {tool!r:.50}")
+    return dict(request)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -30,6 +30,7 @@ from cairn.core.records import (
     budget_scope,
 )
 from cairn.core.status import TERMINAL, RunStatus
+from cairn.store.approvals import ApprovalStore
 from cairn.store.db import Database, outage, translated
 from cairn.store.rows import (
     FOLD_AT,
@@ -172,6 +173,10 @@ class PgStore:
     def schedule_store(self) -> ScheduleStore:
         """The schedules table on this database."""
         return ScheduleStore(self.db)
+
+    def approval_store(self) -> ApprovalStore:
+        """The approvals, their audit and the standing rules on this database."""
+        return ApprovalStore(self.db)
 
     def replay(
         self,

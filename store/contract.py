@@ -26,11 +26,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from cairn.core.cuts import Cut
     from cairn.core.records import (
+        Approval,
+        ApprovalFilter,
         Attempt,
         Budget,
         Call,
         Checkpoint,
         Recorded,
+        Rule,
         Run,
         RunFilter,
         Saved,
@@ -324,6 +327,9 @@ class AdminStore(Protocol):
     def schedule_store(self) -> Schedules:
         """The schedules kept beside these runs (a fired tick's runs are created here)."""
 
+    def approval_store(self) -> Approvals:
+        """The approvals of these runs (a save that waits with a request writes one)."""
+
 
 class Maintenance(Protocol):
     """The reaper's and the sweep's: runs that look abandoned, and old ones to delete."""
@@ -364,6 +370,44 @@ class Maintenance(Protocol):
 class CheckpointStore(RunStore, AdminStore, Maintenance, Protocol):
     """A whole backend: what PgStore and MemoryStore are, and what a worker's loop, its
     reaper and a Client are given."""
+
+
+class Approvals(Protocol):
+    """The approvals inbox: what the runs waiting on a person ask (written by the save
+    that parks each), decided once, each decision with its audit row; and the standing
+    rules that decide a request as its run saves the wait."""
+
+    def list_approvals(self, which: ApprovalFilter) -> list[Approval]:
+        """A page of the undecided approvals whose run still waits on them (which.tenant:
+        of that tenant's runs only)."""
+
+    def get(self, approval_id: int, tenant: str | None = None) -> Approval | None:
+        """The approval with its decision, or None (tenant: another tenant's is None)."""
+
+    def decide(
+        self,
+        approval_id: int,
+        decision: str,
+        payload: dict[str, Any],
+        decided_by: str,
+        traceparent: str | None = None,
+        tenant: str | None = None,
+    ) -> str:
+        """Decide it and send its run the signal (payload) with the audit row, at once;
+        the run's id. Raises UnknownApproval (another tenant's too), AlreadyDecided or
+        ApprovalGone."""
+
+    def add_rule(
+        self, workflow: str, tool: str, created_by: str, tenant: str | None = None
+    ) -> tuple[Rule, bool]:
+        """A standing rule (the same workflow, tool and tenant twice is one; tenant: for
+        that tenant's runs only); whether it is new."""
+
+    def rules(self, tenant: str | None = None) -> list[Rule]:
+        """Every standing rule (tenant: its own), oldest first."""
+
+    def remove_rule(self, rule_id: int, tenant: str | None = None) -> bool:
+        """Delete it (tenant: only its own); False if there was none."""
 
 
 class Schedules(Protocol):

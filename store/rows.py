@@ -302,6 +302,12 @@ def save_params(
         query = QUERIES["save"]
         params["first_idx"] = first_idx
         params["messages"] = Jsonb([sealing.seal(m) for m in messages])
+    if wait is not None and wait.request is not None:
+        query = QUERIES["save_approval"]  # a step waits, or spawns: never both
+        params["first_idx"] = first_idx
+        params["messages"] = Jsonb([sealing.seal(m) for m in messages])
+        params["workflow"], params["tool"] = cp.workflow, wait.request.get("tool")
+        params["request"] = sealed(dict(wait.request))
     if spawn is not None:
         query = QUERIES["save_spawn"]
         params["children"] = Jsonb(

@@ -30,6 +30,8 @@ PAYLOADS: tuple[tuple[str, str, str], ...] = (
     ("steer_messages", "message", "true"),
     ("agent_session_items", "item", "true"),
     ("schedules", "input", "true"),
+    ("approvals", "request", "true"),
+    ("approval_decisions", "payload", "true"),
 )
 
 

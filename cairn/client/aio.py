@@ -201,6 +201,12 @@ class AsyncClient:
     pause_schedule = _threaded(Client.pause_schedule)
     resume_schedule = _threaded(Client.resume_schedule)
     remove_schedule = _threaded(Client.remove_schedule)
+    approvals = _threaded(Client.approvals)
+    approval = _threaded(Client.approval)
+    decide = _threaded(Client.decide)
+    add_rule = _threaded(Client.add_rule)
+    rules = _threaded(Client.rules)
+    remove_rule = _threaded(Client.remove_rule)
 
     async def wait(self, run_id: str, timeout: float | None = 60.0) -> Run:
         """Client.wait for asyncio: the run once stopped or waiting for a signal, woken by

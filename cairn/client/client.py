@@ -34,7 +34,17 @@ from cairn.client.sender import Sender, no_broker
 from cairn.core import tracing
 from cairn.core.errors import CairnError, InvalidInput, RunEnded, RunIdConflict, UnknownRun
 from cairn.core.inputs import TENANT_KEY, check_input, check_run_id, check_tenant
-from cairn.core.records import Budget, CallRecord, Run, RunFilter, StepRecord
+from cairn.core.records import (
+    DECISIONS,
+    Approval,
+    ApprovalFilter,
+    Budget,
+    CallRecord,
+    Rule,
+    Run,
+    RunFilter,
+    StepRecord,
+)
 from cairn.core.settings import Settings
 from cairn.core.status import CANCEL_REASON, STOPPED, RunStatus
 from cairn.store.checkpoints import PgStore
@@ -671,3 +681,78 @@ class Client:
     def remove_schedule(self, name: str) -> bool:
         """Delete the schedule (its runs stay); False if there was none."""
         return self.store.schedule_store().remove(name)
+
+    # -- approvals -----------------------------------------------------------------------
+    def approvals(
+        self,
+        *,
+        workflow: str | None = None,
+        name: str | None = None,
+        limit: int = 50,
+        after: int | None = None,
+        oldest_first: bool = False,
+    ) -> builtins.list[Approval]:
+        """The runs waiting on a person across runs (StepResult.wait with request=, the
+        integrations' tool approvals), newest first (or oldest): each Approval says what it
+        asks. Filter by workflow and by the wait's event name; `after`: the last approval
+        id of the previous page."""
+        if not 1 <= limit <= 1000:
+            raise InvalidInput(f"limit={limit}: give 1 to 1000")
+        which = ApprovalFilter(workflow, name, limit, after, oldest_first, self.tenant)
+        return self.store.approval_store().list_approvals(which)
+
+    def approval(self, approval_id: int) -> Approval | None:
+        """One approval, with its decision (who, what, when) once decided; None if none
+        (or one of another tenant's runs)."""
+        return self.store.approval_store().get(approval_id, self.tenant)
+
+    def decide(
+        self,
+        approval_id: int,
+        decision: str,
+        *,
+        args: dict[str, Any] | None = None,
+        note: str | None = None,
+        by: str = "admin",
+    ) -> Approval:
+        """Decide an approval: "approve", "deny", or "edit" (approve with args, the edited
+        arguments). Its run gets the signal it waits on, {"decision", "args", "note",
+        "approval_id", "by"}, stored in one transaction with the audit row (by: who
+        decided). Returns the approval as decided. A request is decided once: raises
+        AlreadyDecided for a second decision, ApprovalGone when its run no longer waits,
+        UnknownApproval."""
+        if decision not in DECISIONS:
+            raise InvalidInput(f"decision {decision!r}: one of {', '.join(DECISIONS)}")
+        if (decision == "edit") != (args is not None):
+            raise InvalidInput("an edit gives the edited args (a dict); approve and deny none")
+        if args is not None and not isinstance(args, dict):
+            raise InvalidInput(f"args: a dict of the tool's arguments, not {type(args).__name__}")
+        payload = {"decision": decision, "args": args, "note": note,
+                   "approval_id": approval_id, "by": by}  # fmt: skip
+        check_input(payload, self.settings.max_input_bytes)
+        store = self.store.approval_store()
+        with tracing.spanning("cairn.decide", approval_id=approval_id) as trace:
+            run_id = store.decide(approval_id, decision, payload, by, trace, self.tenant)
+        self.send(run_id)  # the run waits on it: wake it
+        decided = store.get(approval_id, self.tenant)
+        assert decided is not None
+        return decided
+
+    def add_rule(self, workflow: str, tool: str, *, by: str = "admin") -> Rule:
+        """A standing rule: from now on a request of workflow for tool is approved as its
+        run saves the wait (the run does not park; the audit row names the rule). The same
+        workflow and tool twice is one rule. A tenant's Client makes a rule for its
+        tenant's runs only; one with no tenant, for every run."""
+        for what, value in (("workflow", workflow), ("tool", tool)):
+            if not isinstance(value, str) or not 0 < len(value) <= 200:
+                raise InvalidInput(f"{what} {value!r}: a name of 1-200 characters")
+        return self.store.approval_store().add_rule(workflow, tool, by, self.tenant)[0]
+
+    def rules(self) -> builtins.list[Rule]:
+        """Every standing rule (a tenant's Client: its tenant's), oldest first."""
+        return self.store.approval_store().rules(self.tenant)
+
+    def remove_rule(self, rule_id: int) -> bool:
+        """Delete a standing rule (a tenant's Client: only its own); False if there was
+        none."""
+        return self.store.approval_store().remove_rule(rule_id, self.tenant)

@@ -28,6 +28,7 @@ import contextlib
 import copy
 import functools
 import inspect
+import json
 import re
 import threading
 import weakref
@@ -373,7 +374,9 @@ def graph_workflow(
     run's progress. A run killed mid-graph goes on from the last checkpoint (the nodes it
     finished are not run again). When a node calls interrupt(), the run waits for the
     signal "resume" holding no worker, with the interrupts in state["interrupts"]; the
-    signal's payload is the resume value (Command(resume=payload)). When the graph ends,
+    signal's payload is the resume value (Command(resume=payload)). The interrupts are in
+    the approvals inbox (Client.approvals): a decision there (Client.decide) resumes the
+    graph with {"decision", "args", "note", "approval_id", "by"}. When the graph ends,
     state["output"] is its final state as JSON.
     """
     saver = getattr(graph, "checkpointer", None)
@@ -419,11 +422,33 @@ def graph_workflow(
             pending = [
                 {"id": i.id, "value": to_jsonable_python(i.value, fallback=str)} for i in waiting
             ]
-            return StepResult.wait(RESUME, cursor="graph", state={"interrupts": pending})
+            return StepResult.wait(
+                RESUME, cursor="graph", state={"interrupts": pending}, request=_request(pending)
+            )
         done = to_jsonable_python(output, fallback=str)
         return StepResult(cursor=DONE, state={"output": done, "interrupts": None})
 
     return flow
+
+
+def _request(pending: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the run asks the approvals inbox: the first interrupt's value read as Agent
+    Inbox's HumanInterrupt ({"action_request": {"action", "args"}, "description"}), or as
+    {"tool", "args", "prompt"}, else as the prompt; and every interrupt."""
+    value = pending[0]["value"]
+    asked: dict[str, Any] = {"interrupts": pending}
+    if isinstance(value, dict):
+        action = value.get("action_request")
+        if isinstance(action, dict):
+            asked.update(tool=action.get("action"), args=action.get("args"))
+            asked["prompt"] = value.get("description")
+        else:
+            asked.update({k: value[k] for k in ("tool", "args", "prompt") if k in value})
+    else:
+        asked["prompt"] = value if isinstance(value, str) else json.dumps(value)
+    if not isinstance(asked.get("tool"), str) or not asked["tool"]:
+        asked.pop("tool", None)  # a request's tool is a name, or none
+    return asked
 
 
 # Its name until 0.1: `cairn.workflow` is the step API's; this one registers a graph.

@@ -63,6 +63,7 @@ except ImportError as exc:  # the optional extra is missing
     ) from exc
 
 from cairn.core.errors import CairnError, InvalidInput, ModelUnavailable
+from cairn.core.records import decision_in
 from cairn.steps.context import Context, current
 from cairn.steps.model import ModelClient, cost_of
 from cairn.steps.modelcalls import model_client
@@ -349,6 +350,39 @@ def _validated(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def _request(pending: dict[str, Any]) -> dict[str, Any] | None:
+    """What the run asks the approvals inbox: the tool calls waiting for approval (the
+    first one's tool and args, and all of them); None when only external calls wait."""
+    calls = [
+        {"tool_call_id": c.get("tool_call_id"), "tool": c.get("tool_name"), "args": c.get("args")}
+        for c in pending.get("approvals") or []
+    ]
+    if not calls:
+        return None
+    first = calls[0]
+    names = ", ".join(sorted({str(c["tool"]) for c in calls}))
+    return {"tool": first["tool"], "args": first["args"], "calls": calls,
+            "prompt": f"The agent asks to call {names}"}  # fmt: skip
+
+
+def _decided(payload: Any, pending: dict[str, Any]) -> Any:
+    """An inbox decision (Client.decide) as the approval payload below: the one decision
+    for each call waiting for approval, an edit's args as the first call's override."""
+    found = decision_in(payload)
+    if found is None:
+        return payload
+    if pending.get("calls"):
+        raise ValueError("external calls wait for their results: an inbox decision has none")
+    decision, args = found
+    out: dict[str, Any] = {}
+    for n, call in enumerate(pending.get("approvals") or []):
+        verdict: Any = decision != "deny"
+        if decision == "edit" and n == 0:
+            verdict = {"kind": "tool-approved", "override_args": args}
+        out[call["tool_call_id"]] = verdict
+    return {"approvals": out}
+
+
 def _results(payload: Any) -> DeferredToolResults:
     """The approval signal's payload: {"approvals": {tool_call_id: true | false}, "calls":
     {tool_call_id: result}}, as pydantic-ai's DeferredToolResults."""
@@ -380,7 +414,9 @@ def agent_workflow(
     tools with requires_approval=True, or raising CallDeferred), the run waits for the
     signal "approval" holding no worker, with the pending calls in state["pending"]; the
     signal's payload {"approvals": {tool_call_id: true|false}, "calls": {id: result}}
-    resumes it. deps(ctx): the agent's deps for this step, if it takes any.
+    resumes it. Calls waiting for approval are in the approvals inbox (Client.approvals),
+    whose decision (Client.decide) is one for them all, an edit's args the first call's.
+    deps(ctx): the agent's deps for this step, if it takes any.
     """
     if CairnDurability.from_agent(agent) is None:
         raise CairnError(
@@ -398,10 +434,13 @@ def agent_workflow(
         pending = ctx.state.get("pending")
         if pending is not None:
             try:
-                deferred = _results(ctx.signal)
+                deferred = _results(_decided(ctx.signal, pending))
             except ValueError as exc:  # a bad signal loses nothing: wait for a good one
                 return StepResult.wait(
-                    APPROVAL, cursor="agent", state={"pending": pending, "rejected": str(exc)}
+                    APPROVAL,
+                    cursor="agent",
+                    state={"pending": pending, "rejected": str(exc)},
+                    request=_request(pending),
                 )
         elif not history:
             prompt = ctx.input["prompt"]
@@ -414,15 +453,13 @@ def agent_workflow(
         window = [*ctx.window, *_dump(result.all_messages()[len(history) :])]
         usage = _usage(ctx.state.get("usage"), result.usage)
         if isinstance(result.output, DeferredToolRequests):
+            asked = _REQUESTS.dump_python(result.output, mode="json")
             return StepResult.wait(
                 APPROVAL,
                 cursor="agent",
-                state={
-                    "pending": _REQUESTS.dump_python(result.output, mode="json"),
-                    "rejected": None,
-                    "usage": usage,
-                },
+                state={"pending": asked, "rejected": None, "usage": usage},
                 window=window,
+                request=_request(asked),
             )
         output = to_jsonable_python(result.output)
         return StepResult(

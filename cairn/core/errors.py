@@ -153,6 +153,20 @@ class RunEnded(CairnError):
     step would read the message."""
 
 
+class UnknownApproval(CairnError):
+    """No approval with that id exists."""
+
+
+class AlreadyDecided(CairnError):
+    """Client.decide of an approval someone (or a standing rule) decided already: a
+    request is decided once."""
+
+
+class ApprovalGone(CairnError):
+    """Client.decide of an approval its run no longer waits on (its wait timed out, or
+    the run was cancelled): no step would read the decision."""
+
+
 class WindowTooLarge(CairnError):
     """The model window is still over the size limit after compaction."""
 

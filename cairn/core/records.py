@@ -16,11 +16,14 @@ from cairn.core.status import RunStatus
 class Wait:
     """A run parked until a signal of `event` arrives (or `timeout` seconds pass, and then
     it goes on at `on_timeout`). Stored with the checkpoint: no worker holds the run.
-    event None: a sleep, which only its timeout ends (StepResult(sleep=...))."""
+    event None: a sleep, which only its timeout ends (StepResult(sleep=...)). request: what
+    the wait asks a person (an approval: {"tool", "args", "prompt", ...}), listed across
+    runs by Client.approvals() and answered by Client.decide()."""
 
     event: str | None
     timeout: float | None = None
     on_timeout: str | None = None
+    request: Mapping[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,3 +340,107 @@ class Attempt:
     effect_key: str | None = None
     signal_id: str | None = None  # the signal the step received (consumed by the save)
     code_version: str | None = None  # the worker's (CAIRN_CODE_VERSION)
+
+
+DECISIONS = ("approve", "deny", "edit")
+
+
+def decision_in(payload: Any) -> tuple[str, dict[str, Any] | None] | None:
+    """A signal's payload as Client.decide sends it: (approve | deny | edit, an edit's
+    args); None for any other payload (the integrations take their own shapes too)."""
+    if not isinstance(payload, dict) or "approval_id" not in payload:
+        return None
+    decision, args = payload.get("decision"), payload.get("args")
+    if decision not in DECISIONS:
+        return None
+    return decision, args if isinstance(args, dict) else None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Decision:
+    """An approval's decision, as its audit row keeps it: approve, deny or edit (approve
+    with edited arguments); the signal's payload sent to the run; who decided (a token's
+    identity, 'admin', or 'rule N' for a standing rule, then rule_id); when."""
+
+    decision: str
+    payload: Mapping[str, Any]
+    decided_by: str
+    decided_at: dt.datetime
+    rule_id: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Approval:
+    """A run waiting on a person (StepResult.wait with request=): what it asks (request:
+    {"tool", "args", "prompt", ...}), the event its decision is sent as, and, once
+    decided, the decision. waiting: undecided, its run parked on it (False: decided, or
+    the run timed out, was cancelled)."""
+
+    approval_id: int
+    run_id: str
+    workflow: str
+    event: str
+    tool: str | None
+    request: Mapping[str, Any]
+    created_at: dt.datetime
+    waiting: bool = True
+    decision: Decision | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Approval:
+        decision = None
+        if row.get("decision") is not None:
+            decision = Decision(
+                decision=row["decision"],
+                payload=row["payload"],
+                decided_by=row["decided_by"],
+                decided_at=row["decided_at"],
+                rule_id=row["rule_id"],
+            )
+        return cls(
+            approval_id=int(row["approval_id"]),
+            run_id=row["run_id"],
+            workflow=row["workflow"],
+            event=row["event"],
+            tool=row["tool"],
+            request=row["request"],
+            created_at=row["created_at"],
+            waiting=bool(row.get("waiting", True)),
+            decision=decision,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["created_at"] = self.created_at.isoformat()
+        if self.decision is not None:
+            out["decision"]["decided_at"] = self.decision.decided_at.isoformat()
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ApprovalFilter:
+    """Which approvals a list shows (Client.approvals): those still waiting, of a workflow
+    and a wait's event name, `limit` at a time, newest first (or oldest); `after`: the
+    last approval id of the previous page (keyset paging)."""
+
+    workflow: str | None = None
+    name: str | None = None
+    limit: int = 50
+    after: int | None = None
+    oldest_first: bool = False
+    tenant: str | None = None  # that tenant's runs' only (None: every run's)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Rule:
+    """A standing rule: a request of this workflow for this tool is approved as its run
+    saves the wait, nobody asked (the audit row names the rule)."""
+
+    rule_id: int
+    workflow: str
+    tool: str
+    created_by: str
+    created_at: dt.datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "created_at": self.created_at.isoformat()}

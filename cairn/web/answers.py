@@ -168,6 +168,40 @@ class Budget(Answer):
     reserved_tokens: int
 
 
+class Decision(Answer):
+    """An approval's decision, as its audit row keeps it."""
+
+    decision: Literal["approve", "deny", "edit"]
+    payload: JSONObject = Field(
+        description="The signal its run got: decision, args (an edit's), note, approval_id, "
+        "by (a rule's: rule_id)."
+    )
+    decided_by: str = Field(description="Who: the token's identity, 'admin', or 'rule N'.")
+    decided_at: DateTime
+    rule_id: int | None = Field(description="The standing rule that decided it, if one did.")
+
+
+class Approval(Answer):
+    """A run waiting on a person: what it asks (request: tool, args, prompt, ...)."""
+
+    approval_id: int
+    run_id: str
+    workflow: str
+    event: str = Field(description="The wait's event name: the decision is sent as it.")
+    tool: str | None
+    request: JSONObject
+    created_at: DateTime
+    waiting: bool = Field(description="Undecided, its run parked on it.")
+    decision: Decision | None
+
+
+class ApprovalPage(Answer):
+    """A page of the approvals still waiting, newest (or oldest) first."""
+
+    approvals: list[Approval]
+    next_cursor: int | None = Field(description="Pass as cursor for the next page; null: the last.")
+
+
 class Counts(RootModel[dict[RunStatus, int]]):
     """How many runs are in each status (a status with none: absent)."""
 

@@ -21,12 +21,15 @@ from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Match
 
 from cairn.core.errors import (
+    AlreadyDecided,
+    ApprovalGone,
     CairnError,
     InvalidInput,
     RunEnded,
     RunIdConflict,
     RunNotStopped,
     Transient,
+    UnknownApproval,
     UnknownRun,
     UnknownWorkflow,
 )
@@ -34,6 +37,9 @@ from cairn.core.errors import (
 # The first kind an error is decides its status; any other CairnError is a 400.
 _ERROR_STATUS: list[tuple[type[CairnError], int]] = [
     (UnknownRun, 404),
+    (UnknownApproval, 404),
+    (AlreadyDecided, 409),
+    (ApprovalGone, 409),
     (RunIdConflict, 409),
     (RunNotStopped, 409),
     (RunEnded, 409),

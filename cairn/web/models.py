@@ -240,6 +240,17 @@ class NewSteer(BaseModel):
     )
 
 
+class NewDecision(BaseModel):
+    """A decision on an approval: approve, deny, or edit (approve with edited args)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    decision: Literal["approve", "deny", "edit"]
+    args: dict[str, Any] | None = Field(
+        default=None, description="An edit's arguments for the tool (only with edit)."
+    )
+    note: str | None = Field(default=None, max_length=2000, pattern=NO_NUL)
+
+
 class NewSchedule(BaseModel):
     """A workflow started on a clock: a cron expression (UTC) or every N seconds."""
 

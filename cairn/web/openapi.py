@@ -65,6 +65,10 @@ def request_examples(workflow: str) -> dict[tuple[str, str], dict[str, Any]]:
         },
         ("post", "/runs/{run_id}/steer"): {"message": "Also check the invoice date."},
         ("post", "/runs/{run_id}/budget"): {"usd": 5.0},
+        ("post", "/approvals/{approval_id}/decision"): {
+            "decision": "approve",
+            "note": "checked the invoice",
+        },
     }
 
 

@@ -196,12 +196,16 @@ c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_start,
 -- (Statements of one query share a snapshot, so the signal consumed in this statement
 -- is excluded by hand.)
 SELECT run_id, cancel_reason,
-       %(wait_event)s::text IS NOT NULL AND EXISTS (
+       %(wait_event)s::text IS NOT NULL AND {{signal_came_first}} AS signalled
+  FROM saved
+
+-- fragment: signal_came_first
+-- A signal of the awaited event is there, other than the one this save consumed.
+EXISTS (
            SELECT 1 FROM signals s
             WHERE s.run_id = saved.run_id AND s.event = %(wait_event)s
               AND s.consumed_seq IS NULL AND s.signal_id IS DISTINCT FROM %(consumed)s
-       ) AS signalled
-  FROM saved
+       )
 
 -- fragment: save_window_history_signal
 -- The save's parts after the upsert, each joined on the row it returned: the window's new
@@ -357,6 +361,129 @@ SELECT n, message FROM steer_messages
         WHERE j.run_id = %(run_id)s AND j.name = 'cairn.messages'
           AND jsonb_typeof(j.result) = 'array')
  ORDER BY n;
+
+-- name: save_approval
+-- `save` for a step whose wait asks for an approval (StepResult.wait with request=): the
+-- request's row joins on the row the guarded upsert returned, so it exists exactly when
+-- the save does. A standing rule for its workflow and tool decides it in this statement
+-- (the audit row names the rule, the signal is stored): the save answers signalled and
+-- the run goes on at once, nobody asked.
+WITH saved AS (
+{{save_upsert}}
+{{save_window_history_signal}}
+), owner AS (
+    SELECT tenant FROM runs WHERE run_id = %(run_id)s
+), rule AS (
+    SELECT min(rule_id) AS rule_id FROM approval_rules
+     WHERE workflow = %(workflow)s AND tool = %(tool)s
+       AND (tenant IS NULL OR tenant = (SELECT tenant FROM owner))
+    HAVING count(*) > 0
+), asked AS (
+    INSERT INTO approvals (run_id, seq, event, workflow, tool, request, decided_at, pending,
+                           tenant)
+    SELECT saved.run_id, %(seq)s, %(wait_event)s, %(workflow)s, %(tool)s, %(request)s,
+           CASE WHEN EXISTS (SELECT 1 FROM rule) THEN now() END, NOT EXISTS (SELECT 1 FROM rule),
+           (SELECT tenant FROM owner)
+      FROM saved
+    ON CONFLICT (run_id, seq) DO NOTHING
+    RETURNING approval_id, decided_at
+), ruled AS (
+    INSERT INTO approval_decisions (approval_id, run_id, workflow, tool, decision, payload,
+                                    decided_by, rule_id)
+    SELECT asked.approval_id, %(run_id)s, %(workflow)s, %(tool)s, 'approve',
+           jsonb_build_object('decision', 'approve', 'args', NULL, 'approval_id',
+                              asked.approval_id, 'rule_id', rule.rule_id),
+           'rule ' || rule.rule_id, rule.rule_id
+      FROM asked, rule
+    RETURNING approval_id, rule_id, payload
+), ruled_signal AS (
+    INSERT INTO signals (run_id, signal_id, event, payload)
+    SELECT %(run_id)s, 'approval-' || approval_id, %(wait_event)s, payload FROM ruled
+    ON CONFLICT (run_id, signal_id) DO NOTHING
+)
+SELECT run_id, cancel_reason,
+       EXISTS (SELECT 1 FROM ruled) OR {{signal_came_first}} AS signalled
+  FROM saved;
+
+-- fragment: approval_columns
+a.approval_id, a.run_id, a.workflow, a.event, a.tool, a.request, a.created_at
+
+-- fragment: approvals_live
+-- The inbox's rows: the pending approvals (undecided, their run still parked on them),
+-- read from approvals_pending (or _workflow) alone, in order, up to `limit`. What a list
+-- filters on is a column of the row, copied from the run at its save, as workflow is.
+SELECT {{approval_columns}}
+  FROM approvals a
+ WHERE a.pending
+   AND (%(workflow)s::text IS NULL OR a.workflow = %(workflow)s)
+   AND (%(event)s::text IS NULL OR a.event = %(event)s)
+   AND (%(tenant)s::text IS NULL OR a.tenant = %(tenant)s)
+
+-- name: approvals_newest
+-- The inbox newest first, keyset-paged on approval_id (`after`: the previous page's last).
+{{approvals_live}}
+   AND (%(after)s::bigint IS NULL OR a.approval_id < %(after)s)
+ ORDER BY a.approval_id DESC
+ LIMIT %(limit)s;
+
+-- name: approvals_oldest
+-- approvals_newest, oldest first (the queue a team works through).
+{{approvals_live}}
+   AND (%(after)s::bigint IS NULL OR a.approval_id > %(after)s)
+ ORDER BY a.approval_id
+ LIMIT %(limit)s;
+
+-- name: approval
+-- One approval, its decision (the audit row) if it has one, and whether it still waits
+-- for one (undecided, its run parked on it).
+SELECT {{approval_columns}}, a.pending AS waiting,
+       d.decision, d.payload, d.decided_by, d.rule_id, d.decided_at
+  FROM approvals a
+  LEFT JOIN approval_decisions d ON d.approval_id = a.approval_id
+ WHERE a.approval_id = %(approval_id)s
+   AND (%(tenant)s::text IS NULL OR a.tenant = %(tenant)s);
+
+-- name: decide
+-- A decision: the approval marked decided, the audit row and the signal its run waits on,
+-- in one statement (one transaction). The guard is the UPDATE: an approval decided
+-- already, or whose run no longer waits on it (pending false), returns no row and nothing
+-- is written; of two racing decisions the second waits on the row lock, then finds it
+-- decided.
+WITH chosen AS (
+    UPDATE approvals a SET decided_at = now(), pending = false
+     WHERE a.approval_id = %(approval_id)s AND a.pending
+       AND (%(tenant)s::text IS NULL OR a.tenant = %(tenant)s)
+    RETURNING a.approval_id, a.run_id, a.event, a.workflow, a.tool
+), audit AS (
+    INSERT INTO approval_decisions (approval_id, run_id, workflow, tool, decision, payload,
+                                    decided_by)
+    SELECT approval_id, run_id, workflow, tool, %(decision)s, %(payload)s, %(decided_by)s
+      FROM chosen
+), sent AS (
+    INSERT INTO signals (run_id, signal_id, event, payload, traceparent)
+    SELECT run_id, 'approval-' || approval_id, event, %(payload)s, %(traceparent)s
+      FROM chosen
+    ON CONFLICT (run_id, signal_id) DO NOTHING
+)
+SELECT run_id FROM chosen;
+
+-- name: add_rule
+-- A standing rule; the same workflow and tool twice is one rule (created: whether new).
+INSERT INTO approval_rules (workflow, tool, created_by, tenant)
+VALUES (%(workflow)s, %(tool)s, %(created_by)s, %(tenant)s)
+ON CONFLICT (workflow, tool, tenant) DO UPDATE SET workflow = EXCLUDED.workflow
+RETURNING rule_id, workflow, tool, created_by, created_at, (xmax = 0) AS created;
+
+-- name: rules
+-- Every rule (a tenant's: its own), oldest first.
+SELECT rule_id, workflow, tool, created_by, created_at FROM approval_rules
+ WHERE %(tenant)s::text IS NULL OR tenant = %(tenant)s
+ ORDER BY rule_id;
+
+-- name: remove_rule
+DELETE FROM approval_rules
+ WHERE rule_id = %(rule_id)s AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+RETURNING rule_id;
 
 -- name: cancel_reason
 SELECT cancel_reason FROM checkpoints WHERE run_id = %(run_id)s;

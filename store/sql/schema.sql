@@ -1,4 +1,4 @@
--- cairn's schema as it stands: what migrations/0001..0021 build, in one file to read.
+-- cairn's schema as it stands: what migrations/0001..0024 build, in one file to read.
 -- Databases are made and upgraded by the migrations (`cairn db upgrade`);
 -- tests/integration/test_schema.py builds one database from them and one from this file and asserts
 -- their schema-only dumps are equal, so this file cannot drift. A new migration edits
@@ -668,3 +668,74 @@ CREATE TABLE budget_holds (
     PRIMARY KEY (run_id, cursor, visit, pos, scope)
 );
 CREATE INDEX budget_holds_scope ON budget_holds (scope);
+
+-- Approvals (migration 0022): a run parked on a wait that asks a person something
+-- (StepResult.wait(..., request=...)), listed across runs and decided once; the audit of
+-- each decision; the standing rules that decide a request at once.
+CREATE TABLE approvals (
+    approval_id  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id       text NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    seq          bigint NOT NULL,
+    event        text NOT NULL,
+    workflow     text NOT NULL,
+    tool         text,
+    request      jsonb NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    decided_at   timestamptz,
+    -- what the inbox lists: true until decided, or until its run leaves this wait
+    -- otherwise (a timeout, a cancel, a signal of its own): approvals_close
+    pending      boolean NOT NULL DEFAULT true,
+    -- its run's tenant, copied by the save (migration 0024): a tenant's inbox filters on it
+    tenant       text,
+    UNIQUE (run_id, seq)
+);
+-- The inbox, newest or oldest first: only pending rows are in these indexes, and a list
+-- reads nothing else (no run or checkpoint looked up a row), so listing costs what it
+-- returns, at 1M runs as at 1,000 (bench/approvals.py).
+CREATE INDEX approvals_pending ON approvals (approval_id) WHERE pending;
+CREATE INDEX approvals_pending_workflow ON approvals (workflow, approval_id) WHERE pending;
+CREATE INDEX approvals_pending_tenant ON approvals (tenant, approval_id)
+    WHERE pending AND tenant IS NOT NULL;
+
+-- A run leaving a wait (its status no longer waiting, or waiting again at a new seq)
+-- closes the request of that wait: once per wait, and a lookup by (run_id, seq) that
+-- finds nothing for a wait that asked nobody. Triggered, so every way out of a wait
+-- (a save, the wake pass, a cancel) closes it, now and as they change.
+CREATE FUNCTION approvals_close() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE approvals SET pending = false
+     WHERE run_id = OLD.run_id AND seq = OLD.seq AND pending;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER checkpoints_approvals_close AFTER UPDATE OF status, seq ON checkpoints
+    FOR EACH ROW WHEN (OLD.status = 'waiting' AND (NEW.status <> 'waiting' OR NEW.seq <> OLD.seq))
+    EXECUTE FUNCTION approvals_close();
+
+-- The audit: who decided what and when, written in the transaction that sends the run its
+-- signal. One row per approval (the primary key: a second decision, even a racing one,
+-- writes none). Kept after the run is swept, as an audit is.
+CREATE TABLE approval_decisions (
+    approval_id  bigint PRIMARY KEY,
+    run_id       text NOT NULL,
+    workflow     text NOT NULL,
+    tool         text,
+    decision     text NOT NULL CHECK (decision IN ('approve', 'deny', 'edit')),
+    payload      jsonb NOT NULL,
+    decided_by   text NOT NULL,
+    rule_id      bigint,
+    decided_at   timestamptz NOT NULL DEFAULT now()
+);
+
+-- Standing rules: a request of this workflow for this tool is approved as the run saves
+-- its wait (the run goes on at once; its audit row names the rule).
+CREATE TABLE approval_rules (
+    rule_id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    workflow    text NOT NULL,
+    tool        text NOT NULL,
+    created_by  text NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    -- the tenant whose runs it decides (migration 0024); NULL: every run's
+    tenant      text,
+    CONSTRAINT approval_rules_workflow_tool_tenant_key
+        UNIQUE NULLS NOT DISTINCT (workflow, tool, tenant)
+);

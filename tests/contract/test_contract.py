@@ -10,8 +10,10 @@ import inspect
 import pytest
 
 from cairn.store import Lease, Leases, PgStore
+from cairn.store.approvals import ApprovalStore
 from cairn.store.contract import (
     AdminStore,
+    Approvals,
     CheckpointStore,
     HeldLease,
     LeaseManager,
@@ -32,6 +34,7 @@ def _params(fn: object) -> list[str]:
     [
         (CheckpointStore, PgStore),
         (Schedules, ScheduleStore),
+        (Approvals, ApprovalStore),
         (LeaseManager, Leases),
         (HeldLease, Lease),
     ],

@@ -31,6 +31,7 @@ KEYED = {
     "graph_blobs": "thread_id",
     "graph_writes": "thread_id",
     "agent_session_items": "session_id",
+    "approvals": "run_id",
 }
 
 # A parameter that names one run (or a list of them), a thread or a session.
@@ -65,6 +66,10 @@ SCANS = {
     "wake": "the wake pass: waiting runs whose time came, on checkpoints_waiting",
     "sweep": "retention: terminal runs past the horizon, then their rows by run_id",
     "graph_delete_for_runs": "retention of a LangGraph run's checkpoints by metadata run_id",
+    "approvals_newest": "the approvals inbox: a page of the pending requests of all runs",
+    "approvals_oldest": "approvals_newest, oldest first",
+    "approval": "one approval by its id, which names no run (Citus: a fan-out of one row)",
+    "decide": "a decision by the approval's id; its run's signal is written by that row's run_id",
 }
 
 

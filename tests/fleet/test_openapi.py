@@ -44,6 +44,12 @@ include-path-regex = "^/runs/\\\\{{run_id\\\\}}/(fork|rewind)$"
 include-method = "POST"
 checks.positive_data_acceptance.expected-statuses = {POSITIVE}, "422"]
 
+# args come with an edit and with nothing else: a rule across two fields of the body.
+[[operations]]
+include-path = "/approvals/{{approval_id}}/decision"
+include-method = "POST"
+checks.positive_data_acceptance.expected-statuses = {POSITIVE}, "422"]
+
 # schemathesis 4.32's coverage phase sends `Last-Event-ID: 0` as valid: its header values
 # keep to letters and digits, so none matches the id pattern (which has a "-").
 [[operations]]
@@ -88,6 +94,7 @@ TAKEN = {
     ("post", "/runs/replay"): 202,
     ("post", "/runs/{run_id}/signals/{event}"): 202,
     ("post", "/runs/{run_id}/steer"): 409,  # a body it takes, for a run that has ended
+    ("post", "/approvals/{approval_id}/decision"): 200,  # a refund run's request
     ("post", "/runs/{run_id}/resolve"): 202,
     ("post", "/runs/{run_id}/fork"): 202,
     ("post", "/runs/{run_id}/rewind"): 202,
@@ -102,6 +109,9 @@ def test_each_request_example_of_the_document_is_one_the_server_takes(
     start_worker(concurrency=1)
     run_id = client.enqueue("square", {"n": 3})  # one step: a seq 1 to fork and rewind to
     assert client.wait(run_id, timeout=60).status == RunStatus.DONE
+    asks = client.enqueue("refund", {"amount": 1})  # parks on a request to decide
+    assert client.wait(asks, timeout=60).status == RunStatus.WAITING
+    [approval] = client.approvals()
     with server.http() as http:
         document = http.get("/openapi.json").json()
         bodies = {
@@ -113,6 +123,6 @@ def test_each_request_example_of_the_document_is_one_the_server_takes(
         assert set(bodies) == set(TAKEN)  # a new operation with a body: add it here
         for (method, path), status in TAKEN.items():
             example = bodies[(method, path)]["example"]
-            url = path.format(run_id=run_id, event="approval")
+            url = path.format(run_id=run_id, event="approval", approval_id=approval.approval_id)
             answer = http.request(method, url, json=example)
             assert answer.status_code == status, (path, example, answer.text)

@@ -84,6 +84,7 @@ def test_the_generated_client_compiles_strict_and_drives_a_live_fleet(
     assert seen["missing"] == "404 unknown_run"
     assert seen["steered"] == 1
     assert seen["events_url"].startswith("/runs/order-ts-1/events?token=")
+    assert seen["approvals"] == 0 and seen["undecided"] == "404 unknown_approval"
     with Client(settings=settings) as client:
         history = client.history("order-ts-1")
         assert seen["steps"] == [[s.cursor, s.outcome] for s in history]

@@ -159,3 +159,53 @@ def test_fork_from_here_starts_a_new_run_from_that_step_and_opens_its_page(
     )
     browser.save_screenshot(str(ARTIFACTS / "forked.png"))
     assert client.get(original).status == "done"  # type: ignore[union-attr]  # untouched
+
+
+def test_approve_from_the_inbox_and_a_double_click_is_told_it_was_decided(
+    browser: webdriver.Chrome,
+    serve: Callable[..., Server],
+    start_worker: Callable[..., fleet.Proc],
+    client: Client,
+    deps: loop.Deps,
+) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    asked = {}
+    for amount in (7, 9):
+        run_id = client.enqueue("refund", {"amount": amount}, run_id=f"refund-{amount}")
+        assert loop.run(run_id, deps) == RunStatus.WAITING  # parked on its request
+        asked[amount] = run_id
+    server = serve()
+    start_worker()
+    _login(browser, server)
+    browser.get(f"{server.url}/ui/approvals?order=oldest")
+    _until(
+        browser,
+        lambda: len(browser.find_elements(By.CSS_SELECTOR, "tr[data-approval]")) == 2,
+        "both requests listed",
+    )
+    assert "Refund 7 EUR?" in _text(browser, "tr[data-approval]")
+    browser.save_screenshot(str(ARTIFACTS / "approvals.png"))
+
+    # A double click: two decisions race; one is sent, the other told it came second.
+    approve = browser.find_element(
+        By.CSS_SELECTOR, "tr[data-approval] button[data-decision=approve]"
+    )
+    ActionChains(browser).double_click(approve).perform()
+    _until(browser, lambda: len(browser.find_elements(By.CSS_SELECTOR, "#decisions li")) == 2,
+           "both answers shown")  # fmt: skip
+    said = [_text(browser, f"#decisions li:nth-child({n})") for n in (1, 2)]
+    [sent] = [s for s in said if s.endswith(f"approve sent to run {asked[7]}")]
+    [refused] = [s for s in said if s != sent]
+    assert "approve refused: approval" in refused, said
+    assert "was decided already: approve by admin" in refused
+    _until(
+        browser,
+        lambda: len(browser.find_elements(By.CSS_SELECTOR, "tr[data-approval]")) == 1,
+        "the decided one off the list",
+    )
+    browser.save_screenshot(str(ARTIFACTS / "approvals-decided.png"))
+    # The worker woke the approved run, which went on with the decision.
+    done = client.wait(asked[7], timeout=30)
+    assert done.status == RunStatus.DONE and done.state["decided"]["decision"] == "approve"
+    assert done.state["decided"]["by"] == "admin"

@@ -355,3 +355,21 @@ echo = workflow("echo")
 @echo.step()
 def said(ctx: Context) -> StepResult:
     return StepResult(cursor="done", state={"input": dict(ctx.input)})
+
+
+# An agent's tool call that needs a person's yes (the approvals inbox): the run parks on
+# the request until someone decides it, then the tool runs with the arguments approved.
+refund = workflow("refund")
+
+
+@refund.step()
+def propose(ctx: Context) -> StepResult:
+    args = {"customer": ctx.input.get("customer", "acme"), "amount": ctx.input.get("amount", 5)}
+    request = {"tool": "refund", "args": args, "prompt": f"Refund {args['amount']} EUR?"}
+    return StepResult.wait("refund_ok", cursor="pay", request=request)
+
+
+@refund.step()
+def pay(ctx: Context) -> StepResult:
+    decided = ctx.signal or {}
+    return StepResult(cursor=cairn.DONE, state={"decided": decided})

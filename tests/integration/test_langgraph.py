@@ -17,6 +17,7 @@ from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
+from cairn.client import Client
 from cairn.contrib import langgraph as lg
 from cairn.core import errors
 from cairn.core.settings import Settings
@@ -627,3 +628,19 @@ def test_a_node_calling_openai_goes_through_the_fleet_s_limiter_and_prices(
     expected = (fresh * 0.15 + 6 * 0.075 + usage["completion_tokens"] * 0.60) / 1e6
     assert call["cost_usd"] == pytest.approx(expected)
     assert run.cost_usd == pytest.approx(expected)
+
+
+def test_an_interrupt_is_in_the_inbox_and_a_decision_resumes_the_graph(deps: loop.Deps) -> None:
+    client = Client(settings=deps.settings, store=deps.store, send=lambda run_id, priority: None)
+    run_id = f"lg-{uuid.uuid4().hex[:8]}"
+    assert deps.store.create_run(run_id, "lg-refund", {"order": "o-43"})
+    assert loop.run(run_id, deps) == RunStatus.WAITING
+    [asked] = [a for a in client.approvals(workflow="lg-refund") if a.run_id == run_id]
+    assert asked.event == lg.RESUME and asked.tool is None
+    assert asked.request["interrupts"][0]["value"] == {"question": "refund?", "order": "o-43"}
+    client.decide(asked.approval_id, "deny", note="not this one")
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    run = deps.store.get(run_id)
+    assert run is not None
+    approved = run.state["output"]["approved"]
+    assert (approved["decision"], approved["note"]) == ("deny", "not this one")

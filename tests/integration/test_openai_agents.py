@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from cairn.client import Client
 from cairn.core.errors import RetryLater, StaleWrite
 from cairn.core.records import Checkpoint
 from cairn.core.settings import Settings
@@ -387,3 +388,17 @@ def test_outside_a_step_a_session_is_the_sdks_session_protocol_on_postgres(
         asyncio.run(story())
     finally:
         session.close()
+
+
+def test_the_inbox_lists_the_pending_call_and_its_approval_runs_it(
+    deps: loop.Deps, model: ModelServer
+) -> None:
+    client = Client(settings=deps.settings, store=deps.store, send=lambda run_id, priority: None)
+    run_id = _start(deps, "oa_refunds", "TOOLS: refund\nRefund my order.")
+    assert loop.run(run_id, deps) == RunStatus.WAITING
+    [asked] = [a for a in client.approvals(workflow="oa_refunds") if a.run_id == run_id]
+    assert (asked.event, asked.tool) == (APPROVAL, "refund")
+    assert asked.request["prompt"] == "refunds asks to call refund"
+    client.decide(asked.approval_id, "approve")
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    assert oa_flows.made[run_id] == ["refund refund 0"]

@@ -24,6 +24,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import cairn
+from cairn.client import Client
 from cairn.core import errors
 from cairn.core.records import Checkpoint
 from cairn.core.settings import Settings
@@ -580,3 +581,18 @@ def test_a_steer_message_reaches_the_agent_s_next_request_once_across_a_kill(
     window = deps.store.load(run_id).window  # type: ignore[union-attr]
     prompts = [p["content"] for m in window for p in m["parts"] if p["part_kind"] == "user-prompt"]
     assert prompts == [prompt, "keep it short", "in French"]  # in the conversation once each
+
+
+def test_the_inbox_lists_the_deferred_call_and_an_edit_runs_it_with_its_args(
+    deps: loop.Deps,
+) -> None:
+    client = Client(settings=deps.settings, store=deps.store, send=lambda run_id, priority: None)
+    prompt = f"refund via the inbox {uuid.uuid4().hex}"
+    run_id = _start(deps, "pai-approver", prompt)
+    assert loop.run(run_id, deps) == RunStatus.WAITING
+    [asked] = [a for a in client.approvals(workflow="pai-approver") if a.run_id == run_id]
+    assert (asked.event, asked.tool, asked.request["args"]) == (APPROVAL, "refund", {"cents": 500})
+    assert asked.request["calls"][0]["tool_call_id"] == "r1"
+    client.decide(asked.approval_id, "edit", args={"cents": 300}, by="ops@acme")
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    assert made[prompt] == ["model", "refund 300", "model"]

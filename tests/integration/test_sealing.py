@@ -1,5 +1,6 @@
 """Payloads encrypted at rest (CAIRN_PAYLOAD_KEYS): a run's input, state, window, journaled
-results, effect result, signal and steer payloads and events reach Postgres and Redis
+results, effect result, signal and steer payloads, approval requests and decisions and
+events reach Postgres and Redis
 sealed, and read back open; without the key nothing opens and the error says so;
 `cairn db rotate-key` seals them all again under a new first key."""
 
@@ -39,6 +40,7 @@ SECRETS = {
     "event": "sesame-event-2e9f",
     "signal": "sesame-signal-8f0a",
     "steer": "sesame-steer-3a7c",
+    "request": "sesame-request-6b4e",
 }
 
 flow = workflow("sealed_flow")
@@ -55,6 +57,7 @@ def first(ctx: Context) -> StepResult:
         cursor="second",
         state={"secret": SECRETS["state"], "heard": heard, "said": said, "kept": kept},
         window=[{"role": "user", "content": SECRETS["window"]}],
+        request={"tool": "open_vault", "args": {"code": SECRETS["request"]}},
     )
 
 
@@ -98,7 +101,9 @@ def _sealed_run(settings: Settings, store: Any, leases: Leases) -> tuple[str, Cl
     assert store.create_run(run_id, "sealed_flow", {"secret": SECRETS["input"]})
     client.steer(run_id, {"note": SECRETS["steer"]})
     loop.run(run_id, deps)
-    client.signal(run_id, "go", {"secret": SECRETS["signal"]}, signal_id="s1")
+    # The approval's decision is the signal: its payload in signals and in the audit row.
+    [asked] = client.approvals()
+    client.decide(asked.approval_id, "edit", args={"secret": SECRETS["signal"]})
     assert loop.run(run_id, deps) == cairn.RunStatus.DONE
     assert deps.events is not None
     assert deps.events.flush()
@@ -121,7 +126,11 @@ def test_every_payload_is_sealed_in_both_servers_and_opens_for_the_reader(
     assert run.state["heard"] == [{"note": SECRETS["steer"]}]
     assert run.state["said"] == {"found": SECRETS["call"]}
     assert run.state["kept"] == {"sent": SECRETS["once"]}
-    assert run.state["signal"] == {"secret": SECRETS["signal"]}
+    assert run.state["signal"]["args"] == {"secret": SECRETS["signal"]}
+    approval = client.approval(run.state["signal"]["approval_id"])
+    assert approval is not None and approval.request["args"] == {"code": SECRETS["request"]}
+    assert approval.decision is not None
+    assert approval.decision.payload["args"] == {"secret": SECRETS["signal"]}
     assert [c.result for c in client.calls(run_id) if c.name == "lookup"] == [
         {"found": SECRETS["call"]}
     ]

@@ -17,6 +17,7 @@ from cairn.core.settings import Settings
 from cairn.store.db import Database
 from cairn.store.tokens import Tokens
 from cairn.web.auth import TOKEN_TTL
+from cairn.workers import loop
 from tests.helpers.services import ROOT
 from tests.integration.test_cli import _cairn
 
@@ -27,6 +28,19 @@ probe = cairn.workflow("tenants-probe")
 
 @probe.step()
 def only(ctx: cairn.Context) -> cairn.StepResult:
+    return cairn.StepResult(cursor=cairn.DONE, state={})
+
+
+asker = cairn.workflow("tenants-asker")
+
+
+@asker.step()
+def ask(ctx: cairn.Context) -> cairn.StepResult:
+    return cairn.StepResult.wait("ok", cursor="asked", request={"tool": "refund"})
+
+
+@asker.step()
+def asked(ctx: cairn.Context) -> cairn.StepResult:
     return cairn.StepResult(cursor=cairn.DONE, state={})
 
 
@@ -62,19 +76,34 @@ def _operations() -> Iterator[tuple[str, str, dict[str, Any]]]:
             yield method.upper(), path, op
 
 
-def _call(http: Any, method: str, path: str, op: dict[str, Any], token: str, run_id: str) -> Any:
+def _call(
+    http: Any, method: str, path: str, op: dict[str, Any], token: str, run_id: str, ask: int = 0
+) -> Any:
     url = path.replace("{run_id}", run_id).replace("{event}", "go").replace("{name}", "nightly")
+    url = url.replace("{approval_id}", str(ask))
     body = _example(op)
     return http.request(method, url, headers=_bearer(token), json=body)
 
 
-def test_every_route_hides_another_tenants_run(http: Any, tokens: Tokens) -> None:
+def _asking(http: Any, deps: loop.Deps, token: str, run_id: str) -> int:
+    """A run of token's tenant parked on an approval: its approval's id."""
+    start = {"workflow": "tenants-asker", "input": {}, "run_id": run_id}
+    assert http.post("/runs", json=start, headers=_bearer(token)).status_code == 202
+    assert loop.run(run_id, deps) == cairn.RunStatus.WAITING
+    [found] = http.get("/approvals", headers=_bearer(token)).json()["approvals"]
+    assert found["run_id"] == run_id
+    return int(found["approval_id"])
+
+
+def test_every_route_hides_another_tenants_run(http: Any, tokens: Tokens, deps: loop.Deps) -> None:
     _, acme = tokens.create("acme", "test")
     _, globex = tokens.create("globex", "test")
     start = {"workflow": "tenants-probe", "input": {}}
     mine = http.post("/runs", json={**start, "run_id": "acme-1"}, headers=_bearer(acme)).json()
     theirs = http.post("/runs", json={**start, "run_id": "globex-1"}, headers=_bearer(globex))
     assert (mine["tenant"], theirs.json()["tenant"]) == ("acme", "globex")
+    their_ask = _asking(http, deps, globex, "globex-ask")
+    my_ask = _asking(http, deps, acme, "acme-ask")
     # A stopped run of its own, so its event stream ends (a pending one's would follow it).
     http.post("/runs/acme-1/cancel", headers=_bearer(acme))
 
@@ -82,7 +111,15 @@ def test_every_route_hides_another_tenants_run(http: Any, tokens: Tokens) -> Non
     for method, path, op in _operations():
         if path == "/runs" and method == "POST":
             continue  # the enqueues above
-        if "{run_id}" in path:
+        if "{approval_id}" in path:
+            # Another tenant's approval is no approval: what a made-up id gets, word for word.
+            other = _call(http, method, path, op, acme, "", their_ask)
+            ghost = _call(http, method, path, op, acme, "", 10**9)
+            assert other.status_code == 404, (method, path, other.text)
+            assert other.text.replace(str(their_ask), "?") == ghost.text.replace(str(10**9), "?")
+            own = _call(http, method, path, op, acme, "", my_ask)
+            assert own.status_code == 200, (method, path, own.status_code, own.text)
+        elif "{run_id}" in path:
             other = _call(http, method, path, op, acme, "globex-1")
             assert other.status_code == 404, (method, path, other.text)
             # Word for word what a run that does not exist gets: nothing tells them apart.
@@ -103,8 +140,8 @@ def test_every_route_hides_another_tenants_run(http: Any, tokens: Tokens) -> Non
     assert walked >= 12  # every run route of the document was tried
 
     listed = http.get("/runs", headers=_bearer(acme)).json()["runs"]
-    assert [r["run_id"] for r in listed] == ["acme-1"]
-    assert http.get("/counts", headers=_bearer(acme)).json() == {"cancelled": 1}
+    assert sorted(r["run_id"] for r in listed) == ["acme-1", "acme-ask"]
+    assert http.get("/counts", headers=_bearer(acme)).json() == {"cancelled": 1, "waiting": 1}
     # The other tenant's run is as it was: not cancelled, signalled nor steered.
     seen = http.get("/runs/globex-1", headers=_bearer(ADMIN)).json()
     assert seen["status"] == "pending" and seen["tenant"] == "globex"

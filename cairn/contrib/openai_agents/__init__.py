@@ -20,6 +20,7 @@ checkpoint. Needs the extra: `pip install 'cairn[openai-agents]'`.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -56,6 +57,7 @@ from cairn.contrib.openai_agents._journal import (
 from cairn.contrib.openai_agents._model import CairnModel, CairnModelProvider
 from cairn.contrib.openai_agents._session import CairnSession, session_items
 from cairn.core.errors import CairnError, InvalidInput
+from cairn.core.records import decision_in
 from cairn.steps.context import Context
 from cairn.steps.registry import DONE, Retry, StepResult, Workflow
 from cairn.steps.registry import workflow as cairn_workflow
@@ -131,11 +133,29 @@ def _pending(items: list[ToolApprovalItem]) -> list[dict[str, Any]]:
     ]
 
 
+def _request(pending: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the run asks the approvals inbox: the first pending call's tool and arguments
+    (the SDK's JSON text, parsed when it parses), and every pending call."""
+    first = pending[0]
+    try:
+        args = json.loads(first["arguments"])
+    except (TypeError, ValueError):
+        args = first["arguments"]
+    names = ", ".join(sorted({str(p["tool"]) for p in pending}))
+    return {"tool": first["tool"], "args": args, "calls": pending,
+            "prompt": f"{first['agent']} asks to call {names}"}  # fmt: skip
+
+
 def _decisions(payload: Any, pending: list[dict[str, Any]]) -> dict[str, bool]:
     """The approval signal's payload, {"approvals": {call_id: true | false}}, one decision
-    for each pending call."""
-    approvals = payload.get("approvals") if isinstance(payload, dict) else None
+    for each pending call; or an inbox decision (Client.decide), one for them all."""
     wanted = {p["call_id"] for p in pending}
+    found = decision_in(payload)
+    if found is not None:
+        if found[0] == "edit":  # the SDK runs an approved call with the model's arguments
+            raise ValueError("an OpenAI Agents SDK tool call is approved or denied, not edited")
+        return dict.fromkeys(wanted, found[0] == "approve")
+    approvals = payload.get("approvals") if isinstance(payload, dict) else None
     if (
         not isinstance(approvals, dict)
         or set(approvals) != wanted
@@ -175,7 +195,9 @@ def agent_workflow(
     call needs approval (needs_approval), the run waits for the signal "approval" holding no
     worker, the pending calls in state["pending"] and the SDK's RunState in
     state["run_state"]; the payload {"approvals": {call_id: true|false}} resumes it (a
-    malformed one is refused, the reason in state["rejected"]). A tripped guardrail fails
+    malformed one is refused, the reason in state["rejected"]). The pending calls are in
+    the approvals inbox (Client.approvals), whose decision (Client.decide: approve or deny)
+    is one for them all. A tripped guardrail fails
     the run with GuardrailTripped. context(ctx): the agent's context object for this step.
 
     session=True: each run is a turn of the conversation input["session_id"] (enqueue with
@@ -231,7 +253,10 @@ async def _start(
         decisions = _decisions(ctx.signal, pending)
     except ValueError as exc:
         return StepResult.wait(
-            APPROVAL, cursor="agent", state={"pending": pending, "rejected": str(exc)}
+            APPROVAL,
+            cursor="agent",
+            state={"pending": pending, "rejected": str(exc)},
+            request=_request(pending),
         )
     start = await RunState.from_json(agent, ctx.state["run_state"], context_override=given)
     for item in start.get_interruptions():
@@ -261,11 +286,13 @@ def _outcome(ctx: Context, result: Any) -> StepResult:
     """The step's result: a wait for approval while tool calls are pending, else done."""
     usage = _usage(ctx.state.get("usage"), result.context_wrapper.usage)
     if result.interruptions:
+        pending = _pending(result.interruptions)
         return StepResult.wait(
             APPROVAL,
             cursor="agent",
+            request=_request(pending),
             state={
-                "pending": _pending(result.interruptions),
+                "pending": pending,
                 "run_state": result.to_state().to_json(),
                 "rejected": None,
                 "usage": usage,

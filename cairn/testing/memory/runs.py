@@ -161,6 +161,8 @@ class _Runs(_Tables):
                 row.signals[attempt.signal_id] = dataclasses.replace(consumed, consumed_seq=cp.seq)
             if spawn is not None:
                 self._spawn(row, spawn, stamp)
+            if wait is not None and wait.request is not None:
+                self._asks.ask(row, wait, stamp)
             if old in ACTIVE and row.status in STOPPED:
                 self._stopped(row)
             signalled = row.wait_event is not None and self._pending(row) is not None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from cairn.testing.memory.admin import _Admin
+from cairn.testing.memory.approvals import MemoryApprovals
 from cairn.testing.memory.clock import Clock
 from cairn.testing.memory.forks import _Forks
 from cairn.testing.memory.maintenance import _Maintenance
@@ -23,7 +24,12 @@ class MemoryStore(_Runs, _Admin, _Forks, _Maintenance):
     def __init__(self, clock: Clock = time.time) -> None:
         super().__init__(clock)
         self._schedules = MemorySchedules(self)
+        self._approvals = MemoryApprovals(self)
 
     def schedule_store(self) -> MemorySchedules:
         """The schedules kept beside these runs."""
         return self._schedules
+
+    def approval_store(self) -> MemoryApprovals:
+        """The approvals, their audit and the standing rules beside these runs."""
+        return self._approvals

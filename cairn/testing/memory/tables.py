@@ -15,6 +15,7 @@ from cairn.core.cuts import Cuts
 from cairn.core.inputs import key_scope
 from cairn.core.records import CHECKPOINT_VERSION, START, Attempt, Run
 from cairn.core.status import ACTIVE, STOPPED, RunStatus
+from cairn.testing.memory.approvals import _AskTables
 from cairn.testing.memory.clock import Clock
 from cairn.testing.memory.rows import _dump, _Row, _Signal, _signal_of, _unconsumed
 
@@ -56,6 +57,7 @@ class _Tables:
         self._slots: dict[str, list[Any]] = {}
         self._queued: dict[str, tuple[str, str, int, int]] = {}
         self._queue_n = 0
+        self._asks = _AskTables()  # approvals, their audit rows and the standing rules
         self._last = dt.datetime.min.replace(tzinfo=dt.UTC)
         self._cuts = Cuts()  # the calls in flight a steer message may interrupt
         # budgets: scope -> its ledger (a Budget's fields); holds: (run, cursor, visit,

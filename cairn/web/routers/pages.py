@@ -1,5 +1,5 @@
-"""The pages: a runs table with counts by status, a run with its step timeline, and the
-login that turns the API token into a page session. Not in the OpenAPI document.
+"""The pages: a runs table with counts by status, a run with its step timeline, the
+approvals waiting across runs, and the login that turns the API token into a page session. Not in the OpenAPI document.
 
 Server-rendered (Jinja2, cairn.web.render). The live part of each page is one template
 that the page's script fetches again with ?partial=1 every second while something can
@@ -21,9 +21,10 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from cairn.core import logs
 from cairn.core.inputs import TENANT
+from cairn.core.records import Approval
 from cairn.core.status import STOPPED, RunStatus
 from cairn.web.auth import COOKIE
-from cairn.web.deps import AuthDep, ReadsDep, SettingsDep
+from cairn.web.deps import AuthDep, ClientDep, ReadsDep, SettingsDep
 from cairn.web.render import STATUSES, call_row, templates, timeline, trace_url
 
 router = APIRouter(include_in_schema=False)
@@ -135,6 +136,37 @@ def run_page(
     }
     name = "_run_live.html" if partial else "run.html"
     return templates.TemplateResponse(request, name, context)
+
+
+@router.get("/ui/approvals")
+def approvals_page(
+    request: Request,
+    client: ClientDep,
+    workflow: str | None = None,
+    order: str = "newest",
+    cursor: int | None = None,
+    partial: bool = False,
+) -> HTMLResponse:
+    # The primary, not a replica: a decision just made must not come back from a lag.
+    workflow, oldest, limit = workflow or None, order == "oldest", 50
+    found = client.approvals(workflow=workflow, limit=limit, after=cursor, oldest_first=oldest)
+    context = {
+        "approvals": found,
+        "workflow": workflow or "",
+        "order": "oldest" if oldest else "newest",
+        "cursor": cursor,
+        "next_cursor": found[-1].approval_id if len(found) == limit else None,
+        "query": lambda **kw: _query(**{"workflow": workflow, "order": order, **kw}),
+        "args_of": _args_of,
+        "live": cursor is None,
+    }
+    name = "_approvals_live.html" if partial else "approvals.html"
+    return templates.TemplateResponse(request, name, context)
+
+
+def _args_of(approval: Approval) -> str:
+    args = approval.request.get("args")
+    return "" if args is None else json.dumps(args, default=str)[:300]
 
 
 def _local(target: str) -> str:

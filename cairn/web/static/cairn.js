@@ -94,6 +94,24 @@ document.addEventListener("DOMContentLoaded", () => {
       refresh();
     });
   }
+  // The approvals page: each answer is logged, a refused one (409: decided already, or
+  // its run no longer waits) in words, so a double click says what happened.
+  const decisions = document.getElementById("decisions");
+  if (decisions) {
+    document.addEventListener("click", async (event) => {
+      const button = event.target.closest ? event.target.closest("button.decide") : null;
+      if (!button) return;
+      const id = button.dataset.approval, decision = button.dataset.decision;
+      const line = (text, bad) => decisions.append(el("li", bad ? "bad" : "ok", text));
+      try {
+        const got = await post("/approvals/" + encodeURIComponent(id) + "/decision", { decision });
+        line(`approval ${id}: ${decision} sent to run ${got.run_id}`);
+      } catch (e) {
+        line(`approval ${id}: ${decision} refused: ${e.message}`, true);
+      }
+      refresh();
+    });
+  }
   const panel = document.getElementById("stream");
   if (panel && window.EventSource) watch(panel);
   const tick = async () => { await refresh(); setTimeout(tick, 1000); };

@@ -19,6 +19,9 @@ export type ErrorBody = Schemas["ErrorBody"];
 export type RunEvent = Schemas["Event"];
 export type EventKind = Schemas["EventKind"];
 export type EventsToken = Schemas["EventsToken"];
+export type Approval = Schemas["Approval"];
+export type ApprovalPage = Schemas["ApprovalPage"];
+export type NewDecision = Schemas["NewDecision"];
 
 /** The statuses no worker works on: a wait returns at one of them. */
 export const STOPPED: ReadonlySet<RunStatus> = new Set<RunStatus>([
@@ -46,6 +49,15 @@ export class CairnError extends Error {
 /** POST /runs's fields but the workflow and its input; idempotencyKey: the run id, sent
  * as the Idempotency-Key header, so a retried request returns the same run. */
 export type EnqueueOptions = Omit<NewRun, "workflow" | "input"> & { idempotencyKey?: string };
+
+/** GET /approvals's filters and page. */
+export interface ApprovalsOptions {
+  workflow?: string;
+  name?: string;
+  order?: "newest" | "oldest";
+  cursor?: number;
+  limit?: number;
+}
 
 export interface WaitOptions {
   /** Give up (a CairnError of type "timeout") after this long; default 60 s. */
@@ -128,6 +140,23 @@ export class Cairn {
   steer(runId: string, message: unknown, interrupt = false): Promise<Steered> {
     const body: Schemas["NewSteer"] = interrupt ? { message, interrupt } : { message };
     return this.#call<Steered>("POST", `/runs/${encodeURIComponent(runId)}/steer`, body);
+  }
+
+  /** The approvals inbox: what runs waiting on a person ask, across runs, a page at a
+   * time (pass next_cursor as cursor), newest first or oldest. */
+  approvals(options: ApprovalsOptions = {}): Promise<ApprovalPage> {
+    const query = new URLSearchParams();
+    for (const [key, value] of Object.entries(options)) {
+      if (value !== undefined) query.set(key, String(value));
+    }
+    const said = query.toString();
+    return this.#call<ApprovalPage>("GET", "/approvals" + (said ? "?" + said : ""));
+  }
+
+  /** Decide an approval (approve, deny, or edit with args): its run gets the signal it
+   * waits on, with the audit row. Decided already: 409 already_decided. */
+  decide(approvalId: number, decision: NewDecision): Promise<Approval> {
+    return this.#call<Approval>("POST", `/approvals/${approvalId}/decision`, decision);
   }
 
   /** Stop a run: a pending one at once, a running one at its next step boundary. */

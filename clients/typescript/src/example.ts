@@ -6,7 +6,8 @@
  *
  * It enqueues an invoice that waits for its payment (twice, under one Idempotency-Key:
  * one run), steers it, signals the payment, waits for the result, reads the step history and the
- * journaled calls, cancels a second run, and prints one JSON line of what it saw.
+ * journaled calls, cancels a second run, reads the approvals inbox, and prints one JSON line
+ * of what it saw.
  */
 import { Cairn, CairnError, type Run } from "./cairn.js";
 
@@ -47,6 +48,16 @@ try {
   missing = `${err.status} ${err.type}`;
 }
 
+// The approvals inbox: the invoice's payment wait asks no person, so nothing is listed.
+const inbox = await cairn.approvals({ workflow: "invoice", order: "oldest" });
+let undecided = "";
+try {
+  await cairn.decide(999999, { decision: "approve" });
+} catch (err) {
+  if (!(err instanceof CairnError)) throw err;
+  undecided = `${err.status} ${err.type}`;
+}
+
 console.log(
   JSON.stringify({
     run_id: run.run_id,
@@ -62,5 +73,7 @@ console.log(
     cancelled: (await cairn.wait(cancelled.run_id)).status,
     missing,
     events_url: live.url,
+    approvals: inbox.approvals.length,
+    undecided,
   }),
 );

@@ -4,6 +4,69 @@
  */
 
 export interface paths {
+    "/approvals": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Approvals
+         * @description The approvals still waiting for a decision, across runs, newest first (or oldest),
+         *     a page at a time (keyset: pass next_cursor as cursor): what each run asks.
+         */
+        get: operations["list_approvals_approvals_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/approvals/{approval_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get Approval
+         * @description One approval, with its decision (who, what, when) once decided.
+         */
+        get: operations["get_approval_approvals__approval_id__get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/approvals/{approval_id}/decision": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Decide
+         * @description Decide an approval: its run gets the signal it waits on ({decision, args, note,
+         *     approval_id, by}), stored in one transaction with the audit row. A request is
+         *     decided once: a second decision is 409 already_decided.
+         */
+        post: operations["decide_approvals__approval_id__decision_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/counts": {
         parameters: {
             query?: never;
@@ -497,6 +560,53 @@ export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
         /**
+         * Approval
+         * @description A run waiting on a person: what it asks (request: tool, args, prompt, ...).
+         */
+        Approval: {
+            /** Approval Id */
+            approval_id: number;
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            decision: components["schemas"]["Decision"] | null;
+            /**
+             * Event
+             * @description The wait's event name: the decision is sent as it.
+             */
+            event: string;
+            /** Request */
+            request: {
+                [key: string]: unknown;
+            };
+            /** Run Id */
+            run_id: string;
+            /** Tool */
+            tool: string | null;
+            /**
+             * Waiting
+             * @description Undecided, its run parked on it.
+             */
+            waiting: boolean;
+            /** Workflow */
+            workflow: string;
+        };
+        /**
+         * ApprovalPage
+         * @description A page of the approvals still waiting, newest (or oldest) first.
+         */
+        ApprovalPage: {
+            /** Approvals */
+            approvals: components["schemas"]["Approval"][];
+            /**
+             * Next Cursor
+             * @description Pass as cursor for the next page; null: the last.
+             */
+            next_cursor: number | null;
+        };
+        /**
          * AttemptAbandonedData
          * @description attempt_abandoned: the attempt was cut (a killed worker): drop its events.
          */
@@ -665,6 +775,39 @@ export interface components {
          */
         Counts: {
             [key: string]: number;
+        };
+        /**
+         * Decision
+         * @description An approval's decision, as its audit row keeps it.
+         */
+        Decision: {
+            /**
+             * Decided At
+             * Format: date-time
+             */
+            decided_at: string;
+            /**
+             * Decided By
+             * @description Who: the token's identity, 'admin', or 'rule N'.
+             */
+            decided_by: string;
+            /**
+             * Decision
+             * @enum {string}
+             */
+            decision: "approve" | "deny" | "edit";
+            /**
+             * Payload
+             * @description The signal its run got: decision, args (an edit's), note, approval_id, by (a rule's: rule_id).
+             */
+            payload: {
+                [key: string]: unknown;
+            };
+            /**
+             * Rule Id
+             * @description The standing rule that decided it, if one did.
+             */
+            rule_id: number | null;
         };
         /**
          * DroppedData
@@ -882,6 +1025,26 @@ export interface components {
             late?: boolean | null;
         } & {
             [key: string]: unknown;
+        };
+        /**
+         * NewDecision
+         * @description A decision on an approval: approve, deny, or edit (approve with edited args).
+         */
+        NewDecision: {
+            /**
+             * Args
+             * @description An edit's arguments for the tool (only with edit).
+             */
+            args?: {
+                [key: string]: unknown;
+            } | null;
+            /**
+             * Decision
+             * @enum {string}
+             */
+            decision: "approve" | "deny" | "edit";
+            /** Note */
+            note?: string | null;
         };
         /**
          * NewRun
@@ -1479,6 +1642,244 @@ export interface components {
 }
 export type $defs = Record<string, never>;
 export interface operations {
+    list_approvals_approvals_get: {
+        parameters: {
+            query?: {
+                workflow?: string;
+                /** @description The wait's event name. */
+                name?: string;
+                order?: "newest" | "oldest";
+                /** @description next_cursor of the previous page */
+                cursor?: number;
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApprovalPage"];
+                };
+            };
+            /** @description No API token, or not this server's (unauthorized). */
+            401: {
+                headers: {
+                    /** @description Bearer */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request breaks a rule of this document (invalid_request), or one of the server's own: an input its workflow refuses, or over CAIRN_MAX_INPUT_BYTES, or with NUL in a string (invalid_input); an unknown workflow (unknown_workflow). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Postgres or the broker is away: retry after Retry-After seconds. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_approval_approvals__approval_id__get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                approval_id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Approval"];
+                };
+            };
+            /** @description No API token, or not this server's (unauthorized). */
+            401: {
+                headers: {
+                    /** @description Bearer */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such run (unknown_run). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request breaks a rule of this document (invalid_request), or one of the server's own: an input its workflow refuses, or over CAIRN_MAX_INPUT_BYTES, or with NUL in a string (invalid_input); an unknown workflow (unknown_workflow). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Postgres or the broker is away: retry after Retry-After seconds. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    decide_approvals__approval_id__decision_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                approval_id: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "decision": "approve",
+                 *       "note": "checked the invoice"
+                 *     }
+                 */
+                "application/json": components["schemas"]["NewDecision"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Approval"];
+                };
+            };
+            /** @description The body is not JSON (invalid_json). */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No API token, or not this server's (unauthorized). */
+            401: {
+                headers: {
+                    /** @description Bearer */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such approval (unknown_approval). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description It was decided already, by a person or a standing rule (already_decided), or its run no longer waits on it: timed out or cancelled (approval_gone). */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A chunked body without Content-Length (length_required). */
+            411: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body is larger than CAIRN_MAX_INPUT_BYTES plus 64 KiB (body_too_large). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request breaks a rule of this document (invalid_request), or an edit without args, approve or deny with them (invalid_input). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Postgres or the broker is away: retry after Retry-After seconds. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     counts_counts_get: {
         parameters: {
             query?: never;
