@@ -70,6 +70,8 @@ SCANS = {
     "approvals_oldest": "approvals_newest, oldest first",
     "approval": "one approval by its id, which names no run (Citus: a fan-out of one row)",
     "decide": "a decision by the approval's id; its run's signal is written by that row's run_id",
+    "budget_release": "a budget check: the holds of the budget's tree (its scope), not one run's",
+    "raise_budget": "a raised budget re-arms its tree's runs stopped over it (runs_budgets)",
 }
 
 

@@ -94,6 +94,7 @@ TAKEN = {
     ("post", "/runs/replay"): 202,
     ("post", "/runs/{run_id}/signals/{event}"): 202,
     ("post", "/runs/{run_id}/steer"): 409,  # a body it takes, for a run that has ended
+    ("post", "/runs/{run_id}/budget"): 200,
     ("post", "/approvals/{approval_id}/decision"): 200,  # a refund run's request
     ("post", "/runs/{run_id}/resolve"): 202,
     ("post", "/runs/{run_id}/fork"): 202,
@@ -107,7 +108,8 @@ def test_each_request_example_of_the_document_is_one_the_server_takes(
 ) -> None:
     server = serve()
     start_worker(concurrency=1)
-    run_id = client.enqueue("square", {"n": 3})  # one step: a seq 1 to fork and rewind to
+    # One step: a seq 1 to fork and rewind to; a budget to raise.
+    run_id = client.enqueue("square", {"n": 3}, budget_usd=1.0)
     assert client.wait(run_id, timeout=60).status == RunStatus.DONE
     asks = client.enqueue("refund", {"amount": 1})  # parks on a request to decide
     assert client.wait(asks, timeout=60).status == RunStatus.WAITING
