@@ -162,6 +162,8 @@ class StepParts:
 
         def _scoped(self) -> Journal: ...
 
+        def _call_key(self, name: str, n: int) -> str: ...
+
         def _recorded(self, pos: int, name: str) -> Call | None: ...
 
         def _replay(self, call: Call) -> Any: ...
@@ -452,9 +454,12 @@ class JournaledCalls(StepParts):
     def _enter(self, name: str, pos: int, n: int) -> contextvars.Token[Any]:
         if self._hooks is not None:
             self._hooks.before_call(self._cp, name, pos)
-        cursor = self._scoped().cursor
-        key = f"cairn:{self.run_id}:{cursor}:{self.visit}:{name}:{n}"
-        return _frame.set(_Frame(self, key, pos))
+        return _frame.set(_Frame(self, self._call_key(name, n), pos))
+
+    def _call_key(self, name: str, n: int) -> str:
+        """The n-th call of name's key in this visit (or scope): its effects' idempotency
+        key, the same on every attempt at the call."""
+        return f"cairn:{self.run_id}:{self._scoped().cursor}:{self.visit}:{name}:{n}"
 
     def _inside(self) -> _Frame | None:
         frame = _frame.get()

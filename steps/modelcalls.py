@@ -109,7 +109,7 @@ class ModelCalls(StepParts):
         from cairn.steps.model import ModelClient
 
         if isinstance(self._model, ModelClient):
-            key = f"cairn:{self.run_id}:{self._scoped().cursor}:{self.visit}:model:{n}"
+            key = self._call_key("model", n)
             request["extra_headers"] = {"Idempotency-Key": key, **request.get("extra_headers", {})}
 
     def _replayed_message(self, pos: int, recorded: Call) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cairn.core.errors import AlreadyDecided, ApprovalGone, UnknownApproval
+from cairn.core.errors import UnknownApproval
 from cairn.core.records import Approval, ApprovalFilter, Rule
 from cairn.store.db import Database
 from cairn.store.rows import sealed
@@ -66,16 +66,7 @@ class ApprovalStore:
         now = self.get(approval_id, tenant)
         if now is None:
             raise UnknownApproval(f"no approval {approval_id}")
-        if now.decision is not None:
-            d = now.decision
-            raise AlreadyDecided(
-                f"approval {approval_id} was decided already: {d.decision} by {d.decided_by} "
-                f"at {d.decided_at:%Y-%m-%d %H:%M:%S} UTC"
-            )
-        raise ApprovalGone(
-            f"run {now.run_id} no longer waits on approval {approval_id} (its wait timed out, "
-            "or the run was cancelled or went on)"
-        )
+        raise now.refusal()
 
     def add_rule(
         self, workflow: str, tool: str, created_by: str, tenant: str | None = None

@@ -9,6 +9,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any, NamedTuple, TypedDict
 
+from cairn.core.errors import AlreadyDecided, ApprovalGone, CairnError
 from cairn.core.status import RunStatus
 
 
@@ -385,6 +386,20 @@ class Approval:
     created_at: dt.datetime
     waiting: bool = True
     decision: Decision | None = None
+
+    def refusal(self) -> CairnError:
+        """Why a decision on it is refused (both stores say it so): decided already, or
+        its run no longer waits on it."""
+        if self.decision is not None:
+            d = self.decision
+            return AlreadyDecided(
+                f"approval {self.approval_id} was decided already: {d.decision} by "
+                f"{d.decided_by} at {d.decided_at:%Y-%m-%d %H:%M:%S} UTC"
+            )
+        return ApprovalGone(
+            f"run {self.run_id} no longer waits on approval {self.approval_id} (its wait "
+            "timed out, or the run was cancelled or went on)"
+        )
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Approval:

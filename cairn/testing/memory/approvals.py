@@ -8,7 +8,7 @@ import datetime as dt
 import json
 from typing import TYPE_CHECKING, Any
 
-from cairn.core.errors import AlreadyDecided, ApprovalGone, UnknownApproval
+from cairn.core.errors import UnknownApproval
 from cairn.core.records import Approval, ApprovalFilter, Decision, Rule, Wait
 from cairn.core.status import RunStatus
 from cairn.testing.memory.rows import _dump, _Row, _Signal
@@ -150,17 +150,8 @@ class MemoryApprovals:
             a = self._t.asked.get(approval_id)
             if a is None or tenant not in (None, a.tenant):
                 raise UnknownApproval(f"no approval {approval_id}")
-            if a.decision is not None:
-                d = a.decision
-                raise AlreadyDecided(
-                    f"approval {approval_id} was decided already: {d.decision} by "
-                    f"{d.decided_by} at {d.decided_at:%Y-%m-%d %H:%M:%S} UTC"
-                )
-            if not self._waiting(a):
-                raise ApprovalGone(
-                    f"run {a.run_id} no longer waits on approval {approval_id} (its wait "
-                    "timed out, or the run was cancelled or went on)"
-                )
+            if a.decision is not None or not self._waiting(a):
+                raise self._approval(a).refusal()
             stamp = self._store._stamp()
             a.decision = Decision(decision=decision, payload=json.loads(text),
                                   decided_by=decided_by, decided_at=stamp)  # fmt: skip
