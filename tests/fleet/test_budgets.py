@@ -50,7 +50,9 @@ def test_a_tree_under_kills_never_passes_its_budget_and_spends_what_was_billed(
     rng, killed, started = random.Random(7), 0, time.monotonic()
     dead: set[int] = set()
     while not client.get(parent).status.stopped:  # type: ignore[union-attr]
-        assert time.monotonic() - started < 40, "the tree did not finish"
+        # A guard against a hang, not a speed target: the tree takes ~10 s alone, and a CI
+        # run of 2 cores with another fleet test beside it once took 40.
+        assert time.monotonic() - started < 90, "the tree did not finish"
         busy = sorted({pid for k in kids if (pid := holder_pid(leases, k)) is not None} - dead)
         if busy and killed < 8:
             pid = rng.choice(busy)
