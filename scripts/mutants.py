@@ -889,6 +889,18 @@ MUTANTS = [
         "    FOR EACH ROW WHEN (false)",
         (APPROVALS,),
     ),
+    Mutant(
+        "M104",
+        "a budget hold without the epoch fence: a zombie whose lease lapsed after its check "
+        "holds room against its tree's budget that no record of it will settle",
+        "store/sql/queries.sql",
+        "     WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s\n       AND c.epoch <= %(epoch)s\n",
+        "     WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s\n",
+        (
+            "tests/contract/test_store_contract.py::"
+            "test_a_stale_epochs_reserve_holds_nothing_and_is_fenced",
+        ),
+    ),
 ]
 
 
