@@ -898,7 +898,8 @@ SELECT c.run_id
 
 -- name: sweep
 -- Retention, one batch: up to `batch` terminal runs older than the horizon go, with
--- their window, ledger, history, signal, journal, budget and graph rows. Called until a batch comes back short,
+-- their window, ledger, history, signal, journal, budget, approval (with its audit row;
+-- the standing rules stay) and graph rows. Called until a batch comes back short,
 -- so each transaction (and its cascade) stays small. History and journal rows of a run
 -- from a month wholly behind the horizon stay: that month's partition is dropped whole
 -- once its last run is gone (cairn_drop_partitions); but those in the default partition,
@@ -941,6 +942,10 @@ WITH old AS (
     DELETE FROM graph_blobs g USING gone WHERE g.thread_id = gone.run_id
 ), gw AS (
     DELETE FROM graph_writes g USING gone WHERE g.thread_id = gone.run_id
+), ad AS (  -- its approvals' audit rows, found through them (by run_id, then by id); the
+            -- approvals themselves go by their foreign key's cascade
+    DELETE FROM approval_decisions d USING approvals a, gone
+     WHERE a.run_id = gone.run_id AND d.approval_id = a.approval_id
 )
 SELECT count(*) AS n FROM gone;
 
