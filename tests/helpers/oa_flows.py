@@ -158,3 +158,6 @@ def consult(query: str) -> str:
 
 steered_agent = Agent(name="steered", model=MODEL, tools=[consult], hooks=_SeenInput())
 steered = agent_workflow("oa_steered", steered_agent, config=CONFIG, steer=True)
+# The refunds agent, steered: a message taken before the wait for approval is in place after.
+steered_refunder = Agent(name="steered_refunds", model=MODEL, tools=[refund], hooks=_SeenInput())
+steered_refunds = agent_workflow("oa_steered_refunds", steered_refunder, config=CONFIG, steer=True)

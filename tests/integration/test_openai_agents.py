@@ -438,3 +438,31 @@ def test_a_steer_message_reaches_the_agent_s_next_request_once_across_a_kill(
         "function_call",
         "function_call_output",
     ]
+
+
+def test_steer_messages_taken_before_a_wait_for_approval_stay_in_place_after_it(
+    deps: loop.Deps, model: ModelServer
+) -> None:
+    client = Client(settings=deps.settings, store=deps.store, send=lambda run_id, priority: None)
+    prompt = f"TOOLS: refund\nRefund order 7. {uuid.uuid4().hex}"
+    run_id = _start(deps, "oa_steered_refunds", prompt)
+    client.steer(run_id, "keep it short")
+    assert loop.run(run_id, deps) == RunStatus.WAITING
+    client.steer(run_id, "in French")  # while the run waits
+    [call] = deps.store.get(run_id).state["pending"]  # type: ignore[union-attr]
+    client.signal(run_id, APPROVAL, {"approvals": {call["call_id"]: True}})
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    assert oa_flows.made[run_id] == ["refund refund 0"]
+    # The request after the wait: the first message where it was taken, the second new.
+    assert oa_flows.seen[run_id] == [
+        [prompt, "keep it short"],
+        [prompt, "keep it short", "in French"],
+    ]
+    window = deps.store.load(run_id).window  # type: ignore[union-attr]
+    assert [m.get("type") or m["content"] for m in window][:5] == [
+        prompt,
+        "keep it short",
+        "function_call",
+        "function_call_output",
+        "in French",
+    ]
