@@ -58,6 +58,7 @@ OWN_WRITES = "test_the_steps_own_writes_commit_with_the_save_and_roll_back_with_
 FENCES = "tests/integration/test_fences.py"
 SEAMS = "tests/fleet/test_seams.py"
 SEALING = "tests/integration/test_sealing.py"
+STORE = "tests/contract/test_store_contract.py"
 PAI = "tests/integration/test_pydantic_ai.py"
 PINNED = "tests/integration/test_pinned.py::test_a_pinned_runs_resume_goes_to_its_versions_queue_and_another_version_reroutes_it"
 LG_ZOMBIE = (
@@ -888,6 +889,15 @@ MUTANTS = [
         "    FOR EACH ROW WHEN (OLD.status = 'waiting' AND (NEW.status <> 'waiting' OR NEW.seq <> OLD.seq))",
         "    FOR EACH ROW WHEN (false)",
         (APPROVALS,),
+    ),
+    Mutant(
+        "M104",
+        "a budget hold without the epoch fence: a zombie whose lease lapsed after its check "
+        "holds room against its tree's budget that no record of it will settle",
+        "store/sql/queries.sql",
+        "     WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s\n       AND c.epoch <= %(epoch)s\n",
+        "     WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s\n",
+        (f"{STORE}::test_a_stale_epochs_reserve_holds_nothing_and_is_fenced",),
     ),
 ]
 

@@ -552,7 +552,8 @@ class PgStore:
         settles it; None: admitted, else the budget it would pass, as it stood. One
         transaction, the budgets' rows locked first: two runs of a tree checking at once
         are checked one after the other, so neither passes the limit on the room the
-        other took."""
+        other took. Fenced like a record: StaleWrite, and no hold, if the run moved on or
+        a newer epoch claimed it."""
         params = {
             "budgets": cp.budgets,
             "run_id": cp.run_id,
@@ -560,11 +561,17 @@ class PgStore:
             "visit": visit,
             "pos": pos,
             "seq": cp.seq,
+            "epoch": cp.epoch,
             "usd": usd,
             "tokens": tokens,
         }
         row = self.db.each(("budget_lock", "budget_release", "budget_reserve"), params)[2]
-        return _budget({**row, "soft": None}) if row is not None else None
+        assert row is not None  # budget_reserve returns one row, always
+        if row["fenced"]:
+            raise StaleWrite(cp.run_id, cp.seq, cp.epoch)
+        if row["scope"] is None:
+            return None
+        return _budget({**row, "soft": None})
 
     def budget(self, run_id: str) -> Budget | None:
         """The budget run_id was enqueued with (it and its descendants), or None."""

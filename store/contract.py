@@ -136,7 +136,9 @@ class RunStore(Protocol):
         of cp.budgets, holding its worst case (usd, tokens) until record_call settles it
         with the call's cost and tokens (a call
         already holding, from an attempt killed in it, is admitted again): None, or the
-        budget it would pass. Atomic: two runs of a tree cannot both take the last room."""
+        budget it would pass. Atomic: two runs of a tree cannot both take the last room.
+        Fenced like record_call: StaleWrite, holding nothing, if the run's seq moved on or
+        a newer epoch claimed it."""
 
     def steers(self, run_id: str, numbers: list[int]) -> list[tuple[int, Any]]:
         """The run's steer messages of these numbers (a replayed read), in order."""

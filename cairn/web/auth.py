@@ -2,6 +2,10 @@
 `cairn tokens create` (a tenant's, or an admin's), the pages' session derived from each,
 a run's read token, and the guard that refuses a request before any route sees it.
 
+A run's read token ends with what issued it: the admin token's is derived from that
+token alone; a `cairn tokens` token's is bound to that token too (its id and stored
+hash), so `cairn tokens revoke` ends the read tokens it got within TOKEN_TTL.
+
 A tenant's request carries its tenant in the ASGI scope's state; the routes' Client is
 then that tenant's view (cairn.web.deps), so another tenant's run is no run: a 404 on
 every route, absent from every list. A looked-up token is remembered TOKEN_TTL seconds
@@ -59,6 +63,7 @@ class Principal:
 
     how: Literal["bearer", "cookie"]
     tenant: str | None = None
+    token_id: str | None = None  # the `cairn tokens` token it proved with (None: the admin's)
 
 
 class Auth:
@@ -85,7 +90,7 @@ class Auth:
             if hmac.compare_digest(given.encode(), self.token):
                 return Principal("bearer")
             if given.startswith(PREFIX) and (found := await self._token(given)) is not None:
-                return Principal("bearer", None if found[0] else found[1])
+                return Principal("bearer", None if found[0] else found[1], found[2].decode())
         cookie = request.cookies.get(COOKIE, "")
         if cookie and hmac.compare_digest(cookie.encode(), self.session):
             return Principal("cookie")
@@ -94,7 +99,7 @@ class Auth:
         if found is not None and hmac.compare_digest(
             mac.encode(), self._mac(token_id, found[2]).encode()
         ):
-            return Principal("cookie", None if found[0] else found[1])
+            return Principal("cookie", None if found[0] else found[1], token_id)
         return None
 
     def _mac(self, token_id: str, stored: bytes) -> str:
@@ -141,17 +146,42 @@ class Auth:
         self._seen[key] = (now + TOKEN_TTL, found)
         return found
 
-    def reads(self, request: Request) -> bool | None:
+    async def reads(self, request: Request) -> bool | None:
         """For GET /runs/{id}/events with ?token=: whether it reads that run (None: no
-        such token on the request)."""
+        such token on the request). A `cairn tokens` token's read token reads while that
+        token is live (looked up as a page session's is, believed TOKEN_TTL)."""
         given = request.query_params.get("token")
         m = EVENTS_PATH.match(request.url.path)
         if given is None or m is None:
             return None
         if self.token is None:
             return False
+        token_id, dot, mac = given.partition(".")
+        if dot:
+            found = await self._session(token_id)
+            return found is not None and hmac.compare_digest(
+                mac.encode(), self._read_mac(token_id, found[2], m.group(1)).encode()
+            )
         expected = read_token(self.token.decode(), m.group(1))
         return hmac.compare_digest(given.encode(), expected.encode())
+
+    def read_token(self, run_id: str, token_id: str | None) -> str | None:
+        """run_id's read token for a request that proved itself with token_id (None: the
+        admin token, or its page session): the admin's derived from the server's token
+        alone (Client.events_token's); a `cairn tokens` token's "<id>.<MAC>", keyed by
+        the server's token and that token's stored hash. None: token_id is revoked."""
+        assert self.token is not None
+        if token_id is None:
+            return read_token(self.token.decode(), run_id)
+        found = self.tokens.live(token_id) if self.tokens is not None else None
+        if found is None:
+            return None
+        return f"{token_id}.{self._read_mac(token_id, found[1], run_id)}"
+
+    def _read_mac(self, token_id: str, stored: bytes, run_id: str) -> str:
+        assert self.token is not None
+        said = b"cairn run events:" + token_id.encode() + b":" + stored + b":" + run_id.encode()
+        return hmac.new(self.token, said, hashlib.sha256).hexdigest()
 
     async def login(self, given: str) -> str | None:
         """The session cookie's value for a correct token, else None: the admin token's
@@ -189,12 +219,15 @@ class Guard:
         if not OPEN_PATHS.match(path):
             who = await self.auth.check(request)
             how = who.how if who is not None else None
+            if who is not None and who.token_id is not None:
+                # A run's read token it asks for is bound to it (Auth.read_token).
+                request.scope.setdefault("state", {})["token_id"] = who.token_id
             if who is not None and who.tenant is not None:
                 if ADMIN_PATHS.match(path):
                     return error(403, "forbidden", "an admin token's: it spans every tenant")
                 # The routes' Client acts for this tenant alone (cairn.web.deps).
                 request.scope.setdefault("state", {})["tenant"] = who.tenant
-            if how is None and (reads := self.auth.reads(request)) is not None:
+            if how is None and (reads := await self.auth.reads(request)) is not None:
                 if not reads:
                     return error(403, "forbidden", "this token does not read this run's events")
                 return None

@@ -898,7 +898,8 @@ SELECT c.run_id
 
 -- name: sweep
 -- Retention, one batch: up to `batch` terminal runs older than the horizon go, with
--- their window, ledger, history, signal, journal, budget and graph rows. Called until a batch comes back short,
+-- their window, ledger, history, signal, journal, budget, approval (with its audit row;
+-- the standing rules stay) and graph rows. Called until a batch comes back short,
 -- so each transaction (and its cascade) stays small. History and journal rows of a run
 -- from a month wholly behind the horizon stay: that month's partition is dropped whole
 -- once its last run is gone (cairn_drop_partitions); but those in the default partition,
@@ -941,6 +942,10 @@ WITH old AS (
     DELETE FROM graph_blobs g USING gone WHERE g.thread_id = gone.run_id
 ), gw AS (
     DELETE FROM graph_writes g USING gone WHERE g.thread_id = gone.run_id
+), ad AS (  -- its approvals' audit rows, found through them (by run_id, then by id); the
+            -- approvals themselves go by their foreign key's cascade
+    DELETE FROM approval_decisions d USING approvals a, gone
+     WHERE a.run_id = gone.run_id AND d.approval_id = a.approval_id
 )
 SELECT count(*) AS n FROM gone;
 
@@ -1385,12 +1390,20 @@ RETURNING b.scope;
 -- The check and the hold, after budget_lock: a call is admitted when, on every scope,
 -- spent + reserved + its worst case stays within the limit; then it holds its worst case
 -- on each. A call that holds already (an attempt killed in it; this is the next) was
--- admitted then: its hold is renewed unchecked. No row: admitted; else the first scope
--- over its limit, with the figures.
-WITH scopes AS (
+-- admitted then: its hold is renewed unchecked. Fenced like a record (record_call): a
+-- worker whose run moved on or was claimed by a newer epoch holds nothing (fenced: true),
+-- so a zombie that passed its lease check before the lease lapsed leaves no hold behind.
+-- One row: fenced, or the first scope over its limit with the figures (scope NULL:
+-- admitted).
+WITH fence AS (
+    SELECT c.run_id FROM checkpoints c
+     WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s
+       AND c.epoch <= %(epoch)s
+       FOR SHARE OF c
+), scopes AS (
     SELECT scope, limit_usd, spent_usd, reserved_usd, limit_tokens, spent_tokens,
            reserved_tokens
-      FROM budgets WHERE scope = ANY(%(budgets)s)
+      FROM budgets WHERE scope = ANY(%(budgets)s) AND EXISTS (SELECT 1 FROM fence)
 ), mine AS (
     SELECT scope, usd, tokens FROM budget_holds
      WHERE run_id = %(run_id)s AND cursor = %(cursor)s AND visit = %(visit)s AND pos = %(pos)s
@@ -1413,8 +1426,12 @@ WITH scopes AS (
       FROM scopes s LEFT JOIN mine m USING (scope)
      WHERE b.scope = s.scope AND NOT EXISTS (SELECT 1 FROM over)
 )
-SELECT scope, limit_usd, spent_usd, reserved_usd, limit_tokens, spent_tokens, reserved_tokens
-  FROM over ORDER BY scope LIMIT 1;
+SELECT NOT EXISTS (SELECT 1 FROM fence) AS fenced, o.*
+  FROM (SELECT 1) one LEFT JOIN (
+      SELECT scope, limit_usd, spent_usd, reserved_usd, limit_tokens, spent_tokens,
+             reserved_tokens
+        FROM over ORDER BY scope LIMIT 1
+  ) o ON true;
 
 -- name: budget_of
 -- A budget's figures (Client.budget, raise_budget's answer).

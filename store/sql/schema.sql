@@ -713,7 +713,7 @@ CREATE TRIGGER checkpoints_approvals_close AFTER UPDATE OF status, seq ON checkp
 
 -- The audit: who decided what and when, written in the transaction that sends the run its
 -- signal. One row per approval (the primary key: a second decision, even a racing one,
--- writes none). Kept after the run is swept, as an audit is.
+-- writes none). Swept with its run, found through its approval (the sweep).
 CREATE TABLE approval_decisions (
     approval_id  bigint PRIMARY KEY,
     run_id       text NOT NULL,

@@ -238,3 +238,41 @@ def test_a_tenant_sees_and_decides_its_own_approvals_only_and_its_rules_are_its_
     with pytest.raises(errors.HandOff, match="had come"):  # decided as it saved: goes on
         loop.run(ruled, deps)
     assert loop.run(ruled, deps) == RunStatus.DONE
+
+
+def test_the_sweep_takes_a_runs_approvals_with_their_audit_and_keeps_the_rules(
+    deps: loop.Deps, request: pytest.FixtureRequest
+) -> None:
+    client = _client(deps)
+    tool = f"lookup-{uuid.uuid4().hex[:6]}"
+    rule = client.add_rule("approval-asker", tool, by="ops@acme")
+    decided = _parked(deps)
+    [asked] = [a for a in client.approvals(workflow="approval-asker") if a.run_id == decided]
+    client.decide(asked.approval_id, "approve", by="ops@acme")
+    assert loop.run(decided, deps) == RunStatus.DONE
+    ruled = f"ruled-{uuid.uuid4().hex[:8]}"  # decided by the rule as it saved its wait
+    assert deps.store.create_run(ruled, "approval-asker", {"tool": tool})
+    with pytest.raises(errors.HandOff):
+        loop.run(ruled, deps)
+    assert loop.run(ruled, deps) == RunStatus.DONE
+    got = deps.store.get(ruled)
+    assert got is not None
+    ruled_id = got.state["got"]["approval_id"]
+    waiting = _parked(deps)  # not finished: the sweep leaves it and its request
+    gone = [decided, ruled]
+
+    # Both finished runs past the horizon.
+    if request.node.callspec.params["deps"] == "memory":
+        deps.store._clock.advance(8 * 86400)  # type: ignore[attr-defined]
+    else:
+        sql = request.getfixturevalue("sql")
+        sql("UPDATE checkpoints SET updated_at = now() - interval '8 days' WHERE run_id = ANY(%s)",
+            gone)  # fmt: skip
+        audit = "SELECT count(*) FROM approval_decisions WHERE run_id = ANY(%s)"
+        assert sql(audit, gone) == [(2,)]
+    assert deps.store.sweep(older_than=7 * 86400) == 2
+    assert client.approval(asked.approval_id) is None and client.approval(ruled_id) is None
+    if request.node.callspec.params["deps"] == "pg":
+        assert sql(audit, gone) == [(0,)]  # no audit row outlives its run
+    assert waiting in _mine(client.approvals(), [waiting])
+    assert rule in client.rules()

@@ -994,6 +994,28 @@ def test_the_sweep_removes_a_swept_runs_budget_with_its_holds(backend: Backend) 
     assert got is not None and (got.limit_usd, got.spent_usd, got.reserved_usd) == (2.0, 0, 0)
 
 
+def test_a_stale_epochs_reserve_holds_nothing_and_is_fenced(backend: Backend) -> None:
+    store = backend.store
+    assert store.create_run("tree", "probe", {}, "one", budget_usd=1.0)
+    zombie = store.claim("tree", 1)
+    assert zombie is not None
+    # The zombie's lease lapsed after its check; another worker claimed the run.
+    owner = store.claim("tree", 2)
+    assert owner is not None and owner.epoch == 2
+    with pytest.raises(StaleWrite):
+        store.reserve(zombie, 0, 0, 0.5)
+    got = store.budget("tree")
+    assert got is not None and got.reserved_usd == 0
+    # The owner's hold is the only one: all the room but its own is left.
+    assert store.reserve(owner, 0, 0, 0.5) is None
+    over = store.reserve(owner, 0, 1, 0.6)
+    assert over is not None and over.reserved_usd == pytest.approx(0.5)
+    # A writer whose run moved past its seq is fenced too.
+    store.save(_advance(owner), owner)
+    with pytest.raises(StaleWrite):
+        store.reserve(owner, 0, 2, 0.1)
+
+
 # -- the journal of calls inside a step --------------------------------------------------
 def test_calls_are_journaled_in_order_per_visit(any_store: CheckpointStore) -> None:
     cp = _running(any_store)  # at cursor "two", seq 1, epoch 1

@@ -14,10 +14,12 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
+from typing import Any
 
 import httpx
 from agents import (
     Agent,
+    AgentHooks,
     GuardrailFunctionOutput,
     RunConfig,
     RunContextWrapper,
@@ -123,3 +125,39 @@ chatter = Agent(name="chat", instructions="Chat with the customer.", model=MODEL
 chat = agent_workflow("oa_chat", chatter, config=CONFIG, session=True)
 # The refunds agent as a chat: a turn that waits for approval keeps its items so far.
 refund_chat = agent_workflow("oa_refund_chat", refunder, config=CONFIG, session=True)
+
+# -- steering: the user adds to a running agent's conversation (Client.steer) ----------------
+seen: defaultdict[str, list[list[str]]] = defaultdict(list)  # each request's user texts, per run
+steer_clients: dict[str, cairn.Client] = {}  # the test's client, per run: a tool steers
+
+
+class _SeenInput(AgentHooks[Any]):
+    """Keeps what each model request of a run was sent (the SDK's on_llm_start gets the
+    input as filtered, as the model gets it): its user messages' texts."""
+
+    async def on_llm_start(
+        self,
+        context: RunContextWrapper[Any],
+        agent: Agent[Any],
+        system_prompt: Any,
+        input_items: Any,
+    ) -> None:
+        ctx = cairn.current()
+        users = [i["content"] for i in input_items if i.get("role") == "user"]
+        seen[ctx.run_id if ctx else "outside"].append(users)
+
+
+@function_tool
+def consult(query: str) -> str:
+    """Read a help page (while it runs, the user asks for French)."""
+    ctx = cairn.current()
+    assert ctx is not None
+    steer_clients[ctx.run_id].steer(ctx.run_id, {"role": "user", "content": "in French"})
+    return f"page about {query}"
+
+
+steered_agent = Agent(name="steered", model=MODEL, tools=[consult], hooks=_SeenInput())
+steered = agent_workflow("oa_steered", steered_agent, config=CONFIG, steer=True)
+# The refunds agent, steered: a message taken before the wait for approval is in place after.
+steered_refunder = Agent(name="steered_refunds", model=MODEL, tools=[refund], hooks=_SeenInput())
+steered_refunds = agent_workflow("oa_steered_refunds", steered_refunder, config=CONFIG, steer=True)

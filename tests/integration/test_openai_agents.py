@@ -21,6 +21,7 @@ import pytest
 
 from cairn.client import Client
 from cairn.core.errors import RetryLater, StaleWrite
+from cairn.core.records import STEERED as READ
 from cairn.core.records import Checkpoint
 from cairn.core.settings import Settings
 from cairn.core.status import RunStatus
@@ -402,3 +403,66 @@ def test_the_inbox_lists_the_pending_call_and_its_approval_runs_it(
     client.decide(asked.approval_id, "approve")
     assert loop.run(run_id, deps) == RunStatus.DONE
     assert oa_flows.made[run_id] == ["refund refund 0"]
+
+
+def test_a_steer_message_reaches_the_agent_s_next_request_once_across_a_kill(
+    deps: loop.Deps, model: ModelServer
+) -> None:
+    prompt = f"TOOLS: consult\nExplain fencing. {uuid.uuid4().hex}"
+    run_id = _start(deps, "oa_steered", prompt)
+    client = oa_flows.steer_clients[run_id] = Client(
+        settings=deps.settings, store=deps.store, send=lambda run_id, priority: None
+    )
+    client.steer(run_id, "keep it short")  # before the first request; the tool adds another
+    # Killed as the second request returned, before its record (journal: messages,
+    # model, tool, messages, model): the replay takes in the same messages at the same
+    # places from the journal, and no more.
+    with pytest.raises(ProcessDied):
+        loop.run(run_id, dataclasses.replace(deps, middleware=Chain([Die("after", 4)])))
+    client.steer(run_id, "too late")  # after the second read: the replay does not take it
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+
+    journal = deps.store.journal(run_id, "agent", 0)
+    assert [c.name for c in journal] == [READ, "model", "tool:consult", READ, "model"]
+    first, second = [prompt, "keep it short"], [prompt, "keep it short", "in French"]
+    # Each request as sent: the second twice (the kill cut it before its record), the same
+    # both times, with "in French" once; the first replayed from the journal between.
+    assert oa_flows.seen[run_id] == [first, second, first, second]
+    run = deps.store.get(run_id)
+    assert run is not None and run.state["output"] == "ack: in French"
+    window = deps.store.load(run_id).window  # type: ignore[union-attr]
+    said = [m["content"] for m in window if m.get("role") == "user"]
+    assert said == [prompt, "keep it short", "in French"]  # in the conversation once each
+    assert [m.get("type", "message") for m in window][1:4] == [
+        "message",
+        "function_call",
+        "function_call_output",
+    ]
+
+
+def test_steer_messages_taken_before_a_wait_for_approval_stay_in_place_after_it(
+    deps: loop.Deps, model: ModelServer
+) -> None:
+    client = Client(settings=deps.settings, store=deps.store, send=lambda run_id, priority: None)
+    prompt = f"TOOLS: refund\nRefund order 7. {uuid.uuid4().hex}"
+    run_id = _start(deps, "oa_steered_refunds", prompt)
+    client.steer(run_id, "keep it short")
+    assert loop.run(run_id, deps) == RunStatus.WAITING
+    client.steer(run_id, "in French")  # while the run waits
+    [call] = deps.store.get(run_id).state["pending"]  # type: ignore[union-attr]
+    client.signal(run_id, APPROVAL, {"approvals": {call["call_id"]: True}})
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    assert oa_flows.made[run_id] == ["refund refund 0"]
+    # The request after the wait: the first message where it was taken, the second new.
+    assert oa_flows.seen[run_id] == [
+        [prompt, "keep it short"],
+        [prompt, "keep it short", "in French"],
+    ]
+    window = deps.store.load(run_id).window  # type: ignore[union-attr]
+    assert [m.get("type") or m["content"] for m in window][:5] == [
+        prompt,
+        "keep it short",
+        "function_call",
+        "function_call_output",
+        "in French",
+    ]

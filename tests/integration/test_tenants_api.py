@@ -190,6 +190,33 @@ def test_a_revoked_tokens_page_session_ends(http: Any, tokens: Tokens) -> None:
         time.sleep(0.2)
 
 
+def test_a_revoked_tokens_read_tokens_stop_reading_within_seconds(
+    http: Any, tokens: Tokens
+) -> None:
+    record, token = tokens.create("acme")
+    _, kept = tokens.create("acme")
+    start = {"workflow": "tenants-probe", "input": {}, "run_id": "acme-read"}
+    assert http.post("/runs", json=start, headers=_bearer(token)).status_code == 202
+    # Ended, so its stream ends: each read below is a whole answer.
+    assert http.post("/runs/acme-read/cancel", headers=_bearer(token)).status_code == 202
+    read = http.post("/runs/acme-read/events/token", headers=_bearer(token)).json()["token"]
+    other = http.post("/runs/acme-read/events/token", headers=_bearer(kept)).json()["token"]
+    admin = http.post("/runs/acme-read/events/token", headers=_bearer(ADMIN)).json()["token"]
+    assert len({read, other, admin}) == 3  # each bound to the token that asked
+    for given in (read, other, admin):
+        assert http.get(f"/runs/acme-read/events?token={given}").status_code == 200
+    forged = read.partition(".")[0] + "." + "0" * 64
+    assert http.get(f"/runs/acme-read/events?token={forged}").status_code == 403
+    tokens.revoke(record.id)
+    deadline = time.monotonic() + TOKEN_TTL + 3
+    while http.get(f"/runs/acme-read/events?token={read}").status_code != 403:
+        assert time.monotonic() < deadline, "a revoked token's read token still reads"
+        time.sleep(0.2)
+    # The read tokens other tokens got read on.
+    assert http.get(f"/runs/acme-read/events?token={other}").status_code == 200
+    assert http.get(f"/runs/acme-read/events?token={admin}").status_code == 200
+
+
 def test_an_admin_token_from_the_cli_sees_every_tenant(http: Any, tokens: Tokens) -> None:
     _, acme = tokens.create("acme")
     _, admin = tokens.create(None, "ops", admin=True)

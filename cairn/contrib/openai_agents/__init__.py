@@ -56,6 +56,7 @@ from cairn.contrib.openai_agents._journal import (
 )
 from cairn.contrib.openai_agents._model import CairnModel, CairnModelProvider
 from cairn.contrib.openai_agents._session import CairnSession, session_items
+from cairn.contrib.openai_agents._steer import Steering, steered
 from cairn.core.errors import CairnError, InvalidInput
 from cairn.core.records import decision_in
 from cairn.steps.context import Context
@@ -184,6 +185,7 @@ def agent_workflow(
     max_turns: int = DEFAULT_MAX_TURNS,
     stream: bool = False,
     session: bool = False,
+    steer: bool = False,
     retry: Retry | None = None,
     **options: Any,
 ) -> Workflow:
@@ -205,6 +207,11 @@ def agent_workflow(
     a CairnSession in the step's transaction, so they commit with the step's checkpoint:
     a killed or fenced step leaves no item, and the next turn sees this one's.
 
+    steer=True: before each model request the agent takes in the run's steer messages
+    (Client.steer; ctx.messages(), a journaled read) as user messages at the end of its
+    input (the SDK's RunConfig.call_model_input_filter, before config's own), each once,
+    in order, and kept in the later requests and the run's window.
+
     Wraps the function tools and guardrails of agent and of the agents it hands off to in
     place (journal_agents); outside a cairn step they run as before.
     """
@@ -219,6 +226,8 @@ def agent_workflow(
         if isinstance(start, StepResult):  # a bad approval: wait for a good one
             return start
         memory = CairnSession(ctx.input["session_id"]) if session else None
+        # One filter per step: what it took so far (kept in the state across a wait).
+        steering = Steering(settings.call_model_input_filter, ctx.state.get("steered") or ())
         try:
             result = await Runner.run(
                 agent,
@@ -226,7 +235,7 @@ def agent_workflow(
                 context=given,
                 max_turns=max_turns,
                 hooks=_HOOKS,
-                run_config=settings,
+                run_config=steering.config(settings) if steer else settings,
                 session=memory,
             )
         except AgentsException as exc:
@@ -234,7 +243,7 @@ def agent_workflow(
             if error is exc:
                 raise
             raise error from exc
-        return _outcome(ctx, result)
+        return _outcome(ctx, result, steering.taken)
 
     return flow
 
@@ -282,8 +291,9 @@ def _cairn_error(exc: AgentsException) -> BaseException:
     return exc if cause is None else cause
 
 
-def _outcome(ctx: Context, result: Any) -> StepResult:
-    """The step's result: a wait for approval while tool calls are pending, else done."""
+def _outcome(ctx: Context, result: Any, taken: list[list[Any]]) -> StepResult:
+    """The step's result: a wait for approval while tool calls are pending, else done.
+    taken: the steer messages the run took in, and where (Steering)."""
     usage = _usage(ctx.state.get("usage"), result.context_wrapper.usage)
     if result.interruptions:
         pending = _pending(result.interruptions)
@@ -296,6 +306,7 @@ def _outcome(ctx: Context, result: Any) -> StepResult:
                 "run_state": result.to_state().to_json(),
                 "rejected": None,
                 "usage": usage,
+                "steered": taken,
             },
         )
     return StepResult(
@@ -307,6 +318,7 @@ def _outcome(ctx: Context, result: Any) -> StepResult:
             "run_state": None,
             "rejected": None,
             "usage": usage,
+            "steered": None,
         },
-        window=[jsonable(item) for item in result.to_input_list()],
+        window=[jsonable(item) for item in steered(result.to_input_list(), taken)],
     )

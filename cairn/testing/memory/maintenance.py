@@ -129,7 +129,8 @@ class _Maintenance(_Tables):
         progress: Callable[[int], None] | None = None,
     ) -> int:
         """Delete terminal runs older than older_than seconds with their window, ledger,
-        history and signals, batch runs at a time; returns how many went."""
+        history, signals and approvals (with their audit; the rules stay), batch runs at a
+        time; returns how many went."""
         total = 0
         while True:
             with self._lock:
@@ -149,6 +150,9 @@ class _Maintenance(_Tables):
                     del self._budgets[scope]
                 for hold in [h for h in self._holds if h[4] in scopes]:
                     del self._holds[hold]
+                asked = self._asks.asked  # an approval's audit row is its `decision`
+                for approval_id in [k for k, a in asked.items() if a.run_id in gone]:
+                    del asked[approval_id]
             total += len(old)
             if progress is not None and old:
                 progress(total)

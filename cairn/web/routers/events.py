@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Header, Query, Response, Security
+from fastapi import APIRouter, Header, Query, Request, Response, Security
 from fastapi.responses import StreamingResponse
 from fastapi.sse import format_sse_event
 
@@ -19,7 +19,7 @@ from cairn.core.errors import InvalidInput, UnknownRun
 from cairn.core.events import RESERVED, Event
 from cairn.web.answers import EventsToken
 from cairn.web.auth import READ_TOKEN
-from cairn.web.deps import ClientDep, HubDep, SettingsDep
+from cairn.web.deps import AuthDep, ClientDep, HubDep, SettingsDep
 from cairn.web.errors import errors
 from cairn.web.models import EVENT_ID_SCHEMA
 
@@ -126,12 +126,20 @@ async def events(
 
 
 @router.post("/runs/{run_id}/events/token", response_model=EventsToken, responses=errors(404))
-def events_token(run_id: str, client: ClientDep, settings: SettingsDep) -> dict[str, Any]:
+def events_token(
+    run_id: str, request: Request, client: ClientDep, settings: SettingsDep, auth: AuthDep
+) -> dict[str, Any]:
     """A token that reads this run's events and nothing else (Client.events_token), and
     the URL to open with it: what a web app's back end hands its page, whose EventSource
     cannot send the API token (and must never see it)."""
     if client.get(run_id) is None:
         raise UnknownRun(f"no run {run_id!r}")
-    token = client.events_token(run_id) if settings.api_token else ""
+    token = ""
+    if settings.api_token:
+        # Asked with a `cairn tokens` token: bound to it, so its revocation ends this too.
+        got = auth.read_token(run_id, request.scope.get("state", {}).get("token_id"))
+        if got is None:  # revoked since the guard believed it
+            raise UnknownRun(f"no run {run_id!r}")
+        token = got
     path = f"/runs/{quote(run_id, safe='')}/events"
     return {"run_id": run_id, "token": token, "url": f"{path}?token={token}" if token else path}
