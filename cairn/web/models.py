@@ -164,6 +164,23 @@ class RaiseBudget(BaseModel):
     )
 
 
+class TenantBudget(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    usd: float | None = Field(default=None, gt=0, description="The limit, in dollars.")
+    tokens: Annotated[int, Field(ge=1, le=WHOLE_MAX), WHOLE] | None = Field(
+        default=None, description="The limit, in model tokens."
+    )
+    per: Literal["day", "month"] | None = Field(
+        default=None, description="What spent counts per, in UTC [kept; day for a new budget]."
+    )
+    soft: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="The fraction of each limit whose crossing is a budget_soft event [kept].",
+    )
+
+
 class Fork(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     at_seq: Annotated[int, Field(ge=1, le=WHOLE_MAX), WHOLE] = Field(

@@ -386,6 +386,7 @@ class _Runs(_Tables):
             row = self._rows.get(cp.run_id)
             if row is None or row.seq != cp.seq or row.epoch > cp.epoch:
                 raise StaleWrite(cp.run_id, cp.seq, cp.epoch)
+            self._roll(scopes)
             for hold, (seq, held, held_tokens) in list(self._holds.items()):  # budget_release
                 run = self._rows.get(hold[0])
                 if hold[4] in scopes and (run is None or run.seq > seq or run.status in STOPPED):
