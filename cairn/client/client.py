@@ -572,7 +572,10 @@ class Client:
         checked_tenant_budget(tenant, usd, tokens, per, soft)
         rearmed = self.store.set_tenant_budget(tenant, usd, tokens, per, soft)
         if rearmed is None:
-            raise InvalidInput(f"tenant {tenant!r} has no budget yet: give usd=, tokens= or both")
+            raise InvalidInput(
+                f"tenant {tenant!r} has no budget yet: a new one needs a limit "
+                "(usd=, tokens=; cairn budgets set --usd N, --tokens N)"
+            )
         for rid in rearmed:
             run = self.get(rid)
             if run is not None and run.status == RunStatus.PENDING:  # else queued for its key

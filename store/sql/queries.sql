@@ -1463,13 +1463,17 @@ SELECT scope, limit_usd, soft, spent_usd, reserved_usd, limit_tokens, spent_toke
 -- raise_budget). A new one counts from the start of this UTC day or month; one whose
 -- period changes counts the new period from its start, keeping what it spent so far
 -- (spend is kept in total, not by day). No row when a new budget would have no limit
--- (an existing one may change its soft fraction or period alone).
+-- (an existing one may change its soft fraction or period alone). The row proposed takes
+-- the existing one's limits where none is given: the limits' CHECK holds for it before
+-- ON CONFLICT turns it into the update.
 INSERT INTO budgets AS b (scope, limit_usd, limit_tokens, soft, period, period_start)
-SELECT %(scope)s, %(limit_usd)s::double precision, %(limit_tokens)s::bigint,
-       %(soft)s::double precision, coalesce(%(period)s, 'day'),
+SELECT %(scope)s, coalesce(%(limit_usd)s::double precision, o.limit_usd),
+       coalesce(%(limit_tokens)s::bigint, o.limit_tokens), %(soft)s::double precision,
+       coalesce(%(period)s, 'day'),
        date_trunc(coalesce(%(period)s, 'day'), now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+  FROM (SELECT 1) one LEFT JOIN budgets o ON o.scope = %(scope)s
  WHERE %(limit_usd)s::double precision IS NOT NULL OR %(limit_tokens)s::bigint IS NOT NULL
-    OR EXISTS (SELECT 1 FROM budgets WHERE scope = %(scope)s)
+    OR o.scope IS NOT NULL
 ON CONFLICT (scope) DO UPDATE
    SET limit_usd = CASE WHEN %(set_usd)s THEN %(limit_usd)s ELSE b.limit_usd END,
        limit_tokens = CASE WHEN %(set_tokens)s THEN %(limit_tokens)s ELSE b.limit_tokens END,
