@@ -156,11 +156,9 @@ def checked_soft(soft: Any) -> None:
 
 
 def checked_tenant_budget(tenant: Any, usd: Any, tokens: Any, per: Any, soft: Any) -> None:
-    """set_tenant_budget's arguments: a tenant's name, something to set, limits above 0,
-    a UTC day or month, a soft fraction."""
+    """set_tenant_budget's arguments: a tenant's name, limits above 0, a UTC day or month,
+    a soft fraction (each may be left out: kept as it is)."""
     check_tenant(tenant)
-    if usd is None and tokens is None and per is None and soft is None:
-        raise InvalidInput("set_tenant_budget: give usd=, tokens= or both (per=, soft=)")
     if per is not None and per not in ("day", "month"):
         raise InvalidInput(f"per={per!r}: a tenant's budget counts per 'day' or 'month' (UTC)")
     checked_budget(usd, tokens, None, False)

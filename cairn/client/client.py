@@ -33,7 +33,14 @@ from cairn.client.checks import (
 )
 from cairn.client.sender import Sender, no_broker
 from cairn.core import tracing
-from cairn.core.errors import CairnError, InvalidInput, RunEnded, RunIdConflict, UnknownRun
+from cairn.core.errors import (
+    CairnError,
+    InvalidInput,
+    RunEnded,
+    RunIdConflict,
+    UnknownBudget,
+    UnknownRun,
+)
 from cairn.core.inputs import TENANT_KEY, check_input, check_run_id, check_tenant
 from cairn.core.records import (
     DECISIONS,
@@ -562,9 +569,10 @@ class Client:
         per "day" unless told). Every run of the tenant spends against it from its next
         claim, beside its own tree's budget; a model call that would pass it stops its run
         as budget_exceeded first. Each new period starts from nothing spent. The tenant's
-        runs stopped over budget go on (each checked again at the call that stopped it).
-        An admin's: a Client with a tenant gets InvalidInput, as for a bad argument or a
-        new budget without a limit."""
+        runs stopped over budget go on (each checked again at the call that stopped it):
+        given nothing, it changes nothing else (after a new day, say).
+        An admin's: a Client with a tenant gets InvalidInput, as does a bad argument;
+        a new budget without a limit, UnknownBudget (an InvalidInput)."""
         if self.tenant is not None:
             raise InvalidInput(
                 "set_tenant_budget is an admin's: a Client with a tenant cannot set budgets"
@@ -572,7 +580,7 @@ class Client:
         checked_tenant_budget(tenant, usd, tokens, per, soft)
         rearmed = self.store.set_tenant_budget(tenant, usd, tokens, per, soft)
         if rearmed is None:
-            raise InvalidInput(
+            raise UnknownBudget(
                 f"tenant {tenant!r} has no budget yet: a new one needs a limit "
                 "(usd=, tokens=; cairn budgets set --usd N, --tokens N)"
             )
@@ -586,11 +594,11 @@ class Client:
         """The tenant's budget in this period: its limits, period and period_start, what
         its runs' journaled calls cost since (spent_*) and what their calls in flight may
         cost at worst (reserved_*). A Client with a tenant reads its own only. Raises
-        InvalidInput when the tenant has none."""
+        UnknownBudget (an InvalidInput) when the tenant has none."""
         check_tenant(tenant)
         got = self.store.tenant_budget(tenant) if self.tenant in (None, tenant) else None
         if got is None:
-            raise InvalidInput(
+            raise UnknownBudget(
                 f"tenant {tenant!r} has no budget: cairn budgets set --tenant {tenant} "
                 "--usd N --per day gives it one"
             )

@@ -6,22 +6,23 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Path
 
 from cairn.web.answers import Budget
 from cairn.web.deps import ClientDep
 from cairn.web.errors import errors
-from cairn.web.models import TenantBudget
+from cairn.web.models import TENANT_SCHEMA, TenantBudget
 
 router = APIRouter(tags=["tenants"])
+Tenant = Annotated[str, Path(description="The tenant's name.", json_schema_extra=TENANT_SCHEMA)]
 
 
 @router.get(
     "/tenants/{tenant}/budget",
     response_model=Budget,
-    responses=errors(422, why={422: "The tenant has no budget (invalid_input)."}),
+    responses=errors(404, why={404: "The tenant has no budget (unknown_budget)."}),
 )
-def tenant_budget(tenant: str, client: ClientDep) -> dict[str, Any]:
+def tenant_budget(tenant: Tenant, client: ClientDep) -> dict[str, Any]:
     """The tenant's budget in this UTC day or month: its limits, what its runs spent since
     period_start, and what their calls in flight hold."""
     return client.tenant_budget(tenant).to_json()
@@ -31,15 +32,18 @@ def tenant_budget(tenant: str, client: ClientDep) -> dict[str, Any]:
     "/tenants/{tenant}/budget",
     response_model=Budget,
     responses=errors(
+        404,
         422,
         why={
-            422: "The request breaks a rule of this document (invalid_request), or a new "
-            "budget has no limit (invalid_input)."
+            404: "The tenant has no budget, and the request gives no limit to make it with "
+            "(unknown_budget).",
+            422: "The request breaks a rule of this document (invalid_request), or names "
+            "no valid tenant (invalid_input).",
         },
     ),
 )
 def set_tenant_budget(
-    tenant: str, body: Annotated[TenantBudget, Body()], client: ClientDep
+    tenant: Tenant, body: Annotated[TenantBudget, Body()], client: ClientDep
 ) -> dict[str, Any]:
     """Set the tenant's budget (what is left out is kept; a new one counts per day): every
     run of the tenant spends against it from its next model call, and its runs stopped as

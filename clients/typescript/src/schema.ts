@@ -3982,6 +3982,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description The tenant's name. */
                 tenant: string;
             };
             cookie?: never;
@@ -4008,7 +4009,16 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The tenant has no budget (invalid_input). */
+            /** @description The tenant has no budget (unknown_budget). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request breaks a rule of this document (invalid_request), or one of the server's own: an input its workflow refuses, or over CAIRN_MAX_INPUT_BYTES, or with NUL in a string (invalid_input); an unknown workflow (unknown_workflow). */
             422: {
                 headers: {
                     [name: string]: unknown;
@@ -4035,6 +4045,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description The tenant's name. */
                 tenant: string;
             };
             cookie?: never;
@@ -4090,6 +4101,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The tenant has no budget, and the request gives no limit to make it with (unknown_budget). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description A chunked body without Content-Length (length_required). */
             411: {
                 headers: {
@@ -4108,7 +4128,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The request breaks a rule of this document (invalid_request), or a new budget has no limit (invalid_input). */
+            /** @description The request breaks a rule of this document (invalid_request), or names no valid tenant (invalid_input). */
             422: {
                 headers: {
                     [name: string]: unknown;
