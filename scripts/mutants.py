@@ -860,8 +860,8 @@ MUTANTS = [
         "a tenant's budget never rolls: a new UTC day (or month) keeps the last one's spend, "
         "so the tenant's runs stay stopped over a budget that should have started again",
         "store/sql/queries.sql",
-        "   SET spent_usd = 0, spent_tokens = 0,\n       period_start = date_trunc(",
-        "   SET period_start = date_trunc(",
+        "   SET spent_usd = 0, spent_tokens = 0, period_start = {{period_now}}",
+        "   SET period_start = {{period_now}}",
         (f"{J}::test_a_tenants_budget_starts_again_each_day",),
     ),
     Mutant(

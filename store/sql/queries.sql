@@ -634,9 +634,14 @@ new AS (
        AND h.visit = %(visit)s AND h.pos = %(pos)s
     RETURNING h.scope, h.usd, h.tokens
 ), spend AS (
+    -- A tenant's budget whose period moved on since its last check counts from nothing
+    -- (budget_roll's reset, for a record that lands first).
     UPDATE budgets b
-       SET spent_usd = b.spent_usd + %(cost_usd)s,
-           spent_tokens = b.spent_tokens + %(tokens)s,
+       SET spent_usd = CASE WHEN b.period_start < {{period_now}} THEN 0 ELSE b.spent_usd END
+                       + %(cost_usd)s,
+           spent_tokens = CASE WHEN b.period_start < {{period_now}} THEN 0
+                               ELSE b.spent_tokens END + %(tokens)s,
+           period_start = greatest(b.period_start, {{period_now}}),
            reserved_usd = greatest(b.reserved_usd
                                    - coalesce((SELECT usd FROM hold WHERE hold.scope = b.scope), 0), 0),
            reserved_tokens = greatest(b.reserved_tokens
@@ -1380,13 +1385,16 @@ SELECT count(*) AS n FROM (
 -- A tenant's budget in a later UTC day or month than the one it counts: what was spent is
 -- the last period's, so it starts again at nothing. Reserved stays: the calls in flight
 -- still hold it, and their records spend it in the new period. After budget_lock (and
--- before reading a budget): the UPDATE's own lock makes two rolls one.
-UPDATE budgets
-   SET spent_usd = 0, spent_tokens = 0,
-       period_start = date_trunc(period, now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
- WHERE scope = ANY(%(budgets)s) AND period IS NOT NULL
-   AND period_start < date_trunc(period, now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
-RETURNING scope;
+-- before reading a budget): the UPDATE's own lock makes two rolls one. A record landing
+-- in a new period before any check rolls it too (record_budgeted_call).
+UPDATE budgets b
+   SET spent_usd = 0, spent_tokens = 0, period_start = {{period_now}}
+ WHERE b.scope = ANY(%(budgets)s) AND b.period_start < {{period_now}}
+RETURNING b.scope;
+
+-- fragment: period_now
+-- The start of the UTC day or month budget b (a tenant's) counts now; NULL for a tree's.
+date_trunc(b.period, now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
 
 -- name: budget_release
 -- Holds that can no longer be settled: their run saved past the step that made them (a

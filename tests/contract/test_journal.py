@@ -759,9 +759,20 @@ def test_a_tenants_runs_share_its_budget_and_go_on_when_it_is_raised(deps: loop.
     assert (budget.spent_usd, budget.limit_usd, budget.period) == pytest.approx((0.16, 1.0, "day"))
 
 
-def test_a_tenants_budget_starts_again_each_day(deps: loop.Deps, request: Any) -> None:
+def _next_day(deps: loop.Deps, request: Any, tenant: str) -> None:
+    """A day on: the twins' clock moved, or the budget's period put back on Postgres."""
     from cairn.testing import MemoryStore
 
+    if isinstance(deps.store, MemoryStore):
+        deps.store._clock.advance(24 * 3600)  # type: ignore[attr-defined]
+        return
+    request.getfixturevalue("sql")(
+        "UPDATE budgets SET period_start = period_start - interval '1 day' WHERE scope = %s",
+        f"tenant:{tenant}",
+    )
+
+
+def test_a_tenants_budget_starts_again_each_day(deps: loop.Deps, request: Any) -> None:
     tenant = f"t{uuid.uuid4().hex[:8]}"
     run_id = _start(deps, "journal-agent", tenant=tenant)
     deps.store.set_tenant_budget(tenant, usd=0.055, per="day")
@@ -771,14 +782,7 @@ def test_a_tenants_budget_starts_again_each_day(deps: loop.Deps, request: Any) -
     before = deps.store.tenant_budget(tenant)
     assert before is not None and before.spent_usd == pytest.approx(0.04)
 
-    if isinstance(deps.store, MemoryStore):
-        deps.store._clock.advance(24 * 3600)  # type: ignore[attr-defined]
-    else:
-        sql = request.getfixturevalue("sql")
-        sql(
-            "UPDATE budgets SET period_start = period_start - interval '1 day' WHERE scope = %s",
-            f"tenant:{tenant}",
-        )
+    _next_day(deps, request, tenant)
     rolled = deps.store.tenant_budget(tenant)
     assert rolled is not None and rolled.spent_usd == 0
     assert rolled.period_start is not None and rolled.period_start.hour == 0
@@ -788,3 +792,20 @@ def test_a_tenants_budget_starts_again_each_day(deps: loop.Deps, request: Any) -
     assert loop.run(run_id, deps) == RunStatus.DONE
     assert calls[run_id].count("model") == 8
     assert _tenant_spent(deps, tenant) == pytest.approx((0.04, 0))  # this day's four
+
+
+def test_a_call_in_flight_over_midnight_counts_in_the_new_day(
+    deps: loop.Deps, request: Any
+) -> None:
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    deps.store.set_tenant_budget(tenant, usd=1.0, per="day")
+    run_id = _start(deps, "journal-agent", tenant=tenant)
+    cp = deps.store.claim(run_id, 1)
+    assert cp is not None
+    assert deps.store.reserve(cp, 0, 0, 0.02) is None
+    assert deps.store.record_call(cp, 0, Call(pos=0, name="model", result={}, cost_usd=0.01))
+    assert deps.store.reserve(cp, 0, 1, 0.02) is None
+    _next_day(deps, request, tenant)
+    # Its record lands before any check of the new day: yesterday's spend is not its.
+    assert deps.store.record_call(cp, 0, Call(pos=1, name="model", result={}, cost_usd=0.01))
+    assert _tenant_spent(deps, tenant) == pytest.approx((0.01, 0))

@@ -416,6 +416,7 @@ class _Runs(_Tables):
         """record_budgeted_call's settling (under the lock): the call's holds released,
         its cost and tokens added; the scopes whose soft limit it crossed."""
         crossed = []
+        self._roll(cp.budgets or ())  # a record that lands in a new period first
         for scope in sorted(cp.budgets or ()):
             b = self._budgets[scope]
             hold = self._holds.pop((cp.run_id, cp.cursor, visit, call.pos, scope), None)
