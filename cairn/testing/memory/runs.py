@@ -379,8 +379,8 @@ class _Runs(_Tables):
         self, cp: Checkpoint, visit: int, pos: int, usd: float, tokens: int = 0
     ) -> Budget | None:
         """Admit a call against the run's budgets, holding its worst case (budget_lock,
-        budget_release and budget_reserve in the SQL); None, or the budget it would pass.
-        Fenced like record_call: StaleWrite, holding nothing."""
+        budget_roll, budget_release and budget_reserve in the SQL); None, or the budget it
+        would pass. Fenced like record_call: StaleWrite, holding nothing."""
         scopes = sorted(cp.budgets or ())
         with self._lock:
             row = self._rows.get(cp.run_id)
