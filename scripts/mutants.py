@@ -856,6 +856,15 @@ MUTANTS = [
         (f"{APPROVALS}::{TENANT_APPROVALS}",),
     ),
     Mutant(
+        "M103",
+        "a tenant's budget never rolls: a new UTC day (or month) keeps the last one's spend, "
+        "so the tenant's runs stay stopped over a budget that should have started again",
+        "store/sql/queries.sql",
+        "   SET spent_usd = 0, spent_tokens = 0, period_start = {{period_now}}",
+        "   SET period_start = {{period_now}}",
+        (f"{J}::test_a_tenants_budget_starts_again_each_day",),
+    ),
+    Mutant(
         "M97",
         "a journal record written again by its own writer (a retry whose first try committed) "
         "adds the call's cost to its budgets again: spend counted twice for one record",

@@ -364,7 +364,12 @@ class Context(JournaledCalls, ModelCalls):
         over = self._store.reserve(self._at(), self.visit, pos, worst, tokens)
         if over is None:
             return
-        raise_it = f"cairn runs raise-budget {over.scope.removeprefix('run:')}"
+        tenant = over.scope.removeprefix("tenant:")
+        raise_it = (
+            f"cairn budgets set --tenant {tenant}"
+            if tenant != over.scope
+            else f"cairn runs raise-budget {over.scope.removeprefix('run:')}"
+        )
         if over.limit_usd is not None and (
             over.spent_usd + over.reserved_usd + worst > over.limit_usd
         ):

@@ -28,6 +28,7 @@ from cairn.core.records import (
     Spawned,
     Wait,
     budget_scope,
+    tenant_scope,
 )
 from cairn.core.status import TERMINAL, RunStatus
 from cairn.store.approvals import ApprovalStore
@@ -565,7 +566,8 @@ class PgStore:
             "usd": usd,
             "tokens": tokens,
         }
-        row = self.db.each(("budget_lock", "budget_release", "budget_reserve"), params)[2]
+        names = ("budget_lock", "budget_roll", "budget_release", "budget_reserve")
+        row = self.db.each(names, params)[3]
         assert row is not None  # budget_reserve returns one row, always
         if row["fenced"]:
             raise StaleWrite(cp.run_id, cp.seq, cp.epoch)
@@ -597,6 +599,43 @@ class PgStore:
                 if conn.execute(QUERIES["budget_of"], params).fetchone() is None:
                     return None
                 return [r["run_id"] for r in conn.execute(QUERIES["raise_budget"], params)]
+
+        return self.db.retry(attempt)
+
+    def tenant_budget(self, tenant: str) -> Budget | None:
+        """The tenant's budget as it stands in this period (rolled first if a new UTC day
+        or month began since its last check), or None."""
+        scope = tenant_scope(tenant)
+        row = self.db.each(("budget_roll", "budget_of"), {"budgets": [scope], "scope": scope})[1]
+        return _budget(row) if row is not None else None
+
+    def set_tenant_budget(
+        self,
+        tenant: str,
+        usd: float | None = None,
+        tokens: int | None = None,
+        per: str | None = None,
+        soft: float | None = None,
+    ) -> list[str] | None:
+        """Create or change the tenant's budget (the limits given; per: None keeps the
+        period, 'day' for a new one), and re-arm its runs stopped over budget: their ids
+        (the caller sends them), or None when there is none and no limit was given."""
+        params = {
+            "scope": tenant_scope(tenant),
+            "tenant": tenant,
+            "set_usd": usd is not None,
+            "limit_usd": usd,
+            "set_tokens": tokens is not None,
+            "limit_tokens": tokens,
+            "period": per,
+            "soft": soft,
+        }
+
+        def attempt() -> list[str] | None:
+            with self.db.connection() as conn, conn.transaction():
+                if conn.execute(QUERIES["set_tenant_budget"], params).fetchone() is None:
+                    return None
+                return [r["run_id"] for r in conn.execute(QUERIES["rearm_tenant_budget"], params)]
 
         return self.db.retry(attempt)
 
@@ -724,4 +763,6 @@ def _budget(row: dict[str, Any]) -> Budget:
         limit_tokens=row["limit_tokens"],
         spent_tokens=row["spent_tokens"],
         reserved_tokens=row["reserved_tokens"],
+        period=row.get("period"),
+        period_start=row.get("period_start"),
     )

@@ -326,6 +326,24 @@ class AdminStore(Protocol):
         """Set that budget's limits given and re-arm the runs of its tree that stopped over
         budget: their ids, for the caller to send; None when run_id has no budget."""
 
+    def tenant_budget(self, tenant: str) -> Budget | None:
+        """The tenant's budget ('tenant:<name>') as it stands in this UTC day or month (a
+        later period's first read or check starts its spend again), or None."""
+
+    def set_tenant_budget(
+        self,
+        tenant: str,
+        usd: float | None = None,
+        tokens: int | None = None,
+        per: str | None = None,
+        soft: float | None = None,
+    ) -> list[str] | None:
+        """Create or change the tenant's budget: the limits given (None: kept), per 'day'
+        or 'month' (None: kept; 'day' for a new one), soft (None: kept). Every run of the
+        tenant spends against it from its next claim. Re-arms the tenant's runs stopped
+        over budget: their ids, for the caller to send; None when the tenant has no budget
+        and no limit was given."""
+
     def schedule_store(self) -> Schedules:
         """The schedules kept beside these runs (a fired tick's runs are created here)."""
 

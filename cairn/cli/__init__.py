@@ -1,8 +1,8 @@
 """`cairn`: run workers, enqueue and inspect runs, upgrade the schema, run the demo.
 
 The root app and its error handling; each command group is a module of its own
-(worker, serve, runs and forks, schedules, approvals, db, tokens, deploy, settings, tools, chaos), and what they
-share is cairn.cli.common."""
+(worker, serve, runs and forks, schedules, approvals, budgets, db, tokens, deploy, settings,
+tools, chaos), and what they share is cairn.cli.common."""
 
 from __future__ import annotations
 
@@ -11,7 +11,19 @@ from typing import Annotated
 
 import typer
 
-from cairn.cli import approvals, db, deploy, runs, schedules, serve, settings, tokens, tools, worker
+from cairn.cli import (
+    approvals,
+    budgets,
+    db,
+    deploy,
+    runs,
+    schedules,
+    serve,
+    settings,
+    tokens,
+    tools,
+    worker,
+)
 from cairn.cli.common import fail
 
 app = typer.Typer(
@@ -48,6 +60,7 @@ app.add_typer(serve.app)
 app.add_typer(runs.app, name="runs")
 app.add_typer(schedules.app, name="schedules")
 app.add_typer(approvals.app, name="approvals")
+app.add_typer(budgets.app, name="budgets")
 app.add_typer(db.app, name="db")
 app.add_typer(tokens.app, name="tokens")
 app.add_typer(deploy.app, name="deploy")

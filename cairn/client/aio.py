@@ -184,6 +184,8 @@ class AsyncClient:
     cancel = _threaded(Client.cancel)
     budget = _threaded(Client.budget)
     raise_budget = _threaded(Client.raise_budget)
+    set_tenant_budget = _threaded(Client.set_tenant_budget)
+    tenant_budget = _threaded(Client.tenant_budget)
     children = _threaded(Client.children)
     fork = _threaded(Client.fork)
     rewind = _threaded(Client.rewind)

@@ -14,6 +14,7 @@ from cairn.core.inputs import (
     check_flow,
     check_input,
     check_run_id,
+    check_tenant,
 )
 from cairn.core.settings import Settings
 from cairn.core.status import RunStatus
@@ -142,9 +143,23 @@ def checked_budget(usd: Any, tokens: Any, soft: Any, elsewhere: bool) -> None:
         isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1
     ):
         raise InvalidInput(f"a budget in tokens is a whole number above 0, not {tokens!r}")
+    checked_soft(soft)
+
+
+def checked_soft(soft: Any) -> None:
     if soft is not None and (
         isinstance(soft, bool) or not isinstance(soft, (int, float)) or not 0 < soft <= 1
     ):
         raise InvalidInput(
             f"budget_soft is a fraction of the budget, above 0 and at most 1, not {soft!r}"
         )
+
+
+def checked_tenant_budget(tenant: Any, usd: Any, tokens: Any, per: Any, soft: Any) -> None:
+    """set_tenant_budget's arguments: a tenant's name, limits above 0, a UTC day or month,
+    a soft fraction (each may be left out: kept as it is)."""
+    check_tenant(tenant)
+    if per is not None and per not in ("day", "month"):
+        raise InvalidInput(f"per={per!r}: a tenant's budget counts per 'day' or 'month' (UTC)")
+    checked_budget(usd, tokens, None, False)
+    checked_soft(soft)

@@ -26,13 +26,21 @@ from cairn.client.checks import (
     checked_replay,
     checked_schedule,
     checked_signal,
+    checked_tenant_budget,
     flow,
     known,
     now,
 )
 from cairn.client.sender import Sender, no_broker
 from cairn.core import tracing
-from cairn.core.errors import CairnError, InvalidInput, RunEnded, RunIdConflict, UnknownRun
+from cairn.core.errors import (
+    CairnError,
+    InvalidInput,
+    RunEnded,
+    RunIdConflict,
+    UnknownBudget,
+    UnknownRun,
+)
 from cairn.core.inputs import TENANT_KEY, check_input, check_run_id, check_tenant
 from cairn.core.records import (
     DECISIONS,
@@ -546,6 +554,55 @@ class Client:
             if run is not None and run.status == RunStatus.PENDING:  # else queued for its key
                 self.send(rid, priority=run.priority)
         return self.budget(run_id)
+
+    def set_tenant_budget(
+        self,
+        tenant: str,
+        *,
+        usd: float | None = None,
+        tokens: int | None = None,
+        per: str | None = None,
+        soft: float | None = None,
+    ) -> Budget:
+        """Give the tenant a budget per UTC day or month (per: "day" or "month"), or change
+        it: the limits given (usd, tokens), per and soft (None: kept; a new budget counts
+        per "day" unless told). Every run of the tenant spends against it from its next
+        claim, beside its own tree's budget; a model call that would pass it stops its run
+        as budget_exceeded first. Each new period starts from nothing spent. The tenant's
+        runs stopped over budget go on (each checked again at the call that stopped it):
+        given nothing, it changes nothing else (after a new day, say).
+        An admin's: a Client with a tenant gets InvalidInput, as does a bad argument;
+        a new budget without a limit, UnknownBudget (an InvalidInput)."""
+        if self.tenant is not None:
+            raise InvalidInput(
+                "set_tenant_budget is an admin's: a Client with a tenant cannot set budgets"
+            )
+        checked_tenant_budget(tenant, usd, tokens, per, soft)
+        rearmed = self.store.set_tenant_budget(tenant, usd, tokens, per, soft)
+        if rearmed is None:
+            raise UnknownBudget(
+                f"tenant {tenant!r} has no budget yet: a new one needs a limit "
+                "(usd=, tokens=; cairn budgets set --usd N, --tokens N)"
+            )
+        for rid in rearmed:
+            run = self.get(rid)
+            if run is not None and run.status == RunStatus.PENDING:  # else queued for its key
+                self.send(rid, priority=run.priority)
+        return self.tenant_budget(tenant)
+
+    def tenant_budget(self, tenant: str) -> Budget:
+        """The tenant's budget in this period: its limits, period and period_start, what
+        its runs' journaled calls cost since (spent_*) and what their calls in flight may
+        cost at worst (reserved_*). A Client with a tenant reads its own only. Raises
+        UnknownBudget (an InvalidInput) when the tenant has none."""
+        check_tenant(tenant)
+        got = self.store.tenant_budget(tenant) if self.tenant in (None, tenant) else None
+        if got is None:
+            raise UnknownBudget(
+                f"tenant {tenant!r} has no budget: cairn budgets set --tenant {tenant} "
+                "--usd N --per day gives it one"
+            )
+        return got
 
     def _no_budget(self, run_id: str) -> Exception:
         if self.get(run_id) is None:

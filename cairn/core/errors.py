@@ -140,6 +140,12 @@ class InvalidInput(CairnError):
     """The run's input (or run id) was refused: the message says what to change."""
 
 
+class UnknownBudget(InvalidInput):
+    """A tenant with no budget: read, or changed without a limit to create it with (an
+    InvalidInput to the Client's callers; a 404 over HTTP, where the budget is the
+    resource)."""
+
+
 class RunIdConflict(CairnError):
     """A run with this id exists with another workflow or another input."""
 

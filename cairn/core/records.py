@@ -74,9 +74,10 @@ class Recorded:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Budget:
     """A budget's ledger (Client.budget): its scope ('run:<id>': that run and all its
-    descendants), its hard limits (None: none of that kind) and soft fraction, what its
-    journaled calls cost (spent_*) and the worst case of its calls in flight
-    (reserved_*), in dollars and in model tokens."""
+    descendants; 'tenant:<name>': that tenant's runs), its hard limits (None: none of that
+    kind) and soft fraction, what its journaled calls cost (spent_*) and the worst case of
+    its calls in flight (reserved_*), in dollars and in model tokens. A tenant's budget
+    counts per period ('day' or 'month', in UTC) from period_start; a tree's has none."""
 
     scope: str
     limit_usd: float | None
@@ -86,11 +87,23 @@ class Budget:
     limit_tokens: int | None = None
     spent_tokens: int = 0
     reserved_tokens: int = 0
+    period: str | None = None
+    period_start: dt.datetime | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["period_start"] = self.period_start.isoformat() if self.period_start else None
+        return out
 
 
 def budget_scope(run_id: str) -> str:
     """The scope of the budget a run was enqueued with: it and all its descendants."""
     return f"run:{run_id}"
+
+
+def tenant_scope(tenant: str) -> str:
+    """The scope of a tenant's budget (Client.set_tenant_budget): every run of the tenant."""
+    return f"tenant:{tenant}"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

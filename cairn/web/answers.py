@@ -155,10 +155,11 @@ class Steered(Answer):
 
 
 class Budget(Answer):
-    """A budget over a run and its descendants: its limit, what their journaled calls
-    cost, and the worst case of their calls in flight."""
+    """A budget over a run and its descendants, or over a tenant's runs per UTC day or
+    month: its limit, what their journaled calls cost, and the worst case of their calls
+    in flight."""
 
-    scope: str = Field(description="run:<id> of the run it was enqueued with.")
+    scope: str = Field(description="run:<id> of the run it was enqueued with, or tenant:<name>.")
     limit_usd: float | None = Field(description="null: no limit in dollars.")
     soft: float | None = Field(description="The soft limit, a fraction of each limit.")
     spent_usd: float
@@ -166,6 +167,10 @@ class Budget(Answer):
     limit_tokens: int | None = Field(description="null: no limit in tokens.")
     spent_tokens: int
     reserved_tokens: int
+    period: Literal["day", "month"] | None = Field(
+        description="A tenant's: spent counts per UTC day or month; null for a tree's."
+    )
+    period_start: DateTime | None = Field(description="When the period spent counts began.")
 
 
 class Decision(Answer):

@@ -30,7 +30,16 @@ from cairn.web.metrics import Measured, Metrics
 from cairn.web.openapi import document
 from cairn.web.reads import Reads, replica_client
 from cairn.web.render import STATIC
-from cairn.web.routers import approvals, events, health, pages, runs, schedules, signals
+from cairn.web.routers import (
+    approvals,
+    events,
+    health,
+    pages,
+    runs,
+    schedules,
+    signals,
+    tenants,
+)
 
 # A body larger than the largest input, by more than this envelope, is refused unread.
 ENVELOPE = 64 * 1024
@@ -67,7 +76,7 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
     app.add_middleware(Measured, metrics=metrics)
     errors.install(app)
 
-    for resource in (runs, events, signals, approvals, health, pages, schedules):
+    for resource in (runs, events, signals, approvals, health, pages, schedules, tenants):
         app.include_router(resource.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     document(app, open_paths=OPEN_PATHS, no_store=health.NO_STORE)

@@ -43,9 +43,9 @@ PAGE_HEADER = "x-cairn-page"
 # Reachable without the token: the probe, the login form and the pages' CSS and JS.
 OPEN_PATHS = re.compile(r"^/(healthz|login|static/.*)$")
 EVENTS_PATH = re.compile(r"^/runs/([^/]+)/events$")
-# Not a tenant's: what spans every tenant (replay, schedules, whose runs have none, and
-# the fleet's metrics).
-ADMIN_PATHS = re.compile(r"^/(runs/replay|schedules(/.*)?|metrics)$")
+# Not a tenant's: what spans every tenant (replay, schedules, whose runs have none, the
+# fleet's metrics) and a tenant's limits, which are the admin's to set.
+ADMIN_PATHS = re.compile(r"^/(runs/replay|schedules(/.*)?|tenants(/.*)?|metrics)$")
 # How long a token looked up in Postgres is believed (a revoke takes this long at most).
 TOKEN_TTL = 2.0
 SESSION_SALT = b"cairn page session"

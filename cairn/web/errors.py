@@ -30,6 +30,7 @@ from cairn.core.errors import (
     RunNotStopped,
     Transient,
     UnknownApproval,
+    UnknownBudget,
     UnknownRun,
     UnknownWorkflow,
 )
@@ -38,6 +39,7 @@ from cairn.core.errors import (
 _ERROR_STATUS: list[tuple[type[CairnError], int]] = [
     (UnknownRun, 404),
     (UnknownApproval, 404),
+    (UnknownBudget, 404),
     (AlreadyDecided, 409),
     (ApprovalGone, 409),
     (RunIdConflict, 409),

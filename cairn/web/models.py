@@ -20,6 +20,8 @@ from cairn.core.status import CANCEL_REASON
 # server checks them itself, for an error that says the rule in words.
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+=/-]*$"
 RUN_ID_SCHEMA: dict[str, Any] = {"pattern": RUN_ID_PATTERN, "maxLength": RUN_ID_MAX}
+# A tenant's name (cairn.core.inputs.TENANT), as RUN_ID_SCHEMA.
+TENANT_SCHEMA: dict[str, Any] = {"pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]*$", "maxLength": 100}
 # An event id (cairn.client.events.EVENT_ID): a stream entry's, one told from Postgres
 # after it (~k, ~end), or 0 for the run's start (what many SSE clients send).
 EVENT_ID_SCHEMA: dict[str, Any] = {
@@ -161,6 +163,23 @@ class RaiseBudget(BaseModel):
     usd: float | None = Field(default=None, gt=0, description="The new limit, in dollars.")
     tokens: Annotated[int, Field(ge=1, le=WHOLE_MAX), WHOLE] | None = Field(
         default=None, description="The new limit, in model tokens."
+    )
+
+
+class TenantBudget(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    usd: float | None = Field(default=None, gt=0, description="The limit, in dollars.")
+    tokens: Annotated[int, Field(ge=1, le=WHOLE_MAX), WHOLE] | None = Field(
+        default=None, description="The limit, in model tokens."
+    )
+    per: Literal["day", "month"] | None = Field(
+        default=None, description="What spent counts per, in UTC [kept; day for a new budget]."
+    )
+    soft: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="The fraction of each limit whose crossing is a budget_soft event [kept].",
     )
 
 

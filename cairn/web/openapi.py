@@ -65,6 +65,7 @@ def request_examples(workflow: str) -> dict[tuple[str, str], dict[str, Any]]:
         },
         ("post", "/runs/{run_id}/steer"): {"message": "Also check the invoice date."},
         ("post", "/runs/{run_id}/budget"): {"usd": 5.0},
+        ("put", "/tenants/{tenant}/budget"): {"usd": 50.0, "per": "day", "soft": 0.8},
         ("post", "/approvals/{approval_id}/decision"): {
             "decision": "approve",
             "note": "checked the invoice",

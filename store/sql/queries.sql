@@ -140,12 +140,19 @@ SELECT {{checkpoint_columns}}
 -- fragment: checkpoint_columns
 -- What `load` and `claim` return (c: the checkpoint, r: its run): a Checkpoint's fields,
 -- the oldest signal of the awaited event not yet consumed, and the live model window.
+-- budgets: the run's own, and its tenant's ('tenant:<name>') while that row exists, so a
+-- tenant's budget counts its runs from their next claim (a primary-key probe, and only
+-- for a run with a tenant).
 c.run_id, r.workflow, r.input, c.seq, c.cursor, c.state, c.visits, c.win_start,
        c.win_end, c.cost_usd, c.version, c.status, c.error, c.epoch, c.resumes, c.updated_at,
        c.attempts, c.deliveries, c.cancel_reason, r.max_cost_usd, c.wait_event,
        c.wait_timeout_cursor, coalesce(c.wait_until <= now(), false) AS wait_over,
        c.flow_version, r.parent_id, r.depth, r.concurrency_key, r.priority, r.traceparent,
-       r.forked_from, r.forked_at, r.tenant, r.budgets,
+       r.forked_from, r.forked_at, r.tenant,
+       CASE WHEN r.tenant IS NOT NULL
+                 AND EXISTS (SELECT 1 FROM budgets b WHERE b.scope = 'tenant:' || r.tenant)
+            THEN coalesce(r.budgets, '{}') || ('tenant:' || r.tenant)
+            ELSE r.budgets END AS budgets,
        CASE WHEN c.pinned THEN c.started_version END AS pinned_to,
        (SELECT jsonb_build_object('id', s.signal_id, 'payload', s.payload)
                || CASE WHEN s.traceparent IS NULL THEN '{}'::jsonb
@@ -627,9 +634,14 @@ new AS (
        AND h.visit = %(visit)s AND h.pos = %(pos)s
     RETURNING h.scope, h.usd, h.tokens
 ), spend AS (
+    -- A tenant's budget whose period moved on since its last check counts from nothing
+    -- (budget_roll's reset, for a record that lands first).
     UPDATE budgets b
-       SET spent_usd = b.spent_usd + %(cost_usd)s,
-           spent_tokens = b.spent_tokens + %(tokens)s,
+       SET spent_usd = CASE WHEN b.period_start < {{period_now}} THEN 0 ELSE b.spent_usd END
+                       + %(cost_usd)s,
+           spent_tokens = CASE WHEN b.period_start < {{period_now}} THEN 0
+                               ELSE b.spent_tokens END + %(tokens)s,
+           period_start = greatest(b.period_start, {{period_now}}),
            reserved_usd = greatest(b.reserved_usd
                                    - coalesce((SELECT usd FROM hold WHERE hold.scope = b.scope), 0), 0),
            reserved_tokens = greatest(b.reserved_tokens
@@ -1369,6 +1381,21 @@ SELECT count(*) AS n FROM (
     SELECT scope FROM budgets WHERE scope = ANY(%(budgets)s) ORDER BY scope FOR UPDATE
 ) locked;
 
+-- name: budget_roll
+-- A tenant's budget in a later UTC day or month than the one it counts: what was spent is
+-- the last period's, so it starts again at nothing. Reserved stays: the calls in flight
+-- still hold it, and their records spend it in the new period. After budget_lock (and
+-- before reading a budget): the UPDATE's own lock makes two rolls one. A record landing
+-- in a new period before any check rolls it too (record_budgeted_call).
+UPDATE budgets b
+   SET spent_usd = 0, spent_tokens = 0, period_start = {{period_now}}
+ WHERE b.scope = ANY(%(budgets)s) AND b.period_start < {{period_now}}
+RETURNING b.scope;
+
+-- fragment: period_now
+-- The start of the UTC day or month budget b (a tenant's) counts now; NULL for a tree's.
+date_trunc(b.period, now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+
 -- name: budget_release
 -- Holds that can no longer be settled: their run saved past the step that made them (a
 -- call abandoned with its attempt), or stopped. Released before the check.
@@ -1436,8 +1463,44 @@ SELECT NOT EXISTS (SELECT 1 FROM fence) AS fenced, o.*
 -- name: budget_of
 -- A budget's figures (Client.budget, raise_budget's answer).
 SELECT scope, limit_usd, soft, spent_usd, reserved_usd, limit_tokens, spent_tokens,
-       reserved_tokens
+       reserved_tokens, period, period_start
   FROM budgets WHERE scope = %(scope)s;
+
+-- name: set_tenant_budget
+-- A tenant's budget set (created, or its limits given changed: set_usd, set_tokens, as
+-- raise_budget). A new one counts from the start of this UTC day or month; one whose
+-- period changes counts the new period from its start, keeping what it spent so far
+-- (spend is kept in total, not by day). No row when a new budget would have no limit
+-- (an existing one may change its soft fraction or period alone). The row proposed takes
+-- the existing one's limits where none is given: the limits' CHECK holds for it before
+-- ON CONFLICT turns it into the update.
+INSERT INTO budgets AS b (scope, limit_usd, limit_tokens, soft, period, period_start)
+SELECT %(scope)s, coalesce(%(limit_usd)s::double precision, o.limit_usd),
+       coalesce(%(limit_tokens)s::bigint, o.limit_tokens), %(soft)s::double precision,
+       coalesce(%(period)s, 'day'),
+       date_trunc(coalesce(%(period)s, 'day'), now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+  FROM (SELECT 1) one LEFT JOIN budgets o ON o.scope = %(scope)s
+ WHERE %(limit_usd)s::double precision IS NOT NULL OR %(limit_tokens)s::bigint IS NOT NULL
+    OR o.scope IS NOT NULL
+ON CONFLICT (scope) DO UPDATE
+   SET limit_usd = CASE WHEN %(set_usd)s THEN %(limit_usd)s ELSE b.limit_usd END,
+       limit_tokens = CASE WHEN %(set_tokens)s THEN %(limit_tokens)s ELSE b.limit_tokens END,
+       soft = coalesce(%(soft)s, b.soft),
+       period = coalesce(%(period)s, b.period),
+       period_start = CASE WHEN coalesce(%(period)s, b.period) = b.period THEN b.period_start
+                           ELSE date_trunc(%(period)s, now() AT TIME ZONE 'UTC')
+                                AT TIME ZONE 'UTC' END
+RETURNING scope;
+
+-- name: rearm_tenant_budget
+-- A tenant's budget set: its runs stopped over budget re-armed at their cursor, as
+-- raise_budget re-arms a tree's (the call that stopped each is checked again, against
+-- every budget it spends on). The caller sends them.
+UPDATE checkpoints c SET status = 'pending', error = NULL, attempts = 0, deliveries = 0,
+       retry_at = NULL, updated_at = now()
+  FROM runs r
+ WHERE c.status = 'budget_exceeded' AND r.run_id = c.run_id AND r.tenant = %(tenant)s
+RETURNING c.run_id;
 
 -- name: raise_budget
 -- New limits for the scope (set_usd, set_tokens: which; a limit set to NULL is none), and its runs stopped over budget re-armed at their cursor

@@ -649,7 +649,13 @@ CREATE TABLE budgets (
     spent_tokens     bigint NOT NULL DEFAULT 0,
     reserved_tokens  bigint NOT NULL DEFAULT 0,
     created_at       timestamptz NOT NULL DEFAULT now(),
-    CONSTRAINT budgets_some_limit CHECK (limit_usd IS NOT NULL OR limit_tokens IS NOT NULL)
+    -- a tenant's budget ('tenant:<name>', migration 0025) rolls each UTC day or month:
+    -- the first check in a later period resets spent_* (holds in flight stay held);
+    -- NULL for a tree's, which never rolls
+    period           text CHECK (period IN ('day', 'month')),
+    period_start     timestamptz,
+    CONSTRAINT budgets_some_limit CHECK (limit_usd IS NOT NULL OR limit_tokens IS NOT NULL),
+    CONSTRAINT budgets_period_start CHECK ((period IS NULL) = (period_start IS NULL))
 );
 
 -- One row per call in flight that a budget admitted, keyed as its journal record will be:

@@ -716,3 +716,96 @@ def test_a_record_written_again_by_its_writer_adds_its_cost_once(deps: loop.Deps
     assert deps.store.record_call(cp, 0, call) is not None
     assert deps.store.record_call(cp, 0, call) is not None
     assert _budget(deps, run_id) == pytest.approx((0.01, 0))
+
+
+# -- a tenant's budget per day or month: every run of the tenant spends against it -------
+def _tenant_spent(deps: loop.Deps, tenant: str) -> tuple[float, float]:
+    budget = deps.store.tenant_budget(tenant)
+    assert budget is not None
+    return budget.spent_usd, budget.reserved_usd
+
+
+def test_a_tenants_runs_share_its_budget_and_go_on_when_it_is_raised(deps: loop.Deps) -> None:
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    first = _start(deps, "journal-agent", tenant=tenant)  # in before the budget: counted
+    second = _start(deps, "journal-agent", tenant=tenant)
+    other = _start(deps, "journal-agent", tenant=f"{tenant}x")
+    untenanted = _start(deps, "journal-agent")
+    assert deps.store.tenant_budget(tenant) is None
+    assert deps.store.set_tenant_budget(tenant, per="day") is None  # a new one needs a limit
+    assert deps.store.set_tenant_budget(tenant, usd=0.105, per="day") == []
+    assert _load(deps, first).budgets == [f"tenant:{tenant}"]
+    assert _load(deps, untenanted).budgets is None
+
+    assert loop.run(first, deps) == RunStatus.DONE
+    assert _tenant_spent(deps, tenant) == pytest.approx((0.08, 0))
+    # 0.08 + 0.02 fits 0.105; then 0.09 + 0.02 would pass it: stopped before that call.
+    assert loop.run(second, deps) == RunStatus.BUDGET_EXCEEDED
+    assert calls[second].count("model") == 1
+    error = _load(deps, second).error or ""
+    assert f"budget tenant:{tenant}" in error and f"cairn budgets set --tenant {tenant}" in error
+    assert _tenant_spent(deps, tenant) == pytest.approx((0.09, 0))
+    # Another tenant's run and a run with no tenant spend nothing of it.
+    assert loop.run(other, deps) == RunStatus.DONE
+    assert loop.run(untenanted, deps) == RunStatus.DONE
+    assert _tenant_spent(deps, tenant) == pytest.approx((0.09, 0))
+
+    assert deps.store.set_tenant_budget(tenant, usd=1.0) == [second]
+    assert _load(deps, second).status == RunStatus.PENDING
+    assert loop.run(second, deps) == RunStatus.DONE
+    assert calls[second].count("model") == 8  # the one recorded was replayed, not made
+    budget = deps.store.tenant_budget(tenant)
+    assert budget is not None
+    assert (budget.spent_usd, budget.limit_usd, budget.period) == pytest.approx((0.16, 1.0, "day"))
+
+
+def _next_day(deps: loop.Deps, request: Any, tenant: str) -> None:
+    """A day on: the twins' clock moved, or the budget's period put back on Postgres."""
+    from cairn.testing import MemoryStore
+
+    if isinstance(deps.store, MemoryStore):
+        deps.store._clock.advance(24 * 3600)  # type: ignore[attr-defined]
+        return
+    request.getfixturevalue("sql")(
+        "UPDATE budgets SET period_start = period_start - interval '1 day' WHERE scope = %s",
+        f"tenant:{tenant}",
+    )
+
+
+def test_a_tenants_budget_starts_again_each_day(deps: loop.Deps, request: Any) -> None:
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    run_id = _start(deps, "journal-agent", tenant=tenant)
+    deps.store.set_tenant_budget(tenant, usd=0.055, per="day")
+    # 0.03 + 0.02 fits 0.055; the fifth call, 0.04 + 0.02, would not.
+    assert loop.run(run_id, deps) == RunStatus.BUDGET_EXCEEDED
+    assert calls[run_id].count("model") == 4
+    before = deps.store.tenant_budget(tenant)
+    assert before is not None and before.spent_usd == pytest.approx(0.04)
+
+    _next_day(deps, request, tenant)
+    rolled = deps.store.tenant_budget(tenant)
+    assert rolled is not None and rolled.spent_usd == 0
+    assert rolled.period_start is not None and rolled.period_start.hour == 0
+    # Stopped runs stay stopped over the night; set again, it goes on in the new day.
+    assert _load(deps, run_id).status == RunStatus.BUDGET_EXCEEDED
+    assert deps.store.set_tenant_budget(tenant, usd=0.055) == [run_id]
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    assert calls[run_id].count("model") == 8
+    assert _tenant_spent(deps, tenant) == pytest.approx((0.04, 0))  # this day's four
+
+
+def test_a_call_in_flight_over_midnight_counts_in_the_new_day(
+    deps: loop.Deps, request: Any
+) -> None:
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    deps.store.set_tenant_budget(tenant, usd=1.0, per="day")
+    run_id = _start(deps, "journal-agent", tenant=tenant)
+    cp = deps.store.claim(run_id, 1)
+    assert cp is not None
+    assert deps.store.reserve(cp, 0, 0, 0.02) is None
+    assert deps.store.record_call(cp, 0, Call(pos=0, name="model", result={}, cost_usd=0.01))
+    assert deps.store.reserve(cp, 0, 1, 0.02) is None
+    _next_day(deps, request, tenant)
+    # Its record lands before any check of the new day: yesterday's spend is not its.
+    assert deps.store.record_call(cp, 0, Call(pos=1, name="model", result={}, cost_usd=0.01))
+    assert _tenant_spent(deps, tenant) == pytest.approx((0.01, 0))

@@ -72,6 +72,7 @@ SCANS = {
     "decide": "a decision by the approval's id; its run's signal is written by that row's run_id",
     "budget_release": "a budget check: the holds of the budget's tree (its scope), not one run's",
     "raise_budget": "a raised budget re-arms its tree's runs stopped over it (runs_budgets)",
+    "rearm_tenant_budget": "a tenant's budget set re-arms its runs stopped over budget",
 }
 
 

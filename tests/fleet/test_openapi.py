@@ -95,6 +95,7 @@ TAKEN = {
     ("post", "/runs/{run_id}/signals/{event}"): 202,
     ("post", "/runs/{run_id}/steer"): 409,  # a body it takes, for a run that has ended
     ("post", "/runs/{run_id}/budget"): 200,
+    ("put", "/tenants/{tenant}/budget"): 200,
     ("post", "/approvals/{approval_id}/decision"): 200,  # a refund run's request
     ("post", "/runs/{run_id}/resolve"): 202,
     ("post", "/runs/{run_id}/fork"): 202,
@@ -125,6 +126,11 @@ def test_each_request_example_of_the_document_is_one_the_server_takes(
         assert set(bodies) == set(TAKEN)  # a new operation with a body: add it here
         for (method, path), status in TAKEN.items():
             example = bodies[(method, path)]["example"]
-            url = path.format(run_id=run_id, event="approval", approval_id=approval.approval_id)
+            url = path.format(
+                run_id=run_id,
+                event="approval",
+                approval_id=approval.approval_id,
+                tenant=f"openapi-{run_id}",
+            )
             answer = http.request(method, url, json=example)
             assert answer.status_code == status, (path, example, answer.text)

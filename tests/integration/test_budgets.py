@@ -191,3 +191,43 @@ def test_a_token_budget_stops_the_tree_and_counts_the_tokens_the_model_billed(
     assert budget.spent_usd == pytest.approx(_journaled(client, kids))
     client.raise_budget(parent, tokens=1000 * worst)
     assert all(_run(k, deps) == "done" for k in kids)
+
+
+def test_a_tenants_budget_set_over_http_stops_its_runs_and_a_raise_resumes_them(
+    settings, deps
+) -> None:
+    import uuid
+
+    from fastapi.testclient import TestClient
+
+    import cairn
+    from cairn.web.api import create_app
+
+    tenant = f"tb-{uuid.uuid4().hex[:8]}"
+    with (
+        TestClient(create_app(settings, insecure_no_auth=True)) as http,
+        cairn.Client(settings=settings, tenant=tenant) as theirs,
+    ):
+        with pytest.raises(errors.InvalidInput, match="an admin's"):
+            theirs.set_tenant_budget(tenant, usd=1.0)
+        url = f"/tenants/{tenant}/budget"
+        assert http.get(url).json()["error"]["type"] == "unknown_budget"  # none yet: 404
+        assert http.put(url, json={"per": "day"}).status_code == 404  # a new one needs a limit
+        assert http.put(url, json={"usd": 1.0, "per": "week"}).status_code == 422
+        assert http.put(url, json={}).status_code == 404  # nothing to set on nothing
+        assert http.get("/tenants/no%20such/budget").status_code == 422
+        made = http.put(url, json={"usd": 1e-9, "per": "month", "soft": 0.5})
+        assert made.status_code == 200, made.text
+        assert (made.json()["period"], made.json()["period_start"][8:10]) == ("month", "01")
+        run_id = theirs.enqueue("spender", {})
+        assert _run(run_id, deps) == "budget_exceeded"
+        stopped = theirs.get(run_id)
+        assert stopped is not None and f"cairn budgets set --tenant {tenant}" in stopped.error
+        assert theirs.tenant_budget(tenant).limit_usd == 1e-9  # its own, read
+        again = http.put(url, json={"per": None})  # set as it is: the stopped run re-armed
+        assert again.status_code == 200 and theirs.get(run_id).status == "pending"
+        assert _run(run_id, deps) == "budget_exceeded"
+        raised = http.put(url, json={"usd": 1.0})
+        assert raised.json()["limit_usd"] == 1.0 and raised.json()["period"] == "month"
+        assert _run(run_id, deps) == "done"
+        assert http.get(url).json()["spent_usd"] > 0

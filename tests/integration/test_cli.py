@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -302,3 +303,24 @@ def test_runs_raise_budget_resumes_the_tree_or_says_why_not(cli_env, client) -> 
     refused = _cairn("runs", "raise-budget", plain, "--usd", "2", env=cli_env)
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert "has no budget" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_budgets_set_and_show_a_tenants_budget_or_say_why_not(cli_env) -> None:
+    tenant = f"cli-{uuid.uuid4().hex[:8]}"
+    made = _cairn("budgets", "set", "--tenant", tenant, "--usd", "50", "--soft", "0.8", env=cli_env)
+    assert made.returncode == 0, made.stderr
+    assert f"tenant:{tenant} per day since" in made.stdout and "$50.000000" in made.stdout
+    _cairn("budgets", "set", "--tenant", tenant, "--per", "month", env=cli_env)
+    shown = json.loads(_cairn("budgets", "show", "--tenant", tenant, "--json", env=cli_env).stdout)
+    assert shown["budget"]["period"] == "month" and shown["budget"]["limit_usd"] == 50.0
+    assert shown["budget"]["period_start"].endswith("-01T00:00:00+00:00")
+    for argv, said in (
+        (["set", "--tenant", tenant, "--usd", "5", "--per", "week"], "per='week'"),
+        (["set", "--tenant", tenant, "--usd", "-1"], "a budget in dollars is a number above 0"),
+        (["set", "--usd", "5"], "Missing option '--tenant'"),
+        (["set", "--tenant", f"{tenant}-new", "--per", "day"], "a new one needs a limit"),
+        (["show", "--tenant", f"{tenant}-none"], "has no budget"),
+    ):
+        refused = _cairn("budgets", *argv, env=cli_env)
+        assert refused.returncode != 0 and "Traceback" not in refused.stderr, argv
+        assert said in refused.stderr and len(refused.stderr.strip().splitlines()) == 1, argv

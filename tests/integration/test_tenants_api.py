@@ -80,7 +80,7 @@ def _call(
     http: Any, method: str, path: str, op: dict[str, Any], token: str, run_id: str, ask: int = 0
 ) -> Any:
     url = path.replace("{run_id}", run_id).replace("{event}", "go").replace("{name}", "nightly")
-    url = url.replace("{approval_id}", str(ask))
+    url = url.replace("{approval_id}", str(ask)).replace("{tenant}", "acme")
     body = _example(op)
     return http.request(method, url, headers=_bearer(token), json=body)
 
@@ -130,7 +130,7 @@ def test_every_route_hides_another_tenants_run(http: Any, tokens: Tokens, deps: 
                 method, path, own.status_code, own.text,
             )  # fmt: skip
             walked += 1
-        elif path in ("/runs/replay", "/metrics") or path.startswith("/schedules"):
+        elif path in ("/runs/replay", "/metrics") or path.startswith(("/schedules", "/tenants")):
             refused = _call(http, method, path, op, acme, "")
             assert refused.status_code == 403, (method, path, refused.text)
         else:

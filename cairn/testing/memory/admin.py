@@ -8,16 +8,16 @@ import dataclasses
 import datetime as dt
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from cairn.core.errors import RunIdConflict
 from cairn.core.inputs import key_scope
-from cairn.core.records import START, Budget, Run, RunFilter, budget_scope
+from cairn.core.records import START, Budget, Run, RunFilter, budget_scope, tenant_scope
 from cairn.core.status import ACTIVE, REARMABLE, TERMINAL, RunStatus
 from cairn.store.rows import settled
 from cairn.testing.memory.rows import _dump, _loaded, _Row, _Signal
-from cairn.testing.memory.tables import _Tables
+from cairn.testing.memory.tables import _Tables, period_start
 
 
 class _Admin(_Tables):
@@ -383,16 +383,58 @@ class _Admin(_Tables):
                 self._budgets[scope]["limit_usd"] = usd
             if tokens is not None:
                 self._budgets[scope]["limit_tokens"] = tokens
-            stamp, rearmed = self._stamp(), []
-            for row in self._rows.values():
-                if scope in (row.budgets or ()) and row.status == RunStatus.BUDGET_EXCEEDED:
-                    row.status, row.error, row.attempts, row.deliveries = (
-                        RunStatus.PENDING, None, 0, 0
-                    )  # fmt: skip
-                    row.retry_at, row.updated_at = None, stamp
-                    self._rearmed(row)
-                    rearmed.append(row.run_id)
-            return rearmed
+            return self._rearm_over_budget(lambda row: scope in (row.budgets or ()))
+
+    def tenant_budget(self, tenant: str) -> Budget | None:
+        scope = tenant_scope(tenant)
+        with self._lock:
+            self._roll([scope])
+            got = self._budgets.get(scope)
+            return _budget(scope, got) if got is not None else None
+
+    def set_tenant_budget(
+        self,
+        tenant: str,
+        usd: float | None = None,
+        tokens: int | None = None,
+        per: str | None = None,
+        soft: float | None = None,
+    ) -> list[str] | None:
+        scope = tenant_scope(tenant)
+        with self._lock:
+            b = self._budgets.get(scope)
+            if b is None:  # set_tenant_budget's insert
+                if usd is None and tokens is None:
+                    return None
+                period = per or "day"
+                self._budgets[scope] = {
+                    "limit_usd": usd, "soft": soft, "spent_usd": 0.0, "reserved_usd": 0.0,
+                    "limit_tokens": tokens, "spent_tokens": 0, "reserved_tokens": 0,
+                    "period": period, "period_start": period_start(period, self._now()),
+                }  # fmt: skip
+            else:  # its update: what is given, the period's start afresh if it changed
+                if usd is not None:
+                    b["limit_usd"] = usd
+                if tokens is not None:
+                    b["limit_tokens"] = tokens
+                if soft is not None:
+                    b["soft"] = soft
+                if per is not None and per != b["period"]:
+                    b["period"], b["period_start"] = per, period_start(per, self._now())
+            return self._rearm_over_budget(lambda row: row.tenant == tenant)
+
+    def _rearm_over_budget(self, of: Callable[[_Row], bool]) -> list[str]:
+        """The runs of a budget raised that stopped over budget, re-armed (under the lock)."""
+        stamp, rearmed = self._stamp(), []
+        for row in self._rows.values():
+            if row.status == RunStatus.BUDGET_EXCEEDED and of(row):
+                row.status, row.error, row.attempts, row.deliveries = (
+                    RunStatus.PENDING, None, 0, 0
+                )  # fmt: skip
+                row.retry_at, row.updated_at = None, stamp
+                self._rearmed(row)
+                rearmed.append(row.run_id)
+        return rearmed
 
 
 def _budget(scope: str, figures: dict[str, Any]) -> Budget:

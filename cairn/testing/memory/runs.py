@@ -379,13 +379,14 @@ class _Runs(_Tables):
         self, cp: Checkpoint, visit: int, pos: int, usd: float, tokens: int = 0
     ) -> Budget | None:
         """Admit a call against the run's budgets, holding its worst case (budget_lock,
-        budget_release and budget_reserve in the SQL); None, or the budget it would pass.
-        Fenced like record_call: StaleWrite, holding nothing."""
+        budget_roll, budget_release and budget_reserve in the SQL); None, or the budget it
+        would pass. Fenced like record_call: StaleWrite, holding nothing."""
         scopes = sorted(cp.budgets or ())
         with self._lock:
             row = self._rows.get(cp.run_id)
             if row is None or row.seq != cp.seq or row.epoch > cp.epoch:
                 raise StaleWrite(cp.run_id, cp.seq, cp.epoch)
+            self._roll(scopes)
             for hold, (seq, held, held_tokens) in list(self._holds.items()):  # budget_release
                 run = self._rows.get(hold[0])
                 if hold[4] in scopes and (run is None or run.seq > seq or run.status in STOPPED):
@@ -415,6 +416,7 @@ class _Runs(_Tables):
         """record_budgeted_call's settling (under the lock): the call's holds released,
         its cost and tokens added; the scopes whose soft limit it crossed."""
         crossed = []
+        self._roll(cp.budgets or ())  # a record that lands in a new period first
         for scope in sorted(cp.budgets or ()):
             b = self._budgets[scope]
             hold = self._holds.pop((cp.run_id, cp.cursor, visit, call.pos, scope), None)

@@ -8,12 +8,13 @@ import datetime as dt
 import json
 import threading
 import time
+from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
 from cairn.core.cuts import Cuts
 from cairn.core.inputs import key_scope
-from cairn.core.records import CHECKPOINT_VERSION, START, Attempt, Run
+from cairn.core.records import CHECKPOINT_VERSION, START, Attempt, Run, tenant_scope
 from cairn.core.status import ACTIVE, STOPPED, RunStatus
 from cairn.testing.memory.approvals import _AskTables
 from cairn.testing.memory.clock import Clock
@@ -222,7 +223,7 @@ class _Tables:
             "forked_at": row.forked_at,
             "tenant": row.tenant,
             "pinned_to": row.started_version if row.pinned else None,
-            "budgets": row.budgets,
+            "budgets": self._budgets_of(row),
             "signal": _signal_of(*pending) if pending else None,
             "window": [
                 json.loads(row.window[i])
@@ -230,6 +231,24 @@ class _Tables:
                 if i in row.window
             ],
         }
+
+    def _budgets_of(self, row: _Row) -> list[str] | None:
+        """The run's budget scopes, its tenant's appended while that budget exists (the
+        checkpoint_columns fragment's CASE)."""
+        if row.tenant is None or tenant_scope(row.tenant) not in self._budgets:
+            return row.budgets
+        return [*(row.budgets or ()), tenant_scope(row.tenant)]
+
+    def _roll(self, scopes: Iterable[str]) -> None:
+        """budget_roll: a tenant's budget in a later UTC day or month starts its spend
+        again (its holds in flight stay held)."""
+        for scope in scopes:
+            b = self._budgets.get(scope)
+            if b is None or b.get("period") is None:
+                continue
+            start = period_start(b["period"], self._now())
+            if b["period_start"] < start:
+                b["spent_usd"], b["spent_tokens"], b["period_start"] = 0.0, 0, start
 
     @classmethod
     def _run(cls, row: _Row) -> Run:
@@ -294,3 +313,9 @@ class _Tables:
             "next_cursor": next_cursor,
             "code_version": attempt.code_version,
         }
+
+
+def period_start(period: str, now: dt.datetime) -> dt.datetime:
+    """The start of the UTC day or month now is in (date_trunc in the SQL)."""
+    day = now.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return day if period == "day" else day.replace(day=1)

@@ -6,7 +6,6 @@ pool and Celery's producer pool), run in FastAPI's thread pool.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 from typing import Annotated, Any, cast
 
@@ -291,7 +290,7 @@ NO_BUDGET = {404: "No such run.", 422: "The run has no budget (invalid_input)."}
 )
 def budget(run_id: str, client: ClientDep) -> dict[str, Any]:
     """The budget the run was enqueued with (budget_usd), over it and its descendants."""
-    return dataclasses.asdict(client.budget(run_id))
+    return client.budget(run_id).to_json()
 
 
 @router.post(
@@ -299,4 +298,4 @@ def budget(run_id: str, client: ClientDep) -> dict[str, Any]:
 )
 def raise_budget(run_id: str, body: RaiseBudget, client: ClientDep) -> dict[str, Any]:
     """Set the budget's limit; the runs of its tree stopped as budget_exceeded go on."""
-    return dataclasses.asdict(client.raise_budget(run_id, usd=body.usd, tokens=body.tokens))
+    return client.raise_budget(run_id, usd=body.usd, tokens=body.tokens).to_json()

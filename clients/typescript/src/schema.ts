@@ -555,6 +555,33 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/tenants/{tenant}/budget": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Tenant Budget
+         * @description The tenant's budget in this UTC day or month: its limits, what its runs spent since
+         *     period_start, and what their calls in flight hold.
+         */
+        get: operations["tenant_budget_tenants__tenant__budget_get"];
+        /**
+         * Set Tenant Budget
+         * @description Set the tenant's budget (what is left out is kept; a new one counts per day): every
+         *     run of the tenant spends against it from its next model call, and its runs stopped as
+         *     budget_exceeded go on.
+         */
+        put: operations["set_tenant_budget_tenants__tenant__budget_put"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -627,8 +654,9 @@ export interface components {
         };
         /**
          * Budget
-         * @description A budget over a run and its descendants: its limit, what their journaled calls
-         *     cost, and the worst case of their calls in flight.
+         * @description A budget over a run and its descendants, or over a tenant's runs per UTC day or
+         *     month: its limit, what their journaled calls cost, and the worst case of their calls
+         *     in flight.
          */
         Budget: {
             /**
@@ -641,13 +669,23 @@ export interface components {
              * @description null: no limit in dollars.
              */
             limit_usd: number | null;
+            /**
+             * Period
+             * @description A tenant's: spent counts per UTC day or month; null for a tree's.
+             */
+            period: ("day" | "month") | null;
+            /**
+             * Period Start
+             * @description When the period spent counts began.
+             */
+            period_start: string | null;
             /** Reserved Tokens */
             reserved_tokens: number;
             /** Reserved Usd */
             reserved_usd: number;
             /**
              * Scope
-             * @description run:<id> of the run it was enqueued with.
+             * @description run:<id> of the run it was enqueued with, or tenant:<name>.
              */
             scope: string;
             /**
@@ -1588,6 +1626,29 @@ export interface components {
             run_id: string;
             /** Steps */
             steps: components["schemas"]["Step"][];
+        };
+        /** TenantBudget */
+        TenantBudget: {
+            /**
+             * Per
+             * @description What spent counts per, in UTC [kept; day for a new budget].
+             */
+            per?: ("day" | "month") | null;
+            /**
+             * Soft
+             * @description The fraction of each limit whose crossing is a budget_soft event [kept].
+             */
+            soft?: number | null;
+            /**
+             * Tokens
+             * @description The limit, in model tokens.
+             */
+            tokens?: number | null;
+            /**
+             * Usd
+             * @description The limit, in dollars.
+             */
+            usd?: number | null;
         };
         /**
          * TokenData
@@ -3895,6 +3956,179 @@ export interface operations {
                 };
             };
             /** @description The request breaks a rule of this document (invalid_request), or one of the server's own: an input its workflow refuses, or over CAIRN_MAX_INPUT_BYTES, or with NUL in a string (invalid_input); an unknown workflow (unknown_workflow). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Postgres or the broker is away: retry after Retry-After seconds. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    tenant_budget_tenants__tenant__budget_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant's name. */
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Budget"];
+                };
+            };
+            /** @description No API token, or not this server's (unauthorized). */
+            401: {
+                headers: {
+                    /** @description Bearer */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The tenant has no budget (unknown_budget). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request breaks a rule of this document (invalid_request), or one of the server's own: an input its workflow refuses, or over CAIRN_MAX_INPUT_BYTES, or with NUL in a string (invalid_input); an unknown workflow (unknown_workflow). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Postgres or the broker is away: retry after Retry-After seconds. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    set_tenant_budget_tenants__tenant__budget_put: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant's name. */
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "per": "day",
+                 *       "soft": 0.8,
+                 *       "usd": 50
+                 *     }
+                 */
+                "application/json": components["schemas"]["TenantBudget"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Budget"];
+                };
+            };
+            /** @description The body is not JSON (invalid_json). */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No API token, or not this server's (unauthorized). */
+            401: {
+                headers: {
+                    /** @description Bearer */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The tenant has no budget, and the request gives no limit to make it with (unknown_budget). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A chunked body without Content-Length (length_required). */
+            411: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body is larger than CAIRN_MAX_INPUT_BYTES plus 64 KiB (body_too_large). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request breaks a rule of this document (invalid_request), or names no valid tenant (invalid_input). */
             422: {
                 headers: {
                     [name: string]: unknown;
