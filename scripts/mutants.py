@@ -60,6 +60,8 @@ SEAMS = "tests/fleet/test_seams.py"
 SEALING = "tests/integration/test_sealing.py"
 STORE = "tests/contract/test_store_contract.py"
 PAI = "tests/integration/test_pydantic_ai.py"
+OA = "tests/integration/test_openai_agents.py"
+CUT = "test_an_interrupting_message_cuts_the_request_in_flight_and_it_is_made_again_with_it"
 PINNED = "tests/integration/test_pinned.py::test_a_pinned_runs_resume_goes_to_its_versions_queue_and_another_version_reroutes_it"
 LG_ZOMBIE = (
     "test_a_zombie_paused_inside_a_langgraph_put_neither_forks_the_thread_nor_runs_a_node_twice"
@@ -907,6 +909,28 @@ MUTANTS = [
         "     WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s\n       AND c.epoch <= %(epoch)s\n",
         "     WHERE c.run_id = %(run_id)s AND c.seq = %(seq)s\n",
         (f"{STORE}::test_a_stale_epochs_reserve_holds_nothing_and_is_fenced",),
+    ),
+    Mutant(
+        "M105",
+        "an Agents SDK agent reads its steer messages outside the journal: a replay takes "
+        "them in again, later ones too, and a message is sent to the model twice",
+        "cairn/contrib/openai_agents/_steer.py",
+        "        return [_user_item(m) for m in await asyncio.to_thread(step.messages)]",
+        "        pending = await asyncio.to_thread(step._store.steers_pending, step.run_id)\n"
+        "        return [_user_item(m) for _, m in pending]",
+        (
+            f"{OA}::test_a_steer_message_reaches_the_agent_s_next_request_once_across_a_kill",
+            f"{OA}::{CUT}",
+        ),
+    ),
+    Mutant(
+        "M106",
+        "a pydantic-ai request cut by a steer message is made again without the message: it "
+        "is in the agent's history, but the model answers the old request",
+        "cairn/contrib/pydantic_ai.py",
+        "            _cut_in.setdefault(step, {}).setdefault(_request_step(ctx), []).append(taken)\n",
+        "",
+        (f"{PAI}::{CUT}",),
     ),
 ]
 

@@ -42,6 +42,8 @@ try:
         AgentStreamEvent,
         ModelMessage,
         ModelMessagesTypeAdapter,
+        ModelRequest,
+        ModelResponse,
         PartDeltaEvent,
         PartStartEvent,
         TextPart,
@@ -62,13 +64,14 @@ except ImportError as exc:  # the optional extra is missing
         "pip install 'cairn[pydantic-ai]'"
     ) from exc
 
-from cairn.core.errors import CairnError, InvalidInput, ModelUnavailable
+from cairn.core.errors import CairnError, CallInterrupted, InvalidInput, ModelUnavailable
 from cairn.core.records import decision_in
 from cairn.steps.context import Context, current
 from cairn.steps.model import ModelClient, cost_of
 from cairn.steps.modelcalls import model_client
 from cairn.steps.prices import Prices
 from cairn.steps.providers import Route, guess_provider
+from cairn.steps.providers.anthropic import DEFAULT_MAX_TOKENS
 from cairn.steps.registry import DONE, Retry, StepResult, Workflow
 from cairn.steps.registry import workflow as cairn_workflow
 from cairn.steps.window import json_size
@@ -89,6 +92,10 @@ _MESSAGES: TypeAdapter[list[ModelMessage]] = ModelMessagesTypeAdapter
 _REQUESTS = TypeAdapter(DeferredToolRequests)
 _RESULTS = TypeAdapter(DeferredToolResults)
 _run_ids: weakref.WeakKeyDictionary[Context, int] = weakref.WeakKeyDictionary()
+# The steer messages cuts took in, by step, agent run and request step (_request_step).
+_cut_in: weakref.WeakKeyDictionary[Context, dict[tuple[str, int], list[ModelRequest]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _model_cost(payload: Any, prices: Prices | None = None) -> float:
@@ -102,6 +109,23 @@ def _model_cost(payload: Any, prices: Prices | None = None) -> float:
     provider = payload.get("provider_name")
     provider = provider if provider in ("anthropic", "openai") else guess_provider(name)
     return cost_of(name, payload.get("usage") or {}, provider, prices)
+
+
+def _worst_cost(model_name: str, cache_key: tuple[object, ...], prices: Prices | None) -> float:
+    """A cut request's cost: what the provider billed for the answer it began is not known,
+    so its worst case (its messages at 3 bytes a token, the most output its settings
+    allow), as ctx.model's cut counts."""
+    messages, settings = (cache_key[1], cache_key[2]) if len(cache_key) >= 3 else ([], None)
+    try:
+        prompt = json_size(_MESSAGES.dump_python(list(messages), mode="json"))  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        prompt = 0
+    most = (settings or {}).get("max_tokens") if isinstance(settings, dict) else None
+    usage = {"input_tokens": prompt // 3 + 1, "output_tokens": most or DEFAULT_MAX_TOKENS}
+    provider = guess_provider(model_name)
+    return cost_of(
+        model_name, usage, provider if provider in ("anthropic", "openai") else None, prices
+    )
 
 
 # pydantic-ai's errors a later request may not meet: the step is retried later (cairn's
@@ -164,7 +188,12 @@ async def _limited(
 
 class _Backend(JournalCallableOperationBackend[None]):
     """Each durable unit pydantic-ai hands over (model request, tool call, ...) is one
-    journaled call of the step in hand, named by pydantic-ai's journal convention."""
+    journaled call of the step in hand, named by pydantic-ai's journal convention.
+    interruptible: a model request may be cut by a steer message (CairnDurability(steer=))."""
+
+    def __init__(self, *, interruptible: bool = False, **options: Any) -> None:
+        super().__init__(**options)
+        self.interruptible = interruptible
 
     async def execute(
         self,
@@ -183,15 +212,20 @@ class _Backend(JournalCallableOperationBackend[None]):
             prices = model.prices if model is not None else None
 
             async def request() -> object:
-                async with _limited(ctx, operation_id.model_name, cache_key) as answer:
-                    payload = await body()
-                    if isinstance(payload, dict):
-                        answer["usage"] = payload.get("usage")
+                try:
+                    async with _limited(ctx, operation_id.model_name, cache_key) as answer:
+                        payload = await body()
+                        if isinstance(payload, dict):
+                            answer["usage"] = payload.get("usage")
+                except asyncio.CancelledError:
+                    if self.interruptible:  # cut: recorded with the cut, as ctx.model's is
+                        ctx.add_cost(_worst_cost(operation_id.model_name, cache_key, prices))
+                    raise
                 ctx.add_cost(_model_cost(payload, prices))  # recorded with the call, counted once
                 return payload
 
             # max_cost=0: a run already over its budget stops before the request.
-            return await ctx.acall(name, request, max_cost=0.0)
+            return await ctx.acall(name, request, max_cost=0.0, interruptible=self.interruptible)
         return await ctx.acall(name, body)
 
 
@@ -232,7 +266,10 @@ class CairnDurability(BaseDurabilityCapability[AgentDepsT]):
     def __init__(self, *, steer: bool = False, **options: Any) -> None:
         """steer: before each model request, the agent takes in the run's steer messages
         (Client.steer; ctx.messages(), a journaled read) as a user prompt, so its user can
-        add to a conversation while it works. options: pydantic-ai's own (name=, ...)."""
+        add to a conversation while it works. A message sent with interrupt=True while a
+        model request is in flight cuts it: its answer is discarded (the journal records
+        the cut) and the request is made again at once with the messages sent meanwhile.
+        options: pydantic-ai's own (name=, ...)."""
         super().__init__(**options)
         self.steer = steer
 
@@ -253,6 +290,45 @@ class CairnDurability(BaseDurabilityCapability[AgentDepsT]):
             # pydantic-ai's own input: into this request and the agent's history (the
             # run's window), each message a user prompt of its own.
             ctx.enqueue(UserPromptPart(_said(message)))
+        return request_context
+
+    def _handles_model_request_error(
+        self, ctx: RunContext[AgentDepsT], request_context: ModelRequestContext
+    ) -> bool:
+        # Only a steered agent's requests can be cut: the others keep pydantic-ai's lazily
+        # opened streams (it opens a stream early for a capability that handles errors).
+        return self.steer
+
+    async def on_model_request_error(
+        self, ctx: RunContext[AgentDepsT], *, request_context: ModelRequestContext, error: Exception
+    ) -> ModelResponse:
+        step = current()
+        if not (self.steer and step is not None and isinstance(error, CallInterrupted)):
+            return await super().on_model_request_error(
+                ctx, request_context=request_context, error=error
+            )
+        # Cut by a steer message: the messages sent meanwhile (a journaled read: a replay
+        # meets the same cut and takes the same ones) go into the agent's history as a
+        # request of their own, and into each further attempt at this request step.
+        said = await asyncio.to_thread(step.messages)
+        if said:
+            parts = [UserPromptPart(_said(message)) for message in said]
+            taken = ModelRequest(parts, run_id=ctx.run_id, conversation_id=ctx.conversation_id)
+            ctx.messages.append(taken)
+            _cut_in.setdefault(step, {}).setdefault(_request_step(ctx), []).append(taken)
+        raise pai_errors.RetryModelRequest
+
+    async def prepare_model_request(
+        self, ctx: RunContext[AgentDepsT], request_context: ModelRequestContext
+    ) -> ModelRequestContext:
+        request_context = await super().prepare_model_request(ctx, request_context)
+        step = current()
+        if step is not None:
+            # Each attempt starts from the request as it was before the first: put back
+            # what the cuts of earlier attempts took in.
+            for taken in _cut_in.get(step, {}).get(_request_step(ctx), ()):
+                if not any(m is taken for m in request_context.messages):
+                    request_context.messages.append(taken)
         return request_context
 
     def get_default_run_id(self) -> str | None:
@@ -281,6 +357,7 @@ class CairnDurability(BaseDurabilityCapability[AgentDepsT]):
 
     def get_durable_operation_backend(self) -> _Backend:
         return _Backend(
+            interruptible=self.steer,
             agent_name=self.name,
             default_model_id=self.default_model_id,
             config=RoleBasedOperationConfig(model=None, event=None, capability=None, tool=None),
@@ -304,6 +381,11 @@ async def stream_tokens(run_ctx: Any, events: AsyncIterable[AgentStreamEvent]) -
                 ctx.token(event.part.content)
         elif isinstance(event, PartDeltaEvent) and isinstance(event.delta, TextPartDelta):
             ctx.token(event.delta.content_delta)
+
+
+def _request_step(ctx: RunContext[Any]) -> tuple[str, int]:
+    """One request step of one agent run (its attempts share it)."""
+    return ctx.run_id or "", ctx.run_step
 
 
 def _said(message: Any) -> str:

@@ -161,3 +161,7 @@ steered = agent_workflow("oa_steered", steered_agent, config=CONFIG, steer=True)
 # The refunds agent, steered: a message taken before the wait for approval is in place after.
 steered_refunder = Agent(name="steered_refunds", model=MODEL, tools=[refund], hooks=_SeenInput())
 steered_refunds = agent_workflow("oa_steered_refunds", steered_refunder, config=CONFIG, steer=True)
+# An agent its user cuts short: a message sent with interrupt=True while a model request is
+# in flight cuts it, and the request is made again with the message in its input.
+cut_agent = Agent(name="cut_short", model=MODEL)
+cut_short = agent_workflow("oa_cut_short", cut_agent, config=CONFIG, steer=True)

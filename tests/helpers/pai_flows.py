@@ -151,3 +151,14 @@ def refund(order: str) -> str:
 
 
 refunds = agent_workflow("pai_refunds", approver)
+
+
+# An agent its user cuts short: a message sent with interrupt=True while a model request is
+# in flight cuts it, and the request is made again with the message in it.
+cut_short = Agent(
+    _model(),
+    name="pai_cut_short",
+    model_settings={"max_tokens": 64},
+    capabilities=[CairnDurability(steer=True)],
+)
+agent_workflow("pai_cut_short", cut_short)

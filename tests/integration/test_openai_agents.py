@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -466,3 +467,60 @@ def test_steer_messages_taken_before_a_wait_for_approval_stay_in_place_after_it(
         "function_call_output",
         "in French",
     ]
+
+
+def test_an_interrupting_message_cuts_the_request_in_flight_and_it_is_made_again_with_it(
+    deps: loop.Deps, model: ModelServer
+) -> None:
+    client = Client(settings=deps.settings, store=deps.store, send=lambda run_id, priority: None)
+    prompt = f"Explain fencing. {uuid.uuid4().hex}"
+    run_id = _start(deps, "oa_cut_short", prompt)
+    client.steer(run_id, "keep it short")  # queued: read before the first request
+    model.control(delay_ms=int(CUT_SLOW * 1000))  # the first request is in flight a while
+    # Killed as the request made again returned, before its record (journal: messages,
+    # model (cut), messages, model).
+    killed = dataclasses.replace(deps, middleware=Chain([Die("after", 3)]))
+    died: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            loop.run(run_id, killed)
+        except ProcessDied as exc:
+            died.append(exc)
+
+    runner = threading.Thread(target=work)
+    started = time.monotonic()
+    runner.start()
+    _wait(lambda: model.stats()["requests"] == 1, "the first request")
+    model.control(delay_ms=0)  # the request made again answers at once
+    client.steer(run_id, "in French", interrupt=True)
+    runner.join(CUT_SLOW)
+    assert died and time.monotonic() - started < CUT_SLOW / 2  # cut, not answered
+    client.steer(run_id, "too late")  # after the read the replay finds in the journal
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+
+    # What the model was sent: the cut request; the one made again, with the message that
+    # cut it once at the end; the replay's, the same (the cut and the read from the journal).
+    said = [[i["content"] for i in b["input"] if i.get("role") == "user"] for b in model.received()]
+    first, again = [prompt, "keep it short"], [prompt, "keep it short", "in French"]
+    assert said == [first, again, again]
+    journal = deps.store.journal(run_id, "agent", 0)
+    assert [c.name for c in journal] == [READ, "model", READ, "model"]
+    assert journal[1].error is not None and journal[1].error["type"] == "CallInterrupted"
+    assert journal[1].cost_usd > 0  # its worst case, as ctx.model's cut counts
+    run = deps.store.get(run_id)
+    assert run is not None and run.state["output"] == "ack: in French"
+    window = deps.store.load(run_id).window  # type: ignore[union-attr]
+    assert [m["content"] for m in window if m.get("role") == "user"] == again
+    answers = [m for m in window if m.get("role") == "assistant"]
+    assert len(answers) == 1 and "keep it short" not in str(answers)  # the cut answer is gone
+
+
+CUT_SLOW = 6.0  # how long the stand-in takes over a request the test cuts
+
+
+def _wait(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,6 +28,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 import cairn
 from cairn.client import Client
 from cairn.core import errors
+from cairn.core.records import STEERED as READ
 from cairn.core.records import Checkpoint
 from cairn.core.settings import Settings
 from cairn.core.status import RunStatus
@@ -596,3 +599,75 @@ def test_the_inbox_lists_the_deferred_call_and_an_edit_runs_it_with_its_args(
     client.decide(asked.approval_id, "edit", args={"cents": 300}, by="ops@acme")
     assert loop.run(run_id, deps) == RunStatus.DONE
     assert made[prompt] == ["model", "refund 300", "model"]
+
+
+CUT_SLOW = 6.0  # how long the stand-in takes over a request the test cuts
+
+
+def _wait(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_an_interrupting_message_cuts_the_request_in_flight_and_it_is_made_again_with_it(
+    store: Any, leases: Any, settings: Settings, stand_in: ModelServer
+) -> None:
+    deps = loop.Deps(settings=settings, store=store, leases=leases, model=None)
+    client = Client(settings=settings, store=store, send=lambda run_id, priority: None)
+    prompt = f"Explain fencing. {uuid.uuid4().hex}"
+    run_id = _start(deps, "pai_cut_short", prompt)
+    client.steer(run_id, "keep it short")  # queued: read before the first request
+    MODEL.control(reset=True, delay_ms=int(CUT_SLOW * 1000))  # the first request takes a while
+    # Killed as the request made again returned, before its record (journal: messages,
+    # request (cut), messages, request).
+    killed = _killed(deps, "after", 3)
+    died: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            loop.run(run_id, killed)
+        except ProcessDied as exc:
+            died.append(exc)
+
+    runner = threading.Thread(target=work)
+    started = time.monotonic()
+    runner.start()
+    try:
+        _wait(lambda: MODEL.stats()["requests"] == 1, "the first request")
+    finally:
+        MODEL.control(delay_ms=0)  # the request made again answers at once
+    client.steer(run_id, "in French", interrupt=True)
+    runner.join(CUT_SLOW)
+    assert died and time.monotonic() - started < CUT_SLOW / 2  # cut, not answered
+    client.steer(run_id, "too late")  # after the read the replay finds in the journal
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+
+    # What the model was sent: the cut request; the one made again, with the message that
+    # cut it once at the end; the replay's, the same (the cut and the read from the journal).
+    said = [
+        [b["text"] for m in body["messages"] if m["role"] == "user" for b in _blocks(m)]
+        for body in MODEL.received()
+    ]
+    first, again = [prompt, "keep it short"], [prompt, "keep it short", "in French"]
+    assert said == [first, again, again]
+    journal = store.journal(run_id, "agent", 0)
+    names = [c.name.split("__")[-1] for c in journal]
+    assert names == [READ, "model.request", READ, "model.request"]
+    assert journal[1].error is not None and journal[1].error["type"] == "CallInterrupted"
+    assert journal[1].cost_usd > 0  # its worst case, as ctx.model's cut counts
+    # The stand-in acks the user's turn as sent: the answer is the one to the new message.
+    answer = "ack: " + "\n".join(again)
+    run = store.get(run_id)
+    assert run is not None and run.state["output"] == answer
+    window = store.load(run_id).window
+    prompts = [p["content"] for m in window for p in m["parts"] if p["part_kind"] == "user-prompt"]
+    assert prompts == again  # in the conversation once each
+    answers = [p["content"] for m in window for p in m["parts"] if p["part_kind"] == "text"]
+    assert answers == [answer]  # the cut request's answer is in no part of it
+
+
+def _blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    content = message["content"]
+    return [{"text": content}] if isinstance(content, str) else [b for b in content if "text" in b]

@@ -361,6 +361,33 @@ def test_model_delay(model: ModelServer, client: anthropic.Anthropic) -> None:
         _ask(fast, "hi")
 
 
+def test_a_request_sleeps_the_delay_set_when_it_came(
+    model: ModelServer, client: anthropic.Anthropic
+) -> None:
+    """A test holds one request in flight and lets the next answer at once (the tests that
+    cut a model request with a steer message do)."""
+    model.control(delay_ms=600)
+    took: list[float] = []
+
+    def slow() -> None:
+        started = time.monotonic()
+        _ask(client, "the slow one")
+        took.append(time.monotonic() - started)
+
+    first = threading.Thread(target=slow)
+    first.start()
+    deadline = time.monotonic() + 5
+    while model.stats()["requests"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    model.control(delay_ms=0)
+    started = time.monotonic()
+    _ask(client, "the quick one")
+    assert time.monotonic() - started < 0.5
+    first.join()
+    assert took[0] >= 0.6
+
+
 def test_sdk_connection_error_when_down() -> None:
     model = ModelServer().start()
     url = model.url

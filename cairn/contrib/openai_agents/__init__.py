@@ -19,6 +19,7 @@ checkpoint. Needs the extra: `pip install 'cairn[openai-agents]'`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections.abc import Callable, Mapping
@@ -210,7 +211,10 @@ def agent_workflow(
     steer=True: before each model request the agent takes in the run's steer messages
     (Client.steer; ctx.messages(), a journaled read) as user messages at the end of its
     input (the SDK's RunConfig.call_model_input_filter, before config's own), each once,
-    in order, and kept in the later requests and the run's window.
+    in order, and kept in the later requests and the run's window. A message sent with
+    interrupt=True (Client.steer) while a model request is in flight cuts it: its answer is
+    discarded (the journal records the cut, its worst case counted as its cost) and the
+    request is made again at once with the messages sent meanwhile at the end of its input.
 
     Wraps the function tools and guardrails of agent and of the agents it hands off to in
     place (journal_agents); outside a cairn step they run as before.
@@ -229,15 +233,16 @@ def agent_workflow(
         # One filter per step: what it took so far (kept in the state across a wait).
         steering = Steering(settings.call_model_input_filter, ctx.state.get("steered") or ())
         try:
-            result = await Runner.run(
-                agent,
-                start,
-                context=given,
-                max_turns=max_turns,
-                hooks=_HOOKS,
-                run_config=steering.config(settings) if steer else settings,
-                session=memory,
-            )
+            with steering.steering() if steer else contextlib.nullcontext():
+                result = await Runner.run(
+                    agent,
+                    start,
+                    context=given,
+                    max_turns=max_turns,
+                    hooks=_HOOKS,
+                    run_config=steering.config(settings) if steer else settings,
+                    session=memory,
+                )
         except AgentsException as exc:
             error = _cairn_error(exc)
             if error is exc:

@@ -1,16 +1,18 @@
 """The Agents SDK's model calls as cairn's: a ModelProvider whose models send each request
-through ctx.amodel (journaled, fenced, limited, priced), on the SDK's own Responses model."""
+through ctx.amodel (journaled, fenced, limited, priced), on the SDK's own Responses model;
+with steering on, a request a steer message cuts is made again with the message in."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import openai
 from agents import Model, ModelProvider, ModelResponse, OpenAIProvider, OpenAIResponsesModel
 from agents.models import get_default_model
 
-from cairn.core.errors import CairnError
+from cairn.contrib.openai_agents._steer import active
+from cairn.core.errors import CairnError, CallInterrupted
 from cairn.steps.context import current
 
 
@@ -31,7 +33,11 @@ class _Responses:
             k: v for k, v in request.items() if not isinstance(v, openai.Omit | openai.NotGiven)
         }
         body.pop("stream", None)  # the SDK's stream is never asked for here: see CairnModel
-        return await ctx.amodel(provider="openai", api="responses", stream=self._stream, **body)
+        # Steering on: a message sent with interrupt=True cuts the request (CairnModel).
+        cut = active() is not None
+        return await ctx.amodel(
+            provider="openai", api="responses", stream=self._stream, interruptible=cut, **body
+        )
 
 
 class _StepClient:
@@ -60,8 +66,19 @@ class CairnModel(Model):
         self._outside = outside
 
     async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
-        model = self._inside if current() is not None else self._outside.get_model(self.name)
-        return await model.get_response(*args, **kwargs)
+        if current() is None:
+            return await self._outside.get_model(self.name).get_response(*args, **kwargs)
+        while True:
+            try:
+                return await self._inside.get_response(*args, **kwargs)
+            except CallInterrupted:
+                # Cut by a steer message (journaled, its answer discarded): asked again at
+                # once with what was sent meanwhile at the end of its input. A replay meets
+                # the same cut and reads the same messages from the journal.
+                steering = active()
+                if steering is None:
+                    raise
+                args, kwargs = await _with_input(steering.cut, args, kwargs)
 
     def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         if current() is not None:
@@ -71,6 +88,15 @@ class CairnModel(Model):
                 "CairnModelProvider(stream=True) to stream the text as token events"
             )
         return self._outside.get_model(self.name).stream_response(*args, **kwargs)
+
+
+async def _with_input(
+    change: Callable[[Any], Awaitable[list[Any]]], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """get_response's arguments with its input (the second, or input=) changed."""
+    if "input" in kwargs:
+        return args, {**kwargs, "input": await change(kwargs["input"])}
+    return (args[0], await change(args[1]), *args[2:]), kwargs
 
 
 class CairnModelProvider(ModelProvider):

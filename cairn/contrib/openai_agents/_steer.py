@@ -1,19 +1,32 @@
 """Steer messages (Client.steer) into an Agents SDK run, through the SDK's own hook for
-input before a model call: RunConfig.call_model_input_filter."""
+input before a model call (RunConfig.call_model_input_filter), and into a request that a
+message sent with interrupt=True cut (CairnModel asks the step's Steering, `active()`)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import dataclasses
 import inspect
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from agents import RunConfig
 from agents.run_config import CallModelData, CallModelInputFilter, ModelInputData
 
 from cairn.steps.context import current
+
+# The Steering of the step running in this asyncio task (set around its Runner.run): with
+# one, the agent's model requests may be cut, and a cut request is made again with it.
+_active: contextvars.ContextVar[Steering | None] = contextvars.ContextVar(
+    "cairn_agents_steering", default=None
+)
+
+
+def active() -> Steering | None:
+    return _active.get()
 
 
 class Steering:
@@ -32,18 +45,44 @@ class Steering:
         # (place, item): before the SDK's item at place. JSON-ready: a run that waits for
         # approval keeps it in its state, and its resumed Runner.run starts from there.
         self.taken: list[list[Any]] = [list(t) for t in taken]
+        self._at = 0  # the place of the request in hand: where a cut's messages go
 
     async def __call__(self, data: CallModelData[Any]) -> ModelInputData:
         given = list(data.model_data.input)
-        step = current()
-        if step is not None:
-            for message in await asyncio.to_thread(step.messages):
-                self.taken.append([len(given), _user_item(message)])
+        self._at = len(given)
+        for item in await self._take():
+            self.taken.append([self._at, item])
         data.model_data.input = steered(given, self.taken)
         if self._then is None:
             return data.model_data
         out = self._then(data)
         return await out if inspect.isawaitable(out) else out
+
+    async def cut(self, given: str | list[Any]) -> list[Any]:
+        """The input of a request a steer message cut, made again at once: given with the
+        messages read now (the one that cut it among them) at its end, and remembered at
+        the request's place, as the filter's are, for the later requests and the window."""
+        items = await self._take()
+        for item in items:
+            self.taken.append([self._at, item])
+        start = [_user_item(given)] if isinstance(given, str) else list(given)
+        return [*start, *items]
+
+    async def _take(self) -> list[dict[str, Any]]:
+        """The run's steer messages not read yet, as user items (a journaled read)."""
+        step = current()
+        if step is None:
+            return []
+        return [_user_item(m) for m in await asyncio.to_thread(step.messages)]
+
+    @contextlib.contextmanager
+    def steering(self) -> Iterator[None]:
+        """This Steering the one of the step's task, for as long as its Runner.run runs."""
+        token = _active.set(self)
+        try:
+            yield
+        finally:
+            _active.reset(token)
 
     def config(self, base: RunConfig) -> RunConfig:
         """base with this filter in place of its own (which this one runs after)."""

@@ -18,8 +18,9 @@ What every API shares
   failures, or a cut of the next streamed answer, whichever API it goes to. An injected
   failure is the API's own error body with that status (a 429 with ``retry-after: 0``).
   Injected failures win over checking the body, like a real overloaded front end.
-* ``delay_ms`` sleeps before every answer (before the first event of a stream);
-  ``token_ms`` between the text deltas of a stream (a ``TOKEN_MS: n`` line overrides it).
+* ``delay_ms`` sleeps before every answer (before the first event of a stream), each
+  request for the delay set when ``stats()`` first counted it (so a test can hold one
+  request in flight and let the next answer at once); ``token_ms`` between the text deltas of a stream (a ``TOKEN_MS: n`` line overrides it).
 * ``cut_after=k`` breaks off the next streamed answer after k deltas (its opening event
   always goes out, its closing one never): the connection dropped without the closing
   chunk, or with ``cut_status`` an error event in the API's own shape.
@@ -322,6 +323,9 @@ class ModelServer(_StandIn):
             self._requests += 1
             counts["requests"] += 1
             n = self._requests
+            # Counted and paced together: a test that sees the request counted and then
+            # sets delay_ms again changes the later requests, never this one.
+            delay_ms = self.delay_ms
             if data is not None:
                 self._received.append((api.name, data))
                 if data.get("stream") is True:
@@ -348,7 +352,7 @@ class ModelServer(_StandIn):
         if limit is not None and limit.refused:
             body, extra = api.rate_limited(limit)
             return 429, body, headers | extra
-        self._sleep()
+        self._sleep(delay_ms)
         if fail_status is not None:
             if fail_status == 429:
                 headers |= api.injected_429_headers()

@@ -167,9 +167,11 @@ class _StandIn:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _sleep(self) -> None:
-        if self.delay_ms > 0:
-            time.sleep(self.delay_ms / 1000)
+    def _sleep(self, delay_ms: int | None = None) -> None:
+        """delay_ms: the delay as it was when the request came (default: as it is now)."""
+        delay_ms = self.delay_ms if delay_ms is None else delay_ms
+        if delay_ms > 0:
+            time.sleep(delay_ms / 1000)
 
     def _handle(
         self, method: str, path: str, headers: dict[str, str], raw: bytes
