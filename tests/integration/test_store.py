@@ -349,11 +349,14 @@ def test_a_held_connection_serves_its_thread_alone_and_a_broken_one_is_replaced(
             return int(conn.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"])
 
     other: list[int] = []
+    def checkouts() -> int:
+        return int(db.pool.get_stats().get("requests_num", 0))
+
     with db.held():
+        before = checkouts()
         first = pid()
-        stats = db.pool.get_stats()
-        assert stats["pool_available"] == stats["pool_size"] - 1  # kept between statements
-        assert pid() == first  # the thread's statements share it
+        assert pid() == pid() == first  # the thread's statements share it
+        assert checkouts() - before == 1  # taken once, kept between statements
         with db.connection() as conn:  # lent now: a nested statement checks out its own
             assert conn.execute("SELECT pg_backend_pid() AS p").fetchone()["p"] == first
             assert pid() != first
