@@ -323,6 +323,10 @@ class Database:
 
     def each(self, names: Sequence[str], params: dict[str, Any]) -> list[dict[str, Any] | None]:
         """The named queries in one transaction, in order: each one's first row."""
+        if len(names) == 1:
+            # One statement is a transaction of its own: no BEGIN and COMMIT round trips
+            # (an enqueue's insert, two fifths of its time).
+            return [self.one(names[0], params)]
 
         def attempt() -> list[dict[str, Any] | None]:
             with self.connection() as conn, conn.transaction():
