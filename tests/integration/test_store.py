@@ -349,6 +349,7 @@ def test_a_held_connection_serves_its_thread_alone_and_a_broken_one_is_replaced(
             return int(conn.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"])
 
     other: list[int] = []
+
     def checkouts() -> int:
         return int(db.pool.get_stats().get("requests_num", 0))
 
