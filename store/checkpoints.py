@@ -255,6 +255,11 @@ class PgStore:
         """A step's own connection (ctx.db), committed by save() with the checkpoint."""
         return StepTransaction(self.db)
 
+    def held(self) -> contextlib.AbstractContextManager[None]:
+        """This thread's statements on one connection until the block ends (a delivery's:
+        Database.held)."""
+        return self.db.held()
+
     @staticmethod
     def outage(exc: BaseException) -> StoreUnavailable | None:
         """StoreUnavailable for a driver error raised in a step (its ctx.db), else None."""

@@ -162,6 +162,10 @@ class RunStore(Protocol):
     def outage(self, exc: BaseException) -> Exception | None:
         """The Transient error for a store error raised inside a step, else None."""
 
+    def held(self) -> AbstractContextManager[None]:
+        """Within it, this thread's store calls may share one connection (a delivery's,
+        in a process that runs one at a time); nothing else about them changes."""
+
 
 class AdminStore(Protocol):
     """The operator's store (the Client, the web API, the CLI): runs created, read,

@@ -115,6 +115,16 @@ def opening(conn: psycopg.Connection[Any]) -> None:
     set_json_loads(sealing.open_text, conn)
 
 
+class _Held:
+    """A thread's held connection (Database.held), and whether a statement has it now."""
+
+    __slots__ = ("conn", "lent")
+
+    def __init__(self) -> None:
+        self.conn: psycopg.Connection[Any] | None = None
+        self.lent = False
+
+
 class Database:
     """A small pool plus named-query helpers (procrastinate's connector shape)."""
 
@@ -161,6 +171,8 @@ class Database:
             timeout=max(1.0, min(10.0, give_up_after) - 2.0),
         )
         self._opened = False
+        # A thread's held connection (held()): its statements skip the pool's checkout.
+        self._held = threading.local()
 
     def open(self) -> Database:
         if not self._opened:
@@ -217,10 +229,54 @@ class Database:
             return retrying(left)(fn)
 
     @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Until the block ends, this thread's statements share one pooled connection,
+        taken at the first: a checkout and its return cost a statement 15-35 us of CPU,
+        a tenth of a no-op step's. For a thread that runs one delivery at a time (a
+        prefork pool process); its nested statements, and other threads', still check
+        out. A statement that raises gives the connection back (the pool replaces a
+        broken one), and the next takes another."""
+        if getattr(self._held, "slot", None) is not None:
+            yield  # held already, further out
+            return
+        slot = self._held.slot = _Held()
+        try:
+            yield
+        finally:
+            self._held.slot = None
+            if slot.conn is not None:
+                self.pool.putconn(slot.conn)
+
+    @contextlib.contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        self.open()
-        with translated(self.url), self.pool.connection() as conn:
-            yield conn
+        slot: _Held | None = getattr(self._held, "slot", None)
+        if slot is None or slot.lent:
+            self.open()
+            with translated(self.url), self.pool.connection() as conn:
+                yield conn
+            return
+        with translated(self.url):
+            if slot.conn is None:
+                self.open()
+                slot.conn = self.pool.getconn()
+            conn, slot.lent = slot.conn, True
+            try:
+                yield conn
+            except BaseException as exc:
+                slot.conn = None
+                try:
+                    conn.__exit__(type(exc), exc, exc.__traceback__)  # rolls back, as ever
+                finally:
+                    self.pool.putconn(conn)  # which replaces a broken one
+                raise
+            finally:
+                slot.lent = False
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                slot.conn = None  # left in a transaction, or closed: ended as ever, given back
+                try:
+                    conn.__exit__(None, None, None)
+                finally:
+                    self.pool.putconn(conn)
 
     @contextlib.contextmanager
     def hearing(self, name: str) -> Iterator[Callable[[float], str | None]]:
@@ -267,6 +323,10 @@ class Database:
 
     def each(self, names: Sequence[str], params: dict[str, Any]) -> list[dict[str, Any] | None]:
         """The named queries in one transaction, in order: each one's first row."""
+        if len(names) == 1:
+            # One statement is a transaction of its own: no BEGIN and COMMIT round trips
+            # (an enqueue's insert, two fifths of its time).
+            return [self.one(names[0], params)]
 
         def attempt() -> list[dict[str, Any] | None]:
             with self.connection() as conn, conn.transaction():

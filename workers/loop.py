@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import logging
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -109,10 +111,25 @@ def run(run_id: str, deps: Deps) -> RunStatus:
             deps.middleware.after_run(run_id, status=status)
 
 
+def _held(deps: Deps) -> contextlib.AbstractContextManager[None]:
+    """A delivery's store calls on one connection, from its claim to its end (a checkout
+    per statement is a tenth of a no-op step's CPU), in a process's main thread: a prefork
+    pool process or the solo pool, one delivery at a time. Not in the threads pool, whose
+    runs, more than its connections, must not each keep one through their steps."""
+    if threading.current_thread() is threading.main_thread():
+        return deps.store.held()
+    return contextlib.nullcontext()
+
+
 def _run(run_id: str, deps: Deps) -> RunStatus:
+    with contextlib.ExitStack() as held:
+        return _delivered(run_id, deps, held)
+
+
+def _delivered(run_id: str, deps: Deps, held: contextlib.ExitStack) -> RunStatus:
     began = time.monotonic()
     try:
-        lease, cp = _take(run_id, deps)
+        lease, cp = _take(run_id, deps, held)
     except (IncompatibleCheckpoint, CorruptCheckpoint) as exc:
         status = (
             RunStatus.INCOMPATIBLE if isinstance(exc, IncompatibleCheckpoint) else RunStatus.FAILED
@@ -291,10 +308,10 @@ def renamed_from(saved: str, going: str, flow: registry.Workflow) -> str | None:
     return None
 
 
-def _take(run_id: str, deps: Deps) -> tuple[HeldLease, Checkpoint]:
+def _take(run_id: str, deps: Deps, held: contextlib.ExitStack) -> tuple[HeldLease, Checkpoint]:
     """The run's lease, and its checkpoint claimed (fenced) at the lease's epoch; a run
     that has stopped comes back as it is, unclaimed. Raises Deferred (held elsewhere) or
-    UnknownRun.
+    UnknownRun. Once the lease is taken, `held` (the delivery's) holds its connection.
 
     The claim is the delivery's first read: a load before it would cost every delivery
     a round trip. Epochs come from Redis, so a new lease's is above the stored one, unless
@@ -305,6 +322,7 @@ def _take(run_id: str, deps: Deps) -> tuple[HeldLease, Checkpoint]:
     store, version = deps.store, deps.settings.code_version
     lease = _acquire(run_id, 0, deps)
     try:
+        held.enter_context(_held(deps))  # the delivery's connection, from the claim on
         for _ in range(2):
             claimed = store.claim(run_id, lease.epoch, version, registry.pinned())
             if claimed is not None:

@@ -338,3 +338,15 @@ def test_a_no_op_step_is_one_postgres_round_trip_and_no_redis_call(
     # A run's fixed cost around its steps: the claim, its first and only read (no load
     # before it), and the lease's acquire and release.
     assert short == (1 + 3, 2), short
+
+
+def test_a_delivery_takes_one_connection_for_its_claim_and_all_its_saves(
+    create, deps, store: PgStore
+) -> None:
+    run_id = create("loop", {"visits": 3}, queue=False)
+    store.load(run_id)  # the pool's first connection made, outside the count
+    before = store.db.pool.get_stats()["requests_num"]
+    assert loop.run(run_id, deps) == "done"
+    assert store.db.pool.get_stats()["requests_num"] - before == 1
+    cp = store.load(run_id)
+    assert cp is not None and cp.seq == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from types import SimpleNamespace
 
 import psycopg
@@ -17,6 +18,7 @@ from cairn.core.records import Call, RunFilter
 from cairn.core.status import STOPPED, RunStatus
 from cairn.steps.registry import DONE
 from cairn.store import CHECKPOINT_VERSION, Checkpoint, PgStore
+from tests.helpers.runs import wait_for
 
 
 def _run(store: PgStore, run_id: str = "r1") -> Checkpoint:
@@ -335,3 +337,42 @@ def test_a_record_alone_commits_without_waiting_for_the_disk_and_one_with_writes
     assert sql("SELECT x FROM mine") == [(1,)]
     with store.db.connection() as pooled:  # local to the record's transaction: not kept
         assert pooled.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"] == "on"
+
+
+def test_a_held_connection_serves_its_thread_alone_and_a_broken_one_is_replaced(
+    store: PgStore, sql
+) -> None:
+    db = store.db
+
+    def pid() -> int:
+        with db.connection() as conn:
+            return int(conn.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"])
+
+    other: list[int] = []
+
+    def checkouts() -> int:
+        return int(db.pool.get_stats().get("requests_num", 0))
+
+    with db.held():
+        before = checkouts()
+        first = pid()
+        assert pid() == pid() == first  # the thread's statements share it
+        assert checkouts() - before == 1  # taken once, kept between statements
+        with db.connection() as conn:  # lent now: a nested statement checks out its own
+            assert conn.execute("SELECT pg_backend_pid() AS p").fetchone()["p"] == first
+            assert pid() != first
+        thread = threading.Thread(target=lambda: other.append(pid()))
+        thread.start()
+        thread.join()
+        assert other[0] != first  # another thread's statements use the pool as ever
+        # Gone under it (a restarted server): the statement's retry takes a new one.
+        assert sql("SELECT pg_terminate_backend(%s)", first) == [(True,)]
+        replaced = db.retry(pid)
+        assert replaced != first
+        assert pid() == replaced
+
+    def all_back() -> bool:  # the block's end gave it back (the dead one's is replaced)
+        stats = db.pool.get_stats()
+        return bool(stats["pool_available"] == stats["pool_size"])
+
+    wait_for(all_back, 5, "every pooled connection back")

@@ -93,6 +93,10 @@ class _Runs(_Tables):
         """No database: ctx.db raises, saying it needs PgStore."""
         return _NoTransaction()
 
+    def held(self) -> contextlib.AbstractContextManager[None]:
+        """No connections to hold."""
+        return contextlib.nullcontext()
+
     @staticmethod
     def outage(exc: BaseException) -> Exception | None:
         """None: no driver here, so no step's error is a store outage."""
