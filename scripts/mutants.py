@@ -867,6 +867,15 @@ MUTANTS = [
         (f"{J}::test_a_tenants_budget_starts_again_each_day",),
     ),
     Mutant(
+        "M107",
+        "the wake pass re-arms a run stopped over its tenant's budget in the day that stopped "
+        "it: each pass sends it again, and each claim stops it again, all day",
+        "store/sql/queries.sql",
+        "       AND c.updated_at < coalesce(n.period_start, b.period_start)\n",
+        "",
+        (f"{J}::test_a_tenants_runs_stopped_over_its_budget_go_on_by_themselves_in_the_new_day",),
+    ),
+    Mutant(
         "M97",
         "a journal record written again by its own writer (a retry whose first try committed) "
         "adds the call's cost to its budgets again: spend counted twice for one record",

@@ -720,6 +720,12 @@ class PgStore:
 
         return self.db.retry(attempt)
 
+    def roll_budgets(self, batch: int = WAKE_BATCH) -> list[str]:
+        """Tenant budgets whose UTC day or month is over rolled (up to batch), and up to
+        batch runs stopped over a tenant's budget before its period began re-armed and
+        committed: the caller sends each once (see the query)."""
+        return [r["run_id"] for r in self.db.all("roll_tenant_budgets", {"batch": batch})]
+
     def unchanged(self, rows: list[dict[str, Any]]) -> set[str]:
         """The run ids among rows (as stalled or unclaimed listed them) whose epoch and
         updated_at are still the same: no worker claimed, saved or ended them since."""

@@ -373,6 +373,11 @@ class Maintenance(Protocol):
         """Waiting runs whose time came, moved out of waiting (to pending), up to batch:
         each returned to one caller once, to send."""
 
+    def roll_budgets(self, batch: int = ...) -> list[str]:
+        """Tenant budgets whose period is over started again, and the runs stopped over a
+        tenant's budget in an earlier period re-armed (up to batch): each returned to one
+        caller once, to send."""
+
     def fold_counts(self, batch: int = ...) -> int:
         """Fold the status deltas into the totals; rows folded."""
 

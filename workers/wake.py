@@ -1,5 +1,6 @@
 """The wake pass: waiting runs whose time came (a sleep's end, a wait's timeout, a debounced
-enqueue's quiet period) are sent.
+enqueue's quiet period) are sent, and so are the runs stopped over their tenant's budget
+per day or month once a new period began (CheckpointStore.roll_budgets, the same guards).
 
 A Celery task on beat's schedule (every CAIRN_SCHEDULE_TICK seconds, on the control
 queue, like the schedules' firer). Each due run is sent exactly once however many passes
@@ -66,6 +67,11 @@ class Waker:
             woken += ids
             if len(ids) < self.batch:
                 break
+        # A tenant's budget in a new UTC day or month: its runs stopped over the last
+        # one's limit go on, a batch per pass (the next pass takes the rest).
+        for run_id in self.store.roll_budgets(self.batch):
+            self.send(run_id)
+            woken.append(run_id)
         if woken:
             more = f" and {len(woken) - 10} more" if len(woken) > 10 else ""
             logger.info(

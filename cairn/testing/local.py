@@ -111,8 +111,10 @@ class LocalWorker:
         while self._later and self._later[0][0] <= now:
             self._ready.append(heapq.heappop(self._later)[2])
         if not self._ready:
-            # Sleeps and wait timeouts (beat's wake pass), then signals left unseen.
+            # Sleeps and wait timeouts, runs stopped over a tenant's budget per day whose
+            # next day came (beat's wake pass), then signals left unseen.
             self._ready.extend(self.store.wake())
+            self._ready.extend(self.store.roll_budgets())
             for row in self.store.stalled(_NEVER, _NEVER):
                 self._ready.append(row["run_id"])
         return bool(self._ready)

@@ -1496,10 +1496,53 @@ RETURNING scope;
 -- A tenant's budget set: its runs stopped over budget re-armed at their cursor, as
 -- raise_budget re-arms a tree's (the call that stopped each is checked again, against
 -- every budget it spends on). The caller sends them.
-UPDATE checkpoints c SET status = 'pending', error = NULL, attempts = 0, deliveries = 0,
-       retry_at = NULL, updated_at = now()
+UPDATE checkpoints c SET {{rearm_over_budget}}
   FROM runs r
  WHERE c.status = 'budget_exceeded' AND r.run_id = c.run_id AND r.tenant = %(tenant)s
+RETURNING c.run_id;
+
+-- fragment: rearm_over_budget
+-- A run stopped over budget re-armed at its cursor (as enqueueing a failed run again).
+status = 'pending', error = NULL, attempts = 0, deliveries = 0, retry_at = NULL,
+       updated_at = now()
+
+-- name: roll_tenant_budgets
+-- The wake pass's (CheckpointStore.roll_budgets): tenant budgets whose UTC day or month
+-- is over start the new one (budget_roll's reset, up to `batch` of them; rows a check
+-- holds are skipped, it rolls them itself), and up to `batch` runs stopped over a tenant's
+-- budget in an earlier period than its budget counts now are re-armed: the caller sends
+-- them. Whoever rolled the budget (this pass, a check, a record, a read), a run stopped
+-- before the period began goes on. Only a stop by the tenant's scope: its error names it
+-- (Context._hold), so a run stopped by its own tree's budget stays stopped. A run stopped
+-- in this period is not re-armed: the budget that stopped it still stands. The budgets
+-- read in `stopped` are the statement's snapshot, before `rolled`: the new start is
+-- taken from `rolled`. Re-armed rows are locked (SKIP LOCKED): two passes re-arm a run
+-- once. Walks checkpoints_status_newest's budget_exceeded rows only.
+WITH rolled AS (
+    UPDATE budgets b SET spent_usd = 0, spent_tokens = 0, period_start = {{period_now}}
+     WHERE b.scope = ANY (ARRAY(
+               SELECT scope FROM budgets b
+                WHERE b.period IS NOT NULL AND b.period_start < {{period_now}}
+                ORDER BY scope
+                LIMIT %(batch)s
+                  FOR UPDATE SKIP LOCKED))
+       AND b.period_start < {{period_now}}
+    RETURNING b.scope, b.period_start
+), stopped AS (
+    SELECT c.run_id FROM checkpoints c
+      JOIN runs r ON r.run_id = c.run_id
+      JOIN budgets b ON b.scope = 'tenant:' || r.tenant
+      LEFT JOIN rolled n ON n.scope = b.scope
+     WHERE c.status = 'budget_exceeded' AND b.period IS NOT NULL
+       AND c.updated_at < coalesce(n.period_start, b.period_start)
+       AND strpos(c.error, ' budget ' || b.scope || ' has ') > 0
+     ORDER BY c.updated_at
+     LIMIT %(batch)s
+       FOR UPDATE OF c SKIP LOCKED
+)
+UPDATE checkpoints c SET {{rearm_over_budget}}
+  FROM stopped
+ WHERE c.run_id = stopped.run_id AND c.status = 'budget_exceeded'
 RETURNING c.run_id;
 
 -- name: raise_budget
@@ -1512,8 +1555,7 @@ WITH b AS (
      WHERE scope = %(scope)s
     RETURNING scope
 )
-UPDATE checkpoints c SET status = 'pending', error = NULL, attempts = 0, deliveries = 0,
-       retry_at = NULL, updated_at = now()
+UPDATE checkpoints c SET {{rearm_over_budget}}
   FROM b, runs r
  WHERE r.budgets @> ARRAY[b.scope] AND c.run_id = r.run_id AND c.status = 'budget_exceeded'
 RETURNING c.run_id;

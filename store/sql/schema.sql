@@ -1,4 +1,4 @@
--- cairn's schema as it stands: what migrations/0001..0024 build, in one file to read.
+-- cairn's schema as it stands: what migrations/0001..0026 build, in one file to read.
 -- Databases are made and upgraded by the migrations (`cairn db upgrade`);
 -- tests/integration/test_schema.py builds one database from them and one from this file and asserts
 -- their schema-only dumps are equal, so this file cannot drift. A new migration edits
@@ -657,6 +657,8 @@ CREATE TABLE budgets (
     CONSTRAINT budgets_some_limit CHECK (limit_usd IS NOT NULL OR limit_tokens IS NOT NULL),
     CONSTRAINT budgets_period_start CHECK ((period IS NULL) = (period_start IS NULL))
 );
+-- the tenants' rows alone, which the wake pass rolls (migration 0026)
+CREATE INDEX budgets_periods ON budgets (period_start) WHERE period IS NOT NULL;
 
 -- One row per call in flight that a budget admitted, keyed as its journal record will be:
 -- the record deletes it (settled); an attempt killed in the call leaves it, and the next

@@ -28,6 +28,7 @@ from cairn.steps.model import ModelClient, text_of
 from cairn.testing.standins import ModelServer
 from cairn.workers import loop
 from cairn.workers.middleware import Chain, Middleware
+from cairn.workers.wake import Waker
 from tests.helpers.contract import on_both
 
 calls: defaultdict[str, list[Any]] = defaultdict(list)  # what really ran, per run
@@ -759,16 +760,22 @@ def test_a_tenants_runs_share_its_budget_and_go_on_when_it_is_raised(deps: loop.
     assert (budget.spent_usd, budget.limit_usd, budget.period) == pytest.approx((0.16, 1.0, "day"))
 
 
-def _next_day(deps: loop.Deps, request: Any, tenant: str) -> None:
-    """A day on: the twins' clock moved, or the budget's period put back on Postgres."""
+def _next_day(deps: loop.Deps, request: Any, tenant: str, stopped: tuple[str, ...] = ()) -> None:
+    """A day on: the twins' clock moved, or the budget's period (and the stopped runs'
+    stops) put back on Postgres."""
     from cairn.testing import MemoryStore
 
     if isinstance(deps.store, MemoryStore):
         deps.store._clock.advance(24 * 3600)  # type: ignore[attr-defined]
         return
-    request.getfixturevalue("sql")(
+    sql = request.getfixturevalue("sql")
+    sql(
         "UPDATE budgets SET period_start = period_start - interval '1 day' WHERE scope = %s",
         f"tenant:{tenant}",
+    )
+    sql(
+        "UPDATE checkpoints SET updated_at = updated_at - interval '1 day' WHERE run_id = ANY(%s)",
+        list(stopped),
     )
 
 
@@ -792,6 +799,36 @@ def test_a_tenants_budget_starts_again_each_day(deps: loop.Deps, request: Any) -
     assert loop.run(run_id, deps) == RunStatus.DONE
     assert calls[run_id].count("model") == 8
     assert _tenant_spent(deps, tenant) == pytest.approx((0.04, 0))  # this day's four
+
+
+def test_a_tenants_runs_stopped_over_its_budget_go_on_by_themselves_in_the_new_day(
+    deps: loop.Deps, request: Any
+) -> None:
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    deps.store.set_tenant_budget(tenant, usd=0.065, per="day")
+    # Its tree's budget stops `own` at its second call, the tenant's 0.01 spent; the
+    # tenant's stops `run_id` before its fifth (0.05 + 0.02).
+    own = _start(deps, "journal-agent", tenant=tenant, budget_usd=0.025)
+    assert loop.run(own, deps) == RunStatus.BUDGET_EXCEEDED
+    assert f"budget run:{own}" in (_load(deps, own).error or "")
+    run_id = _start(deps, "journal-agent", tenant=tenant)
+    assert loop.run(run_id, deps) == RunStatus.BUDGET_EXCEEDED
+    assert f"budget tenant:{tenant}" in (_load(deps, run_id).error or "")
+    sent: list[str] = []
+    wake = Waker(store=deps.store, send=sent.append).wake
+    assert run_id not in wake()  # the day that stopped it is not over
+    assert _load(deps, run_id).status == RunStatus.BUDGET_EXCEEDED
+
+    _next_day(deps, request, tenant, stopped=(own, run_id))
+    woken = wake()
+    assert run_id in woken and run_id in sent and own not in woken
+    assert _load(deps, run_id).status == RunStatus.PENDING
+    assert _load(deps, own).status == RunStatus.BUDGET_EXCEEDED  # its tree's is no new day's
+    assert run_id not in wake()  # re-armed once
+    assert _tenant_spent(deps, tenant) == pytest.approx((0, 0))
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    assert calls[run_id].count("model") == 8
+    assert _tenant_spent(deps, tenant) == pytest.approx((0.04, 0))  # its four of this day
 
 
 def test_a_call_in_flight_over_midnight_counts_in_the_new_day(

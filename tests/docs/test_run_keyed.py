@@ -73,6 +73,7 @@ SCANS = {
     "budget_release": "a budget check: the holds of the budget's tree (its scope), not one run's",
     "raise_budget": "a raised budget re-arms its tree's runs stopped over it (runs_budgets)",
     "rearm_tenant_budget": "a tenant's budget set re-arms its runs stopped over budget",
+    "roll_tenant_budgets": "the wake pass re-arms the runs stopped over a tenant's last period",
 }
 
 

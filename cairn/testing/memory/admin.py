@@ -8,7 +8,7 @@ import dataclasses
 import datetime as dt
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from cairn.core.errors import RunIdConflict
@@ -422,19 +422,6 @@ class _Admin(_Tables):
                 if per is not None and per != b["period"]:
                     b["period"], b["period_start"] = per, period_start(per, self._now())
             return self._rearm_over_budget(lambda row: row.tenant == tenant)
-
-    def _rearm_over_budget(self, of: Callable[[_Row], bool]) -> list[str]:
-        """The runs of a budget raised that stopped over budget, re-armed (under the lock)."""
-        stamp, rearmed = self._stamp(), []
-        for row in self._rows.values():
-            if row.status == RunStatus.BUDGET_EXCEEDED and of(row):
-                row.status, row.error, row.attempts, row.deliveries = (
-                    RunStatus.PENDING, None, 0, 0
-                )  # fmt: skip
-                row.retry_at, row.updated_at = None, stamp
-                self._rearmed(row)
-                rearmed.append(row.run_id)
-        return rearmed
 
 
 def _budget(scope: str, figures: dict[str, Any]) -> Budget:

@@ -6,7 +6,7 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
-from cairn.core.records import budget_scope
+from cairn.core.records import budget_scope, tenant_scope
 from cairn.core.status import TERMINAL, RunStatus
 from cairn.store.rows import FOLD_BATCH, WAKE_BATCH
 from cairn.testing.memory.rows import _unconsumed
@@ -21,6 +21,29 @@ class _Maintenance(_Tables):
     def fold_counts(self, batch: int = FOLD_BATCH) -> int:
         """0: counts are read from the rows themselves, so there are no deltas to fold."""
         return 0
+
+    def roll_budgets(self, batch: int = WAKE_BATCH) -> list[str]:
+        """Tenant budgets whose period is over rolled, and up to batch runs stopped over
+        their tenant's budget before its period began re-armed (see the SQL's
+        roll_tenant_budgets): each returned once."""
+        with self._lock:
+            tenants = sorted(s for s, b in self._budgets.items() if b.get("period") is not None)
+            self._roll(tenants[:batch])
+            stopped = sorted(
+                (
+                    r
+                    for r in self._rows.values()
+                    if r.status == RunStatus.BUDGET_EXCEEDED
+                    and r.tenant is not None
+                    and (b := self._budgets.get(tenant_scope(r.tenant))) is not None
+                    and b.get("period") is not None
+                    and r.updated_at < b["period_start"]
+                    and f" budget {tenant_scope(r.tenant)} has " in (r.error or "")
+                ),
+                key=lambda r: r.updated_at,
+            )[:batch]
+            chosen = {r.run_id for r in stopped}
+            return self._rearm_over_budget(lambda row: row.run_id in chosen)
 
     def routes(self, run_ids: list[str]) -> dict[str, str]:
         """The pinned runs among run_ids, each with the version it is pinned to."""

@@ -8,7 +8,7 @@ import datetime as dt
 import json
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
 
@@ -249,6 +249,19 @@ class _Tables:
             start = period_start(b["period"], self._now())
             if b["period_start"] < start:
                 b["spent_usd"], b["spent_tokens"], b["period_start"] = 0.0, 0, start
+
+    def _rearm_over_budget(self, of: Callable[[_Row], bool]) -> list[str]:
+        """The runs of a budget raised that stopped over budget, re-armed (under the lock)."""
+        stamp, rearmed = self._stamp(), []
+        for row in self._rows.values():
+            if row.status == RunStatus.BUDGET_EXCEEDED and of(row):
+                row.status, row.error, row.attempts, row.deliveries = (
+                    RunStatus.PENDING, None, 0, 0
+                )  # fmt: skip
+                row.retry_at, row.updated_at = None, stamp
+                self._rearmed(row)
+                rearmed.append(row.run_id)
+        return rearmed
 
     @classmethod
     def _run(cls, row: _Row) -> Run:
