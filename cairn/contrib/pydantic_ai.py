@@ -115,13 +115,8 @@ def _worst_cost(model_name: str, cache_key: tuple[object, ...], prices: Prices |
     """A cut request's cost: what the provider billed for the answer it began is not known,
     so its worst case (its messages at 3 bytes a token, the most output its settings
     allow), as ctx.model's cut counts."""
-    messages, settings = (cache_key[1], cache_key[2]) if len(cache_key) >= 3 else ([], None)
-    try:
-        prompt = json_size(_MESSAGES.dump_python(list(messages), mode="json"))  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        prompt = 0
-    most = (settings or {}).get("max_tokens") if isinstance(settings, dict) else None
-    usage = {"input_tokens": prompt // 3 + 1, "output_tokens": most or DEFAULT_MAX_TOKENS}
+    prompt, most = _sized(cache_key)
+    usage = {"input_tokens": prompt, "output_tokens": most or DEFAULT_MAX_TOKENS}
     provider = guess_provider(model_name)
     return cost_of(
         model_name, usage, provider if provider in ("anthropic", "openai") else None, prices
@@ -143,14 +138,22 @@ def _booking(model: ModelClient, where: Route, cache_key: tuple[object, ...]) ->
     """Tokens to book for a model request: its messages at 3 bytes a token and the most
     output its settings allow (cache_key is pydantic-ai's: model id, messages, settings,
     ...; a key of another shape books the default output only, settled after)."""
+    prompt, most = _sized(cache_key)
+    request = {"max_tokens": most, "max_completion_tokens": most}
+    return prompt + model.providers[where.provider].max_output(where.api, request)
+
+
+def _sized(cache_key: tuple[object, ...]) -> tuple[int, int | None]:
+    """A request's prompt in tokens (its messages at 3 bytes a token) and the most output
+    its settings allow (None: not said), from pydantic-ai's cache key (model id, messages,
+    settings, ...; a key of another shape: no messages)."""
     messages, settings = (cache_key[1], cache_key[2]) if len(cache_key) >= 3 else ([], None)
     try:
         prompt = json_size(_MESSAGES.dump_python(list(messages), mode="json"))  # type: ignore[call-overload]
     except (TypeError, ValueError):
         prompt = 0
     most = (settings or {}).get("max_tokens") if isinstance(settings, dict) else None
-    request = {"max_tokens": most, "max_completion_tokens": most}
-    return prompt // 3 + 1 + model.providers[where.provider].max_output(where.api, request)
+    return prompt // 3 + 1, most
 
 
 @contextlib.asynccontextmanager
