@@ -51,6 +51,7 @@ COUNTER_ENDS = "tests/integration/test_lease.py::test_the_epoch_counter_expires_
 PARALLEL = "tests/integration/test_parallel.py"
 JOURNAL_REPLAY = "tests/contract/test_journal.py::test_a_replay_after_a_crash_makes_no_call_twice"
 J = "tests/contract/test_journal.py"
+POOL = "tests/integration/test_store.py"
 LOST = "tests/integration/test_lost_commit.py"
 LG = "tests/integration/test_langgraph.py"
 PAUSED_CHARGE = "tests/fleet/test_crash.py::test_a_worker_paused_inside_an_at_most_once_effect_never_makes_it_twice"
@@ -874,6 +875,15 @@ MUTANTS = [
         "       AND c.updated_at < coalesce(n.period_start, b.period_start)\n",
         "",
         (f"{J}::test_a_tenants_runs_stopped_over_its_budget_go_on_by_themselves_in_the_new_day",),
+    ),
+    Mutant(
+        "M108",
+        "a pool of one connection is held by a delivery's thread: its async steps' and "
+        "parallel calls' records, made on other threads, wait for the pool's timeout",
+        "store/db.py",
+        'if getattr(self._held, "slot", None) is not None or self.pool.max_size < 2:',
+        'if getattr(self._held, "slot", None) is not None:',
+        (f"{POOL}::test_a_pool_of_one_holds_nothing_so_other_threads_are_not_kept_waiting",),
     ),
     Mutant(
         "M97",

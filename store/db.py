@@ -235,9 +235,11 @@ class Database:
         a tenth of a no-op step's. For a thread that runs one delivery at a time (a
         prefork pool process); its nested statements, and other threads', still check
         out. A statement that raises gives the connection back (the pool replaces a
-        broken one), and the next takes another."""
-        if getattr(self._held, "slot", None) is not None:
-            yield  # held already, further out
+        broken one), and the next takes another. A pool of one holds nothing: the
+        thread's step would keep the only connection from its own async steps' and
+        parallel calls' records, made on other threads."""
+        if getattr(self._held, "slot", None) is not None or self.pool.max_size < 2:
+            yield  # held already, further out; or a pool too small to lend one out
             return
         slot = self._held.slot = _Held()
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from types import SimpleNamespace
 
 import psycopg
@@ -18,6 +19,7 @@ from cairn.core.records import Call, RunFilter
 from cairn.core.status import STOPPED, RunStatus
 from cairn.steps.registry import DONE
 from cairn.store import CHECKPOINT_VERSION, Checkpoint, PgStore
+from cairn.store.db import Database
 from tests.helpers.runs import wait_for
 
 
@@ -376,3 +378,27 @@ def test_a_held_connection_serves_its_thread_alone_and_a_broken_one_is_replaced(
         return bool(stats["pool_available"] == stats["pool_size"])
 
     wait_for(all_back, 5, "every pooled connection back")
+
+
+def test_a_pool_of_one_holds_nothing_so_other_threads_are_not_kept_waiting(db_url) -> None:
+    """CAIRN_DATABASE_POOL_SIZE=1: an async step's records are made on the event loop's
+    thread while the delivery's thread waits for the step; a held connection would keep
+    the pool's only one from them until the pool's timeout."""
+    db = Database(db_url, max_size=1, give_up_after=3.0).open()
+    try:
+        got: list[int] = []
+
+        def other() -> None:
+            with db.connection() as conn:
+                got.append(conn.execute("SELECT 1 AS one").fetchone()["one"])
+
+        with db.held():
+            with db.connection() as conn:  # would take the held connection here
+                conn.execute("SELECT 1")
+            thread = threading.Thread(target=other)
+            began = time.monotonic()
+            thread.start()
+            thread.join(10)
+            assert got == [1] and time.monotonic() - began < 1.0
+    finally:
+        db.close()
