@@ -599,13 +599,7 @@ class PgStore:
             "limit_tokens": tokens,
         }
 
-        def attempt() -> list[str] | None:
-            with self.db.connection() as conn, conn.transaction():
-                if conn.execute(QUERIES["budget_of"], params).fetchone() is None:
-                    return None
-                return [r["run_id"] for r in conn.execute(QUERIES["raise_budget"], params)]
-
-        return self.db.retry(attempt)
+        return self._rearmed("budget_of", "raise_budget", params)
 
     def tenant_budget(self, tenant: str) -> Budget | None:
         """The tenant's budget as it stands in this period (rolled first if a new UTC day
@@ -636,11 +630,17 @@ class PgStore:
             "soft": soft,
         }
 
+        return self._rearmed("set_tenant_budget", "rearm_tenant_budget", params)
+
+    def _rearmed(self, budget: str, rearm: str, params: dict[str, Any]) -> list[str] | None:
+        """In one transaction: the budget statement (no row: no such budget, None), then
+        the re-arm of the runs it stopped, whose ids it returns."""
+
         def attempt() -> list[str] | None:
             with self.db.connection() as conn, conn.transaction():
-                if conn.execute(QUERIES["set_tenant_budget"], params).fetchone() is None:
+                if conn.execute(QUERIES[budget], params).fetchone() is None:
                     return None
-                return [r["run_id"] for r in conn.execute(QUERIES["rearm_tenant_budget"], params)]
+                return [r["run_id"] for r in conn.execute(QUERIES[rearm], params)]
 
         return self.db.retry(attempt)
 
