@@ -138,12 +138,23 @@ class Plan:
             self.current = None
         self._maybe_die("boundary", boundary, boundary, run_id, seq, cursor)
 
-    def hit_call(self, boundary: str, run_id: str, seq: int, cursor: str, pos: int) -> None:
-        """A journaled call's point: before it, or after it returned (not yet recorded)."""
-        self._maybe_die("call", boundary, f"{boundary}:{pos}", run_id, seq, cursor)
+    def hit_call(
+        self, boundary: str, run_id: str, seq: int, cursor: str, pos: int, raised: str | None = None
+    ) -> None:
+        """A journaled call's point: before it, or after it ended (not yet recorded). raised:
+        the error's type if it ended in one, so a kill there says whether its effect was made
+        (a paused zombie's call is refused its key by its lost lease, and sends nothing)."""
+        self._maybe_die("call", boundary, f"{boundary}:{pos}", run_id, seq, cursor, raised)
 
     def _maybe_die(
-        self, kind: str, boundary: str, point: str, run_id: str, seq: int, cursor: str
+        self,
+        kind: str,
+        boundary: str,
+        point: str,
+        run_id: str,
+        seq: int,
+        cursor: str,
+        raised: str | None = None,
     ) -> None:
         if not self.due(boundary, run_id, seq, point) or os.getpid() == self.spare_pid:
             return
@@ -161,6 +172,7 @@ class Plan:
                 "run_id": run_id,
                 "seq": seq,
                 "cursor": cursor,
+                "raised": raised,
                 "runs": sorted(self._in_step | {run_id}),
                 "pid": os.getpid(),
                 "ts": time.time(),
@@ -234,7 +246,8 @@ class FaultHooks(Middleware):
     def after_call(
         self, cp: Checkpoint, name: str, pos: int, *, exception: BaseException | None
     ) -> None:
-        self.plan.hit_call("after_call", cp.run_id, cp.seq, cp.cursor, pos)
+        raised = type(exception).__name__ if exception is not None else None
+        self.plan.hit_call("after_call", cp.run_id, cp.seq, cp.cursor, pos, raised)
 
     def after_step(
         self,
