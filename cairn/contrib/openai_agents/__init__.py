@@ -231,7 +231,9 @@ def agent_workflow(
             return start
         memory = CairnSession(ctx.input["session_id"]) if session else None
         # One filter per step: what it took so far (kept in the state across a wait).
-        steering = Steering(settings.call_model_input_filter, ctx.state.get("steered") or ())
+        steering = Steering(
+            settings.call_model_input_filter, ctx.state.get("steered") or (), session=memory
+        )
         try:
             with steering.steering() if steer else contextlib.nullcontext():
                 result = await Runner.run(
