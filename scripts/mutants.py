@@ -943,6 +943,18 @@ MUTANTS = [
         ),
     ),
     Mutant(
+        "M109",
+        "an Agents SDK run on a session keeps its steer messages out of the session: the "
+        "turn's requests see them, the next turn's do not",
+        "cairn/contrib/openai_agents/_steer.py",
+        "            await self._session.add_items(items)  # type: ignore[arg-type]\n",
+        "            pass\n",
+        (
+            f"{OA}::test_a_steered_turn_writes_its_messages_to_the_session_once_at_their_place",
+            f"{OA}::test_a_steered_turn_that_waits_for_approval_keeps_its_messages_in_place_in_the_session",
+        ),
+    ),
+    Mutant(
         "M106",
         "a pydantic-ai request cut by a steer message is made again without the message: it "
         "is in the agent's history, but the model answers the old request",

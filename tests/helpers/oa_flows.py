@@ -165,3 +165,10 @@ steered_refunds = agent_workflow("oa_steered_refunds", steered_refunder, config=
 # in flight cuts it, and the request is made again with the message in its input.
 cut_agent = Agent(name="cut_short", model=MODEL)
 cut_short = agent_workflow("oa_cut_short", cut_agent, config=CONFIG, steer=True)
+# Steered chats: the steer messages a turn took are in its session, for the next turn.
+steered_chat = agent_workflow(
+    "oa_steered_chat", steered_agent, config=CONFIG, session=True, steer=True
+)
+steered_refund_chat = agent_workflow(
+    "oa_steered_refund_chat", steered_refunder, config=CONFIG, session=True, steer=True
+)

@@ -469,6 +469,84 @@ def test_steer_messages_taken_before_a_wait_for_approval_stay_in_place_after_it(
     ]
 
 
+def _said(items: list[Any]) -> list[str]:
+    """Each item's user text, or its type (the model's items)."""
+    return [i["content"] if i.get("role") == "user" else i.get("type", "message") for i in items]
+
+
+@pytest.mark.parametrize("kill", [DieBeforeSave, TakenOver])
+def test_a_steered_turn_writes_its_messages_to_the_session_once_at_their_place(
+    deps: loop.Deps, model: ModelServer, kill: type[Middleware]
+) -> None:
+    from cairn.openai_agents import session_items
+
+    sid = f"chat-{uuid.uuid4().hex[:8]}"
+    prompt = f"TOOLS: consult\nExplain fencing. {uuid.uuid4().hex}"
+    run_id = f"oa_steered_chat-{uuid.uuid4().hex[:8]}"
+    assert deps.store.create_run(run_id, "oa_steered_chat", {"prompt": prompt, "session_id": sid})
+    client = oa_flows.steer_clients[run_id] = Client(
+        settings=deps.settings, store=deps.store, send=lambda run_id, priority: None
+    )
+    client.steer(run_id, "keep it short")  # before the first request; the tool adds another
+    # Both messages taken, then the step killed (or fenced) before its save: their items
+    # were written in its transaction with the SDK's, and none committed.
+    hook = TakenOver(deps) if kill is TakenOver else DieBeforeSave()
+    with pytest.raises(StaleWrite if kill is TakenOver else ProcessDied):
+        loop.run(run_id, dataclasses.replace(deps, middleware=Chain([hook])))
+    assert session_items(sid, settings=deps.settings) == []
+    if kill is TakenOver:
+        return  # the new owner's delivery is another worker's; its step is as below
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+    # The replay took the same messages from the journal and wrote them once each, where
+    # they came: "in French" after the tool's output, before the answer it asked for.
+    turn = [prompt, "keep it short", "function_call", "function_call_output", "in French"]
+    assert _said(session_items(sid, settings=deps.settings)) == [*turn, "message"]
+    assert model.stats()["requests"] == 2
+
+    # The next turn (another run on the session) sends the model the whole conversation:
+    # each message once, at its place.
+    second = f"oa_steered_chat-{uuid.uuid4().hex[:8]}"
+    ask = "REPLY: Court.\nAnd a lease?"
+    assert deps.store.create_run(second, "oa_steered_chat", {"prompt": ask, "session_id": sid})
+    assert loop.run(second, deps) == RunStatus.DONE
+    assert _said(model.received("responses")[-1]["input"]) == [*turn, "message", ask]
+
+
+def test_a_steered_turn_that_waits_for_approval_keeps_its_messages_in_place_in_the_session(
+    deps: loop.Deps, model: ModelServer
+) -> None:
+    from cairn.openai_agents import session_items
+
+    client = Client(settings=deps.settings, store=deps.store, send=lambda run_id, priority: None)
+    sid = f"chat-{uuid.uuid4().hex[:8]}"
+    prompt = f"TOOLS: refund\nRefund order 7. {uuid.uuid4().hex}"
+    run_id = f"oa_steered_refund_chat-{uuid.uuid4().hex[:8]}"
+    assert deps.store.create_run(
+        run_id, "oa_steered_refund_chat", {"prompt": prompt, "session_id": sid}
+    )
+    client.steer(run_id, "keep it short")
+    assert loop.run(run_id, deps) == RunStatus.WAITING
+    # Saved with the wait: the message where it was taken, before the call it led to.
+    assert _said(session_items(sid, settings=deps.settings)) == [
+        prompt,
+        "keep it short",
+        "function_call",
+    ]
+    client.steer(run_id, "in French")  # while the run waits
+    [call] = deps.store.get(run_id).state["pending"]  # type: ignore[union-attr]
+    client.signal(run_id, APPROVAL, {"approvals": {call["call_id"]: True}})
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    # The first message not written again; the second after the approved call's output.
+    assert _said(session_items(sid, settings=deps.settings)) == [
+        prompt,
+        "keep it short",
+        "function_call",
+        "function_call_output",
+        "in French",
+        "message",
+    ]
+
+
 def test_an_interrupting_message_cuts_the_request_in_flight_and_it_is_made_again_with_it(
     deps: loop.Deps, model: ModelServer
 ) -> None:

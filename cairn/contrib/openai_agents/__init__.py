@@ -211,7 +211,8 @@ def agent_workflow(
     steer=True: before each model request the agent takes in the run's steer messages
     (Client.steer; ctx.messages(), a journaled read) as user messages at the end of its
     input (the SDK's RunConfig.call_model_input_filter, before config's own), each once,
-    in order, and kept in the later requests and the run's window. A message sent with
+    in order, and kept in the later requests and the run's window (and, with session=True,
+    written to the session at its place for the next turn). A message sent with
     interrupt=True (Client.steer) while a model request is in flight cuts it: its answer is
     discarded (the journal records the cut, its worst case counted as its cost) and the
     request is made again at once with the messages sent meanwhile at the end of its input.
@@ -231,7 +232,9 @@ def agent_workflow(
             return start
         memory = CairnSession(ctx.input["session_id"]) if session else None
         # One filter per step: what it took so far (kept in the state across a wait).
-        steering = Steering(settings.call_model_input_filter, ctx.state.get("steered") or ())
+        steering = Steering(
+            settings.call_model_input_filter, ctx.state.get("steered") or (), session=memory
+        )
         try:
             with steering.steering() if steer else contextlib.nullcontext():
                 result = await Runner.run(

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from agents import RunConfig
+from agents.memory import Session
 from agents.run_config import CallModelData, CallModelInputFilter, ModelInputData
 
 from cairn.steps.context import current
@@ -37,11 +38,20 @@ class Steering:
 
     The SDK keeps no item its filter adds, so each message is remembered with where it
     went (its place among the SDK's own items) and put back there in every later request
-    and in the run's window: the conversation holds it once, in order.
+    and in the run's window: the conversation holds it once, in order. With a session
+    (the run's CairnSession), each is also written to it as it is taken, in the step's
+    transaction like the SDK's own items: the next turn reads it at its place.
     """
 
-    def __init__(self, then: CallModelInputFilter | None, taken: Sequence[Any] = ()) -> None:
+    def __init__(
+        self,
+        then: CallModelInputFilter | None,
+        taken: Sequence[Any] = (),
+        *,
+        session: Session | None = None,
+    ) -> None:
         self._then = then
+        self._session = session
         # (place, item): before the SDK's item at place. JSON-ready: a run that waits for
         # approval keeps it in its state, and its resumed Runner.run starts from there.
         self.taken: list[list[Any]] = [list(t) for t in taken]
@@ -50,8 +60,7 @@ class Steering:
     async def __call__(self, data: CallModelData[Any]) -> ModelInputData:
         given = list(data.model_data.input)
         self._at = len(given)
-        for item in await self._take():
-            self.taken.append([self._at, item])
+        await self._keep(await self._take())
         data.model_data.input = steered(given, self.taken)
         if self._then is None:
             return data.model_data
@@ -63,10 +72,19 @@ class Steering:
         messages read now (the one that cut it among them) at its end, and remembered at
         the request's place, as the filter's are, for the later requests and the window."""
         items = await self._take()
-        for item in items:
-            self.taken.append([self._at, item])
+        await self._keep(items)
         start = [_user_item(given)] if isinstance(given, str) else list(given)
         return [*start, *items]
+
+    async def _keep(self, items: list[dict[str, Any]]) -> None:
+        """Remember items at the request's place; with a session, append them to it now.
+        The SDK writes every item before a request to the session before making it (the
+        input first, each turn's items after the turn), so now is their place there too."""
+        for item in items:
+            self.taken.append([self._at, item])
+        if self._session is not None and items:
+            # Each a user message, the SDK's EasyInputMessageParam, typed here as a dict.
+            await self._session.add_items(items)  # type: ignore[arg-type]
 
     async def _take(self) -> list[dict[str, Any]]:
         """The run's steer messages not read yet, as user items (a journaled read)."""
