@@ -886,6 +886,18 @@ MUTANTS = [
         (f"{POOL}::test_a_pool_of_one_holds_nothing_so_other_threads_are_not_kept_waiting",),
     ),
     Mutant(
+        "M110",
+        "a tenant's budget deleted without the re-arm: the runs it stopped as "
+        "budget_exceeded stay stopped, though no limit stands over them any more",
+        "store/checkpoints.py",
+        'got = self._rearmed("delete_tenant_budget", "rearm_tenant_budget", params)',
+        'got = self._rearmed("delete_tenant_budget", "budget_of", params)',
+        (
+            f"{J}::test_a_tenants_budget_deleted_limits_nothing_and_its_stopped_runs_go_on",
+            f"{BUDGETS}::test_a_tenants_budget_deleted_over_http_lets_its_stopped_runs_go_on",
+        ),
+    ),
+    Mutant(
         "M97",
         "a journal record written again by its own writer (a retry whose first try committed) "
         "adds the call's cost to its budgets again: spend counted twice for one record",

@@ -599,7 +599,8 @@ class PgStore:
             "limit_tokens": tokens,
         }
 
-        return self._rearmed("budget_of", "raise_budget", params)
+        got = self._rearmed("budget_of", "raise_budget", params)
+        return got[1] if got is not None else None
 
     def tenant_budget(self, tenant: str) -> Budget | None:
         """The tenant's budget as it stands in this period (rolled first if a new UTC day
@@ -630,17 +631,28 @@ class PgStore:
             "soft": soft,
         }
 
-        return self._rearmed("set_tenant_budget", "rearm_tenant_budget", params)
+        got = self._rearmed("set_tenant_budget", "rearm_tenant_budget", params)
+        return got[1] if got is not None else None
 
-    def _rearmed(self, budget: str, rearm: str, params: dict[str, Any]) -> list[str] | None:
+    def delete_tenant_budget(self, tenant: str) -> tuple[Budget, list[str]] | None:
+        """Delete the tenant's budget, and re-arm its runs stopped over budget: the budget
+        as it stood and their ids (the caller sends them), or None when it had none."""
+        params = {"scope": tenant_scope(tenant), "tenant": tenant}
+        got = self._rearmed("delete_tenant_budget", "rearm_tenant_budget", params)
+        return (_budget(got[0]), got[1]) if got is not None else None
+
+    def _rearmed(
+        self, budget: str, rearm: str, params: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[str]] | None:
         """In one transaction: the budget statement (no row: no such budget, None), then
-        the re-arm of the runs it stopped, whose ids it returns."""
+        the re-arm of the runs it stopped: its row and their ids."""
 
-        def attempt() -> list[str] | None:
+        def attempt() -> tuple[dict[str, Any], list[str]] | None:
             with self.db.connection() as conn, conn.transaction():
-                if conn.execute(QUERIES[budget], params).fetchone() is None:
+                row = conn.execute(QUERIES[budget], params).fetchone()
+                if row is None:
                     return None
-                return [r["run_id"] for r in conn.execute(QUERIES[rearm], params)]
+                return row, [r["run_id"] for r in conn.execute(QUERIES[rearm], params)]
 
         return self.db.retry(attempt)
 

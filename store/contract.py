@@ -348,6 +348,11 @@ class AdminStore(Protocol):
         over budget: their ids, for the caller to send; None when the tenant has no budget
         and no limit was given."""
 
+    def delete_tenant_budget(self, tenant: str) -> tuple[Budget, list[str]] | None:
+        """Delete the tenant's budget: its runs no longer spend against it (those in flight
+        from their next check), and its runs stopped over budget are re-armed. The budget
+        as it stood and their ids, for the caller to send; None when it had none."""
+
     def schedule_store(self) -> Schedules:
         """The schedules kept beside these runs (a fired tick's runs are created here)."""
 

@@ -1,6 +1,6 @@
-"""`cairn budgets`: a tenant's budget per UTC day or month, set and shown (an admin's:
-the Client these commands open has no tenant). A run tree's budget is `cairn runs
-raise-budget`."""
+"""`cairn budgets`: a tenant's budget per UTC day or month, set, shown and deleted (an
+admin's: the Client these commands open has no tenant). A run tree's budget is `cairn
+runs raise-budget`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from cairn.cli.common import AsJson, DatabaseUrl, console, dumps, load_settings,
 if TYPE_CHECKING:
     from cairn.core.records import Budget
 
-app = typer.Typer(help="A tenant's budget per day or month: set it, show it.", no_args_is_help=True)
+app = typer.Typer(
+    help="A tenant's budget per day or month: set it, show it, delete it.", no_args_is_help=True
+)
 
 Tenant = Annotated[str, typer.Option("--tenant", help="The tenant whose runs it counts.")]
 
@@ -50,6 +52,21 @@ def budgets_show(tenant: Tenant, as_json: AsJson = False, database_url: Database
     """A tenant's budget: its limits, and what its runs spent this day or month."""
     with open_client(load_settings(database_url=database_url)) as client:
         budget = client.tenant_budget(tenant)
+    _show(budget, as_json)
+
+
+@app.command("delete")
+def budgets_delete(
+    tenant: Tenant, as_json: AsJson = False, database_url: DatabaseUrl = None
+) -> None:
+    """Delete a tenant's budget: its runs spend against none, and those stopped as
+    budget_exceeded go on. Shows the budget as it stood."""
+    with open_client(load_settings(database_url=database_url)) as client:
+        budget = client.delete_tenant_budget(tenant)
+    if as_json:
+        print(dumps({"deleted": budget.to_json()}))
+        return
+    console.print(f"deleted {budget.scope}; it stood at:", highlight=False)
     _show(budget, as_json)
 
 

@@ -186,6 +186,7 @@ class AsyncClient:
     raise_budget = _threaded(Client.raise_budget)
     set_tenant_budget = _threaded(Client.set_tenant_budget)
     tenant_budget = _threaded(Client.tenant_budget)
+    delete_tenant_budget = _threaded(Client.delete_tenant_budget)
     children = _threaded(Client.children)
     fork = _threaded(Client.fork)
     rewind = _threaded(Client.rewind)

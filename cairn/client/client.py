@@ -590,6 +590,36 @@ class Client:
                 self.send(rid, priority=run.priority)
         return self.tenant_budget(tenant)
 
+    def delete_tenant_budget(self, tenant: str) -> Budget:
+        """Delete the tenant's budget: its runs no longer spend against any (those in
+        flight from their next model call), and its runs stopped over budget go on (each
+        checked again at the call that stopped it, against its own tree's budget if any).
+
+        Args:
+            tenant: the tenant whose budget goes.
+
+        Returns:
+            The budget as it stood when deleted (this period's spend).
+
+        Raises:
+            UnknownBudget (an InvalidInput): the tenant has no budget.
+            InvalidInput: a bad tenant name, or a Client with a tenant (an admin's call).
+        """
+        if self.tenant is not None:
+            raise InvalidInput(
+                "delete_tenant_budget is an admin's: a Client with a tenant cannot delete budgets"
+            )
+        check_tenant(tenant)
+        got = self.store.delete_tenant_budget(tenant)
+        if got is None:
+            raise UnknownBudget(f"tenant {tenant!r} has no budget to delete")
+        budget, rearmed = got
+        for rid in rearmed:
+            run = self.get(rid)
+            if run is not None and run.status == RunStatus.PENDING:  # else queued for its key
+                self.send(rid, priority=run.priority)
+        return budget
+
     def tenant_budget(self, tenant: str) -> Budget:
         """The tenant's budget in this period: its limits, period and period_start, what
         its runs' journaled calls cost since (spent_*) and what their calls in flight may

@@ -40,13 +40,18 @@ def _when(value: dt.datetime | None) -> str:
     return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else ""
 
 
+def _utc(value: dt.datetime | None) -> str:
+    """A UTC day's or month's start (a tenant budget's period) as UTC, not local time."""
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M UTC") if value else "—"
+
+
 def _usd(value: float | None) -> str:
     if not value:
         return "$0"
     return f"${value:.4f}" if value < 1 else f"${value:,.2f}"
 
 
-templates.env.filters.update(seconds=_seconds, when=_when, usd=_usd)
+templates.env.filters.update(seconds=_seconds, when=_when, usd=_usd, utc=_utc)
 templates.env.globals.update(STOPPED=STOPPED, RunStatus=RunStatus)
 
 

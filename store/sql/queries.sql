@@ -1501,6 +1501,20 @@ UPDATE checkpoints c SET {{rearm_over_budget}}
  WHERE c.status = 'budget_exceeded' AND r.run_id = c.run_id AND r.tenant = %(tenant)s
 RETURNING c.run_id;
 
+-- name: delete_tenant_budget
+-- A tenant's budget deleted (Client.delete_tenant_budget): its holds go with it (ON DELETE
+-- CASCADE), and its runs' next checks and records no longer find the row, so they stop
+-- spending against it at once; their next claim leaves its scope out. Returns it as it
+-- stood, a later period's spend counted from nothing (budget_roll's reset, unwritten). No
+-- row: the tenant had no budget. rearm_tenant_budget follows in the same transaction.
+DELETE FROM budgets b WHERE b.scope = %(scope)s
+RETURNING b.scope, b.limit_usd, b.soft, b.reserved_usd, b.limit_tokens, b.reserved_tokens,
+          b.period,
+          CASE WHEN b.period_start < {{period_now}} THEN 0 ELSE b.spent_usd END AS spent_usd,
+          CASE WHEN b.period_start < {{period_now}} THEN 0 ELSE b.spent_tokens END
+              AS spent_tokens,
+          greatest(b.period_start, {{period_now}}) AS period_start;
+
 -- fragment: rearm_over_budget
 -- A run stopped over budget re-armed at its cursor (as enqueueing a failed run again).
 status = 'pending', error = NULL, attempts = 0, deliveries = 0, retry_at = NULL,

@@ -846,3 +846,41 @@ def test_a_call_in_flight_over_midnight_counts_in_the_new_day(
     # Its record lands before any check of the new day: yesterday's spend is not its.
     assert deps.store.record_call(cp, 0, Call(pos=1, name="model", result={}, cost_usd=0.01))
     assert _tenant_spent(deps, tenant) == pytest.approx((0.01, 0))
+
+
+def test_a_tenants_budget_deleted_limits_nothing_and_its_stopped_runs_go_on(
+    deps: loop.Deps,
+) -> None:
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    assert deps.store.delete_tenant_budget(tenant) is None  # none to delete
+    deps.store.set_tenant_budget(tenant, usd=0.055, per="day")
+    # 0.03 + 0.02 fits 0.055; the fifth call, 0.04 + 0.02, would not.
+    run_id = _start(deps, "journal-agent", tenant=tenant)
+    assert loop.run(run_id, deps) == RunStatus.BUDGET_EXCEEDED
+    # A run in flight, claimed while the budget stood, holding a call's worst case.
+    busy = _start(deps, "journal-agent", tenant=tenant)
+    cp = deps.store.claim(busy, 1)
+    assert cp is not None and cp.budgets == [f"tenant:{tenant}"]
+    assert deps.store.reserve(cp, 0, 0, 0.001) is None
+
+    got = deps.store.delete_tenant_budget(tenant)
+    assert got is not None
+    deleted, rearmed = got
+    assert rearmed == [run_id]
+    assert (deleted.scope, deleted.limit_usd, deleted.period) == (
+        f"tenant:{tenant}", 0.055, "day",
+    )  # fmt: skip
+    assert (deleted.spent_usd, deleted.reserved_usd) == pytest.approx((0.04, 0.001))
+    assert deps.store.tenant_budget(tenant) is None
+    assert deps.store.delete_tenant_budget(tenant) is None  # gone once
+    # The one in flight spends against nothing: a call far over the old limit is admitted.
+    assert deps.store.reserve(cp, 0, 1, 5.0) is None
+    assert deps.store.record_call(cp, 0, Call(pos=1, name="model", result={}, cost_usd=5.0))
+    assert _load(deps, busy).budgets is None  # its next claim leaves the scope out
+
+    assert _load(deps, run_id).status == RunStatus.PENDING
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    assert calls[run_id].count("model") == 8  # the four recorded were replayed, not made
+    # A budget set again counts from nothing.
+    deps.store.set_tenant_budget(tenant, usd=1.0)
+    assert _tenant_spent(deps, tenant) == pytest.approx((0, 0))

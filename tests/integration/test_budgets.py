@@ -231,3 +231,32 @@ def test_a_tenants_budget_set_over_http_stops_its_runs_and_a_raise_resumes_them(
         assert raised.json()["limit_usd"] == 1.0 and raised.json()["period"] == "month"
         assert _run(run_id, deps) == "done"
         assert http.get(url).json()["spent_usd"] > 0
+
+
+def test_a_tenants_budget_deleted_over_http_lets_its_stopped_runs_go_on(settings, deps) -> None:
+    import uuid
+
+    from fastapi.testclient import TestClient
+
+    import cairn
+    from cairn.web.api import create_app
+
+    tenant = f"tb-{uuid.uuid4().hex[:8]}"
+    url = f"/tenants/{tenant}/budget"
+    with (
+        TestClient(create_app(settings, insecure_no_auth=True)) as http,
+        cairn.Client(settings=settings, tenant=tenant) as theirs,
+    ):
+        missing = http.delete(url)
+        assert missing.status_code == 404 and missing.json()["error"]["type"] == "unknown_budget"
+        assert http.put(url, json={"usd": 1e-9}).status_code == 200
+        run_id = theirs.enqueue("spender", {})
+        assert _run(run_id, deps) == "budget_exceeded"
+        with pytest.raises(errors.InvalidInput, match="an admin's"):
+            theirs.delete_tenant_budget(tenant)
+        deleted = http.delete(url)
+        assert deleted.status_code == 204 and deleted.content == b""
+        assert theirs.get(run_id).status == "pending"  # re-armed, and sent
+        assert _run(run_id, deps) == "done"
+        assert http.get(url).status_code == 404
+        assert http.delete(url).status_code == 404

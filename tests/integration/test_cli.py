@@ -305,7 +305,7 @@ def test_runs_raise_budget_resumes_the_tree_or_says_why_not(cli_env, client) -> 
     assert "has no budget" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
 
 
-def test_budgets_set_and_show_a_tenants_budget_or_say_why_not(cli_env) -> None:
+def test_budgets_set_show_and_delete_a_tenants_budget_or_say_why_not(cli_env) -> None:
     tenant = f"cli-{uuid.uuid4().hex[:8]}"
     made = _cairn("budgets", "set", "--tenant", tenant, "--usd", "50", "--soft", "0.8", env=cli_env)
     assert made.returncode == 0, made.stderr
@@ -320,7 +320,12 @@ def test_budgets_set_and_show_a_tenants_budget_or_say_why_not(cli_env) -> None:
         (["set", "--usd", "5"], "Missing option '--tenant'"),
         (["set", "--tenant", f"{tenant}-new", "--per", "day"], "a new one needs a limit"),
         (["show", "--tenant", f"{tenant}-none"], "has no budget"),
+        (["delete", "--tenant", f"{tenant}-none"], "has no budget to delete"),
     ):
         refused = _cairn("budgets", *argv, env=cli_env)
         assert refused.returncode != 0 and "Traceback" not in refused.stderr, argv
         assert said in refused.stderr and len(refused.stderr.strip().splitlines()) == 1, argv
+    gone = _cairn("budgets", "delete", "--tenant", tenant, "--json", env=cli_env)
+    assert gone.returncode == 0, gone.stderr
+    assert json.loads(gone.stdout)["deleted"]["limit_usd"] == 50.0
+    assert _cairn("budgets", "show", "--tenant", tenant, env=cli_env).returncode != 0

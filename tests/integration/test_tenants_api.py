@@ -253,3 +253,37 @@ def test_cairn_tokens_prints_a_token_once_lists_none_and_revokes(
     ):
         wrong = _cairn(*args, env=env)
         assert wrong.returncode != 0 and says in wrong.stderr and "Traceback" not in wrong.stderr
+
+
+def test_the_runs_page_shows_a_tenants_budget_to_an_admin_and_to_the_tenant(
+    http: Any, tokens: Tokens
+) -> None:
+    import uuid
+
+    tenant = f"pb-{uuid.uuid4().hex[:8]}"
+    _, theirs = tokens.create(tenant, "test")
+    url = f"/tenants/{tenant}/budget"
+    body = {"usd": 2.5, "tokens": 1000, "per": "month", "soft": 0.8}
+    assert http.put(url, json=body, headers=_bearer(ADMIN)).status_code == 200
+    assert http.delete(url, headers=_bearer(theirs)).status_code == 403  # an admin's
+
+    http.post("/login", data={"token": ADMIN, "next": "/ui/runs"})
+    page = http.get(f"/ui/runs?tenant={tenant}").text
+    assert 'id="tenant-budget"' in page and f"tenant:{tenant}" in page
+    assert "$0 · $0 / $2.50" in page and "0 · 0 / 1000" in page
+    assert "per month since" in page and "-01 00:00 UTC" in page
+    assert 'id="tenant-budget"' not in http.get("/ui/runs").text  # no tenant, no budget
+    assert 'id="tenant-budget"' not in http.get(f"/ui/runs?tenant={tenant}x").text  # none
+    assert f"tenant:{tenant}" in http.get(f"/ui/runs?tenant={tenant}&partial=1").text
+    http.cookies.clear()
+
+    # A tenant's session sees its own, whatever it asks for.
+    http.post("/login", data={"token": theirs, "next": "/ui/runs"})
+    assert f"tenant:{tenant}" in http.get("/ui/runs").text
+    assert f"tenant:{tenant}" in http.get("/ui/runs?tenant=acme").text
+    http.cookies.clear()
+
+    assert http.delete(url, headers=_bearer(ADMIN)).status_code == 204
+    http.post("/login", data={"token": ADMIN, "next": "/ui/runs"})
+    assert 'id="tenant-budget"' not in http.get(f"/ui/runs?tenant={tenant}").text
+    http.cookies.clear()

@@ -423,6 +423,17 @@ class _Admin(_Tables):
                     b["period"], b["period_start"] = per, period_start(per, self._now())
             return self._rearm_over_budget(lambda row: row.tenant == tenant)
 
+    def delete_tenant_budget(self, tenant: str) -> tuple[Budget, list[str]] | None:
+        scope = tenant_scope(tenant)
+        with self._lock:
+            self._roll([scope])  # as it stands in this period
+            b = self._budgets.pop(scope, None)
+            if b is None:
+                return None
+            for hold in [h for h in self._holds if h[4] == scope]:  # ON DELETE CASCADE
+                del self._holds[hold]
+            return _budget(scope, b), self._rearm_over_budget(lambda row: row.tenant == tenant)
+
 
 def _budget(scope: str, figures: dict[str, Any]) -> Budget:
     return Budget(scope=scope, **figures)

@@ -385,8 +385,9 @@ class _Runs(_Tables):
         """Admit a call against the run's budgets, holding its worst case (budget_lock,
         budget_roll, budget_release and budget_reserve in the SQL); None, or the budget it
         would pass. Fenced like record_call: StaleWrite, holding nothing."""
-        scopes = sorted(cp.budgets or ())
         with self._lock:
+            # budget_lock's rows: a scope deleted since the claim counts no more
+            scopes = sorted(s for s in cp.budgets or () if s in self._budgets)
             row = self._rows.get(cp.run_id)
             if row is None or row.seq != cp.seq or row.epoch > cp.epoch:
                 raise StaleWrite(cp.run_id, cp.seq, cp.epoch)
@@ -421,7 +422,7 @@ class _Runs(_Tables):
         its cost and tokens added; the scopes whose soft limit it crossed."""
         crossed = []
         self._roll(cp.budgets or ())  # a record that lands in a new period first
-        for scope in sorted(cp.budgets or ()):
+        for scope in sorted(s for s in cp.budgets or () if s in self._budgets):
             b = self._budgets[scope]
             hold = self._holds.pop((cp.run_id, cp.cursor, visit, call.pos, scope), None)
             b["reserved_usd"] = max(b["reserved_usd"] - (hold[1] if hold else 0.0), 0.0)

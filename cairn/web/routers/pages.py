@@ -20,11 +20,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from cairn.core import logs
+from cairn.core.errors import UnknownBudget
 from cairn.core.inputs import TENANT
-from cairn.core.records import Approval
+from cairn.core.records import Approval, Budget
 from cairn.core.status import STOPPED, RunStatus
 from cairn.web.auth import COOKIE
 from cairn.web.deps import AuthDep, ClientDep, ReadsDep, SettingsDep
+from cairn.web.reads import Reads
 from cairn.web.render import STATUSES, call_row, templates, timeline, trace_url
 
 router = APIRouter(include_in_schema=False)
@@ -85,6 +87,7 @@ def runs_page(
     context = {
         "runs": runs,
         "counts": counts,
+        "budget": _tenant_budget(reads, tenant),
         "total": sum(counts.values()),
         "statuses": STATUSES,
         "status": status,
@@ -100,6 +103,19 @@ def runs_page(
     }
     name = "_runs_live.html" if partial else "runs.html"
     return templates.TemplateResponse(request, name, context)
+
+
+def _tenant_budget(reads: Reads, tenant: str | None) -> Budget | None:
+    """The budget the runs page shows: that of the tenant it is filtered by (an admin's
+    session), or a tenant's session's own; None when it has none. From the primary, which
+    keeps the budgets' spend."""
+    who = reads.primary.tenant or tenant
+    if who is None:
+        return None
+    try:
+        return reads.primary.tenant_budget(who)
+    except UnknownBudget:
+        return None
 
 
 @router.get("/ui/runs/{run_id}")

@@ -1,12 +1,12 @@
-"""/tenants: what an admin sets for a tenant as a whole (its budget per day or month).
-The guard answers a tenant's token 403 here (cairn.web.auth.ADMIN_PATHS): a tenant's
-limits are not its own to read or change."""
+"""/tenants: what an admin sets for a tenant as a whole (its budget per day or month: set,
+read, deleted). The guard answers a tenant's token 403 here (cairn.web.auth.ADMIN_PATHS):
+a tenant's limits are not its own to read or change."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Path
+from fastapi import APIRouter, Body, Path, Response
 
 from cairn.web.answers import Budget
 from cairn.web.deps import ClientDep
@@ -51,3 +51,16 @@ def set_tenant_budget(
     return client.set_tenant_budget(
         tenant, usd=body.usd, tokens=body.tokens, per=body.per, soft=body.soft
     ).to_json()
+
+
+@router.delete(
+    "/tenants/{tenant}/budget",
+    status_code=204,
+    response_model=None,
+    responses=errors(404, why={404: "The tenant has no budget (unknown_budget)."}),
+)
+def delete_tenant_budget(tenant: Tenant, client: ClientDep) -> Response:
+    """Delete the tenant's budget: its runs spend against none from their next model call,
+    and its runs stopped as budget_exceeded go on."""
+    client.delete_tenant_budget(tenant)
+    return Response(status_code=204)

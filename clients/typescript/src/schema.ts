@@ -576,7 +576,12 @@ export interface paths {
          */
         put: operations["set_tenant_budget_tenants__tenant__budget_put"];
         post?: never;
-        delete?: never;
+        /**
+         * Delete Tenant Budget
+         * @description Delete the tenant's budget: its runs spend against none from their next model call,
+         *     and its runs stopped as budget_exceeded go on.
+         */
+        delete: operations["delete_tenant_budget_tenants__tenant__budget_delete"];
         options?: never;
         head?: never;
         patch?: never;
@@ -4129,6 +4134,76 @@ export interface operations {
                 };
             };
             /** @description The request breaks a rule of this document (invalid_request), or names no valid tenant (invalid_input). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Postgres or the broker is away: retry after Retry-After seconds. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    delete_tenant_budget_tenants__tenant__budget_delete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant's name. */
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description No API token, or not this server's (unauthorized). */
+            401: {
+                headers: {
+                    /** @description Bearer */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The tenant has no budget (unknown_budget). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request breaks a rule of this document (invalid_request), or one of the server's own: an input its workflow refuses, or over CAIRN_MAX_INPUT_BYTES, or with NUL in a string (invalid_input); an unknown workflow (unknown_workflow). */
             422: {
                 headers: {
                     [name: string]: unknown;
