@@ -15,7 +15,7 @@ import dataclasses
 import datetime as dt
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Self
 
 from cairn.client.checks import (
@@ -549,11 +549,16 @@ class Client:
         rearmed = self.store.raise_budget(run_id, usd, tokens)
         if rearmed is None:
             raise self._no_budget(run_id)
+        self._send_rearmed(rearmed)
+        return self.budget(run_id)
+
+    def _send_rearmed(self, rearmed: Iterable[str]) -> None:
+        """Send the runs a budget's change re-armed (a run queued behind its concurrency
+        key is left to the key's release)."""
         for rid in rearmed:
             run = self.get(rid)
-            if run is not None and run.status == RunStatus.PENDING:  # else queued for its key
+            if run is not None and run.status == RunStatus.PENDING:
                 self.send(rid, priority=run.priority)
-        return self.budget(run_id)
 
     def set_tenant_budget(
         self,
@@ -584,10 +589,7 @@ class Client:
                 f"tenant {tenant!r} has no budget yet: a new one needs a limit "
                 "(usd=, tokens=; cairn budgets set --usd N, --tokens N)"
             )
-        for rid in rearmed:
-            run = self.get(rid)
-            if run is not None and run.status == RunStatus.PENDING:  # else queued for its key
-                self.send(rid, priority=run.priority)
+        self._send_rearmed(rearmed)
         return self.tenant_budget(tenant)
 
     def delete_tenant_budget(self, tenant: str) -> Budget:
@@ -614,10 +616,7 @@ class Client:
         if got is None:
             raise UnknownBudget(f"tenant {tenant!r} has no budget to delete")
         budget, rearmed = got
-        for rid in rearmed:
-            run = self.get(rid)
-            if run is not None and run.status == RunStatus.PENDING:  # else queued for its key
-                self.send(rid, priority=run.priority)
+        self._send_rearmed(rearmed)
         return budget
 
     def tenant_budget(self, tenant: str) -> Budget:
