@@ -967,6 +967,15 @@ MUTANTS = [
         ),
     ),
     Mutant(
+        "M111",
+        "an Agents SDK request cut by a steer message on a session is made again with the "
+        "messages, but they are not written to the session: the next turn never sees them",
+        "cairn/contrib/openai_agents/_steer.py",
+        "        await self._keep(items)\n",
+        "        self.taken.extend([self._at, item] for item in items)\n",
+        (f"{OA}::test_a_cut_request_s_messages_are_in_the_session_once_at_their_place",),
+    ),
+    Mutant(
         "M106",
         "a pydantic-ai request cut by a steer message is made again without the message: it "
         "is in the agent's history, but the model answers the old request",

@@ -25,6 +25,7 @@ from agents import (
     RunContextWrapper,
     function_tool,
     input_guardrail,
+    output_guardrail,
 )
 
 import cairn
@@ -165,10 +166,38 @@ steered_refunds = agent_workflow("oa_steered_refunds", steered_refunder, config=
 # in flight cuts it, and the request is made again with the message in its input.
 cut_agent = Agent(name="cut_short", model=MODEL)
 cut_short = agent_workflow("oa_cut_short", cut_agent, config=CONFIG, steer=True)
+# The same as a chat: the messages taken by a request, and by its cut, are in its session.
+cut_chat = agent_workflow("oa_cut_chat", cut_agent, config=CONFIG, session=True, steer=True)
 # Steered chats: the steer messages a turn took are in its session, for the next turn.
 steered_chat = agent_workflow(
     "oa_steered_chat", steered_agent, config=CONFIG, session=True, steer=True
 )
 steered_refund_chat = agent_workflow(
     "oa_steered_refund_chat", steered_refunder, config=CONFIG, session=True, steer=True
+)
+
+
+# Guarded refunds: with an output guardrail and a tool_use_behavior not "run_llm_again", the
+# SDK holds back a turn's session items when it waits for approval, and writes them on its
+# resume before its next request (which takes the messages sent meanwhile).
+@output_guardrail
+def no_card_numbers(
+    context: RunContextWrapper[Any], agent: Agent[Any], output: object
+) -> GuardrailFunctionOutput:
+    """Never trips: it only makes the SDK hold back a waiting turn's session items."""
+    ctx = cairn.current()
+    made[ctx.run_id if ctx else "outside"].append("output guardrail")
+    return GuardrailFunctionOutput(output_info=None, tripwire_triggered=False)
+
+
+guarded_refunder = Agent(
+    name="guarded_refunds",
+    model=MODEL,
+    tools=[refund, lookup],
+    tool_use_behavior={"stop_at_tool_names": ["lookup"]},  # a refund runs the model again
+    output_guardrails=[no_card_numbers],
+    hooks=_SeenInput(),
+)
+guarded_refund_chat = agent_workflow(
+    "oa_guarded_refund_chat", guarded_refunder, config=CONFIG, session=True, steer=True
 )

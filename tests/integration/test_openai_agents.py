@@ -547,6 +547,43 @@ def test_a_steered_turn_that_waits_for_approval_keeps_its_messages_in_place_in_t
     ]
 
 
+def test_a_steered_turn_whose_session_items_the_sdk_holds_over_a_wait_keeps_them_in_order(
+    deps: loop.Deps, model: ModelServer
+) -> None:
+    from cairn.openai_agents import session_items
+
+    client = Client(settings=deps.settings, store=deps.store, send=lambda run_id, priority: None)
+    sid = f"chat-{uuid.uuid4().hex[:8]}"
+    prompt = f"TOOLS: refund\nRefund order 7. {uuid.uuid4().hex}"
+    run_id = f"oa_guarded_refund_chat-{uuid.uuid4().hex[:8]}"
+    assert deps.store.create_run(
+        run_id, "oa_guarded_refund_chat", {"prompt": prompt, "session_id": sid}
+    )
+    client.steer(run_id, "keep it short")
+    assert loop.run(run_id, deps) == RunStatus.WAITING
+    # The output guardrail: the SDK holds back the waiting turn's call (in its RunState);
+    # the message taken before it is written already.
+    assert _said(session_items(sid, settings=deps.settings)) == [prompt, "keep it short"]
+    client.steer(run_id, "in French")  # while the run waits: the next request takes it
+    [call] = deps.store.get(run_id).state["pending"]  # type: ignore[union-attr]
+    client.signal(run_id, APPROVAL, {"approvals": {call["call_id"]: True}})
+    assert loop.run(run_id, deps) == RunStatus.DONE
+    assert oa_flows.made[run_id] == ["refund refund 0", "output guardrail"]
+    assert oa_flows.seen[run_id] == [
+        [prompt, "keep it short"],
+        [prompt, "keep it short", "in French"],
+    ]
+    # The SDK wrote the held call with its output before that request: the message after.
+    assert _said(session_items(sid, settings=deps.settings)) == [
+        prompt,
+        "keep it short",
+        "function_call",
+        "function_call_output",
+        "in French",
+        "message",
+    ]
+
+
 def test_an_interrupting_message_cuts_the_request_in_flight_and_it_is_made_again_with_it(
     deps: loop.Deps, model: ModelServer
 ) -> None:
@@ -554,26 +591,7 @@ def test_an_interrupting_message_cuts_the_request_in_flight_and_it_is_made_again
     prompt = f"Explain fencing. {uuid.uuid4().hex}"
     run_id = _start(deps, "oa_cut_short", prompt)
     client.steer(run_id, "keep it short")  # queued: read before the first request
-    model.control(delay_ms=int(CUT_SLOW * 1000))  # the first request is in flight a while
-    # Killed as the request made again returned, before its record (journal: messages,
-    # model (cut), messages, model).
-    killed = dataclasses.replace(deps, middleware=Chain([Die("after", 3)]))
-    died: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            loop.run(run_id, killed)
-        except ProcessDied as exc:
-            died.append(exc)
-
-    runner = threading.Thread(target=work)
-    started = time.monotonic()
-    runner.start()
-    _wait(lambda: model.stats()["requests"] == 1, "the first request")
-    model.control(delay_ms=0)  # the request made again answers at once
-    client.steer(run_id, "in French", interrupt=True)
-    runner.join(CUT_SLOW)
-    assert died and time.monotonic() - started < CUT_SLOW / 2  # cut, not answered
+    _cut_then_killed(run_id, deps, model, client)
     client.steer(run_id, "too late")  # after the read the replay finds in the journal
     assert _redeliver(run_id, deps) == RunStatus.DONE
 
@@ -594,7 +612,61 @@ def test_an_interrupting_message_cuts_the_request_in_flight_and_it_is_made_again
     assert len(answers) == 1 and "keep it short" not in str(answers)  # the cut answer is gone
 
 
+def test_a_cut_request_s_messages_are_in_the_session_once_at_their_place(
+    deps: loop.Deps, model: ModelServer
+) -> None:
+    from cairn.openai_agents import session_items
+
+    client = Client(settings=deps.settings, store=deps.store, send=lambda run_id, priority: None)
+    sid = f"chat-{uuid.uuid4().hex[:8]}"
+    prompt = f"Explain fencing. {uuid.uuid4().hex}"
+    run_id = f"oa_cut_chat-{uuid.uuid4().hex[:8]}"
+    assert deps.store.create_run(run_id, "oa_cut_chat", {"prompt": prompt, "session_id": sid})
+    client.steer(run_id, "keep it short")  # taken by the request's filter
+    _cut_then_killed(run_id, deps, model, client)  # "in French" taken by its cut
+    # Both written to the session in the step's transaction, which the kill did not commit.
+    assert session_items(sid, settings=deps.settings) == []
+    assert _redeliver(run_id, deps) == RunStatus.DONE
+    # The replay met the same cut and took the same messages from the journal, each
+    # written once: "in French" after "keep it short", before the answer it asked for.
+    turn = [prompt, "keep it short", "in French"]
+    items = session_items(sid, settings=deps.settings)
+    assert _said(items) == [*turn, "message"]
+    assert "ack: in French" in str(items[-1])  # the cut request's answer is not there
+
+    # The next turn (another run on the session) sends the model that conversation.
+    second = f"oa_cut_chat-{uuid.uuid4().hex[:8]}"
+    ask = "REPLY: Court.\nAnd a lease?"
+    assert deps.store.create_run(second, "oa_cut_chat", {"prompt": ask, "session_id": sid})
+    assert loop.run(second, deps) == RunStatus.DONE
+    assert _said(model.received("responses")[-1]["input"]) == [*turn, "message", ask]
+
+
 CUT_SLOW = 6.0  # how long the stand-in takes over a request the test cuts
+
+
+def _cut_then_killed(run_id: str, deps: loop.Deps, model: ModelServer, client: Client) -> None:
+    """Run run_id with its first request held in flight on the stand-in, cut it with "in
+    French" sent with interrupt=True, and kill the process as the request made again
+    returns, before its record (journal: messages, model (cut), messages, model)."""
+    model.control(delay_ms=int(CUT_SLOW * 1000))  # the first request is in flight a while
+    killed = dataclasses.replace(deps, middleware=Chain([Die("after", 3)]))
+    died: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            loop.run(run_id, killed)
+        except ProcessDied as exc:
+            died.append(exc)
+
+    runner = threading.Thread(target=work)
+    started = time.monotonic()
+    runner.start()
+    _wait(lambda: model.stats()["requests"] == 1, "the first request")
+    model.control(delay_ms=0)  # the request made again answers at once
+    client.steer(run_id, "in French", interrupt=True)
+    runner.join(CUT_SLOW)
+    assert died and time.monotonic() - started < CUT_SLOW / 2  # cut, not answered
 
 
 def _wait(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:

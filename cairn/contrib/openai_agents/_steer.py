@@ -83,6 +83,11 @@ class Steering:
         for item in items:
             self.taken.append([self._at, item])
         if self._session is not None and items:
+            # Also with a turn the SDK holds back over a wait for approval (output guardrails
+            # and a tool_use_behavior not "run_llm_again": RunState._pending_session_write,
+            # agents 0.24): the resumed Runner.run writes it before any later request, in
+            # persist_resumed_turn (run.py, each resumed turn that goes on) or in
+            # resume_pending_session_write at its start; what it cannot settle then it drops.
             # Each a user message, the SDK's EasyInputMessageParam, typed here as a dict.
             await self._session.add_items(items)  # type: ignore[arg-type]
 
