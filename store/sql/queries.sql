@@ -892,27 +892,27 @@ WITH counting AS MATERIALIZED (
 SELECT run_id FROM woken;
 
 -- name: unclaimed_count
--- How many runs were sent and never taken by a worker, counted up to %(upto)s: the
--- reaper weighs them against the messages the broker holds (a backlog holds one each).
--- Counted, not listed: a backlog of 100,000 costs one index walk, and nothing leaves
--- Postgres but the number.
+-- How many runs were sent over %(older_than)s s ago and never taken by a worker, counted up
+-- to %(upto)s: the reaper weighs them against the messages the broker holds (a backlog
+-- holds one each). From their partial index alone (checkpoints_untaken): 100,000 of them
+-- after an outage are counted without reading a row. Their age is their created_at (the
+-- enqueue that sent them; a debounced run's is older than its send, which its wake pass
+-- makes a moment after its commit).
 SELECT count(*) AS n FROM (
     SELECT 1 FROM checkpoints
      WHERE status = 'pending' AND epoch = 0
-       AND updated_at < now() - make_interval(secs => %(older_than)s)
+       AND created_at < now() - make_interval(secs => %(older_than)s)
      LIMIT %(upto)s
 ) AS waiting;
 
 -- name: unclaimed
 -- Runs sent but never taken by a worker, oldest first, a page after (%(after_at)s,
--- %(after_id)s): when there are more of them than messages the broker holds, the oldest
--- without a message out are the ones whose message was lost. Oldest by created_at, which
--- never changes: the page walks checkpoints_status_newest backwards and stops at its
--- limit (ordered by updated_at, which no index holds, every page sorted every pending
--- run: 100,000 of them after an outage).
+-- %(after_id)s) on their partial index (checkpoints_untaken): when there are more of them
+-- than messages the broker holds, the oldest without a message out are the ones whose
+-- message was lost.
 SELECT run_id, epoch, updated_at, created_at FROM checkpoints
  WHERE status = 'pending' AND epoch = 0
-   AND updated_at < now() - make_interval(secs => %(older_than)s)
+   AND created_at < now() - make_interval(secs => %(older_than)s)
    AND (created_at, run_id) > (coalesce(%(after_at)s::timestamptz, '-infinity'), %(after_id)s)
  ORDER BY created_at, run_id
  LIMIT %(limit)s;

@@ -111,7 +111,7 @@ class _Maintenance(_Tables):
             n = sum(
                 1
                 for r in self._rows.values()
-                if r.status == RunStatus.PENDING and r.epoch == 0 and r.updated_at < since
+                if r.status == RunStatus.PENDING and r.epoch == 0 and r.created_at < since
             )
             return min(n, upto)
 
@@ -152,7 +152,7 @@ class _Maintenance(_Tables):
                     for r in self._rows.values()
                     if r.status == RunStatus.PENDING
                     and r.epoch == 0
-                    and r.updated_at < since
+                    and r.created_at < since
                     and (after is None or (r.created_at, r.run_id) > after)
                 ),
                 key=lambda r: (r.created_at, r.run_id),
