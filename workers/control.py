@@ -56,7 +56,14 @@ class Periodic:
                     self.every,
                     extra=logs.run(None, "control_failed", control=self.name),
                 )
-            stop.wait(max(self.every - (time.monotonic() - started), 0.0))
+            spent = time.monotonic() - started
+            logger.debug(
+                "control: %s pass in %.3fs",
+                self.name,
+                spent,
+                extra=logs.run(None, "control_pass", control=self.name, seconds=spent),
+            )
+            stop.wait(max(self.every - spent, 0.0))
 
 
 def start(passes: list[Periodic]) -> threading.Event:

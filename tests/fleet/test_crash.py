@@ -218,10 +218,11 @@ def test_reaper_recovers_a_run_whose_whole_worker_was_lost(
 
 
 def test_reaper_sends_a_pending_run_whose_message_was_lost(
-    start_worker, start_beat, create, store, tmp_path
+    start_worker, start_beat, worker_env, create, store, tmp_path
 ) -> None:
     log = tmp_path / "steps.log"
-    start_worker(concurrency=1, CAIRN_PENDING_AFTER="1")
+    worker_env.update(CAIRN_LOST_AFTER="1")  # beat's reaper reads it
+    start_worker(concurrency=1)
     run_id = create("probe", {"log": str(log)}, queue=False)  # recorded, never sent
     time.sleep(2)
     assert store.load(run_id).status == "pending"

@@ -65,8 +65,7 @@ def test_two_enqueuers_racing_with_beat_and_a_wake_pass_killed_start_one_run_per
     env = {
         **worker_env,
         "CAIRN_LOG_FORMAT": "json",
-        "CAIRN_PENDING_AFTER": "3",  # the reaper's backstop for the killed pass's runs
-        "CAIRN_LOST_AFTER": "3",
+        "CAIRN_LOST_AFTER": "3",  # the reaper's backstop for the killed pass's runs
     }
     worker = fleet.spawn_worker(env, tmp_path / "w.log", "w", 2)
     beat = fleet.start_beat(env, tmp_path / "beat.log", tmp_path / "beat-schedule")

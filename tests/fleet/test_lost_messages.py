@@ -21,8 +21,8 @@ def test_runs_whose_messages_were_flushed_are_sent_again_within_seconds(
 ) -> None:
     ids = [client.enqueue("invoice", OK, run_id=f"lost-{i:02d}") for i in range(30)]
     RedisDatabase(settings.redis_url).flush()  # FLUSHALL: every queued message is gone
-    env = {**worker_env, "CAIRN_LOST_AFTER": "2"}
-    worker = fleet.start_worker(env, tmp_path / "w.log", "lost", 2)
+    worker_env.update(CAIRN_LOST_AFTER="2")  # for beat's reaper too
+    worker = fleet.start_worker(worker_env, tmp_path / "w.log", "lost", 2)
     try:
         started = time.monotonic()
         beat = start_beat()  # the reaper runs in beat's process, on a thread of its own
