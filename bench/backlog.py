@@ -27,7 +27,7 @@ import psycopg
 
 from bench import cairn_sys, flows
 from bench.common import Databases, progress
-from bench.internals import Database, Leases, PgStore, fleet
+from bench.internals import Database, Leases, PgStore, Reaper, fleet
 from bench.procs import Fleet, worker_env
 
 if TYPE_CHECKING:
@@ -180,7 +180,6 @@ def reaper_pass(dbs: Databases, redis_url: str, stalled: int) -> dict[str, Any]:
     must send none (their messages are out)."""
     from bench.sections import _flush
     from cairn import Settings
-    from cairn.workers.reaper import Reaper
 
     _flush(redis_url)
     url = dbs.fresh("backlog_pass")

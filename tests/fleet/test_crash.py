@@ -226,7 +226,8 @@ def test_reaper_sends_a_pending_run_whose_message_was_lost(
     run_id = create("probe", {"log": str(log)}, queue=False)  # recorded, never sent
     time.sleep(2)
     assert store.load(run_id).status == "pending"
-    start_beat()
+    beat = start_beat()
+    wait_for(lambda: "beat ticking" in beat.text(), 60, "beat's first passes")  # its boot
     done(store, run_id, timeout=30)
     assert starts(log) == ["one", "two", "mail", "ledger", "once"]
 
