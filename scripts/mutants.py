@@ -74,6 +74,7 @@ DEBOUNCE_FLEET = "tests/fleet/test_debounce.py"
 BUDGETS = "tests/integration/test_budgets.py"
 APPROVALS = "tests/contract/test_approvals.py"
 TENANT_APPROVALS = "test_a_tenant_sees_and_decides_its_own_approvals_only_and_its_rules_are_its_own"
+TX_STATES = "tests/integration/test_transactional_states.py"
 
 MUTANTS = [
     Mutant(
@@ -983,6 +984,29 @@ MUTANTS = [
         "            _cut_in.setdefault(step, {}).setdefault(_request_step(ctx), []).append(taken)\n",
         "",
         (f"{PAI}::{CUT}",),
+    ),
+    Mutant(
+        "M124",
+        "an enqueue on the caller's sync connection runs in a transaction block of its own "
+        "again: as the first statement of an idle connection it commits the caller's "
+        "transaction, and the caller's rollback leaves a run beat sends",
+        "store/transactional.py",
+        "\n        conn.transaction() if own else contextlib.nullcontext(),\n",
+        "\n        conn.transaction(),\n",
+        (
+            f"{TX_STATES}::test_a_sync_connection_in_each_state_commits_the_run_with_the_caller_or_never",
+        ),
+    ),
+    Mutant(
+        "M125",
+        "the async twin: an enqueue on the caller's AsyncConnection commits the caller's "
+        "transaction when it is its first statement",
+        "store/transactional.py",
+        "\n            conn.transaction() if own else contextlib.nullcontext(),\n",
+        "\n            conn.transaction(),\n",
+        (
+            f"{TX_STATES}::test_an_async_connection_in_each_state_commits_the_run_with_the_caller_or_never",
+        ),
     ),
 ]
 
