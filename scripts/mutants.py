@@ -75,6 +75,7 @@ BUDGETS = "tests/integration/test_budgets.py"
 APPROVALS = "tests/contract/test_approvals.py"
 TENANT_APPROVALS = "test_a_tenant_sees_and_decides_its_own_approvals_only_and_its_rules_are_its_own"
 TX_STATES = "tests/integration/test_transactional_states.py"
+DEPLOY_WAITS = "tests/integration/test_deploy_check_waits.py"
 
 MUTANTS = [
     Mutant(
@@ -1006,6 +1007,31 @@ MUTANTS = [
         "\n            conn.transaction(),\n",
         (
             f"{TX_STATES}::test_an_async_connection_in_each_state_commits_the_run_with_the_caller_or_never",
+        ),
+    ),
+    Mutant(
+        "M126",
+        "`cairn deploy check` passes a run with no journal (waiting or pending at a step's "
+        "start) without replaying it: a field the new code reads and the run lacks is a "
+        "KeyError after its signal, not a finding",
+        "workers/deploycheck.py",
+        "    replay = _replay(store, flow, at, fn, going.cursor, unsent)\n",
+        "    if not store.journal(at.run_id, at.cursor, at.visits.get(at.cursor, 0)):\n"
+        '        return found(True, "", going.cursor)\n'
+        "    replay = _replay(store, flow, at, fn, going.cursor, unsent)\n",
+        (
+            f"{DEPLOY_WAITS}::test_the_check_replays_runs_with_no_journal_and_names_those_new_code_breaks",
+        ),
+    ),
+    Mutant(
+        "M127",
+        "`cairn deploy check` does not hold a run waiting for a signal to the step that made "
+        "it wait: a renamed signal, which never wakes the run, passes",
+        "workers/deploycheck.py",
+        "        found = _waits_as_before(store, flow, cp) or found\n",
+        "        pass\n",
+        (
+            f"{DEPLOY_WAITS}::test_the_check_replays_runs_with_no_journal_and_names_those_new_code_breaks",
         ),
     ),
 ]
