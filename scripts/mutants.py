@@ -682,8 +682,8 @@ MUTANTS = [
         "M83",
         "`cairn deploy check` takes a reordered call for a good one",
         "workers/deploycheck.py",
-        "        return verdict(False, str(exc), served=ctx._calls - 1)",
-        "        return verdict(True)",
+        "        return went(ctx._calls - 1, problem=str(exc))",
+        "        return went(ctx._calls - 1)",
         (
             "tests/integration/test_deploy_check.py::test_the_check_names_each_run_new_code_would_break",
         ),
