@@ -178,7 +178,7 @@ def _goes_on(
     except Exception as exc:  # noqa: BLE001 (the input's validator: the user's code)
         return found(False, f"its input no longer validates: {type(exc).__name__}: {exc}")
     if going.cursor == DONE:
-        return found(True, step=DONE)
+        return found(True)
     try:
         fn = _step_function(going, flow)
     except Exception as exc:  # noqa: BLE001 (Stop, or past max_steps)
