@@ -74,6 +74,8 @@ DEBOUNCE_FLEET = "tests/fleet/test_debounce.py"
 BUDGETS = "tests/integration/test_budgets.py"
 APPROVALS = "tests/contract/test_approvals.py"
 TENANT_APPROVALS = "test_a_tenant_sees_and_decides_its_own_approvals_only_and_its_rules_are_its_own"
+TX_STATES = "tests/integration/test_transactional_states.py"
+DEPLOY_WAITS = "tests/integration/test_deploy_check_waits.py"
 
 MUTANTS = [
     Mutant(
@@ -680,8 +682,8 @@ MUTANTS = [
         "M83",
         "`cairn deploy check` takes a reordered call for a good one",
         "workers/deploycheck.py",
-        "        return verdict(False, str(exc), served=ctx._calls - 1)",
-        "        return verdict(True)",
+        "        return went(ctx._calls - 1, problem=str(exc))",
+        "        return went(ctx._calls - 1)",
         (
             "tests/integration/test_deploy_check.py::test_the_check_names_each_run_new_code_would_break",
         ),
@@ -983,6 +985,54 @@ MUTANTS = [
         "            _cut_in.setdefault(step, {}).setdefault(_request_step(ctx), []).append(taken)\n",
         "",
         (f"{PAI}::{CUT}",),
+    ),
+    Mutant(
+        "M124",
+        "an enqueue on the caller's sync connection runs in a transaction block of its own "
+        "again: as the first statement of an idle connection it commits the caller's "
+        "transaction, and the caller's rollback leaves a run beat sends",
+        "store/transactional.py",
+        "\n        conn.transaction() if own else contextlib.nullcontext(),\n",
+        "\n        conn.transaction(),\n",
+        (
+            f"{TX_STATES}::test_a_sync_connection_in_each_state_commits_the_run_with_the_caller_or_never",
+        ),
+    ),
+    Mutant(
+        "M125",
+        "the async twin: an enqueue on the caller's AsyncConnection commits the caller's "
+        "transaction when it is its first statement",
+        "store/transactional.py",
+        "\n            conn.transaction() if own else contextlib.nullcontext(),\n",
+        "\n            conn.transaction(),\n",
+        (
+            f"{TX_STATES}::test_an_async_connection_in_each_state_commits_the_run_with_the_caller_or_never",
+        ),
+    ),
+    Mutant(
+        "M126",
+        "`cairn deploy check` passes a run with no journal (waiting or pending at a step's "
+        "start) without replaying it: a field the new code reads and the run lacks is a "
+        "KeyError after its signal, not a finding",
+        "workers/deploycheck.py",
+        "    replay = _replay(store, flow, at, fn, going.cursor, unsent)\n",
+        "    if not store.journal(at.run_id, at.cursor, at.visits.get(at.cursor, 0)):\n"
+        '        return found(True, "", going.cursor)\n'
+        "    replay = _replay(store, flow, at, fn, going.cursor, unsent)\n",
+        (
+            f"{DEPLOY_WAITS}::test_the_check_replays_runs_with_no_journal_and_names_those_new_code_breaks",
+        ),
+    ),
+    Mutant(
+        "M127",
+        "`cairn deploy check` does not hold a run waiting for a signal to the step that made "
+        "it wait: a renamed signal, which never wakes the run, passes",
+        "workers/deploycheck.py",
+        "        found = _waits_as_before(store, flow, cp) or found\n",
+        "        pass\n",
+        (
+            f"{DEPLOY_WAITS}::test_the_check_replays_runs_with_no_journal_and_names_those_new_code_breaks",
+        ),
     ),
 ]
 

@@ -1342,6 +1342,23 @@ DELETE FROM agent_session_items WHERE session_id = %(session_id)s;
 -- it at a rollback) and sends the run.
 SELECT pg_notify('cairn_enqueued', %(run_id)s);
 
+-- name: enqueue_savepoint
+-- Enqueue in the caller's transaction: its statements in a savepoint of that transaction,
+-- never a transaction block of ours (on an idle connection that is not autocommit a block
+-- would open the caller's transaction and commit it at its end). On such a connection this
+-- is the statement that begins the caller's transaction, which the caller's commit ends.
+SAVEPOINT cairn_enqueue;
+
+-- name: enqueue_rollback
+-- A refused enqueue (RunIdConflict, a value Postgres refuses): undone, and the caller's
+-- transaction usable again, with whatever the caller wrote before it.
+ROLLBACK TO SAVEPOINT cairn_enqueue;
+
+-- name: enqueue_release
+-- The enqueue's statements are the caller's transaction's now: they commit or roll back
+-- with it.
+RELEASE SAVEPOINT cairn_enqueue;
+
 -- name: token_create
 -- An API token (cairn tokens create): only its secret's SHA-256 is kept.
 INSERT INTO api_tokens (id, name, tenant, admin, hash)
