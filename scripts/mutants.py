@@ -76,6 +76,9 @@ APPROVALS = "tests/contract/test_approvals.py"
 TENANT_APPROVALS = "test_a_tenant_sees_and_decides_its_own_approvals_only_and_its_rules_are_its_own"
 TX_STATES = "tests/integration/test_transactional_states.py"
 DEPLOY_WAITS = "tests/integration/test_deploy_check_waits.py"
+FENCED_TRIES = "tests/integration/test_fenced_tries.py"
+BACK_OFF = "test_a_lease_lost_in_a_retrys_back_off_lets_no_further_request_out"
+FENCED_FLEET = "tests/fleet/test_fenced_tries.py::test_a_worker_paused_in_a_wait_between_tries_sends_nothing_once_resumed"
 
 MUTANTS = [
     Mutant(
@@ -1033,6 +1036,29 @@ MUTANTS = [
         (
             f"{DEPLOY_WAITS}::test_the_check_replays_runs_with_no_journal_and_names_those_new_code_breaks",
         ),
+    ),
+    Mutant(
+        "M112",
+        "cairn's transport sends a model request without checking the lease: a retry after "
+        "a back-off, a 429's retry-after or a wait for the rate limit goes out for a run "
+        "another worker has taken over (only the first try is checked, before the call)",
+        "steps/providers/transport.py",
+        "            fence()\n            response = self._pool().handle_request(request)",
+        "            response = self._pool().handle_request(request)",
+        (
+            f"{FENCED_TRIES}::test_a_lease_lost_in_any_wait_between_tries_lets_no_further_request_out",
+            f"{FENCED_TRIES}::{BACK_OFF}",
+            f"{FENCED_FLEET}[503-prefork]",
+        ),
+    ),
+    Mutant(
+        "M113",
+        "a pydantic-ai agent's own SDK client is not given the lease check: its SDK's retry "
+        "after a back-off goes out for a run another worker has taken over",
+        "cairn/contrib/pydantic_ai.py",
+        '            fence_requests(getattr(_unwrapped(request_context.model), "client", None))\n',
+        "",
+        (f"{FENCED_TRIES}::{BACK_OFF}[pydantic_ai]",),
     ),
 ]
 
