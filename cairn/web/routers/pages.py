@@ -106,11 +106,14 @@ async def logout(request: Request, auth: AuthDep, settings: SettingsDep) -> Resp
     check: an image or a form of another origin ends nothing)."""
     form = parse_qs((await request.body()).decode(errors="replace"))
     session = cookies.session_of(request, settings)
-    if session:
-        if cookies.elsewhere(request) or not auth.checks("logout", session, _one(form, "check")):
-            return error(403, "forbidden", "log out with the button of one of this server's pages")
-        await auth.logout(session)
     response = RedirectResponse("/login", status_code=303)
+    if not session:
+        # No cookie came (a post from another site, whose request SameSite stripped): the
+        # answer must not touch the cookie the browser still holds.
+        return response
+    if cookies.elsewhere(request) or not auth.checks("logout", session, _one(form, "check")):
+        return error(403, "forbidden", "log out with the button of one of this server's pages")
+    await auth.logout(session)
     cookies.drop(response, cookies.SESSION, request, settings)
     return response
 
