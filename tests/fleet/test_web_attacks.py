@@ -214,6 +214,8 @@ def test_a_framed_inbox_under_a_decoy_takes_no_click(
     run_id = client.enqueue("refund", {"amount": 7}, run_id="framed-refund")
     assert loop.run(run_id, deps) == RunStatus.WAITING  # parked on its request
     server = serve()
+    with server.http() as admin:
+        [asked] = admin.get("/approvals").json()["approvals"]
     _login(browser, server, server.token)
     # Where the Approve button is, in a window of this size.
     browser.get(f"{server.url}/ui/approvals")
@@ -247,8 +249,8 @@ def test_a_framed_inbox_under_a_decoy_takes_no_click(
     time.sleep(2)  # a click that landed would have posted the decision by now
     browser.save_screenshot(str(ARTIFACTS / f"attack-frame-{where}.png"))
     with server.http() as admin:
-        [asked] = admin.get("/approvals").json()["approvals"]
-    assert asked["decision"] is None, f"a framed click from another {where} decided"
+        decided = admin.get(f"/approvals/{asked['approval_id']}").json()["decision"]
+    assert decided is None, f"a framed click from another {where} decided: {decided}"
     assert not framed, f"another {where} framed a page of cairn's ({len(buttons)} buttons)"
 
 
