@@ -120,8 +120,12 @@ def _listed(chrome: webdriver.Chrome, server: Server) -> set[str]:
     chrome.get(f"{server.url}/ui/runs")
     if "/login" in chrome.current_url:
         return {"<login>"}
-    rows = chrome.find_elements(By.CSS_SELECTOR, "tr[data-run]")
-    return {r.get_attribute("data-run") for r in rows}
+    # Read in one call: the list is drawn again every second.
+    return set(
+        chrome.execute_script(
+            "return [...document.querySelectorAll('tr[data-run]')].map((r) => r.dataset.run);"
+        )
+    )
 
 
 def _session(chrome: webdriver.Chrome) -> str | None:
@@ -456,9 +460,15 @@ def test_a_run_id_holding_dot_dot_is_encoded_in_its_link_and_opens_its_own_page(
             f"the link of {run_id}",
         )
         assert link == "/ui/runs/" + run_id.replace("/", "%2F"), link
-        browser.find_element(By.LINK_TEXT, run_id).click()
+        # Found and clicked in one call: the list is drawn again every second.
+        browser.execute_script(
+            "[...document.querySelectorAll('tr[data-run] a')]"
+            ".find((a) => a.textContent === arguments[0]).click();",
+            run_id,
+        )
         _until(browser, lambda: _loaded(browser, f"{server.url}/ui/runs/"), "the run's page")
-        assert browser.find_element(By.TAG_NAME, "h1").text == run_id  # its own page
+        heading = browser.execute_script("return document.querySelector('h1').textContent;")
+        assert heading == run_id, browser.current_url  # its own page
     assert _listed(browser, server) >= {"decoy", spoof, away}  # and still logged in
 
 
