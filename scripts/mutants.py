@@ -79,6 +79,10 @@ DEPLOY_WAITS = "tests/integration/test_deploy_check_waits.py"
 FENCED_TRIES = "tests/integration/test_fenced_tries.py"
 BACK_OFF = "test_a_lease_lost_in_a_retrys_back_off_lets_no_further_request_out"
 FENCED_FLEET = "tests/fleet/test_fenced_tries.py::test_a_worker_paused_in_a_wait_between_tries_sends_nothing_once_resumed"
+WEB_SESSIONS = "tests/integration/test_web_sessions.py"
+ATTACKS = "tests/fleet/test_web_attacks.py"
+LOGIN_CSRF = "test_a_login_posted_by_another_origin_does_not_log_the_admin_in_as_the_attacker"
+LOGOUT = "test_a_session_is_random_kept_as_its_hash_and_ended_by_logout"
 
 MUTANTS = [
     Mutant(
@@ -1059,6 +1063,93 @@ MUTANTS = [
         '            fence_requests(getattr(_unwrapped(request_context.model), "client", None))\n',
         "",
         (f"{FENCED_TRIES}::{BACK_OFF}[pydantic_ai]",),
+    ),
+    Mutant(
+        "M132",
+        "the pages' login believes a post from another origin of the same site (Sec-Fetch-Site "
+        "ignored): a page on another port plants the form's nonce and logs the browser in as "
+        "its tenant",
+        "cairn/web/cookies.py",
+        'return None if site == "same-origin" else f"a {site} request"',
+        "return None",
+        (
+            f"{WEB_SESSIONS}::test_login_takes_only_this_servers_own_form",
+            f"{ATTACKS}::{LOGIN_CSRF}",
+        ),
+    ),
+    Mutant(
+        "M133",
+        "no Content-Security-Policy on the answers: a script let into a page runs, and any "
+        "page frames cairn's",
+        "cairn/web/headers.py",
+        'headers["content-security-policy"] = policy',
+        'del headers["content-security-policy"]',
+        (
+            f"{WEB_SESSIONS}::test_every_answer_carries_the_headers_a_crash_too",
+            f"{ATTACKS}::test_the_pages_run_under_a_policy_that_refuses_inline_script_and_break_none_of_it",
+        ),
+    ),
+    Mutant(
+        "M134",
+        "logout without the page's check: another origin's form ends the admin's session",
+        "cairn/web/routers/pages.py",
+        'if cookies.elsewhere(request) or not auth.checks("logout", session, _one(form, "check")):',
+        "if cookies.elsewhere(request):",
+        (f"{WEB_SESSIONS}::{LOGOUT}",),
+    ),
+    Mutant(
+        "M135",
+        "logout by GET too: a link or an image of the pages' host reaches it",
+        "cairn/web/routers/pages.py",
+        '@router.post("/logout")',
+        '@router.api_route("/logout", methods=["GET", "POST"])',
+        (f"{WEB_SESSIONS}::{LOGOUT}",),
+    ),
+    Mutant(
+        "M136",
+        "the guard lets a body nested past the bound through to the parser: it recurses, "
+        "and the answer is a 500",
+        "cairn/web/auth.py",
+        "            if too_deep(body):",
+        "            if False:",
+        (
+            "tests/integration/test_web_bounds.py::test_a_decisions_args_and_a_forks_patch_are_bounded_too",
+            f"{ATTACKS}::test_json_nested_too_deep_is_a_422_and_stores_nothing",
+        ),
+    ),
+    Mutant(
+        "M137",
+        "check_input's depth bound ten times looser: the Client stores a value nested "
+        "hundreds deep, which every read of it then fails to serialize",
+        "cairn/core/inputs.py",
+        "_walk(data, what, MAX_DEPTH + envelope)",
+        "_walk(data, what, 10 * MAX_DEPTH + envelope)",
+        (
+            "tests/unit/test_input_bounds.py::test_check_input_refuses_a_value_too_deep_at_any_depth",
+            "tests/integration/test_web_bounds.py::test_the_client_and_the_async_client_refuse_a_value_too_deep_before_writing",
+        ),
+    ),
+    Mutant(
+        "M138",
+        "a logout leaves the session's row: a copy of the cookie still opens the pages",
+        "store/sql/queries.sql",
+        "DELETE FROM page_sessions WHERE hash = %(hash)s RETURNING token_id;",
+        "SELECT token_id FROM page_sessions WHERE hash = %(hash)s;",
+        (
+            f"{WEB_SESSIONS}::{LOGOUT}",
+            f"{ATTACKS}::test_a_session_cookie_copied_before_a_logout_opens_nothing_after_it",
+        ),
+    ),
+    Mutant(
+        "M139",
+        "a run id put into the runs page's link unencoded: x/../../logout links above its page",
+        "cairn/web/templates/_runs_live.html",
+        '<a href="/ui/runs/{{ r.run_id | segment }}">',
+        '<a href="/ui/runs/{{ r.run_id }}">',
+        (
+            f"{WEB_SESSIONS}::test_a_run_id_holding_slashes_is_encoded_in_every_link_and_its_page_opens",
+            f"{ATTACKS}::test_a_run_id_holding_dot_dot_is_encoded_in_its_link_and_opens_its_own_page",
+        ),
     ),
 ]
 

@@ -1376,9 +1376,31 @@ SELECT id, name, tenant, admin, created_at, revoked_at FROM api_tokens
  ORDER BY created_at, id;
 
 -- name: token_revoke
--- Revoke a token; the first revocation's time stays.
+-- Revoke a token; the first revocation's time stays. Its pages' sessions end with it.
+WITH ended AS (DELETE FROM page_sessions WHERE token_id = %(id)s)
 UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = %(id)s
 RETURNING id, name, tenant, admin, created_at, revoked_at;
+
+-- name: page_session_create
+-- A page session (a login): the SHA-256 of its cookie's random value, what it was made
+-- from, and when it ends. The expired ones go in the same statement.
+WITH swept AS (DELETE FROM page_sessions WHERE expires_at <= now())
+INSERT INTO page_sessions (hash, token_id, owner, expires_at)
+VALUES (%(hash)s, %(token_id)s, %(owner)s, now() + make_interval(secs => %(seconds)s))
+RETURNING expires_at;
+
+-- name: page_session_get
+-- A live page session: unexpired, and its token (if it has one) live and still the one
+-- it was made from (owner = its hash), with the tenant it acts for. No row: no session.
+SELECT s.token_id, s.owner, t.tenant, coalesce(t.admin, true) AS admin
+  FROM page_sessions s
+  LEFT JOIN api_tokens t ON t.id = s.token_id
+ WHERE s.hash = %(hash)s AND s.expires_at > now()
+   AND (s.token_id IS NULL OR (t.revoked_at IS NULL AND t.hash = s.owner));
+
+-- name: page_session_end
+-- Log out: the session's row goes, so its cookie, wherever copied, opens nothing.
+DELETE FROM page_sessions WHERE hash = %(hash)s RETURNING token_id;
 
 -- name: create_budget
 -- Enqueue with budget_usd: the tree's ledger row, with the run (same transaction). A run
