@@ -13,10 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
-from cairn.core import sealing
 from cairn.store.db import Database, translated
+from cairn.store.payloads import each
 from cairn.store.sql import QUERIES
 
 
@@ -44,7 +43,7 @@ def add(
         return
     params = {
         "session_id": session_id,
-        "items": Jsonb([sealing.seal(item) for item in new]),
+        "items": each(new),
         "run_id": run_id,
     }
     with translated():
