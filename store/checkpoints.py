@@ -434,10 +434,11 @@ class PgStore:
         )
         return self.end_attempt(cp, status, error) is not None
 
-    def unclaim(self, run_id: str, epoch: int) -> None:
-        """The claim at epoch counts no delivery toward poison: its worker gave the run
-        back for a cause of its own (it lacks a payload's key)."""
-        self.db.one("unclaim", {"run_id": run_id, "epoch": epoch})
+    def unclaim(self, run_id: str, epoch: int, hold: float) -> None:
+        """The claim at epoch counts no delivery toward poison, and the reaper leaves the
+        run alone for hold seconds: its worker gave it back for a cause of its own (it
+        lacks a payload's key) and sends it again itself."""
+        self.db.one("unclaim", {"run_id": run_id, "epoch": epoch, "hold": hold})
 
     # -- ledger ----------------------------------------------------------------------
     def was_done(self, key: str) -> tuple[bool, Any]:

@@ -323,7 +323,7 @@ def _lacks_key(
             extra=logs.run(run_id, "lacks_key", key_id=exc.key_id, retries=attempt),
         )  # fmt: skip
         return "lacks_key"
-    countdown = min(settings.defer_seconds * 2 ** min(attempt, 5), 60.0)
+    countdown = min(settings.defer_seconds * 2 ** min(attempt, 5), loop.KEY_HOLD)
     logger.warning(
         "run %s: this worker lacks payload key %r (CAIRN_PAYLOAD_KEYS holds: %s); handed "
         "back for a worker that has it, again in %.0fs",

@@ -52,6 +52,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# A run handed back for a key this worker lacks (KeyMissing) is left alone by the reaper
+# this long: the run task sends it again itself, never later than this (workers/app.py).
+KEY_HOLD = 60.0
+
 
 class Stop(CairnError):
     """The run stops with status (failed, cancelled, budget_exceeded, incompatible, unknown).
@@ -164,7 +168,7 @@ def _delivered(run_id: str, deps: Deps, held: contextlib.ExitStack) -> RunStatus
     except BaseException as exc:
         cut = exc
         if isinstance(exc, KeyMissing):
-            deps.store.unclaim(run_id, lease.epoch)  # not the run's fault: no poison
+            deps.store.unclaim(run_id, lease.epoch, KEY_HOLD)  # not the run's fault
         raise
     finally:
         if deps.events is not None:
@@ -346,7 +350,7 @@ def _take(run_id: str, deps: Deps, held: contextlib.ExitStack) -> tuple[HeldLeas
         raise StaleWrite(run_id, cp.seq, lease.epoch)
     except BaseException as exc:
         if isinstance(exc, KeyMissing):  # the claim went in; its row did not open here
-            store.unclaim(run_id, lease.epoch)
+            store.unclaim(run_id, lease.epoch, KEY_HOLD)
         # A run that does not exist keeps no counter either (this acquire made one).
         lease.release(ended=isinstance(exc, UnknownRun))
         raise

@@ -107,10 +107,15 @@ RETURNING run_id;
 -- name: unclaim
 -- A claim given back by a worker that lacks the key a payload of the run is sealed under
 -- (a key deploy under way): its delivery is not counted toward poison, so a run handed
--- around until a worker with the key takes it is never failed as poison. Fenced: only
--- the claim at this epoch (a waiting run's claim counted none).
-UPDATE checkpoints SET deliveries = deliveries - 1
- WHERE run_id = %(run_id)s AND epoch = %(epoch)s AND deliveries > 0 AND status <> 'waiting'
+-- around until a worker with the key takes it is never failed as poison; and the reaper
+-- leaves it alone for `hold` seconds (retry_at, as for a retry), while the run task's
+-- hand-back chain sends it again, so chains do not pile up. Fenced: only the claim at
+-- this epoch (a waiting run's claim counted no delivery).
+UPDATE checkpoints
+   SET deliveries = CASE WHEN status = 'waiting' THEN deliveries
+                         ELSE greatest(deliveries - 1, 0) END,
+       retry_at = now() + make_interval(secs => %(hold)s)
+ WHERE run_id = %(run_id)s AND epoch = %(epoch)s
 RETURNING run_id;
 
 -- name: load
@@ -842,12 +847,14 @@ UNION ALL
 -- Waiting runs with a signal nobody picked up, found from the unconsumed signals (their
 -- partial index), so a million sleeping runs cost this pass nothing. A wait whose time
 -- came is `wake`'s, never the reaper's: a send that left the run waiting would let the
--- wake send it a second time.
+-- wake send it a second time. One handed back for a key its worker lacked (unclaim) is
+-- left to that worker's own sends until its hold (retry_at) is over.
 SELECT DISTINCT c.run_id, c.status, c.epoch, c.updated_at
   FROM signals s JOIN checkpoints c ON c.run_id = s.run_id AND c.wait_event = s.event
  WHERE s.consumed_seq IS NULL
    AND s.created_at < now() - make_interval(secs => %(running_after)s)
-   AND c.status = 'waiting';
+   AND c.status = 'waiting'
+   AND (c.retry_at IS NULL OR c.retry_at < now() - make_interval(secs => %(running_after)s));
 
 -- name: wake
 -- Waiting runs whose time came (a sleep's end, a wait's timeout, a debounce's quiet

@@ -60,7 +60,7 @@ def _check(worker_env: dict[str, str], keys: str) -> subprocess.CompletedProcess
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("order", ["workers first", "api first"])
+@pytest.mark.parametrize("order", ["workers-first", "api-first"])
 def test_a_key_deployed_in_either_order_finishes_every_run_in_flight(
     order: str,
     start_worker: Callable[..., fleet.Proc],
@@ -76,7 +76,7 @@ def test_a_key_deployed_in_either_order_finishes_every_run_in_flight(
     runs = [client.enqueue("ticked", {"secret": f"s{n}", "turns": TURNS}) for n in range(RUNS)]
     _tick(client, runs, range(3))
     wait_for(lambda: _turns(sql, runs) >= 2, 60, "the runs' first turns")
-    if order == "workers first":
+    if order == "workers-first":
         new = start_worker(concurrency=2, CAIRN_PAYLOAD_KEYS=NEW, **FLOWS)
         _tick(client, runs, range(3, 6))  # both workers take turns: the old meets k2
         wait_for(lambda: _turns(sql, runs) >= 5, 90, "turns on both workers")
@@ -99,7 +99,7 @@ def test_a_key_deployed_in_either_order_finishes_every_run_in_flight(
         run = client.get(run_id)
         assert run is not None and run.state["seen"] == list(range(TURNS)), run.state
     handed = old.text().count("lacks payload key 'k2'")
-    if order == "api first":
+    if order == "api-first":
         assert handed >= 1
     assert "Traceback" not in old.text()
     print(f"{order}: {RUNS} runs in flight, {RUNS} done, 0 failed, {handed} hand-backs")

@@ -36,7 +36,7 @@ def _row(sql: Callable[..., list[tuple[Any, ...]]], run_id: str) -> tuple[Any, .
     )[0]
 
 
-@pytest.mark.parametrize("where", ["in a step", "at the claim"])
+@pytest.mark.parametrize("where", ["in-a-step", "at-the-claim"])
 def test_a_key_missing_hands_the_run_back_and_never_fails_or_poisons_it(
     where: str,
     settings: Settings,
@@ -50,7 +50,7 @@ def test_a_key_missing_hands_the_run_back_and_never_fails_or_poisons_it(
         settings=settings.with_options(max_deliveries=1), store=store, leases=leases, model=None
     )
     client = Client(settings=settings, store=store, send=lambda run_id, priority=0: None)
-    ring(NEW if where == "at the claim" else OLD)  # the API seals the input
+    ring(NEW if where == "at-the-claim" else OLD)  # the API seals the input
     run_id = client.enqueue("steered_chat", {"topic": "keys"})
     ring(NEW)
     client.steer(run_id, "stop")  # sealed under k2: the step's ctx.messages() reads it
