@@ -30,7 +30,7 @@ from cairn.core.records import (
 )
 from cairn.core.status import TERMINAL, RunStatus
 from cairn.store.approvals import ApprovalStore
-from cairn.store.db import Database, outage, translated
+from cairn.store.db import Database, opened, outage, translated
 from cairn.store.payloads import Clear, Payload, text
 from cairn.store.rows import (
     FOLD_AT,
@@ -288,7 +288,7 @@ class PgStore:
         if conn is not None:
             with translated():
                 self.db.hold_row(conn)
-                row = conn.execute(query, params).fetchone()
+                row = opened(conn).execute(query, params).fetchone()
                 if row is not None:
                     conn.commit()
                 else:
@@ -548,7 +548,7 @@ class PgStore:
         else:
             with translated():
                 self.db.hold_row(conn)
-                row = conn.execute(QUERIES[name], params).fetchone()
+                row = opened(conn).execute(QUERIES[name], params).fetchone()
                 if row is not None:
                     conn.commit()
                 else:

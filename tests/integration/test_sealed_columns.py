@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -25,7 +26,7 @@ import cairn
 from cairn.client import Client
 from cairn.core import sealing
 from cairn.core.errors import RetryLater
-from cairn.core.sealing import KeyRing, new_key
+from cairn.core.sealing import SEALED, KeyRing, new_key
 from cairn.core.settings import Settings
 from cairn.steps import Context, StepResult, workflow
 from cairn.steps.registry import Child, Retry
@@ -248,5 +249,36 @@ def test_a_value_shaped_like_the_envelope_round_trips_through_postgres(
         got = store.load(run_id)
         assert got is not None and got.input == {"v": value}
         assert store.create_run(run_id, "every_payload_leaf", {"v": value}) is False  # same
+    finally:
+        sealing.use(None)
+
+
+own = workflow("every_payload_own_table")
+FORGED = {"a": {SEALED: "v1.k1.AAAA"}, "b": [{SEALED: ["x"]}], SEALED: [1]}
+
+
+@own.step()
+def keep(ctx: Context) -> StepResult:
+    """A value of the user's own, in a table of the user's own, through ctx.db: read back
+    as written, never taken for one cairn sealed or escaped."""
+    ctx.db.execute("CREATE TEMP TABLE mine (v jsonb) ON COMMIT DROP")
+    ctx.db.execute("INSERT INTO mine VALUES (%s::jsonb)", (json.dumps(FORGED),))
+    row = ctx.db.execute("SELECT v FROM mine").fetchone()
+    got = row["v"] if isinstance(row, dict) else row[0]
+    return StepResult(cursor=cairn.DONE, state={"same": got == FORGED, "got": got})
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["no-keys", "keys"])
+def test_a_steps_own_table_reads_back_as_written_through_ctx_db(
+    settings: Settings, store: PgStore, leases: Leases, keyed: bool
+) -> None:
+    sealing.use(KeyRing(KEYS if keyed else None))
+    try:
+        deps = loop.Deps(settings=settings, store=store, leases=leases, model=None)
+        run_id = f"own-{uuid.uuid4().hex[:8]}"
+        assert store.create_run(run_id, "every_payload_own_table", {})
+        assert loop.run(run_id, deps) == cairn.RunStatus.DONE
+        got = store.load(run_id)
+        assert got is not None and got.state == {"same": True, "got": FORGED}
     finally:
         sealing.use(None)
