@@ -116,9 +116,9 @@ MUTANTS = [
         "M5",
         "a rejected save commits the step's ctx.db writes",
         "store/checkpoints.py",
-        "row = conn.execute(query, params).fetchone()\n                if row is not None:\n"
+        "row = opened(conn).execute(query, params).fetchone()\n                if row is not None:\n"
         "                    conn.commit()\n                else:\n                    conn.rollback()",
-        "row = conn.execute(query, params).fetchone()\n                if row is not None:\n"
+        "row = opened(conn).execute(query, params).fetchone()\n                if row is not None:\n"
         "                    conn.commit()\n                else:\n                    conn.commit()",
         (f"tests/integration/test_store.py::{OWN_WRITES}",),
     ),
