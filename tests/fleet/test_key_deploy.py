@@ -1,10 +1,11 @@
 """A new payload key deployed while runs are in flight (docs/guides/encryption.md), on real
 worker processes, in either order: the new key ring to the workers first, or to the API
-(the Client) first. Each run takes a turn per signal, each turn a delivery any worker may
-take, so old workers (the old ring alone) meet payloads sealed under the new key: they
-hand those runs back, one line each, and a worker with the key goes on. Every run
-finishes; none fails; the old worker logs no traceback, and `cairn worker --check` with
-its ring fails naming the key it lacks."""
+(the Client) first. Each run takes turns, each a delivery any worker may take, reading the
+steer messages its client sends: an old worker (the old ring alone) meets payloads sealed
+under the new key, at the claim (a state a new worker saved: workers first) or inside a
+step (a message the new API sealed: API first). It hands those runs back, one line each,
+and a worker with the key goes on. Every run finishes; none fails; the old worker logs no
+traceback, and `cairn worker --check` with its ring fails naming the key it lacks."""
 
 from __future__ import annotations
 
@@ -35,10 +36,10 @@ def api_keys() -> Iterator[Callable[[str], None]]:
     sealing.use(None)
 
 
-def _tick(client: Client, runs: list[str], turns: range) -> None:
+def _tell(client: Client, runs: list[str], turns: range) -> None:
     for i in turns:
         for run_id in runs:
-            client.signal(run_id, "tick", {"i": i, "note": f"secret-{i}"}, signal_id=f"t{i}")
+            client.steer(run_id, {"i": i, "note": f"secret-{i}"})
 
 
 def _statuses(sql: Callable[..., list[tuple[Any, ...]]], runs: list[str]) -> dict[str, int]:
@@ -47,8 +48,20 @@ def _statuses(sql: Callable[..., list[tuple[Any, ...]]], runs: list[str]) -> dic
     return {status: n for status, n in rows}
 
 
+def _read(sql: Callable[..., list[tuple[Any, ...]]], runs: list[str]) -> int:
+    """The messages the slowest run has read (its journaled reads hold their numbers, in
+    clear: readable whichever keys this process holds)."""
+    rows = sql(
+        "SELECT r, coalesce(max((m #>> '{}')::int), 0) FROM unnest(%s::text[]) r"
+        " LEFT JOIN journal j ON j.run_id = r AND j.name = 'cairn.messages'"
+        " LEFT JOIN LATERAL jsonb_array_elements(j.result) m ON true GROUP BY r",
+        runs,
+    )
+    return min(int(n) for _, n in rows)
+
+
 def _turns(sql: Callable[..., list[tuple[Any, ...]]], runs: list[str]) -> int:
-    """Turns taken by the slowest run (its saves: the first save is its first turn)."""
+    """The turns (saves) the slowest run has taken."""
     return int(sql("SELECT min(seq) FROM checkpoints WHERE run_id = ANY(%s)", runs)[0][0])
 
 
@@ -74,16 +87,19 @@ def test_a_key_deployed_in_either_order_finishes_every_run_in_flight(
     old = start_worker(concurrency=2, CAIRN_PAYLOAD_KEYS=OLD, **FLOWS)
     start_beat()  # the reaper: a run whose message a stopped worker took is sent again
     runs = [client.enqueue("ticked", {"secret": f"s{n}", "turns": TURNS}) for n in range(RUNS)]
-    _tick(client, runs, range(3))
-    wait_for(lambda: _turns(sql, runs) >= 2, 60, "the runs' first turns")
+    _tell(client, runs, range(3))
+    wait_for(lambda: _read(sql, runs) >= 3, 90, "the runs' first turns")
     if order == "workers-first":
         new = start_worker(concurrency=2, CAIRN_PAYLOAD_KEYS=NEW, **FLOWS)
-        _tick(client, runs, range(3, 6))  # both workers take turns: the old meets k2
-        wait_for(lambda: _turns(sql, runs) >= 5, 90, "turns on both workers")
+        # Both workers take turns a while: the old one meets states the new one sealed.
+        base = _turns(sql, runs)
+        _tell(client, runs, range(3, 6))
+        wait_for(lambda: _turns(sql, runs) >= base + 6, 120, "turns on both workers")
+        wait_for(lambda: _read(sql, runs) >= 6, 60, "the messages read")
         api_keys(NEW)  # then the API
     else:
-        api_keys(NEW)  # the API first: the old worker meets k2 in every signal from now
-        _tick(client, runs, range(3, 6))
+        api_keys(NEW)  # the API first: the old worker meets k2 in every message from now
+        _tell(client, runs, range(3, 6))
         wait_for(lambda: "lacks payload key 'k2'" in old.text(), 60, "a hand-back")
         lacking = _check(worker_env, OLD)
         assert lacking.returncode == 1, lacking.stdout + lacking.stderr
@@ -92,7 +108,7 @@ def test_a_key_deployed_in_either_order_finishes_every_run_in_flight(
         new = start_worker(concurrency=2, CAIRN_PAYLOAD_KEYS=NEW, **FLOWS)
         assert _check(worker_env, NEW).returncode == 0
     old.proc.send_signal(signal.SIGTERM)  # the old worker goes: its runs are handed back
-    _tick(client, runs, range(6, TURNS))
+    _tell(client, runs, range(6, TURNS))
     wait_for(lambda: _statuses(sql, runs).get("done") == RUNS, 120, "every run to finish")
     assert _statuses(sql, runs) == {"done": RUNS}  # none failed
     for run_id in runs:
