@@ -52,8 +52,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# A run handed back for a key this worker lacks (KeyMissing) is left alone by the reaper
-# this long: the run task sends it again itself, never later than this (workers/app.py).
+# A run handed back for a key this worker lacks: the reaper leaves it this long (app.py).
 KEY_HOLD = 60.0
 
 
@@ -99,8 +98,7 @@ def run(run_id: str, deps: Deps) -> RunStatus:
         RetryLater: a step failed and its Retry policy runs it again after exc.delay.
         HandOff: this worker is stopping, or a new wait's signal had come; send it again.
         Misrouted: the run is pinned to another code version; send it to that version.
-        KeyMissing: a payload of the run is sealed under a key this worker lacks (found
-            at the claim or in a step, never failing the run); a worker with it goes on.
+        KeyMissing: a payload is sealed under a key this worker lacks (never failing it).
         Transient: Postgres or Redis is down (StoreUnavailable); retry with backoff.
         Superseded: another worker owns the run now; touch nothing more.
     and UnknownRun: no run has this id (nothing to retry).
@@ -349,7 +347,7 @@ def _take(run_id: str, deps: Deps, held: contextlib.ExitStack) -> tuple[HeldLeas
         assert cp is not None  # the loop ran: each pass raised or loaded one
         raise StaleWrite(run_id, cp.seq, lease.epoch)
     except BaseException as exc:
-        if isinstance(exc, KeyMissing):  # the claim went in; its row did not open here
+        if isinstance(exc, KeyMissing):  # claimed, but its row did not open here
             store.unclaim(run_id, lease.epoch, KEY_HOLD)
         # A run that does not exist keeps no counter either (this acquire made one).
         lease.release(ended=isinstance(exc, UnknownRun))
