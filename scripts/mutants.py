@@ -145,14 +145,8 @@ MUTANTS = [
         "its run while paused before a call runs its tool (the model request alone is "
         "still fenced at the transport, M112)",
         "steps/context.py",
-        "        this step's own statements (the previous call's record, the save before\n"
-        "        this step) when that is younger than CANCEL_FRESH: a call right after another\n"
-        "        costs one round trip, its record, and a cancel is still seen before the next call\n"
-        '        or at this one\'s record."""\n        self._lease.ensure()',
-        "        this step's own statements (the previous call's record, the save before\n"
-        "        this step) when that is younger than CANCEL_FRESH: a call right after another\n"
-        "        costs one round trip, its record, and a cancel is still seen before the next call\n"
-        '        or at this one\'s record."""',
+        "        self._lease.ensure()\n        self._check_cancel(CANCEL_FRESH)",
+        "        self._check_cancel(CANCEL_FRESH)",
         (f"{FENCED_TRIES}::test_a_lease_lost_before_a_journaled_call_stops_it_before_it_starts",),
     ),
     Mutant(
