@@ -87,12 +87,14 @@ class _Maintenance(_Tables):
             )[:limit]
             found = []
             for r in page:
+                # A retry scheduled, or a hold after a key hand-back (unclaim): not yet.
+                due = r.retry_at is None or r.retry_at < since
                 if r.status == RunStatus.WAITING:
                     # A wait whose time came is wake()'s (see the SQL's stalled).
                     stale = any(s.created_at < since for _, s in _unconsumed(r, r.wait_event))
                 else:
-                    stale = r.updated_at < since and (r.retry_at is None or r.retry_at < since)
-                if stale:
+                    stale = r.updated_at < since
+                if stale and due:
                     found.append(
                         {
                             "run_id": r.run_id,
