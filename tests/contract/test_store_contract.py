@@ -282,9 +282,9 @@ def test_an_unclaimed_delivery_is_not_counted_and_holds_the_reaper_off(backend: 
     store.unclaim("r1", 0, 60)  # an older epoch's: fenced, nothing changes
     assert _load(store, "r1").deliveries == 0
     backend.elapse(30)
-    assert store.stalled(pending_after=300, running_after=1) == []
+    assert _stalled(store, running_after=1) == []
     backend.elapse(31.5)  # the hold is over by more than running_after
-    assert [r["run_id"] for r in store.stalled(pending_after=300, running_after=1)] == ["r1"]
+    assert [r["run_id"] for r in _stalled(store, running_after=1)] == ["r1"]
     cp = _running(store, "w")
     _wait(store, cp, Wait(event="paid"))
     store.signal("w", "paid", {}, "s-1")
@@ -292,9 +292,9 @@ def test_an_unclaimed_delivery_is_not_counted_and_holds_the_reaper_off(backend: 
     store.unclaim("w", 5, 60)
     assert _load(store, "w").deliveries == 0  # a waiting run's claim counted none
     backend.elapse(30)
-    assert "w" not in {r["run_id"] for r in store.stalled(pending_after=300, running_after=1)}
+    assert "w" not in {r["run_id"] for r in _stalled(store, running_after=1)}
     backend.elapse(31.5)
-    assert "w" in {r["run_id"] for r in store.stalled(pending_after=300, running_after=1)}
+    assert "w" in {r["run_id"] for r in _stalled(store, running_after=1)}
 
 
 def test_a_claim_of_a_waiting_run_is_not_a_delivery(any_store: CheckpointStore) -> None:
