@@ -197,7 +197,10 @@ def test_the_reapers_second_look_drops_runs_a_worker_touched_since_it_listed_the
     between has no lease either. Only runs as they were listed may be sent again."""
     for run_id in ("idle", "claimed", "finished", "taken"):
         _run(store, run_id)
-    sql("UPDATE checkpoints SET updated_at = now() - interval '1 minute'")
+    sql(
+        "UPDATE checkpoints SET updated_at = now() - interval '1 minute',"
+        " created_at = now() - interval '1 minute'"
+    )
     cp = store.claim("claimed", 1)
     assert cp is not None
     store.save(_advance(cp, cursor="two"), cp)  # claimed and saved: stalled again later
