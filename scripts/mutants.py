@@ -195,9 +195,9 @@ MUTANTS = [
         "M16",
         "the reaper re-enqueues a run whose retry is scheduled",
         "store/sql/queries.sql",
-        "                 AND (c.retry_at IS NULL\n"
-        "                      OR c.retry_at < now() - make_interval(secs => %(running_after)s))",
-        "",
+        "       END\n       AND (c.retry_at IS NULL\n"
+        "            OR c.retry_at < now() - make_interval(secs => %(running_after)s)) AS stale",
+        "       END AS stale",
         (
             "tests/contract/test_store_contract.py::test_a_run_with_a_retry_scheduled_is_left_alone_until_it_is_overdue",
             "tests/fleet/test_lifecycle.py::test_a_failing_run_is_delivered_a_bounded_number_of_times",
