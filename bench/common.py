@@ -39,6 +39,7 @@ SECTIONS = (
     "db_cost",
     "waits",
     "sleep",
+    "backlog",
 )
 BENCH_REDIS_DB = 15
 INSTALL_HINT = "not installed: pip install -e '.[bench]'"

@@ -147,9 +147,23 @@ def stamp_task(tag: str) -> None:
     _stamp(tag)
 
 
+# -- bench/backlog.py: deliveries of the backlog's runs, duplicates included ------------------
+BACKLOG_IDS = "backlog-"  # its runs' ids begin so: only their deliveries are counted
+BACKLOG_DELIVERIES = "bench:backlog:deliveries"
+
+
 @task_prerun.connect
 def _task_began(task: Any = None, args: Any = None, **_: Any) -> None:
     """A cairn run's task began (before the loop's lease, claim and load): stamped apart,
-    to split the latency into the queue's part and the loop's."""
-    if task is not None and task.name == "cairn.run" and str(args[0]).startswith(LATENCY_IDS):
+    to split the latency into the queue's part and the loop's; a backlog run's counted."""
+    global _redis
+    if task is None or task.name != "cairn.run":
+        return
+    if str(args[0]).startswith(LATENCY_IDS):
         _stamp(f"task:{args[0]}")
+    elif str(args[0]).startswith(BACKLOG_IDS):
+        if _redis is None:
+            import redis
+
+            _redis = redis.Redis.from_url(os.environ["CAIRN_REDIS_URL"])
+        _redis.incr(BACKLOG_DELIVERIES)

@@ -41,6 +41,7 @@ from cairn.workers.broker import reset_broker  # the bench's RabbitMQ vhost empt
 from cairn.workers.metrics import Metrics  # a worker's middleware, so the loop timed is its
 from cairn.workers.middleware import Chain  # the middleware chain a worker builds
 from cairn.workers.outbox import Outbox  # a worker's path of run events to Redis
+from cairn.workers.reaper import Reaper  # one reaper pass timed in process (backlog)
 from cairn.workers.tracing import Tracing  # the tracing middleware (tracing overhead)
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "Outbox",
     "PgStore",
     "RateLimiter",
+    "Reaper",
     "RedisEvents",
     "RunFilter",
     "Tracing",

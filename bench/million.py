@@ -25,9 +25,10 @@ from bench.internals import QUERIES, Database, PgStore, RunFilter, migrations, u
 # database would be, and the upgrade backfills.
 COUNTS_MIGRATION = "status_counts"
 PAGE = 50
-# The product's settings these queries run with: CAIRN_PENDING_AFTER, CAIRN_LEASE_TTL / 2
-# (the reaper's "not saved for a while"), CAIRN_LOST_AFTER, CAIRN_RETENTION_SECONDS.
-PENDING_AFTER, RUNNING_AFTER, LOST_AFTER = 300.0, 7.5, 10.0
+# The product's settings these queries run with: CAIRN_LEASE_TTL / 2 (the reaper's "not
+# saved for a while"), CAIRN_LOST_AFTER, CAIRN_RETENTION_SECONDS.
+RUNNING_AFTER, LOST_AFTER = 7.5, 10.0
+REAPER_PAGE = 500  # the reaper's batch (cairn.workers.reaper.BATCH)
 RETENTION = 28 * 24 * 3600.0
 
 # g = 1..terminal are finished runs spread over 30 days (oldest first), g above that the
@@ -275,19 +276,27 @@ def million(dbs: Databases, redis_url: str, sz: Any) -> dict[str, Any]:
             )
             measure(
                 "reaper_stalled",
-                "reaper: runs without a recent save (stalled)",
+                "reaper: a page of the runs a worker took (stalled)",
                 "reaper",
-                lambda: store.stalled(PENDING_AFTER, RUNNING_AFTER),
+                lambda: store.stalled(RUNNING_AFTER, limit=REAPER_PAGE),
                 "stalled",
-                {"pending_after": PENDING_AFTER, "running_after": RUNNING_AFTER},
+                {"running_after": RUNNING_AFTER, "after": "", "limit": REAPER_PAGE},
+            )
+            measure(
+                "reaper_unclaimed_count",
+                "reaper: runs never claimed, counted (lost messages)",
+                "reaper",
+                lambda: store.unclaimed_count(LOST_AFTER, upto=sz.million_active + 1),
+                "unclaimed_count",
+                {"older_than": LOST_AFTER, "upto": sz.million_active + 1},
             )
             measure(
                 "reaper_unclaimed",
-                "reaper: runs never claimed (lost messages)",
+                "reaper: a page of the runs never claimed, oldest first (lost messages)",
                 "reaper",
-                lambda: store.unclaimed(LOST_AFTER),
+                lambda: store.unclaimed(LOST_AFTER, limit=REAPER_PAGE),
                 "unclaimed",
-                {"older_than": LOST_AFTER, "limit": 10_000},
+                {"older_than": LOST_AFTER, "limit": REAPER_PAGE, "after_at": None, "after_id": ""},
             )
             measure(
                 "counts", "count_by_status (folded)", "counts", store.counts, "count_by_status", {}

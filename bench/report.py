@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bench import dbcost, fanout, flow, latency, providers, sleep, stream, waits
+from bench import backlog, dbcost, fanout, flow, latency, providers, sleep, stream, waits
 from bench.common import SECTIONS
 
 
@@ -324,6 +324,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     dbcost.targets(results, add)
     waits.targets(results, add)
     sleep.targets(results, add)
+    backlog.targets(results, add)
     return out
 
 
@@ -618,6 +619,7 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
     dbcost.render(results, c)
     waits.render(results, c)
     sleep.render(results, c)
+    backlog.render(results, c)
     for name in SECTIONS:
         sec = results.get(name)
         if isinstance(sec, dict) and "error" in sec:

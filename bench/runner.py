@@ -16,6 +16,7 @@ import psycopg
 import redis
 
 from bench import (
+    backlog,
     dbcost,
     fanout,
     flow,
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         "db_cost": dbcost.section,
         "waits": waits.section,
         "sleep": sleep.section,
+        "backlog": backlog.section,
     }
     try:
         for name in chosen:

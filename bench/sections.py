@@ -83,6 +83,10 @@ class Sizes:
     sleep_sleeping: int = 1_000_000
     sleep_due: int = 1_000
     sleep_reps: int = 7
+    # bench/backlog.py: runs enqueued with no worker and drained, fresh and stale; runs
+    # stalled under the reaper's timed pass
+    backlog_runs: int = 100_000
+    backlog_stalled: int = 20_000
 
 
 QUICK = Sizes(
@@ -120,6 +124,8 @@ QUICK = Sizes(
     sleep_sleeping=10_000,
     sleep_due=100,
     sleep_reps=3,
+    backlog_runs=200,
+    backlog_stalled=1_200,
 )
 
 # A budget no bench window reaches, so cairn carries the whole window like every peer

@@ -195,9 +195,11 @@ MUTANTS = [
         "M16",
         "the reaper re-enqueues a run whose retry is scheduled",
         "store/sql/queries.sql",
-        "   AND (retry_at IS NULL OR retry_at < now() - make_interval(secs => %(running_after)s))",
-        "",
+        "       END\n       AND (c.retry_at IS NULL\n"
+        "            OR c.retry_at < now() - make_interval(secs => %(running_after)s)) AS stale",
+        "       END AS stale",
         (
+            "tests/contract/test_store_contract.py::test_a_run_with_a_retry_scheduled_is_left_alone_until_it_is_overdue",
             "tests/fleet/test_lifecycle.py::test_a_failing_run_is_delivered_a_bounded_number_of_times",
         ),
     ),
@@ -549,8 +551,8 @@ MUTANTS = [
         "M49",
         "the reaper ignores a delivery that never let go of its run (a done run's stream untold)",
         "workers/reaper.py",
-        "        for run_id in self.leases.lost_deliveries(s.lease_ttl):",
-        "        for run_id in []:",
+        "            sent += self._offer(page, {})\n",
+        "            sent += self._offer([], {})\n",
         (
             "tests/unit/test_reaper.py::test_a_delivery_that_never_let_go_of_its_run_is_sent_again_whatever_its_status",
             f"{SEAMS}::test_a_worker_killed_between_a_steps_commit_and_its_events_leaves_a_truthful_stream[three-whole-worker]",
@@ -1203,6 +1205,50 @@ MUTANTS = [
         "            pass",
         (
             f"{KEY_MISSING}::test_a_key_missing_hands_the_run_back_and_never_fails_or_poisons_it[in-a-step]",
+        ),
+    ),
+    Mutant(
+        "M128",
+        "the reaper without its limit: one pass lists every run a worker took in one page "
+        "(30,000 after an outage: seconds a pass, and ticks queued behind it)",
+        "workers/reaper.py",
+        "self.settings.lease_ttl / 2, after=self._after, limit=self.batch",
+        "self.settings.lease_ttl / 2, after=self._after, limit=10**9",
+        (
+            "tests/unit/test_reaper.py::test_a_pass_walks_a_page_at_a_time_stops_at_its_deadline_and_the_next_goes_on",
+        ),
+    ),
+    Mutant(
+        "M129",
+        "the reaper sends again a never-taken run whose message is still queued (a backlog "
+        "after an outage sent twice over)",
+        "workers/reaper.py",
+        "        lost = min(waiting - held, self.batch)",
+        "        lost = min(waiting, self.batch)",
+        (
+            "tests/unit/test_reaper.py::test_never_taken_runs_wait_while_the_broker_holds_a_message_for_each",
+        ),
+    ),
+    Mutant(
+        "M130",
+        "the reaper back on a worker's pool (beat sends its tick to the control queue): "
+        "with every pool process on a long run, a partitioned run waits for one to end",
+        "workers/app.py",
+        '        control.Periodic("reaper", s.reaper_interval, lambda: reap(runtime, reaper)),',
+        '        control.Periodic("reaper", s.reaper_interval, lambda: runtime.app.send_task(broker.REAP_TASK)),',
+        (
+            "tests/fleet/test_takeover.py::test_a_partitioned_run_is_taken_over_within_a_ttl_and_2s_with_every_pool_process_busy",
+        ),
+    ),
+    Mutant(
+        "M131",
+        "a run sent and not taken is sent again every window: a backlog of resumes longer "
+        "than the window gets a duplicate each window",
+        "store/lua/offer.lua",
+        "      local wait = math.floor(math.min(first * 2 ^ sends, cap))",
+        "      local wait = first",
+        (
+            "tests/contract/test_store_contract.py::test_a_run_offered_waits_while_its_message_is_out_each_wait_twice_the_last[redis]",
         ),
     ),
 ]

@@ -713,16 +713,35 @@ class PgStore:
             for r in self.db.all("pinned_runs", {})
         }
 
-    def stalled(self, pending_after: float, running_after: float) -> list[dict[str, Any]]:
-        """Reaper candidates: {run_id, status, epoch, updated_at} (see the query)."""
-        return self.db.all(
-            "stalled", {"pending_after": pending_after, "running_after": running_after}
+    def stalled(
+        self, running_after: float, after: str = "", limit: int = 500
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of the reaper's walk (see the query): the stale runs among the next
+        limit after `after`, {run_id, status, epoch, updated_at}, and where the walk goes
+        on (None: it is over)."""
+        page = self.db.all(
+            "stalled", {"running_after": running_after, "after": after, "limit": limit}
         )
+        stale = [{k: v for k, v in r.items() if k != "stale"} for r in page if r["stale"]]
+        return stale, page[-1]["run_id"] if len(page) == limit else None
 
-    def unclaimed(self, older_than: float, limit: int = 10_000) -> list[dict[str, Any]]:
+    def unclaimed_count(self, older_than: float, upto: int) -> int:
+        """Pending runs no worker has taken, sent over older_than seconds ago, counted up
+        to upto."""
+        row = self.db.one("unclaimed_count", {"older_than": older_than, "upto": upto})
+        return int(row["n"]) if row else 0
+
+    def unclaimed(
+        self, older_than: float, limit: int = 10_000, after: tuple[Any, str] | None = None
+    ) -> list[dict[str, Any]]:
         """Pending runs no worker has taken, sent over older_than seconds ago, oldest
-        first: {run_id, epoch, updated_at}."""
-        return self.db.all("unclaimed", {"older_than": older_than, "limit": limit})
+        first (created_at, run_id), after `after` (such a pair): {run_id, epoch,
+        updated_at, created_at}."""
+        at, run_id = after or (None, "")
+        return self.db.all(
+            "unclaimed",
+            {"older_than": older_than, "limit": limit, "after_at": at, "after_id": run_id},
+        )
 
     def wake(
         self, batch: int = WAKE_BATCH, before_commit: Callable[[list[str]], None] | None = None

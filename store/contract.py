@@ -368,11 +368,22 @@ class AdminStore(Protocol):
 class Maintenance(Protocol):
     """The reaper's and the sweep's: runs that look abandoned, and old ones to delete."""
 
-    def stalled(self, pending_after: float, running_after: float) -> list[dict[str, Any]]:
-        """Runs that look abandoned: {run_id, status, epoch, updated_at}."""
+    def stalled(
+        self, running_after: float, after: str = "", limit: int = ...
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of the walk over the runs a worker took (and waiting runs with a
+        signal unseen), in run_id order after `after`: those that look abandoned,
+        {run_id, status, epoch, updated_at}, and the run_id the walk goes on from (None:
+        the page was the last)."""
 
-    def unclaimed(self, older_than: float, limit: int = 10_000) -> list[dict[str, Any]]:
-        """Pending runs no worker has taken, oldest first."""
+    def unclaimed_count(self, older_than: float, upto: int) -> int:
+        """How many pending runs no worker has taken, counted up to upto."""
+
+    def unclaimed(
+        self, older_than: float, limit: int = 10_000, after: tuple[Any, str] | None = None
+    ) -> list[dict[str, Any]]:
+        """Pending runs no worker has taken, oldest first (created_at, run_id), after
+        `after` (the created_at and run_id of the last row of the page before)."""
 
     def unchanged(self, rows: list[dict[str, Any]]) -> set[str]:
         """The run ids among rows with the same epoch and updated_at as listed."""
@@ -522,8 +533,17 @@ class LeaseManager(Protocol):
     def unheld(self, run_ids: list[str]) -> list[str]:
         """The run ids whose lease is gone."""
 
-    def lost_deliveries(self, older_than: float, limit: int = ...) -> list[str]:
-        """Runs a delivery took over older_than seconds ago and never let go of."""
+    def lost_deliveries(self, older_than: float, limit: int = ..., start: int = 0) -> list[str]:
+        """Runs a delivery took over older_than seconds ago and never let go of, oldest
+        first, from the start-th on."""
 
     def mark_sent(self, run_id: str, window: float) -> bool:
         """False while an earlier message for the run is out and untaken."""
+
+    def offer(self, run_ids: list[str], window: float, cap: float, most: int = 0) -> list[str]:
+        """The run ids with no lease and no message out for them (sent and untaken
+        within its wait, the first window, each next one twice the last up to cap),
+        each marked sent now: those the caller may send; at most `most` (0: all)."""
+
+    def unmark(self, run_ids: list[str]) -> None:
+        """Forget that these runs were sent (offered, then not sent after all)."""

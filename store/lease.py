@@ -240,6 +240,7 @@ class Leases:
         self._acquire = _script(client, "acquire.lua")
         self._renew = _script(client, "renew.lua")
         self._release = _script(client, "release.lua")
+        self._offer = _script(client, "offer.lua")
         self._beat = _Heartbeat(self)
 
     @classmethod
@@ -301,18 +302,37 @@ class Leases:
                 self._release(keys=[keys.lease(run_id), keys.DELIVERIES], args=[str(token), ""])
             )
 
-    def lost_deliveries(self, older_than: float, limit: int = 10_000) -> list[str]:
+    def lost_deliveries(self, older_than: float, limit: int = 10_000, start: int = 0) -> list[str]:
         """Runs a delivery took over older_than seconds ago (by Redis's clock) and never
         let go of: their worker may have died after the run's last commit, when nothing
-        in Postgres says the run needs a worker (keys.DELIVERIES). Their leases tell."""
+        in Postgres says the run needs a worker (keys.DELIVERIES). Their leases tell.
+        Oldest first, from the start-th on: the reaper walks them a batch at a time."""
         with translated():
             now_s, now_us = self.client.time()
             before = now_s * 1000 + now_us // 1000 - int(older_than * 1000)
             found = cast(
                 "list[bytes]",
-                self.client.zrangebyscore(keys.DELIVERIES, "-inf", before, start=0, num=limit),
+                self.client.zrangebyscore(keys.DELIVERIES, "-inf", before, start=start, num=limit),
             )
         return [r.decode() for r in found]
+
+    def offer(self, run_ids: list[str], window: float, cap: float, most: int = 0) -> list[str]:
+        """Of run_ids, those with no lease and no message out for them (keys.sent: one
+        sent and untaken, within its wait: window, then twice the last wait each send,
+        up to cap), each marked sent now, at most `most` (0: all); one round trip
+        (store/lua/offer.lua)."""
+        if not run_ids:
+            return []
+        names = [k for r in run_ids for k in (keys.lease(r), keys.sent(r))]
+        with translated():
+            picked = self._offer(keys=names, args=[int(window * 1000), int(cap * 1000), most])
+        return [run_ids[int(i) - 1] for i in picked]
+
+    def unmark(self, run_ids: list[str]) -> None:
+        """Forget that these runs were sent: offered, then not sent after all."""
+        if run_ids:
+            with translated():
+                self.client.delete(*[keys.sent(r) for r in run_ids])
 
     def mark_sent(self, run_id: str, window: float) -> bool:
         """False while an earlier message for the run is out and untaken (keys.sent)."""

@@ -12,7 +12,8 @@ Nothing here sends: the caller's commit is out of our sight, and a send before i
 start a run the caller then rolls back. Beat's dispatcher (cairn.workers.dispatch) hears
 the notification and sends the run; a notification nobody heard (no dispatcher, a killed
 one, PgBouncer in transaction mode between them) leaves a pending run that was never
-claimed, which the reaper's `stalled` sends after CAIRN_PENDING_AFTER. A debounced
+claimed, which the reaper sends once it is CAIRN_LOST_AFTER old (the broker then holds
+one message fewer than the runs waiting for a first delivery). A debounced
 enqueue (debounce_in) needs no notification: its run waits, and beat's wake pass sends it
 once it is committed and due.
 """

@@ -37,7 +37,7 @@ from cairn.store.events import RedisEvents
 from cairn.store.fleet import Fleet
 from cairn.store.lease import Leases
 from cairn.store.schedules import ScheduleStore
-from cairn.workers import broker, celerylog, fleet, loop, metrics, schedules
+from cairn.workers import broker, celerylog, control, fleet, loop, metrics, schedules
 from cairn.workers.dispatch import Dispatcher
 from cairn.workers.metrics import Metrics
 from cairn.workers.middleware import NONE, Chain, Middleware
@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 
 # Counts a message's resends after lost pool processes (RunRequest).
 LOST_HEADER = "cairn_lost"
+SWEEP_EVERY = 3600.0  # seconds between retention sweeps
 
 
 class Runtime:
@@ -148,6 +149,18 @@ class Runtime:
             if os.getpid() not in self._fleets:
                 self._fleets[os.getpid()] = Fleet.from_url(self.settings.redis_url)
             return self._fleets[os.getpid()]
+
+    def reaper(self) -> Reaper:
+        """A Reaper over this process's store and leases, counting the broker's run
+        messages and sending through this app."""
+        d, app = self.deps(), self.app
+        return Reaper(
+            store=d.store,
+            leases=d.leases,
+            settings=self.settings,
+            in_flight=lambda taken_within: broker.in_flight(app, taken_within=taken_within),
+            send=self.send,
+        )
 
     def leases(self) -> LeaseManager:
         """This process's Redis leases: the worker's main process needs only these."""
@@ -333,18 +346,11 @@ def _lacks_key(
     raise again(countdown) from None
 
 
-def reap(task: Task) -> int:
+def reap(runtime: Runtime, reaper: Reaper | None = None) -> int:
     """Send again runs whose worker or message was lost (see cairn.workers.reaper)."""
-    runtime: Runtime = task.app.cairn
     d = runtime.deps()
     with tracing.spanning("cairn.reap"):
-        sent = Reaper(
-            store=d.store,
-            leases=d.leases,
-            settings=runtime.settings,
-            in_flight=lambda taken_within: broker.in_flight(task.app, taken_within=taken_within),
-            send=runtime.send,
-        ).reap()
+        sent = (reaper or runtime.reaper()).reap()
         tracing.note(runs_sent=sent)
         try:
             fleet.report_orphans(d.store, runtime.fleet(), runtime.settings.pin_orphan_after)
@@ -353,9 +359,8 @@ def reap(task: Task) -> int:
     return sent
 
 
-def sweep(task: Task) -> int:
+def sweep(runtime: Runtime) -> int:
     """Delete terminal runs older than CAIRN_RETENTION_SECONDS, 1,000 per transaction."""
-    runtime: Runtime = task.app.cairn
     with tracing.spanning("cairn.sweep"):
         deleted = runtime.deps().store.sweep(
             runtime.settings.retention,
@@ -367,13 +372,12 @@ def sweep(task: Task) -> int:
     return deleted
 
 
-def fire_schedules(task: Task) -> int:
+def fire_schedules(runtime: Runtime) -> int:
     """Fire the due schedules, each tick once (see cairn.workers.schedules)."""
-    runtime: Runtime = task.app.cairn
     firer = schedules.Firer(
-        store=ScheduleStore(task.app.cairn.deps().store.db),
+        store=ScheduleStore(runtime.deps().store.db),  # type: ignore[attr-defined]
         send=lambda run_id: runtime.send(run_id, resume=False),
-        grace=max(schedules.GRACE, 3 * task.app.cairn.settings.schedule_tick),
+        grace=max(schedules.GRACE, 3 * runtime.settings.schedule_tick),
     )
     with tracing.spanning("cairn.schedules.fire"):
         fired = firer.fire()
@@ -381,14 +385,44 @@ def fire_schedules(task: Task) -> int:
     return len(fired)
 
 
-def wake(task: Task) -> int:
+def wake(runtime: Runtime) -> int:
     """Send the waiting runs whose time came, each once (see cairn.workers.wake)."""
-    runtime: Runtime = task.app.cairn
     waker = Waker(store=runtime.deps().store, send=runtime.send)
     with tracing.spanning("cairn.wake"):
         woken = waker.wake()
         tracing.note(runs_woken=len(woken))
     return len(woken)
+
+
+def control_passes(runtime: Runtime) -> list[control.Periodic]:
+    """What beat runs on its own threads (cairn.workers.control): the reaper (one Reaper,
+    so each pass goes on where the last stopped), the wake pass, the schedules' firer,
+    the sweep."""
+    s, reaper = runtime.settings, runtime.reaper()
+    return [
+        control.Periodic("reaper", s.reaper_interval, lambda: reap(runtime, reaper)),
+        control.Periodic("wake", s.schedule_tick, lambda: wake(runtime)),
+        control.Periodic("schedules", s.schedule_tick, lambda: fire_schedules(runtime)),
+        control.Periodic("sweep", SWEEP_EVERY, lambda: sweep(runtime)),
+    ]
+
+
+# The control passes as Celery tasks: a message an older beat put on the control queue
+# is still served. This version's beat runs them itself and sends none.
+def _reap_task(task: Task) -> int:
+    return reap(task.app.cairn)
+
+
+def _sweep_task(task: Task) -> int:
+    return sweep(task.app.cairn)
+
+
+def _fire_task(task: Task) -> int:
+    return fire_schedules(task.app.cairn)
+
+
+def _wake_task(task: Task) -> int:
+    return wake(task.app.cairn)
 
 
 def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Celery:
@@ -413,28 +447,9 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
         # Hold one message per process: a dying worker strands as little as possible.
         worker_prefetch_multiplier=1,
         worker_hijack_root_logger=False,
-        beat_schedule={
-            "cairn-reaper": {"task": broker.REAP_TASK, "schedule": settings.reaper_interval},
-            "cairn-sweep": {"task": broker.SWEEP_TASK, "schedule": 3600.0},
-            # A pass that waited past a few ticks is stale: a later one does its work.
-            "cairn-schedules": {
-                "task": schedules.FIRE_TASK,
-                "schedule": settings.schedule_tick,
-                "options": {
-                    "queue": broker.CONTROL,
-                    "expires": max(5.0, 5 * settings.schedule_tick),
-                },
-            },
-            # Sleeps and wait timeouts; a stale pass is skipped as the schedules' is.
-            "cairn-wake": {
-                "task": WAKE_TASK,
-                "schedule": settings.schedule_tick,
-                "options": {
-                    "queue": broker.CONTROL,
-                    "expires": max(5.0, 5 * settings.schedule_tick),
-                },
-            },
-        },
+        # Nothing on beat's schedule: beat runs the reaper, the wake pass, the firer and
+        # the sweep on threads of its own (cairn.workers.control), never on a worker.
+        beat_schedule={},
     )
     # Tracing first: the other middleware's work falls inside the run's and step's spans.
     traced = [Tracing()] if tracing.setup(settings, "cairn-worker") else []
@@ -456,13 +471,15 @@ def create_app(settings: Settings, middleware: Iterable[Middleware] = ()) -> Cel
     # Celery's routine lines at DEBUG; CAIRN_LOG_FORMAT=json for the whole process.
     celerylog.setup(settings)
     app.task(name=broker.RUN_TASK, bind=True, max_retries=None, Request=RunRequest)(run_task)
-    app.task(name=broker.REAP_TASK, bind=True)(reap)
-    app.task(name=broker.SWEEP_TASK, bind=True)(sweep)
-    app.task(name=schedules.FIRE_TASK, bind=True)(fire_schedules)
-    app.task(name=WAKE_TASK, bind=True)(wake)
+    app.task(name=broker.REAP_TASK, bind=True)(_reap_task)
+    app.task(name=broker.SWEEP_TASK, bind=True)(_sweep_task)
+    app.task(name=schedules.FIRE_TASK, bind=True)(_fire_task)
+    app.task(name=WAKE_TASK, bind=True)(_wake_task)
     # Beat (alone, or embedded in a worker) sends the runs enqueued in callers'
-    # transactions as their commits land (cairn.workers.dispatch).
+    # transactions as their commits land (cairn.workers.dispatch), and runs the control
+    # passes (cairn.workers.control).
     signals.beat_init.connect(_start_dispatcher, weak=False, dispatch_uid="cairn-dispatch")
+    signals.beat_init.connect(_start_control, weak=False, dispatch_uid="cairn-control")
     return app
 
 
@@ -470,6 +487,10 @@ def _start_beats(sender: Any = None, **_: object) -> None:
     runtime: Runtime = sender.app.cairn
     beats = fleet.start_beats(runtime.settings, sender.hostname)
     signals.worker_shutdown.connect(lambda **_: beats.set(), weak=False)
+
+
+def _start_control(sender: Any = None, **_: object) -> None:
+    control.start(control_passes(sender.app.cairn))
 
 
 def _start_dispatcher(sender: Any = None, **_: object) -> None:

@@ -22,13 +22,15 @@ if TYPE_CHECKING:
 RUN_TASK = "cairn.run"
 REAP_TASK = "cairn.reap"
 SWEEP_TASK = "cairn.sweep"
-# Workers consume four queues: the reaper's ticks, resumed runs, new runs of high
+# Workers consume four queues: the control queue, resumed runs, new runs of high
 # priority, then the others, in that order (on Redis: kombu's "sorted" queue order, which
 # these names sort into, so a free worker takes from the first that holds a message; on
 # RabbitMQ each queue has its own prefetch, so a message of one never waits behind
 # another's backlog, only behind what a worker already took). A run already started,
 # whose worker died, goes on before any new run starts: its recovery does not wait
-# behind the backlog.
+# behind the backlog. The control queue carries only what an older beat sent: beat runs
+# the reaper, the wake pass, the firer and the sweep on its own threads
+# (cairn.workers.control), so no control pass waits for a pool process or holds one.
 RUNS = "celery"
 HIGH = "cairn.runs.high"  # priority > 0
 RESUME = "cairn.resume"

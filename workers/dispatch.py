@@ -6,8 +6,8 @@ delivers it at the commit and drops it at a rollback, so a run is sent only once
 The web process sends nothing, so its death between its commit and any send loses nothing.
 What the dispatcher does not hear (it was down, or PgBouncer in transaction mode stood
 between it and Postgres: LISTEN needs a session of its own, so set CAIRN_LISTEN_URL
-straight to Postgres there) stays a pending run that was never claimed, and the reaper's
-`stalled` sends it after CAIRN_PENDING_AFTER.
+straight to Postgres there) stays a pending run that was never claimed, and the reaper
+sends it once it is CAIRN_LOST_AFTER old (the broker holds no message for it).
 
 Two beats' dispatchers both send a plain run: a second message is harmless (the run's
 lease lets one delivery run it). A run with a concurrency key is sent through `admitted`,
@@ -85,7 +85,7 @@ class Dispatcher:
         try:
             self.dispatch(run_id)
         except Exception:  # a broker or store outage must not end the thread: the run
-            # stays pending and unclaimed, which the reaper sends after CAIRN_PENDING_AFTER
+            # stays pending and unclaimed, which the reaper sends after CAIRN_LOST_AFTER
             logger.exception(
                 "dispatcher: run %s not sent; the reaper will send it",
                 run_id,

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DRAIN_COMMAND = "cairn_drain"
-# The queues a draining worker stops consuming: all but the control queue (beat's
-# passes) and its version's own.
+# The queues a draining worker stops consuming: all but the control queue (what an older
+# beat sent there) and its version's own.
 SHARED = (broker.RUNS, broker.HIGH, broker.RESUME)
 
 

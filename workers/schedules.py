@@ -1,7 +1,7 @@
 """Schedules: a workflow started on a clock (cron or a fixed interval), one run per tick.
 
-The firer is a Celery task on beat's schedule (every CAIRN_SCHEDULE_TICK seconds, on the
-control queue, like the reaper). Each pass fires the due schedules, each in one
+The firer runs in beat's process on a thread of its own (every CAIRN_SCHEDULE_TICK
+seconds, like the reaper: cairn.workers.control). Each pass fires the due schedules, each in one
 transaction (ScheduleStore.fire): exactly one run per tick however many firers run at
 once (two `cairn beat`s) and wherever one is killed, because
 

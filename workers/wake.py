@@ -2,17 +2,17 @@
 enqueue's quiet period) are sent, and so are the runs stopped over their tenant's budget
 per day or month once a new period began (CheckpointStore.roll_budgets, the same guards).
 
-A Celery task on beat's schedule (every CAIRN_SCHEDULE_TICK seconds, on the control
-queue, like the schedules' firer). Each due run is sent exactly once however many passes
+Run in beat's process on a thread of its own (every CAIRN_SCHEDULE_TICK seconds, like
+the schedules' firer: cairn.workers.control). Each due run is sent exactly once however many passes
 run at once (two `cairn beat`s) and wherever one is killed, because
 
 1. a pass moves its batch out of waiting (to pending) in one statement and commits before
    it sends anything (CheckpointStore.wake): rows another pass holds are skipped, and a
    run woken is no longer waiting, so no second pass gets it;
 2. a pass killed between its commit and its sends leaves pending runs with no message;
-   the reaper's `stalled` finds them (as claimed runs, or a debounced run that was never
-   claimed as pending past CAIRN_PENDING_AFTER) and sends each once (its lease check
-   and `mark_sent`);
+   the reaper finds them (`stalled`, as claimed runs; a debounced run never claimed is
+   counted among the runs waiting for a first delivery, one more than the broker holds
+   messages for) and sends each once (its lease check and its mark of a send);
 3. a pass paused (SIGSTOP) inside its transaction holds its rows' locks: the other passes
    skip them, and it sends them when it goes on, or, killed, woke none of them.
 

@@ -53,7 +53,8 @@ def worker(
     beat: Annotated[
         bool,
         typer.Option(
-            "--beat", help="Also run the reaper/sweep schedule (run it on one worker only)."
+            "--beat",
+            help="Also run beat's control passes: the reaper, wakes, schedules, the sweep (on one worker only).",
         ),
     ] = False,
     drain: Annotated[
@@ -146,7 +147,7 @@ def beat_cmd(
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Run the schedule: the reaper (every CAIRN_REAPER_INTERVAL s) and the hourly sweep."""
+    """Run the control passes: the reaper, wakes, due schedules and the hourly sweep."""
     settings = load_settings(loglevel=loglevel, database_url=database_url, redis_url=redis_url)
     try:
         os.makedirs(os.path.dirname(schedule) or ".", exist_ok=True)

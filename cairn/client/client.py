@@ -204,7 +204,7 @@ class Client:
         registered here, else to 1 and 0.
         connection: your psycopg 3 Connection (AsyncClient: an AsyncConnection too), in
         your open transaction: the run is written in it and sent once it commits (by
-        beat's dispatcher; by the reaper after CAIRN_PENDING_AFTER if that one missed
+        beat's dispatcher; by the reaper after CAIRN_LOST_AFTER if that one missed
         it); a rollback leaves no run and sends nothing. Needs Postgres
         (docs/guides/enqueue.md).
         debounce_key, debounce, max_wait: the enqueues of this workflow with this key

@@ -56,7 +56,7 @@ class Sender:
             raise StoreUnavailable(
                 f"run {run_id} is recorded but the broker is unreachable ({exc}); enqueue "
                 "the same run id again once it is back, or the reaper will after "
-                "CAIRN_PENDING_AFTER"
+                "CAIRN_LOST_AFTER"
             ) from exc
 
     def close(self) -> None:

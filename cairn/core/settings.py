@@ -90,11 +90,15 @@ class Settings:
         'more kombu transport options as JSON, e.g. `{"unacked_restore_interval": 1}` (Redis)',
     )
     reaper_interval: float = _setting(2.0, "CAIRN_REAPER_INTERVAL", "seconds between reaper passes")
+    # A run never taken waits while the broker holds a message for it, however long: the
+    # reaper sends one again only when the broker holds fewer messages than such runs
+    # (lost_after). What it sends itself waits untaken this long at most before another.
     pending_after: float = _setting(
-        300.0, "CAIRN_PENDING_AFTER", "seconds a pending run waits before the reaper sends it again"
+        300.0,
+        "CAIRN_PENDING_AFTER",
+        "the longest a message the reaper sent waits untaken before it sends another (the "
+        "waits double from max(CAIRN_LEASE_TTL, CAIRN_LOST_AFTER) up to this)",
     )
-    # Sooner than pending_after when the broker holds fewer messages than there are runs
-    # waiting for one: those runs' messages were lost (a flushed or restarted broker).
     lost_after: float = _setting(
         10.0,
         "CAIRN_LOST_AFTER",

@@ -115,8 +115,10 @@ class LocalWorker:
             # next day came (beat's wake pass), then signals left unseen.
             self._ready.extend(self.store.wake())
             self._ready.extend(self.store.roll_budgets())
-            for row in self.store.stalled(_NEVER, _NEVER):
-                self._ready.append(row["run_id"])
+            after: str | None = ""
+            while after is not None:
+                rows, after = self.store.stalled(_NEVER, after=after)
+                self._ready.extend(row["run_id"] for row in rows)
         return bool(self._ready)
 
     def _deliver(self, run_id: str) -> None:

@@ -831,30 +831,47 @@ WITH moved AS (
 SELECT coalesce(sum(rows), 0)::bigint AS n FROM summed;
 
 -- name: stalled
--- Reaper candidates: running runs not saved for a while (their lease is checked in
--- Redis; a save proves the lease was live within half a TTL), and pending runs that
--- waited longer than any queue should (their message may sit with a dead worker).
--- A pending run with an epoch was claimed by a worker that may have died in its first
--- step: it is treated as running.
--- A run with a retry scheduled is left alone until the retry is overdue: one retry
--- chain per run, never one more per reaper pass.
-SELECT run_id, status, epoch, updated_at FROM checkpoints
- WHERE ((status = 'running' OR (status = 'pending' AND epoch > 0))
-        AND updated_at < now() - make_interval(secs => %(running_after)s)
-     OR (status = 'pending' AND updated_at < now() - make_interval(secs => %(pending_after)s)))
-   AND (retry_at IS NULL OR retry_at < now() - make_interval(secs => %(running_after)s))
-UNION ALL
--- Waiting runs with a signal nobody picked up, found from the unconsumed signals (their
--- partial index), so a million sleeping runs cost this pass nothing. A wait whose time
--- came is `wake`'s, never the reaper's: a send that left the run waiting would let the
--- wake send it a second time. One handed back for a key its worker lacked (unclaim) is
--- left to that worker's own sends until its hold (retry_at) is over.
-SELECT DISTINCT c.run_id, c.status, c.epoch, c.updated_at
-  FROM signals s JOIN checkpoints c ON c.run_id = s.run_id AND c.wait_event = s.event
- WHERE s.consumed_seq IS NULL
-   AND s.created_at < now() - make_interval(secs => %(running_after)s)
-   AND c.status = 'waiting'
-   AND (c.retry_at IS NULL OR c.retry_at < now() - make_interval(secs => %(running_after)s));
+-- One page of the reaper's walk: the runs after %(after)s in run_id order, up to %(limit)s,
+-- that a worker took (running, or pending with an epoch: claimed and its first step not
+-- saved, or sent again after a wait or a hand-off; from their partial index,
+-- checkpoints_taken) or that wait with a signal nobody picked up (from the unconsumed
+-- signals' partial index, so a million sleeping runs cost the walk nothing). Never-taken
+-- pending runs are not walked: their messages are the broker's, counted (unclaimed).
+-- Each row says whether it looks abandoned (stale): not saved for a while (a save proves
+-- the lease was live within half a TTL), or its signal waits unseen that long. Tested
+-- after the page is cut, so a page reads %(limit)s rows however few of them are stale.
+-- A run with a retry scheduled is left alone until the retry is overdue: one retry chain
+-- per run, never one more per reaper pass. A wait whose time came is `wake`'s, never the
+-- reaper's: a send that left the run waiting would let the wake send it a second time.
+-- A waiting run handed back for a key its worker lacked (unclaim) is left to that
+-- worker's own sends until its hold (retry_at) is over.
+WITH page AS (
+    (SELECT run_id FROM checkpoints
+      WHERE (status = 'running' OR (status = 'pending' AND epoch > 0))
+        AND run_id > %(after)s
+      ORDER BY run_id
+      LIMIT %(limit)s)
+    UNION
+    (SELECT s.run_id FROM signals s
+       JOIN checkpoints c ON c.run_id = s.run_id AND c.wait_event = s.event
+      WHERE s.consumed_seq IS NULL AND c.status = 'waiting' AND s.run_id > %(after)s
+      ORDER BY s.run_id
+      LIMIT %(limit)s)
+    ORDER BY run_id
+    LIMIT %(limit)s
+)
+SELECT c.run_id, c.status, c.epoch, c.updated_at,
+       CASE WHEN c.status = 'waiting'
+            THEN EXISTS (SELECT 1 FROM signals s
+                          WHERE s.run_id = c.run_id AND s.event = c.wait_event
+                            AND s.consumed_seq IS NULL
+                            AND s.created_at < now() - make_interval(secs => %(running_after)s))
+            ELSE c.updated_at < now() - make_interval(secs => %(running_after)s)
+       END
+       AND (c.retry_at IS NULL
+            OR c.retry_at < now() - make_interval(secs => %(running_after)s)) AS stale
+  FROM page JOIN checkpoints c USING (run_id)
+ ORDER BY c.run_id;
 
 -- name: wake
 -- Waiting runs whose time came (a sleep's end, a wait's timeout, a debounce's quiet
@@ -863,7 +880,8 @@ SELECT DISTINCT c.run_id, c.status, c.epoch, c.updated_at
 -- caller commits before it sends them. The guard: rows another waker has locked are
 -- skipped, and a row it woke is no longer waiting, so two beats' passes wake a run once.
 -- A waker killed after its commit leaves pending runs with no message: the reaper sends
--- them (`stalled`: claimed before they slept, or pending past CAIRN_PENDING_AFTER).
+-- them (`stalled`: claimed before they slept; a debounced run never taken is counted
+-- among `unclaimed_count`'s, which the broker then holds one message too few for).
 -- Walks checkpoints_waiting (wait_until, status = 'waiting'): due rows only. The batch is
 -- an array so the update finds its rows by primary key: joined on a subquery instead, the
 -- planner hash-joined it with a seq scan of every waiting row (4 ms at 21,000 sleepers).
@@ -893,13 +911,30 @@ WITH counting AS MATERIALIZED (
 )
 SELECT run_id FROM woken;
 
+-- name: unclaimed_count
+-- How many runs were sent over %(older_than)s s ago and never taken by a worker, counted up
+-- to %(upto)s: the reaper weighs them against the messages the broker holds (a backlog
+-- holds one each). From their partial index alone (checkpoints_untaken): 100,000 of them
+-- after an outage are counted without reading a row. Their age is their created_at (the
+-- enqueue that sent them; a debounced run's is older than its send, which its wake pass
+-- makes a moment after its commit).
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM checkpoints
+     WHERE status = 'pending' AND epoch = 0
+       AND created_at < now() - make_interval(secs => %(older_than)s)
+     LIMIT %(upto)s
+) AS waiting;
+
 -- name: unclaimed
--- Runs sent but never taken by a worker, oldest first: are there more of them than
--- messages the broker holds? Then the oldest are the ones whose message was lost.
-SELECT run_id, epoch, updated_at FROM checkpoints
+-- Runs sent but never taken by a worker, oldest first, a page after (%(after_at)s,
+-- %(after_id)s) on their partial index (checkpoints_untaken): when there are more of them
+-- than messages the broker holds, the oldest without a message out are the ones whose
+-- message was lost.
+SELECT run_id, epoch, updated_at, created_at FROM checkpoints
  WHERE status = 'pending' AND epoch = 0
-   AND updated_at < now() - make_interval(secs => %(older_than)s)
- ORDER BY updated_at, run_id
+   AND created_at < now() - make_interval(secs => %(older_than)s)
+   AND (created_at, run_id) > (coalesce(%(after_at)s::timestamptz, '-infinity'), %(after_id)s)
+ ORDER BY created_at, run_id
  LIMIT %(limit)s;
 
 -- name: routes

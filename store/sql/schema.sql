@@ -99,6 +99,12 @@ CREATE TABLE checkpoints (
 ) WITH (fillfactor = 70);
 
 CREATE INDEX checkpoints_active ON checkpoints (status) WHERE status IN ('pending', 'running');
+-- The reaper's: the runs a worker took, walked a page at a time, and the runs never
+-- taken, counted and listed oldest first (migration 0030).
+CREATE INDEX checkpoints_taken ON checkpoints (run_id)
+    WHERE status = 'running' OR (status = 'pending' AND epoch > 0);
+CREATE INDEX checkpoints_untaken ON checkpoints (created_at, run_id)
+    WHERE status = 'pending' AND epoch = 0;
 CREATE INDEX checkpoints_waiting ON checkpoints (wait_until) WHERE status = 'waiting';
 CREATE INDEX checkpoints_status_newest ON checkpoints (status, created_at DESC, run_id DESC);
 -- Pinned runs under way, per version (migration 0020): unpinned runs never enter it.

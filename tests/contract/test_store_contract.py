@@ -282,9 +282,9 @@ def test_an_unclaimed_delivery_is_not_counted_and_holds_the_reaper_off(backend: 
     store.unclaim("r1", 0, 60)  # an older epoch's: fenced, nothing changes
     assert _load(store, "r1").deliveries == 0
     backend.elapse(30)
-    assert store.stalled(pending_after=300, running_after=1) == []
+    assert _stalled(store, running_after=1) == []
     backend.elapse(31.5)  # the hold is over by more than running_after
-    assert [r["run_id"] for r in store.stalled(pending_after=300, running_after=1)] == ["r1"]
+    assert [r["run_id"] for r in _stalled(store, running_after=1)] == ["r1"]
     cp = _running(store, "w")
     _wait(store, cp, Wait(event="paid"))
     store.signal("w", "paid", {}, "s-1")
@@ -292,9 +292,9 @@ def test_an_unclaimed_delivery_is_not_counted_and_holds_the_reaper_off(backend: 
     store.unclaim("w", 5, 60)
     assert _load(store, "w").deliveries == 0  # a waiting run's claim counted none
     backend.elapse(30)
-    assert "w" not in {r["run_id"] for r in store.stalled(pending_after=300, running_after=1)}
+    assert "w" not in {r["run_id"] for r in _stalled(store, running_after=1)}
     backend.elapse(31.5)
-    assert "w" in {r["run_id"] for r in store.stalled(pending_after=300, running_after=1)}
+    assert "w" in {r["run_id"] for r in _stalled(store, running_after=1)}
 
 
 def test_a_claim_of_a_waiting_run_is_not_a_delivery(any_store: CheckpointStore) -> None:
@@ -746,36 +746,74 @@ def test_the_reapers_second_look_drops_runs_a_worker_touched_since_it_listed_the
     finished = store.claim("finished", 1)
     assert finished is not None
     backend.elapse(60)
-    listed = store.stalled(pending_after=90, running_after=1)
-    assert {r["run_id"] for r in listed} == {"idle", "claimed", "finished", "taken"}
+    listed = _stalled(store, running_after=1)
+    # Never-taken runs are not walked: their messages are the broker's (unclaimed).
+    assert {r["run_id"] for r in listed} == {"claimed", "finished"}
     assert {r["run_id"]: (r["status"], r["epoch"]) for r in listed} == {
-        "idle": ("pending", 0),
         "claimed": ("running", 1),
         "finished": ("pending", 1),  # claimed by a worker that may have died in its step
-        "taken": ("pending", 0),
     }
     unclaimed = store.unclaimed(older_than=90)
     assert [r["run_id"] for r in unclaimed] == ["idle", "taken"]  # oldest first
     assert [r["run_id"] for r in store.unclaimed(older_than=90, limit=1)] == ["idle"]
+    first = unclaimed[0]
+    after = (first["created_at"], first["run_id"])
+    assert [r["run_id"] for r in store.unclaimed(older_than=90, after=after)] == ["taken"]
     assert store.unclaimed(older_than=200) == []
+    assert store.unclaimed_count(older_than=90, upto=10) == 2
+    assert store.unclaimed_count(older_than=90, upto=1) == 1  # counted no further
+    assert store.unclaimed_count(older_than=200, upto=10) == 0
     # "finished" is pending too, but a worker claimed it (its epoch): not unclaimed.
     assert [r["run_id"] for r in store.unclaimed(older_than=30)] == ["idle", "taken"]
     # Meanwhile a worker ends one run and takes another (a claim is a sign of life).
     store.save(_advance(finished, cursor="done", status=RunStatus.DONE), finished)
     assert store.claim("taken", 1) is not None
-    assert "taken" not in {r["run_id"] for r in store.stalled(pending_after=90, running_after=1)}
-    assert store.unchanged(listed) == {"idle", "claimed"}
+    assert "taken" not in {r["run_id"] for r in _stalled(store, running_after=1)}
+    assert store.unchanged(listed) == {"claimed"}
     assert store.unchanged(unclaimed) == {"idle"}
     assert store.unchanged([]) == set()
 
 
-def test_a_pending_run_is_stalled_only_after_pending_after(backend: Backend) -> None:
+def _stalled(store: CheckpointStore, running_after: float, limit: int = 500) -> list[dict]:
+    """Every page of the reaper's walk, each at most limit runs, in run_id order."""
+    found: list[dict] = []
+    after: str | None = ""
+    while after is not None:
+        rows, after = store.stalled(running_after, after=after, limit=limit)
+        assert len(rows) <= limit
+        found += rows
+    return found
+
+
+def test_the_reapers_walk_pages_in_run_id_order_and_skips_runs_never_taken(
+    backend: Backend,
+) -> None:
+    """A page holds at most its limit of the runs a worker took (or that wait with a
+    signal unseen), stale or not; the walk goes on after the last run of each and meets
+    every stale run once. A backlog of runs never taken is not walked at all."""
     store = backend.store
-    _new(store, "queued")
-    backend.elapse(30)
-    assert store.stalled(pending_after=60, running_after=1) == []
-    backend.elapse(31)
-    assert [r["run_id"] for r in store.stalled(pending_after=60, running_after=1)] == ["queued"]
+    for i in range(7):
+        cp = _running(store, f"took-{i}")
+        if i % 3 == 0:
+            store.save(_advance(cp), cp)
+    for i in range(5):
+        _new(store, f"never-{i}")  # pending, epoch 0: the broker's
+    _wait(store, _running(store, "took-signalled"), Wait(event="paid"))
+    store.signal("took-signalled", "paid", {}, "s-1")
+    backend.elapse(61)
+    fresh = _running(store, "took-fresh")  # just claimed: a sign of life
+    rows, after = store.stalled(60, after="", limit=3)
+    assert [r["run_id"] for r in rows] == ["took-0", "took-1", "took-2"] and after == "took-2"
+    rows, after = store.stalled(60, after=after, limit=3)
+    assert [r["run_id"] for r in rows] == ["took-3", "took-4", "took-5"] and after == "took-5"
+    rows, after = store.stalled(60, after=after, limit=3)
+    # took-fresh is on the page (it counts toward the limit) but not stale.
+    assert [r["run_id"] for r in rows] == ["took-6", "took-signalled"] and after == "took-signalled"
+    rows, after = store.stalled(60, after=after, limit=3)
+    assert rows == [] and after is None
+    walked = [r["run_id"] for r in _stalled(store, 60, limit=2)]
+    assert walked == sorted({f"took-{i}" for i in range(7)} | {"took-signalled"})
+    assert fresh.run_id not in walked
 
 
 def test_a_run_with_a_retry_scheduled_is_left_alone_until_it_is_overdue(
@@ -785,19 +823,19 @@ def test_a_run_with_a_retry_scheduled_is_left_alone_until_it_is_overdue(
     cp = _running(store)
     store.end_attempt(cp, RunStatus.RUNNING, "E", Attempt(started=0.0), retry_in=10)
     backend.elapse(5)
-    assert store.stalled(pending_after=300, running_after=1) == []
+    assert _stalled(store, running_after=1) == []
     backend.elapse(6.5)  # the retry is overdue by more than running_after
-    assert [r["run_id"] for r in store.stalled(pending_after=300, running_after=1)] == ["r1"]
+    assert [r["run_id"] for r in _stalled(store, running_after=1)] == ["r1"]
     claimed = store.claim("r1", 2)  # a claim clears the schedule, and is a sign of life
     assert claimed is not None
-    assert store.stalled(pending_after=300, running_after=1) == []
+    assert _stalled(store, running_after=1) == []
     backend.elapse(2)
-    assert [r["run_id"] for r in store.stalled(pending_after=300, running_after=1)] == ["r1"]
+    assert [r["run_id"] for r in _stalled(store, running_after=1)] == ["r1"]
     # A retry that then saved its step clears the schedule too.
     store.end_attempt(claimed, RunStatus.RUNNING, "E", Attempt(started=0.0), retry_in=100)
     store.save(_advance(claimed), claimed)
     backend.elapse(2)
-    assert [r["run_id"] for r in store.stalled(pending_after=300, running_after=1)] == ["r1"]
+    assert [r["run_id"] for r in _stalled(store, running_after=1)] == ["r1"]
 
 
 def test_a_waiting_run_is_stalled_once_its_timeout_passes_or_a_signal_waits_unseen(
@@ -809,13 +847,13 @@ def test_a_waiting_run_is_stalled_once_its_timeout_passes_or_a_signal_waits_unse
     _wait(store, _running(store, "other"), Wait(event="paid"))
     store.signal("other", "another-event", {}, "s-1")
     backend.elapse(10)
-    assert store.stalled(pending_after=300, running_after=60) == []  # a save is life
+    assert _stalled(store, running_after=60) == []  # a save is life
     store.signal("signalled", "paid", {}, "s-1")
     backend.elapse(30)
     # A timeout that passed is the wake pass's, never the reaper's: one sender per wake.
-    assert store.stalled(pending_after=300, running_after=60) == []
+    assert _stalled(store, running_after=60) == []
     backend.elapse(31)  # the signal nobody picked up is older than running_after now
-    found = store.stalled(pending_after=300, running_after=60)
+    found = _stalled(store, running_after=60)
     assert {r["run_id"]: r["status"] for r in found} == {"signalled": "waiting"}
     assert store.wake() == ["timeout"]
 
@@ -846,7 +884,7 @@ def test_a_sleep_wakes_once_when_its_time_comes_and_not_before(backend: Backend)
     # The woken run's message may be lost (a waker killed before it sent): it was claimed
     # before it slept, so the reaper finds it once it is quiet.
     backend.elapse(61)
-    listed = {r["run_id"] for r in store.stalled(pending_after=300, running_after=60)}
+    listed = {r["run_id"] for r in _stalled(store, running_after=60)}
     assert listed == {"soon"}
     assert store.wake(batch=1) == ["late"]  # the most overdue first, a batch at a time
     assert store.wake() == []
@@ -1241,6 +1279,41 @@ def test_one_message_out_per_run_until_taken_or_expired(lease_backend: LeaseBack
     assert leases.mark_sent("r1", window=30) is True
     lease_backend.elapse(0.5)
     assert leases.mark_sent("r2", window=30) is True  # the lost message's window passed
+
+
+def test_a_run_offered_waits_while_its_message_is_out_each_wait_twice_the_last(
+    lease_backend: LeaseBackend,
+) -> None:
+    """The reaper's one round trip a batch (offer.lua): a run with no lease and no
+    message out is offered and marked; while the message is out (untaken) it is not
+    offered again; once its wait is over it is, and the next wait is twice as long (up to
+    the cap); a worker taking the run starts over; a run held is never offered."""
+    leases, wait = lease_backend.leases, 0.6
+    held = leases.acquire("held", ttl=30)
+    assert held is not None
+    assert leases.offer(["r1", "held", "r2"], window=wait, cap=4 * wait) == ["r1", "r2"]
+    assert leases.offer(["r1", "held", "r2"], window=wait, cap=4 * wait) == []  # out
+    lease_backend.elapse(wait + 0.1)
+    assert leases.offer(["r1"], window=wait, cap=4 * wait) == ["r1"]  # its wait is over
+    lease_backend.elapse(wait + 0.1)
+    assert leases.offer(["r1"], window=wait, cap=4 * wait) == []  # now twice as long
+    lease_backend.elapse(wait)
+    assert leases.offer(["r1"], window=wait, cap=4 * wait) == ["r1"]
+    taken = leases.acquire("r1", ttl=30)  # a worker takes it: its mark goes
+    assert taken is not None
+    taken.release()
+    assert leases.offer(["r1", "r2"], window=wait, cap=4 * wait) == ["r1", "r2"]
+    # At most `most`; the others are neither offered nor marked.
+    assert leases.offer(["a", "b", "c"], window=wait, cap=wait, most=2) == ["a", "b"]
+    assert leases.offer(["a", "b", "c"], window=wait, cap=wait, most=2) == ["c"]
+    leases.unmark(["a"])  # offered, then not sent: free again at once
+    assert leases.offer(["a", "b"], window=wait, cap=wait) == ["a"]
+    # mark_sent's bare mark (a lost pool process's resend) holds until it expires.
+    assert leases.mark_sent("bare", window=wait)
+    assert leases.offer(["bare"], window=wait, cap=wait) == []
+    lease_backend.elapse(wait + 0.1)
+    assert leases.offer(["bare"], window=wait, cap=wait) == ["bare"]
+    held.release()
 
 
 def test_memory_twins_follow_the_given_clock() -> None:

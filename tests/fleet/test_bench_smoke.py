@@ -180,3 +180,8 @@ def test_bench_quick(template_db: str, tmp_path: Path, monkeypatch: pytest.Monke
     slept = data["sleep"]  # beat's wake pass among sleeping runs (bench/sleep.py)
     assert slept["wake_ms"] > 0 and slept["wake_none_due_ms"] > 0, slept
     assert slept["counts_exact"], slept
+    backlog = data["backlog"]  # a backlog drained fresh and stale (bench/backlog.py)
+    for phase in ("fresh", "stale"):
+        assert backlog[phase]["runs_per_s"] > 0 and backlog[phase]["duplicates"] >= 0, backlog
+    assert backlog["pass"]["sent"] == backlog["pass"]["stalled"], backlog
+    assert backlog["pass"]["sent_again"] == 0 and backlog["pass"]["ms_per_batch"] > 0, backlog

@@ -218,14 +218,16 @@ def test_reaper_recovers_a_run_whose_whole_worker_was_lost(
 
 
 def test_reaper_sends_a_pending_run_whose_message_was_lost(
-    start_worker, start_beat, create, store, tmp_path
+    start_worker, start_beat, worker_env, create, store, tmp_path
 ) -> None:
     log = tmp_path / "steps.log"
-    start_worker(concurrency=1, CAIRN_PENDING_AFTER="1")
+    worker_env.update(CAIRN_LOST_AFTER="1")  # beat's reaper reads it
+    start_worker(concurrency=1)
     run_id = create("probe", {"log": str(log)}, queue=False)  # recorded, never sent
     time.sleep(2)
     assert store.load(run_id).status == "pending"
-    start_beat()
+    beat = start_beat()
+    wait_for(lambda: "beat ticking" in beat.text(), 60, "beat's first passes")  # its boot
     done(store, run_id, timeout=30)
     assert starts(log) == ["one", "two", "mail", "ledger", "once"]
 

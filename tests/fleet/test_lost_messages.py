@@ -21,14 +21,14 @@ def test_runs_whose_messages_were_flushed_are_sent_again_within_seconds(
 ) -> None:
     ids = [client.enqueue("invoice", OK, run_id=f"lost-{i:02d}") for i in range(30)]
     RedisDatabase(settings.redis_url).flush()  # FLUSHALL: every queued message is gone
-    env = {**worker_env, "CAIRN_LOST_AFTER": "2"}
-    worker = fleet.start_worker(env, tmp_path / "w.log", "lost", 2)
+    worker_env.update(CAIRN_LOST_AFTER="2")  # for beat's reaper too
+    worker = fleet.start_worker(worker_env, tmp_path / "w.log", "lost", 2)
     try:
         started = time.monotonic()
-        start_beat()
+        beat = start_beat()  # the reaper runs in beat's process, on a thread of its own
         wait_for(lambda: all(client.get(r).status == "done" for r in ids), 60, "the 30 runs")
         assert time.monotonic() - started < 60
-        assert "reaper re-enqueued" in worker.text()
+        assert "reaper re-enqueued" in beat.text()
     finally:
         worker.kill()
 
@@ -41,17 +41,16 @@ def test_a_backlog_of_10k_runs_with_slow_workers_is_never_sent_again(
     its message queued or in a worker's hands, so no pass may send one again."""
     backlog, senders = 10_000, 4
     env = {**worker_env, "CAIRN_LOST_AFTER": "1"}
-    # At DEBUG: Celery's lines about each pass (received, succeeded), which passes() counts.
-    reaper = fleet.start_worker(
-        {**env, "CAIRN_LOGLEVEL": "DEBUG"}, tmp_path / "r.log", "reaper", 1, queues=broker.CONTROL
-    )
     # Only the new-runs queue: a run the reaper sent again would wait in cairn.resume.
     runner = fleet.start_worker(env, tmp_path / "w.log", "runs", 2, queues=broker.RUNS)
-    beat = fleet.start_beat(env, tmp_path / "beat.log", tmp_path / "beat-schedule")
+    # At DEBUG: the reaper's line about each pass, which passes() counts.
+    beat = fleet.start_beat(
+        {**env, "CAIRN_LOGLEVEL": "DEBUG"}, tmp_path / "beat.log", tmp_path / "beat-schedule"
+    )
     redis = RedisDatabase(settings.redis_url)
 
     def passes() -> int:
-        return reaper.text().count("cairn.reap[") // 2  # a line when received, one when done
+        return beat.text().count("reaper pass:")
 
     def enqueue(part: int) -> None:
         with Client(settings=settings) as own:
@@ -69,7 +68,7 @@ def test_a_backlog_of_10k_runs_with_slow_workers_is_never_sent_again(
         done = client.counts().get("done", 0)
         sent_again = sum(
             int(line.split("re-enqueued ")[1].split()[0])
-            for line in reaper.text().splitlines()
+            for line in beat.text().splitlines()
             if "reaper re-enqueued" in line
         )
         print(
@@ -84,5 +83,4 @@ def test_a_backlog_of_10k_runs_with_slow_workers_is_never_sent_again(
         assert backlog - done - queued <= 2
     finally:
         runner.kill()
-        reaper.kill()
         beat.kill()

@@ -35,6 +35,7 @@ def test_spans_arrive_over_otlp_from_a_worker_killed_mid_step_and_its_successor(
     client: Client,
     start_worker: Callable[..., Any],
     start_beat: Callable[[], Any],
+    worker_env: dict[str, str],
     leases: Leases,
     tmp_path: Path,
 ) -> None:
@@ -52,13 +53,14 @@ def test_spans_arrive_over_otlp_from_a_worker_killed_mid_step_and_its_successor(
     tracer = provider.get_tracer("test")
     otel.use(tracer)
     try:
-        start_worker(
-            concurrency=1,
+        # The worker's and beat's (which runs the reaper and the firer on its threads).
+        worker_env.update(
             CAIRN_TRACING="1",
             OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
             OTEL_SERVICE_NAME="worker-under-test",
             OTEL_BSP_SCHEDULE_DELAY="100",
         )
+        start_worker(concurrency=1)
         start_beat()
         log = tmp_path / "steps.log"
         with tracer.start_as_current_span("POST /orders") as web:

@@ -18,7 +18,7 @@ def test_two_beats_fire_an_every_second_schedule_once_per_tick(
     processes: the runs' ids are consecutive seconds, each run ran and mailed once."""
     # Booted side by side: each takes seconds to import the app.
     worker = fleet.spawn_worker(worker_env, tmp_path / "w.log", "w", 2)
-    debug = {**worker_env, "CAIRN_LOGLEVEL": "DEBUG"}  # beat's sends are DEBUG lines
+    debug = {**worker_env, "CAIRN_LOGLEVEL": "DEBUG"}  # beat's passes are DEBUG lines
     beats = [
         fleet.start_beat(debug, tmp_path / f"beat{i}.log", tmp_path / f"beat{i}-schedule")
         for i in range(2)
@@ -26,7 +26,7 @@ def test_two_beats_fire_an_every_second_schedule_once_per_tick(
     procs = [worker, *beats]
     fleet.wait_ready(worker)
     for beat in beats:
-        wait_for(lambda b=beat: "Sending due task" in b.text(), 60, "beat to tick")
+        wait_for(lambda b=beat: "control: schedules pass" in b.text(), 60, "beat to tick")
     try:
         client.add_schedule("pulse", "loop", {"visits": 1}, every=1)
         wait_for(lambda: len(fired(sql, "pulse")) >= 6, 30, "six ticks")
@@ -41,7 +41,7 @@ def test_two_beats_fire_an_every_second_schedule_once_per_tick(
         for proc in procs:
             proc.kill()
     for beat in beats:
-        assert beat.text().count("Sending due task cairn-schedules") >= 4, beat.text()
+        assert beat.text().count("control: schedules pass") >= 4, beat.text()
     assert contiguous(ids), ids
     stats = mail.stats()
     assert stats["deliveries"] == len(ids) and stats["duplicate_deliveries"] == 0

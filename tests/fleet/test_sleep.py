@@ -84,7 +84,7 @@ def test_sleeping_runs_are_woken_once_with_two_beats_and_wake_passes_killed_and_
     assert killed and paused and (tmp_path / f"{paused_out.name}.sent").exists()
     assert not (tmp_path / f"{killed_out.name}.sent").exists()
     # Exactly once: every run in one pass's batch, the killed pass's sent by the reaper.
-    woken = Counter(killed + paused + beat_wakes(worker.text()))
+    woken = Counter(killed + paused + beat_wakes("".join(b.text() for b in beats)))
     assert woken == Counter(ids), {r: n for r, n in woken.items() if n != 1}
     for run in runs.values():
         assert (

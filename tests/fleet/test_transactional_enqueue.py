@@ -56,9 +56,9 @@ pytestmark = pytest.mark.pgbouncer
 def test_a_web_process_killed_after_its_commit_still_gets_its_run_started_once(
     worker_env, db_url: str, start_worker, start_beat, store: PgStore, mail: MailServer
 ) -> None:
-    # The reaper waits 5 minutes for a pending run (or a lost message): only the
-    # dispatcher can send it in time.
-    worker_env.update(CAIRN_PENDING_AFTER="300", CAIRN_LOST_AFTER="300")
+    # The reaper waits 5 minutes for a run whose message the broker does not hold: only
+    # the dispatcher can send it in time.
+    worker_env.update(CAIRN_LOST_AFTER="300")
     if PGBOUNCER_PORT:  # LISTEN through PgBouncer in transaction mode hears nothing
         worker_env.update(CAIRN_LISTEN_URL=db_url)
     start_worker(concurrency=1)
@@ -76,7 +76,7 @@ def test_a_web_process_killed_after_its_commit_still_gets_its_run_started_once(
 def test_a_commit_no_dispatcher_heard_is_sent_by_the_reaper(
     worker_env, start_worker, start_beat, store: PgStore, mail: MailServer
 ) -> None:
-    worker_env.update(CAIRN_PENDING_AFTER="2")
+    worker_env.update(CAIRN_LOST_AFTER="2")
     start_worker(concurrency=1)
     _web(worker_env, "order-2")  # no beat yet: nobody listens
     time.sleep(1.0)

@@ -58,7 +58,7 @@ def spawn_waker(
 
 
 def beat_wakes(text: str) -> list[str]:
-    """The runs the worker's wake passes (beat's task) woke, from its JSON log lines."""
+    """The runs beat's wake passes woke, from its JSON log lines."""
     woken: list[str] = []
     for line in text.splitlines():
         if line.startswith("{") and '"wake"' in line:

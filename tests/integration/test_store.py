@@ -197,21 +197,26 @@ def test_the_reapers_second_look_drops_runs_a_worker_touched_since_it_listed_the
     between has no lease either. Only runs as they were listed may be sent again."""
     for run_id in ("idle", "claimed", "finished", "taken"):
         _run(store, run_id)
-    sql("UPDATE checkpoints SET updated_at = now() - interval '1 minute'")
+    sql(
+        "UPDATE checkpoints SET updated_at = now() - interval '1 minute',"
+        " created_at = now() - interval '1 minute'"
+    )
     cp = store.claim("claimed", 1)
     assert cp is not None
     store.save(_advance(cp, cursor="two"), cp)  # claimed and saved: stalled again later
     finished = store.claim("finished", 1)
     sql("UPDATE checkpoints SET updated_at = now() - interval '1 minute'")
-    listed = store.stalled(pending_after=30, running_after=1)
-    assert {r["run_id"] for r in listed} == {"idle", "claimed", "finished", "taken"}
+    listed, _ = store.stalled(running_after=1)
+    # Never-taken runs are the broker's: counted (unclaimed), never walked.
+    assert {r["run_id"] for r in listed} == {"claimed", "finished"}
     unclaimed = store.unclaimed(older_than=30)
     assert [r["run_id"] for r in unclaimed] == ["idle", "taken"]
+    assert store.unclaimed_count(older_than=30, upto=100) == 2
     # Meanwhile a worker ends one run and takes another (a claim is a sign of life).
     store.save(dataclasses.replace(_advance(finished, cursor=DONE), status="done"), finished)
     assert store.claim("taken", 1) is not None
-    assert "taken" not in {r["run_id"] for r in store.stalled(pending_after=30, running_after=1)}
-    assert store.unchanged(listed) == {"idle", "claimed"}
+    assert "taken" not in {r["run_id"] for r in store.stalled(running_after=1)[0]}
+    assert store.unchanged(listed) == {"claimed"}
     assert store.unchanged(unclaimed) == {"idle"}
     assert store.unchanged([]) == set()
 

@@ -88,7 +88,8 @@ class MemoryLeases:
         # run_id: (value, expires at): the keys cairn:lease, cairn:epoch and cairn:sent
         self._leases: dict[str, tuple[LeaseToken, float]] = {}
         self._epochs: dict[str, tuple[int, float]] = {}
-        self._sent: dict[str, tuple[bool, float]] = {}
+        # (sends, due) as offer.lua writes it; None: mark_sent's bare mark
+        self._sent: dict[str, tuple[tuple[int, float] | None, float]] = {}
         self._deliveries: dict[str, float] = {}  # keys.DELIVERIES: run -> when taken
 
     def acquire(
@@ -120,12 +121,41 @@ class MemoryLeases:
         """Delete a lease whose owner is known dead, only if it is still token."""
         return self._release(run_id, token, ended=False, listed=True)
 
-    def lost_deliveries(self, older_than: float, limit: int = 10_000) -> list[str]:
-        """Runs a delivery took over older_than seconds ago and never let go of."""
+    def lost_deliveries(self, older_than: float, limit: int = 10_000, start: int = 0) -> list[str]:
+        """Runs a delivery took over older_than seconds ago and never let go of, oldest
+        first, from the start-th on."""
         with self._lock:
             before = self._clock() - older_than
             found = sorted((t, r) for r, t in self._deliveries.items() if t <= before)
-        return [r for _, r in found[:limit]]
+        return [r for _, r in found[start : start + limit]]
+
+    def offer(self, run_ids: list[str], window: float, cap: float, most: int = 0) -> list[str]:
+        """The run ids with no lease and no message out for them, each marked sent, at
+        most `most` (0: all) (offer.lua: the waits double from window up to cap)."""
+        offered: list[str] = []
+        with self._lock:
+            now = self._clock()
+            for r in run_ids:
+                if most and len(offered) >= most:
+                    break
+                if _live(self._leases, r, now) is not None:
+                    continue
+                mark = self._sent.get(r)
+                sends = 0
+                if mark is not None and mark[1] > now:
+                    if mark[0] is None or now < mark[0][1]:
+                        continue
+                    sends = mark[0][0]
+                wait = min(window * 2**sends, cap)
+                self._sent[r] = ((sends + 1, now + wait), now + wait + cap)
+                offered.append(r)
+        return offered
+
+    def unmark(self, run_ids: list[str]) -> None:
+        """Forget that these runs were sent."""
+        with self._lock:
+            for r in run_ids:
+                self._sent.pop(r, None)
 
     def unheld(self, run_ids: list[str]) -> list[str]:
         """The run ids whose lease is gone."""
@@ -137,9 +167,10 @@ class MemoryLeases:
         """False while an earlier message for the run is out and untaken (SET NX PX)."""
         with self._lock:
             now = self._clock()
-            if _live(self._sent, run_id, now) is not None:
+            mark = self._sent.get(run_id)
+            if mark is not None and mark[1] > now:
                 return False
-            self._sent[run_id] = (True, now + window)
+            self._sent[run_id] = (None, now + window)
             return True
 
     def _renew(self, run_id: str, token: LeaseToken, ttl: float) -> LeaseToken | bool | None:

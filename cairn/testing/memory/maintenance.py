@@ -63,26 +63,38 @@ class _Maintenance(_Tables):
                     found[r.started_version] = (runs + 1, waiting + (r.status == RunStatus.WAITING))
         return dict(sorted(found.items()))
 
-    def stalled(self, pending_after: float, running_after: float) -> list[dict[str, Any]]:
-        """Reaper candidates: {run_id, status, epoch, updated_at} (see the SQL's stalled)."""
+    def stalled(
+        self, running_after: float, after: str = "", limit: int = 500
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of the reaper's walk (see the SQL's stalled): the stale runs among
+        the next limit after `after` that a worker took or that wait with a signal
+        unseen, {run_id, status, epoch, updated_at}, and where the walk goes on."""
         with self._lock:
             now = self._now()
-            running_since = now - dt.timedelta(seconds=running_after)
-            pending_since = now - dt.timedelta(seconds=pending_after)
+            since = now - dt.timedelta(seconds=running_after)
+            page = sorted(
+                (
+                    r
+                    for r in self._rows.values()
+                    if r.run_id > after
+                    and (
+                        r.status == RunStatus.RUNNING
+                        or (r.status == RunStatus.PENDING and r.epoch > 0)
+                        or (r.status == RunStatus.WAITING and _unconsumed(r, r.wait_event))
+                    )
+                ),
+                key=lambda r: r.run_id,
+            )[:limit]
             found = []
-            for r in self._rows.values():
-                claimed = r.status == RunStatus.RUNNING or (
-                    r.status == RunStatus.PENDING and r.epoch > 0
-                )
-                quiet = (claimed and r.updated_at < running_since) or (
-                    r.status == RunStatus.PENDING and r.updated_at < pending_since
-                )
-                due = r.retry_at is None or r.retry_at < running_since
-                # A wait whose time came is wake()'s (see the SQL's stalled).
-                woken = r.status == RunStatus.WAITING and any(
-                    s.created_at < running_since for _, s in _unconsumed(r, r.wait_event)
-                )
-                if (quiet or woken) and due:
+            for r in page:
+                # A retry scheduled, or a hold after a key hand-back (unclaim): not yet.
+                due = r.retry_at is None or r.retry_at < since
+                if r.status == RunStatus.WAITING:
+                    # A wait whose time came is wake()'s (see the SQL's stalled).
+                    stale = any(s.created_at < since for _, s in _unconsumed(r, r.wait_event))
+                else:
+                    stale = r.updated_at < since
+                if stale and due:
                     found.append(
                         {
                             "run_id": r.run_id,
@@ -91,7 +103,19 @@ class _Maintenance(_Tables):
                             "updated_at": r.updated_at,
                         }
                     )
-            return found
+            return found, page[-1].run_id if len(page) == limit else None
+
+    def unclaimed_count(self, older_than: float, upto: int) -> int:
+        """Pending runs no worker has taken, sent over older_than seconds ago, counted up
+        to upto."""
+        with self._lock:
+            since = self._now() - dt.timedelta(seconds=older_than)
+            n = sum(
+                1
+                for r in self._rows.values()
+                if r.status == RunStatus.PENDING and r.epoch == 0 and r.created_at < since
+            )
+            return min(n, upto)
 
     def wake(
         self, batch: int = WAKE_BATCH, before_commit: Callable[[list[str]], None] | None = None
@@ -116,21 +140,32 @@ class _Maintenance(_Tables):
                 r.status, r.updated_at = RunStatus.PENDING, stamp
             return [r.run_id for r in due]
 
-    def unclaimed(self, older_than: float, limit: int = 10_000) -> list[dict[str, Any]]:
+    def unclaimed(
+        self, older_than: float, limit: int = 10_000, after: tuple[Any, str] | None = None
+    ) -> list[dict[str, Any]]:
         """Pending runs no worker has taken, sent over older_than seconds ago, oldest
-        first: {run_id, epoch, updated_at}."""
+        first (created_at, run_id), after `after` (such a pair): {run_id, epoch,
+        updated_at, created_at}."""
         with self._lock:
             since = self._now() - dt.timedelta(seconds=older_than)
             found = sorted(
                 (
                     r
                     for r in self._rows.values()
-                    if r.status == RunStatus.PENDING and r.epoch == 0 and r.updated_at < since
+                    if r.status == RunStatus.PENDING
+                    and r.epoch == 0
+                    and r.created_at < since
+                    and (after is None or (r.created_at, r.run_id) > after)
                 ),
-                key=lambda r: (r.updated_at, r.run_id),
+                key=lambda r: (r.created_at, r.run_id),
             )
             return [
-                {"run_id": r.run_id, "epoch": r.epoch, "updated_at": r.updated_at}
+                {
+                    "run_id": r.run_id,
+                    "epoch": r.epoch,
+                    "updated_at": r.updated_at,
+                    "created_at": r.created_at,
+                }
                 for r in found[:limit]
             ]
 
