@@ -643,7 +643,7 @@ MUTANTS = [
     Mutant(
         "M62",
         "a transactional enqueue sends its run before the caller commits",
-        "cairn/client/client.py",
+        "cairn/client/runs.py",
         "                )  # fmt: skip\n                return run_id\n",
         "                )  # fmt: skip\n                self.send(run_id, priority=prio)\n                return run_id\n",
         (
@@ -805,9 +805,9 @@ MUTANTS = [
     Mutant(
         "M93",
         "a tenant's Client reads another tenant's run (get without the tenant check)",
-        "cairn/client/client.py",
-        "        run = self._sees(self.store.get(run_id))",
-        "        run = self.store.get(run_id)",
+        "cairn/client/tenancy.py",
+        """    "get": Decision(Who.OWN, "another tenant's run is none", answer=True),""",
+        """    "get": Decision(Who.OWN, "another tenant's run is none"),""",
         ("tests/integration/test_tenants_api.py::test_every_route_hides_another_tenants_run",),
     ),
     Mutant(

@@ -426,10 +426,12 @@ class Approvals(Protocol):
         decided_by: str,
         traceparent: str | None = None,
         tenant: str | None = None,
+        token_id: str | None = None,
     ) -> str:
         """Decide it and send its run the signal (payload) with the audit row, at once;
-        the run's id. Raises UnknownApproval (another tenant's too), AlreadyDecided or
-        ApprovalGone."""
+        the run's id. tenant: the decider's, who reaches that tenant's alone; the audit
+        row names it and token_id, the API token decided with. Raises UnknownApproval
+        (another tenant's too), AlreadyDecided or ApprovalGone."""
 
     def add_rule(
         self, workflow: str, tool: str, created_by: str, tenant: str | None = None

@@ -444,15 +444,17 @@ SELECT {{approval_columns}}
 -- One approval, its decision (the audit row) if it has one, and whether it still waits
 -- for one (undecided, its run parked on it).
 SELECT {{approval_columns}}, a.pending AS waiting,
-       d.decision, d.payload, d.decided_by, d.rule_id, d.decided_at
+       d.decision, d.payload, d.decided_by, d.rule_id, d.decided_at, d.decided_token,
+       d.decided_tenant
   FROM approvals a
   LEFT JOIN approval_decisions d ON d.approval_id = a.approval_id
  WHERE a.approval_id = %(approval_id)s
    AND (%(tenant)s::text IS NULL OR a.tenant = %(tenant)s);
 
 -- name: decide
--- A decision: the approval marked decided, the audit row and the signal its run waits on,
--- in one statement (one transaction). The guard is the UPDATE: an approval decided
+-- A decision: the approval marked decided, the audit row (naming who decided: the token
+-- and the tenant it acted for) and the signal its run waits on, in one statement (one
+-- transaction). The guard is the UPDATE: an approval decided
 -- already, or whose run no longer waits on it (pending false), returns no row and nothing
 -- is written; of two racing decisions the second waits on the row lock, then finds it
 -- decided.
@@ -463,8 +465,9 @@ WITH chosen AS (
     RETURNING a.approval_id, a.run_id, a.event, a.workflow, a.tool
 ), audit AS (
     INSERT INTO approval_decisions (approval_id, run_id, workflow, tool, decision, payload,
-                                    decided_by)
-    SELECT approval_id, run_id, workflow, tool, %(decision)s, %(payload)s, %(decided_by)s
+                                    decided_by, decided_token, decided_tenant)
+    SELECT approval_id, run_id, workflow, tool, %(decision)s, %(payload)s, %(decided_by)s,
+           %(token_id)s, %(tenant)s
       FROM chosen
 ), sent AS (
     INSERT INTO signals (run_id, signal_id, event, payload, traceparent)

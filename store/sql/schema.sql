@@ -731,7 +731,11 @@ CREATE TABLE approval_decisions (
     payload      jsonb NOT NULL,
     decided_by   text NOT NULL,
     rule_id      bigint,
-    decided_at   timestamptz NOT NULL DEFAULT now()
+    decided_at   timestamptz NOT NULL DEFAULT now(),
+    -- the API token it was decided with (NULL: none: CAIRN_API_TOKEN, a Client, the CLI)
+    -- and the tenant that token or Client acted for (NULL: an admin); migration 0027
+    decided_token  text,
+    decided_tenant text
 );
 
 -- Standing rules: a request of this workflow for this tool is approved as the run saves

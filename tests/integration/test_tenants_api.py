@@ -1,7 +1,10 @@
 """Two tenants' tokens against one server (the app in process, on the real services):
-every route of the pinned OpenAPI document, walked from the document itself, the pages and
-the events stream answer another tenant's run as no run (404, or absent from a list) and
-one's own as usual; an admin token sees both; a revoked token is refused within seconds."""
+every route of the pinned OpenAPI document, walked from the document itself and by the
+decision it names (x-cairn-tenancy), the pages and the events stream answer another
+tenant's run as no run (404, or absent from a list) and one's own as usual, and an admin's
+route refuses a tenant's token (403); an admin token sees both; a revoked token is
+refused within seconds; an approval's audit row names the token and tenant that decided
+it, over the API, the pages and the CLI."""
 
 from __future__ import annotations
 
@@ -77,10 +80,17 @@ def _operations() -> Iterator[tuple[str, str, dict[str, Any]]]:
 
 
 def _call(
-    http: Any, method: str, path: str, op: dict[str, Any], token: str, run_id: str, ask: int = 0
+    http: Any,
+    method: str,
+    path: str,
+    op: dict[str, Any],
+    token: str,
+    run_id: str,
+    ask: int = 0,
+    tenant: str = "acme",
 ) -> Any:
     url = path.replace("{run_id}", run_id).replace("{event}", "go").replace("{name}", "nightly")
-    url = url.replace("{approval_id}", str(ask)).replace("{tenant}", "acme")
+    url = url.replace("{approval_id}", str(ask)).replace("{tenant}", tenant)
     body = _example(op)
     return http.request(method, url, headers=_bearer(token), json=body)
 
@@ -106,12 +116,30 @@ def test_every_route_hides_another_tenants_run(http: Any, tokens: Tokens, deps: 
     my_ask = _asking(http, deps, acme, "acme-ask")
     # A stopped run of its own, so its event stream ends (a pending one's would follow it).
     http.post("/runs/acme-1/cancel", headers=_bearer(acme))
+    # The admin's: a schedule, and each tenant's budget.
+    nightly = {"name": "nightly", "workflow": "tenants-probe", "input": {}, "every": 3600}
+    assert http.post("/schedules", json=nightly, headers=_bearer(ADMIN)).status_code == 201
+    for tenant in ("acme", "globex"):
+        budget = {"usd": 5.0, "per": "day"}
+        assert http.put(f"/tenants/{tenant}/budget", json=budget, headers=_bearer(ADMIN)).is_success
 
-    walked = 0
+    walked, refused = 0, []
     for method, path, op in _operations():
         if path == "/runs" and method == "POST":
             continue  # the enqueues above
-        if "{approval_id}" in path:
+        if op["x-cairn-tenancy"]["who"] == "admin":
+            answer = _call(http, method, path, op, acme, "", tenant="globex")
+            assert answer.status_code == 403, (method, path, answer.text)
+            assert answer.json()["error"]["type"] == "forbidden"
+            refused.append(f"{method} {path}")
+        elif "{tenant}" in path:
+            # Another tenant's budget is none: what a tenant without one gets, word for word.
+            other = _call(http, method, path, op, acme, "", tenant="globex")
+            ghost = _call(http, method, path, op, acme, "", tenant="initech")
+            assert other.status_code == 404, (method, path, other.text)
+            assert other.text.replace("globex", "?") == ghost.text.replace("initech", "?")
+            assert _call(http, method, path, op, acme, "").status_code == 200  # its own
+        elif "{approval_id}" in path:
             # Another tenant's approval is no approval: what a made-up id gets, word for word.
             other = _call(http, method, path, op, acme, "", their_ask)
             ghost = _call(http, method, path, op, acme, "", 10**9)
@@ -130,14 +158,20 @@ def test_every_route_hides_another_tenants_run(http: Any, tokens: Tokens, deps: 
                 method, path, own.status_code, own.text,
             )  # fmt: skip
             walked += 1
-        elif path in ("/runs/replay", "/metrics") or path.startswith(("/schedules", "/tenants")):
-            refused = _call(http, method, path, op, acme, "")
-            assert refused.status_code == 403, (method, path, refused.text)
         else:
             answer = _call(http, method, path, op, acme, "")
             assert answer.status_code == 200, (method, path, answer.text)
             assert "globex-1" not in answer.text
     assert walked >= 12  # every run route of the document was tried
+    assert sorted(refused) == [
+        "DELETE /schedules/{name}", "DELETE /tenants/{tenant}/budget", "GET /metrics",
+        "GET /schedules", "POST /runs/replay", "POST /schedules", "POST /schedules/{name}/pause",
+        "POST /schedules/{name}/resume", "PUT /tenants/{tenant}/budget",
+    ]  # fmt: skip
+    # The admin's schedule and globex's budget are as they were.
+    [kept] = http.get("/schedules", headers=_bearer(ADMIN)).json()["schedules"]
+    assert (kept["name"], kept["paused"]) == ("nightly", False)
+    assert http.get("/tenants/globex/budget", headers=_bearer(ADMIN)).json()["limit_usd"] == 5.0
 
     listed = http.get("/runs", headers=_bearer(acme)).json()["runs"]
     assert sorted(r["run_id"] for r in listed) == ["acme-1", "acme-ask"]

@@ -57,8 +57,9 @@ export interface paths {
         /**
          * Decide
          * @description Decide an approval: its run gets the signal it waits on ({decision, args, note,
-         *     approval_id, by}), stored in one transaction with the audit row. A request is
-         *     decided once: a second decision is 409 already_decided.
+         *     approval_id, by}), stored in one transaction with the audit row, which names the
+         *     token that decided (decided_by, decided_token) and its tenant (decided_tenant). A
+         *     request is decided once: a second decision is 409 already_decided.
          */
         post: operations["decide_approvals__approval_id__decision_post"];
         delete?: never;
@@ -831,9 +832,19 @@ export interface components {
             decided_at: string;
             /**
              * Decided By
-             * @description Who: the token's identity, 'admin', or 'rule N'.
+             * @description Who: 'token <id>' (a `cairn tokens` token), 'admin' (CAIRN_API_TOKEN), the name a Client or the CLI gave, or 'rule N'.
              */
             decided_by: string;
+            /**
+             * Decided Tenant
+             * @description The tenant the decider acted for (null: an admin, or a rule).
+             */
+            decided_tenant: string | null;
+            /**
+             * Decided Token
+             * @description The id of the `cairn tokens` token it was decided with (null: CAIRN_API_TOKEN, a Client or the CLI, or a rule).
+             */
+            decided_token: string | null;
             /**
              * Decision
              * @enum {string}
@@ -2046,6 +2057,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A tenant's token: this operation is an admin's (forbidden). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
         };
     };
     list_runs_runs_get: {
@@ -2265,7 +2285,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). */
+            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). Or a tenant's token: this operation is an admin's (forbidden). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3650,6 +3670,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A tenant's token: this operation is an admin's (forbidden). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Postgres or the broker is away: retry after Retry-After seconds. */
             503: {
                 headers: {
@@ -3713,7 +3742,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). */
+            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). Or a tenant's token: this operation is an admin's (forbidden). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3800,7 +3829,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). */
+            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). Or a tenant's token: this operation is an admin's (forbidden). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3871,7 +3900,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). */
+            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). Or a tenant's token: this operation is an admin's (forbidden). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3942,7 +3971,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). */
+            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). Or a tenant's token: this operation is an admin's (forbidden). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4097,7 +4126,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). */
+            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). Or a tenant's token: this operation is an admin's (forbidden). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4185,7 +4214,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). */
+            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). Or a tenant's token: this operation is an admin's (forbidden). */
             403: {
                 headers: {
                     [name: string]: unknown;
