@@ -270,8 +270,9 @@ class AdminStore(Protocol):
         """wait() for asyncio, holding no thread while it waits."""
 
     # -- changing ---------------------------------------------------------------------
-    def cancel(self, run_id: str, reason: str) -> RunStatus | None:
-        """Ask the run to stop; its status now, or None."""
+    def cancel(self, run_id: str, reason: str, by: str | None = None) -> RunStatus | None:
+        """Ask the run to stop (by: who asks; the first cancel's reason and asker are
+        kept, Run.cancelled_by); its status now, or None."""
 
     def signal(
         self, run_id: str, event: str, payload: Any, signal_id: str, traceparent: str | None = None

@@ -180,11 +180,24 @@ class Runs(ClientBase):
         found = self.store.counts(self.tenant) if self.tenant else self.store.counts()
         return {RunStatus(status): int(row["n"]) for status, row in found.items()}
 
-    def cancel(self, run_id: str, reason: str = CANCEL_REASON) -> Run:
+    def cancel(self, run_id: str, reason: str = CANCEL_REASON, *, by: str | None = None) -> Run:
         """Stop a run: a pending one at once, a running one at its next step boundary
-        (before any further effect or model call); the run as it stands after. Raises
-        UnknownRun."""
-        self.store.cancel(run_id, reason)
+        (before any further effect or model call).
+
+        Args:
+            run_id: the run.
+            reason: why, its error once stopped.
+            by: who asks, kept with the first cancel's reason (Run.cancelled_by); None:
+                "token <id>" for a view of an API token, "tenant <name>" for a tenant's
+                Client, else "admin".
+
+        Returns:
+            The run as it stands after.
+
+        Raises:
+            UnknownRun: no such run (or another tenant's).
+        """
+        self.store.cancel(run_id, reason, self._by(by))
         run = self.get(run_id)
         if run is None:
             raise UnknownRun(f"no run {run_id!r}")

@@ -206,6 +206,9 @@ class Run:
     # The customer it is for (Client(tenant=), or the API token that enqueued it; None:
     # none). A child run and a fork keep their origin's.
     tenant: str | None = None
+    # Who asked it to stop, by Client.get: "token <id>" (a `cairn tokens` token), "admin",
+    # the name a Client gave (None: nobody did, or its parent's cancel stopped it).
+    cancelled_by: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Run:
@@ -228,6 +231,8 @@ class Run:
             del out["wakes_at"]
         else:
             out["wakes_at"] = self.wakes_at.isoformat()
+        if self.cancelled_by is None:
+            del out["cancelled_by"]
         return out
 
 

@@ -63,6 +63,12 @@ class Run(Answer):
         description="The tenant it is for (the token that started it, or its parent's or "
         "origin's); null: none.",
     )
+    cancelled_by: str | None = Field(
+        default=None,
+        description="Who asked it to stop: 'token <id>' (a `cairn tokens` token), 'admin' "
+        "(CAIRN_API_TOKEN), the name a Client or the CLI gave; absent: nobody did (a "
+        "parent's cancel names who on the parent), or a list's row.",
+    )
 
 
 class RunPage(Answer):

@@ -305,9 +305,11 @@ SELECT run_id, attempts FROM c;
 
 -- name: cancel
 -- Ask a run to stop. One that no worker holds (pending, waiting, queued) stops at once; a
--- running one stops at its next step boundary, before any further effect.
+-- running one stops at its next step boundary, before any further effect. The first
+-- cancel's reason and asker are kept (the SET reads the row as it was).
 UPDATE checkpoints
    SET cancel_reason = coalesce(cancel_reason, %(reason)s),
+       cancelled_by = CASE WHEN cancel_reason IS NULL THEN %(by)s ELSE cancelled_by END,
        status = CASE WHEN status IN ('pending', 'waiting', 'queued')
                      THEN 'cancelled' ELSE status END,
        error = CASE WHEN status IN ('pending', 'waiting', 'queued')
@@ -689,7 +691,7 @@ recorded AS (
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
        r.created_at, c.updated_at, r.input, c.state, r.parent_id, r.concurrency_key,
        r.priority, r.traceparent, r.forked_from, r.forked_at, c.started_version, r.tenant,
-       CASE WHEN c.status = 'waiting' THEN c.wait_until END AS wakes_at
+       CASE WHEN c.status = 'waiting' THEN c.wait_until END AS wakes_at, c.cancelled_by
   FROM checkpoints c JOIN runs r USING (run_id)
 
 -- name: get_run
@@ -1228,7 +1230,7 @@ WITH snap AS (
            visits = visits.v, win_start = snap.win_start, win_end = snap.win_end,
            flow_version = snap.flow_version, status = 'pending', error = NULL,
            attempts = 0, deliveries = 0, retry_at = NULL, cancel_reason = NULL,
-           wait_event = NULL, wait_until = NULL, wait_timeout_cursor = NULL,
+           cancelled_by = NULL, wait_event = NULL, wait_until = NULL, wait_timeout_cursor = NULL,
            updated_at = now()
       FROM cur, snap, visits
      WHERE c.run_id = %(origin)s

@@ -93,7 +93,10 @@ CREATE TABLE checkpoints (
     started_version    text,
     -- its workflow pins its version (versions="pin"): it goes on only on workers of
     -- started_version; set by its first claim, from the claiming worker's workflows
-    pinned      boolean NOT NULL DEFAULT false
+    pinned      boolean NOT NULL DEFAULT false,
+    -- who asked it to stop, with cancel_reason (migration 0027): "token <id>", "admin",
+    -- a name a Client gave; NULL: nobody (a parent's cancel names who on the parent)
+    cancelled_by  text
 ) WITH (fillfactor = 70);
 
 CREATE INDEX checkpoints_active ON checkpoints (status) WHERE status IN ('pending', 'running');

@@ -271,3 +271,18 @@ def test_a_decision_names_the_token_and_tenant_that_made_it(deps: loop.Deps) -> 
         assert decided.payload["by"] == said[0]  # the run reads who decided, too
     named = w.admin.for_tenant("acme").decide(asked[runs[1]], "deny", by="ops@acme").decision
     assert named is not None and (named.decided_by, named.decided_tenant) == ("ops@acme", "acme")
+
+
+def test_a_cancel_names_who_asked_and_a_rewind_forgets_it(deps: loop.Deps) -> None:
+    admin = Client(settings=deps.settings, store=deps.store, send=lambda run_id, priority: None)
+    for run_id in ("c1", "c2", "c3"):
+        assert deps.store.create_run(run_id, "tenancy-asker", {}, tenant="acme")
+    assert loop.run("c3", deps) == RunStatus.WAITING  # a step saved: one to rewind to
+    view = admin.for_tenant("acme", token_id="t1")
+    assert view.cancel("c1").cancelled_by == "token t1"
+    assert admin.cancel("c1", "again", by="ops").cancelled_by == "token t1"  # the first's
+    assert admin.for_tenant("acme").cancel("c2", by="ops@acme").cancelled_by == "ops@acme"
+    assert admin.cancel("c3").cancelled_by == "admin"
+    assert "cancelled_by" not in admin.list()[0].to_json()  # a list's row leaves it out
+    assert admin.get("c3").to_json()["cancelled_by"] == "admin"  # type: ignore[union-attr]
+    assert admin.rewind("c3", to_seq=1).cancelled_by is None  # going again: nobody's cancel

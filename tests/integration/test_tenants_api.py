@@ -321,3 +321,73 @@ def test_the_runs_page_shows_a_tenants_budget_to_an_admin_and_to_the_tenant(
     http.post("/login", data={"token": ADMIN, "next": "/ui/runs"})
     assert 'id="tenant-budget"' not in http.get(f"/ui/runs?tenant={tenant}").text
     http.cookies.clear()
+
+
+def test_an_approvals_audit_row_names_the_token_and_tenant_that_decided(
+    http: Any, tokens: Tokens, deps: loop.Deps, settings: Settings, sql: Any
+) -> None:
+    """Over the API with a tenant's token, an admin's `cairn tokens` token and the server's
+    own; through a tenant's page session; and from the CLI, which proves only the
+    database's URL and so decides as the admin."""
+    acme_record, acme = tokens.create("acme", "back end")
+    ops_record, ops = tokens.create(None, "ops", admin=True)
+    tenants = {"acme-bearer": "acme", "acme-page": "acme", "ops": None, "server": None, "cli": None}
+    asked = {}
+    for key, tenant in tenants.items():
+        assert deps.store.create_run(key, "tenants-asker", {}, tenant=tenant)
+        assert loop.run(key, deps) == cairn.RunStatus.WAITING
+    for found in http.get("/approvals", headers=_bearer(ADMIN)).json()["approvals"]:
+        asked[found["run_id"]] = found["approval_id"]
+
+    def decide(key: str, headers: dict[str, str]) -> Any:
+        url = f"/approvals/{asked[key]}/decision"
+        return http.post(url, json={"decision": "approve"}, headers=headers)
+
+    assert decide("acme-bearer", _bearer(acme)).status_code == 200
+    assert decide("ops", _bearer(ops)).status_code == 200
+    assert decide("server", _bearer(ADMIN)).status_code == 200
+    http.post("/login", data={"token": acme, "next": "/ui/approvals"})
+    assert decide("acme-page", {"X-Cairn-Page": "1"}).status_code == 200
+    http.cookies.clear()
+    env = {"CAIRN_DATABASE_URL": settings.database_url, "CAIRN_REDIS_URL": settings.redis_url}
+    made = _cairn("approvals", "approve", str(asked["cli"]), env=env)
+    assert made.returncode == 0, made.stderr
+
+    rows = sql(
+        "SELECT run_id, decided_by, decided_token, decided_tenant FROM approval_decisions"
+        " WHERE approval_id = ANY(%s)",
+        list(asked.values()),
+    )
+    assert {r[0]: r[1:] for r in rows} == {
+        "acme-bearer": (f"token {acme_record.id}", acme_record.id, "acme"),
+        "acme-page": (f"token {acme_record.id}", acme_record.id, "acme"),
+        "ops": (f"token {ops_record.id}", ops_record.id, None),
+        "server": ("admin", None, None),
+        "cli": ("admin", None, None),
+    }
+    # As the API answers it, and as the run reads it.
+    got = http.get(f"/approvals/{asked['acme-bearer']}", headers=_bearer(acme)).json()
+    said = got["decision"]
+    assert (said["decided_by"], said["decided_token"], said["decided_tenant"]) == (
+        f"token {acme_record.id}",
+        acme_record.id,
+        "acme",
+    )
+    assert said["payload"]["by"] == f"token {acme_record.id}"
+
+
+def test_a_cancel_names_the_token_that_asked_over_http_and_the_admin_from_the_cli(
+    http: Any, tokens: Tokens, settings: Settings
+) -> None:
+    record, acme = tokens.create("acme")
+    start = {"workflow": "tenants-probe", "input": {}}
+    for run_id in ("cancel-http", "cancel-cli"):
+        made = http.post("/runs", json={**start, "run_id": run_id}, headers=_bearer(acme))
+        assert made.status_code == 202
+    stopped = http.post("/runs/cancel-http/cancel", headers=_bearer(acme)).json()
+    assert stopped["cancelled_by"] == f"token {record.id}"
+    env = {"CAIRN_DATABASE_URL": settings.database_url, "CAIRN_REDIS_URL": settings.redis_url}
+    assert _cairn("runs", "cancel", "cancel-cli", env=env).returncode == 0
+    shown = _cairn("runs", "show", "cancel-cli", "--json", env=env)
+    assert json.loads(shown.stdout)["run"]["cancelled_by"] == "admin"
+    assert " cancelled by admin" in _cairn("runs", "show", "cancel-cli", env=env).stdout

@@ -251,7 +251,8 @@ export interface paths {
         put?: never;
         /**
          * Cancel
-         * @description Stop a run: a pending one at once, a running one at its next step boundary.
+         * @description Stop a run: a pending one at once, a running one at its next step boundary. The
+         *     run names who asked (cancelled_by: the token).
          */
         post: operations["cancel_runs__run_id__cancel_post"];
         delete?: never;
@@ -1373,6 +1374,11 @@ export interface components {
          * @description One run: where it stands, its input, its state (the result once done), its cost.
          */
         Run: {
+            /**
+             * Cancelled By
+             * @description Who asked it to stop: 'token <id>' (a `cairn tokens` token), 'admin' (CAIRN_API_TOKEN), the name a Client or the CLI gave; absent: nobody did (a parent's cancel names who on the parent), or a list's row.
+             */
+            cancelled_by?: string | null;
             /** Concurrency Key */
             concurrency_key: string | null;
             /** Cost Usd */
