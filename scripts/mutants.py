@@ -74,6 +74,8 @@ DEBOUNCE_FLEET = "tests/fleet/test_debounce.py"
 BUDGETS = "tests/integration/test_budgets.py"
 APPROVALS = "tests/contract/test_approvals.py"
 TENANT_APPROVALS = "test_a_tenant_sees_and_decides_its_own_approvals_only_and_its_rules_are_its_own"
+TENANCY = "tests/contract/test_tenancy.py"
+TENANTS_API = "tests/integration/test_tenants_api.py"
 
 MUTANTS = [
     Mutant(
@@ -983,6 +985,41 @@ MUTANTS = [
         "            _cut_in.setdefault(step, {}).setdefault(_request_step(ctx), []).append(taken)\n",
         "",
         (f"{PAI}::{CUT}",),
+    ),
+    Mutant(
+        "M120",
+        "remove_schedule without its tenancy decision: a tenant's Client removes the "
+        "admin's schedule (as it did before issue 51)",
+        "cairn/client/tenancy.py",
+        '    "remove_schedule": _SCHEDULES,\n',
+        '    "remove_schedule": Decision(Who.ANY, "any client"),\n',
+        (f"{TENANCY}::test_a_tenants_client_reaches_nothing_of_another_tenants_nor_of_the_admins",),
+    ),
+    Mutant(
+        "M121",
+        "an approval decided with no name given is recorded as decided by the admin, "
+        "whoever's token or tenant's Client decided it",
+        "cairn/client/base.py",
+        '        if self.token_id is not None:\n            return f"token {self.token_id}"\n',
+        '        if True:\n            return "admin"\n',
+        (f"{TENANCY}::test_a_decision_names_the_token_and_tenant_that_made_it",),
+    ),
+    Mutant(
+        "M122",
+        "an approval's audit row leaves out the token and the tenant that decided it",
+        "store/sql/queries.sql",
+        "           %(token_id)s, %(tenant)s\n      FROM chosen",
+        "           NULL, NULL\n      FROM chosen",
+        (f"{TENANTS_API}::test_an_approvals_audit_row_names_the_token_and_tenant_that_decided",),
+    ),
+    Mutant(
+        "M123",
+        "the routes take no tenancy decision of their own: a tenant's token reads the "
+        "fleet's metrics",
+        "cairn/web/api.py",
+        "        dependencies=[Depends(tenancy.decided)],  # every route's, before it runs\n",
+        "",
+        (f"{TENANTS_API}::test_every_route_hides_another_tenants_run",),
     ),
 ]
 
