@@ -47,15 +47,14 @@ def _unknown_run(run_id: Any) -> Any:
 
 def no_budget(tenant: Any) -> str:
     """What a tenant with no budget gets, another tenant's too (nothing tells them apart)."""
-    return f"tenant {tenant!r} has no budget: cairn budgets set --tenant {tenant} --usd N --per day gives it one"
+    return (
+        f"tenant {tenant!r} has no budget: cairn budgets set --tenant {tenant} --usd N "
+        "--per day gives it one"
+    )
 
 
 def _unknown_budget(tenant: Any) -> Any:
     raise UnknownBudget(no_budget(tenant))
-
-
-def _none(_: Any) -> None:
-    return None
 
 
 def _empty(_: Any) -> list[Any]:

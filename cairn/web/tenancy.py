@@ -53,6 +53,6 @@ async def decided(request: Request) -> None:
     if tenant is None:
         return
     route: Any = request.scope["route"]
-    decision = of(request.method, route.path)
+    decision = of("GET" if request.method == "HEAD" else request.method, route.path)
     if decision.who is Who.ADMIN:
         raise Forbidden(f"an admin token's: {decision.why}")
