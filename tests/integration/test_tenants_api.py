@@ -109,9 +109,15 @@ def test_every_route_hides_another_tenants_run(http: Any, tokens: Tokens, deps: 
     _, acme = tokens.create("acme", "test")
     _, globex = tokens.create("globex", "test")
     start = {"workflow": "tenants-probe", "input": {}}
+    admins_ask = _asking(http, deps, ADMIN, "admin-ask")  # the admin's: a run of no tenant
     mine = http.post("/runs", json={**start, "run_id": "acme-1"}, headers=_bearer(acme)).json()
     theirs = http.post("/runs", json={**start, "run_id": "globex-1"}, headers=_bearer(globex))
-    assert (mine["tenant"], theirs.json()["tenant"]) == ("acme", "globex")
+    admins = http.post("/runs", json={**start, "run_id": "admin-1"}, headers=_bearer(ADMIN))
+    assert (mine["tenant"], theirs.json()["tenant"], admins.json()["tenant"]) == (
+        "acme",
+        "globex",
+        None,
+    )
     their_ask = _asking(http, deps, globex, "globex-ask")
     my_ask = _asking(http, deps, acme, "acme-ask")
     # A stopped run of its own, so its event stream ends (a pending one's would follow it).
@@ -140,19 +146,23 @@ def test_every_route_hides_another_tenants_run(http: Any, tokens: Tokens, deps: 
             assert other.text.replace("globex", "?") == ghost.text.replace("initech", "?")
             assert _call(http, method, path, op, acme, "").status_code == 200  # its own
         elif "{approval_id}" in path:
-            # Another tenant's approval is no approval: what a made-up id gets, word for word.
-            other = _call(http, method, path, op, acme, "", their_ask)
+            # Another tenant's approval (or the admin's) is no approval: what a made-up id
+            # gets, word for word.
             ghost = _call(http, method, path, op, acme, "", 10**9)
-            assert other.status_code == 404, (method, path, other.text)
-            assert other.text.replace(str(their_ask), "?") == ghost.text.replace(str(10**9), "?")
+            for ask in (their_ask, admins_ask):
+                other = _call(http, method, path, op, acme, "", ask)
+                assert other.status_code == 404, (method, path, other.text)
+                assert other.text.replace(str(ask), "?") == ghost.text.replace(str(10**9), "?")
             own = _call(http, method, path, op, acme, "", my_ask)
             assert own.status_code == 200, (method, path, own.status_code, own.text)
         elif "{run_id}" in path:
-            other = _call(http, method, path, op, acme, "globex-1")
-            assert other.status_code == 404, (method, path, other.text)
-            # Word for word what a run that does not exist gets: nothing tells them apart.
+            # Another tenant's run and the admin's: word for word what a run that does not
+            # exist gets, nothing tells them apart.
             ghost = _call(http, method, path, op, acme, "globex-9")
-            assert other.text.replace("globex-1", "?") == ghost.text.replace("globex-9", "?")
+            for run_id in ("globex-1", "admin-1"):
+                other = _call(http, method, path, op, acme, run_id)
+                assert other.status_code == 404, (method, path, other.text)
+                assert other.text.replace(run_id, "?") == ghost.text.replace("globex-9", "?")
             own = _call(http, method, path, op, acme, "acme-1")
             assert own.status_code not in (401, 403, 404) and own.status_code < 500, (
                 method, path, own.status_code, own.text,
@@ -161,7 +171,7 @@ def test_every_route_hides_another_tenants_run(http: Any, tokens: Tokens, deps: 
         else:
             answer = _call(http, method, path, op, acme, "")
             assert answer.status_code == 200, (method, path, answer.text)
-            assert "globex-1" not in answer.text
+            assert "globex-1" not in answer.text and "admin-1" not in answer.text
     assert walked >= 12  # every run route of the document was tried
     assert sorted(refused) == [
         "DELETE /schedules/{name}", "DELETE /tenants/{tenant}/budget", "GET /metrics",
@@ -176,9 +186,16 @@ def test_every_route_hides_another_tenants_run(http: Any, tokens: Tokens, deps: 
     listed = http.get("/runs", headers=_bearer(acme)).json()["runs"]
     assert sorted(r["run_id"] for r in listed) == ["acme-1", "acme-ask"]
     assert http.get("/counts", headers=_bearer(acme)).json() == {"cancelled": 1, "waiting": 1}
-    # The other tenant's run is as it was: not cancelled, signalled nor steered.
-    seen = http.get("/runs/globex-1", headers=_bearer(ADMIN)).json()
-    assert seen["status"] == "pending" and seen["tenant"] == "globex"
+    # The other tenant's run and the admin's are as they were: not cancelled, signalled,
+    # steered, rewound, resolved nor forked; their approvals undecided.
+    for run_id, tenant in (("globex-1", "globex"), ("admin-1", None)):
+        seen = http.get(f"/runs/{run_id}", headers=_bearer(ADMIN)).json()
+        assert (seen["status"], seen["tenant"]) == ("pending", tenant)
+        forks = http.get(f"/runs/{run_id}/forks", headers=_bearer(ADMIN)).json()["forks"]
+        assert forks == []
+    for ask in (their_ask, admins_ask):
+        got = http.get(f"/approvals/{ask}", headers=_bearer(ADMIN)).json()
+        assert got["waiting"] and got["decision"] is None
     assert {r["run_id"] for r in http.get("/runs", headers=_bearer(ADMIN)).json()["runs"]} >= {
         "acme-1",
         "globex-1",
