@@ -539,15 +539,23 @@ def _retry_or_stop(
     return RetryLater(cp.run_id, delay)
 
 
-def _next(
-    cp: Checkpoint, flow: registry.Workflow, result: Any, ctx: Context, settings: Settings
-) -> Checkpoint:
+def checked(cp: Checkpoint, flow: registry.Workflow, result: Any) -> StepResult:
+    """The step's result, if it is a StepResult whose next steps this code has; else
+    CairnError (the run fails). The deploy check asks the same of a step it replays."""
     if not isinstance(result, StepResult):
         raise CairnError(f"step {cp.cursor!r} returned {type(result).__name__}, not StepResult")
     wait = result.waits_for
     for cursor in (result.cursor, wait.on_timeout if wait else None):
         if cursor is not None and cursor != DONE and cursor not in flow.steps:
             raise CairnError(f"step {cp.cursor!r} returned unknown cursor {cursor!r}")
+    return result
+
+
+def _next(
+    cp: Checkpoint, flow: registry.Workflow, result: Any, ctx: Context, settings: Settings
+) -> Checkpoint:
+    result = checked(cp, flow, result)
+    wait = result.waits_for
     # Messages are plain dicts to a step (Context.window, StepResult.window).
     old = cast("tuple[dict[str, Any], ...]", cp.window)
     window: Sequence[dict[str, Any]]

@@ -82,7 +82,7 @@ class Approvals(ClientBase):
         by = self._by(by)
         payload = {"decision": decision, "args": args, "note": note,
                    "approval_id": approval_id, "by": by}  # fmt: skip
-        check_input(payload, self.settings.max_input_bytes)
+        check_input(payload, self.settings.max_input_bytes, what="decision", envelope=1)
         store = self.store.approval_store()
         with tracing.spanning("cairn.decide", approval_id=approval_id) as trace:
             run_id = store.decide(

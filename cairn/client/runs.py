@@ -282,7 +282,7 @@ class Runs(ClientBase):
         journaled, and the call raises CallInterrupted, for the step to read this message.
         A call that is not in flight when the message commits is not cut; the message then
         waits, as any, for the next ctx.messages()."""
-        check_input({"message": message}, self.settings.max_input_bytes)
+        check_input({"message": message}, self.settings.max_input_bytes, what="message", envelope=1)
         found = self.store.steer(run_id, message, interrupt)
         if found is None:
             raise UnknownRun(f"no run {run_id!r}")
@@ -299,7 +299,7 @@ class Runs(ClientBase):
         done=True records that the effect happened (result: what ctx.once returns on the
         replay), done=False that it did not (the replay runs it). The run goes on at its
         cursor. Resolving again changes nothing. Raises UnknownRun."""
-        check_input({"result": result}, self.settings.max_input_bytes)
+        check_input({"result": result}, self.settings.max_input_bytes, what="result", envelope=1)
         rearmed, _ = self.store.resolve(run_id, done, result)
         run = self.get(run_id)
         if run is None:

@@ -206,16 +206,14 @@ ROUTES: dict[str, str | Decision] = {
     "GET /": _any("a redirect to the runs page"),
     "GET /login": _open("the login form"),
     "POST /login": _open("a token in, a page session of that token out"),
-    "GET /logout": _any("ends the browser's page session"),
+    "POST /logout": _open("ends the browser's page session, by its own page's button"),
     "GET /ui/runs": "list",
-    "GET /ui/runs/{run_id}": "get",
+    "GET /ui/runs/{run_id:path}": "get",
     "GET /ui/approvals": "approvals",
     "MOUNT /static": _open("the pages' CSS and JS"),
+    "GET /docs": _any("the API's document, as a page"),
     # FastAPI's own: the API's document, the same for every token.
     "GET /openapi.json": _any("the API's document"),
-    "GET /docs": _any("the API's document, as a page"),
-    "GET /docs/oauth2-redirect": _any("the document page's helper"),
-    "GET /redoc": _any("the API's document, as a page"),
 }
 
 _DB = Decision(

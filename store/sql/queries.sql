@@ -1347,6 +1347,23 @@ DELETE FROM agent_session_items WHERE session_id = %(session_id)s;
 -- it at a rollback) and sends the run.
 SELECT pg_notify('cairn_enqueued', %(run_id)s);
 
+-- name: enqueue_savepoint
+-- Enqueue in the caller's transaction: its statements in a savepoint of that transaction,
+-- never a transaction block of ours (on an idle connection that is not autocommit a block
+-- would open the caller's transaction and commit it at its end). On such a connection this
+-- is the statement that begins the caller's transaction, which the caller's commit ends.
+SAVEPOINT cairn_enqueue;
+
+-- name: enqueue_rollback
+-- A refused enqueue (RunIdConflict, a value Postgres refuses): undone, and the caller's
+-- transaction usable again, with whatever the caller wrote before it.
+ROLLBACK TO SAVEPOINT cairn_enqueue;
+
+-- name: enqueue_release
+-- The enqueue's statements are the caller's transaction's now: they commit or roll back
+-- with it.
+RELEASE SAVEPOINT cairn_enqueue;
+
 -- name: token_create
 -- An API token (cairn tokens create): only its secret's SHA-256 is kept.
 INSERT INTO api_tokens (id, name, tenant, admin, hash)
@@ -1364,9 +1381,31 @@ SELECT id, name, tenant, admin, created_at, revoked_at FROM api_tokens
  ORDER BY created_at, id;
 
 -- name: token_revoke
--- Revoke a token; the first revocation's time stays.
+-- Revoke a token; the first revocation's time stays. Its pages' sessions end with it.
+WITH ended AS (DELETE FROM page_sessions WHERE token_id = %(id)s)
 UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = %(id)s
 RETURNING id, name, tenant, admin, created_at, revoked_at;
+
+-- name: page_session_create
+-- A page session (a login): the SHA-256 of its cookie's random value, what it was made
+-- from, and when it ends. The expired ones go in the same statement.
+WITH swept AS (DELETE FROM page_sessions WHERE expires_at <= now())
+INSERT INTO page_sessions (hash, token_id, owner, expires_at)
+VALUES (%(hash)s, %(token_id)s, %(owner)s, now() + make_interval(secs => %(seconds)s))
+RETURNING expires_at;
+
+-- name: page_session_get
+-- A live page session: unexpired, and its token (if it has one) live and still the one
+-- it was made from (owner = its hash), with the tenant it acts for. No row: no session.
+SELECT s.token_id, s.owner, t.tenant, coalesce(t.admin, true) AS admin
+  FROM page_sessions s
+  LEFT JOIN api_tokens t ON t.id = s.token_id
+ WHERE s.hash = %(hash)s AND s.expires_at > now()
+   AND (s.token_id IS NULL OR (t.revoked_at IS NULL AND t.hash = s.owner));
+
+-- name: page_session_end
+-- Log out: the session's row goes, so its cookie, wherever copied, opens nothing.
+DELETE FROM page_sessions WHERE hash = %(hash)s RETURNING token_id;
 
 -- name: create_budget
 -- Enqueue with budget_usd: the tree's ledger row, with the run (same transaction). A run

@@ -1,4 +1,4 @@
--- cairn's schema as it stands: what migrations/0001..0026 build, in one file to read.
+-- cairn's schema as it stands: what migrations/0001..0028 build, in one file to read.
 -- Databases are made and upgraded by the migrations (`cairn db upgrade`);
 -- tests/integration/test_schema.py builds one database from them and one from this file and asserts
 -- their schema-only dumps are equal, so this file cannot drift. A new migration edits
@@ -94,7 +94,7 @@ CREATE TABLE checkpoints (
     -- its workflow pins its version (versions="pin"): it goes on only on workers of
     -- started_version; set by its first claim, from the claiming worker's workflows
     pinned      boolean NOT NULL DEFAULT false,
-    -- who asked it to stop, with cancel_reason (migration 0027): "token <id>", "admin",
+    -- who asked it to stop, with cancel_reason (migration 0028): "token <id>", "admin",
     -- a name a Client gave; NULL: nobody (a parent's cancel names who on the parent)
     cancelled_by  text
 ) WITH (fillfactor = 70);
@@ -736,7 +736,7 @@ CREATE TABLE approval_decisions (
     rule_id      bigint,
     decided_at   timestamptz NOT NULL DEFAULT now(),
     -- the API token it was decided with (NULL: none: CAIRN_API_TOKEN, a Client, the CLI)
-    -- and the tenant that token or Client acted for (NULL: an admin); migration 0027
+    -- and the tenant that token or Client acted for (NULL: an admin); migration 0028
     decided_token  text,
     decided_tenant text
 );
@@ -754,3 +754,17 @@ CREATE TABLE approval_rules (
     CONSTRAINT approval_rules_workflow_tool_tenant_key
         UNIQUE NULLS NOT DISTINCT (workflow, tool, tenant)
 );
+
+-- The pages' sessions (migration 0027): a random cookie value, kept only as its SHA-256.
+-- Logging out deletes the row; revoking its token deletes the token's (token_revoke).
+-- owner: what it was made from, the token's stored hash, or for CAIRN_API_TOKEN
+-- (token_id NULL) a MAC of it; a session whose owner no longer matches opens nothing.
+CREATE TABLE page_sessions (
+    hash        bytea PRIMARY KEY,
+    token_id    text REFERENCES api_tokens (id) ON DELETE CASCADE,
+    owner       bytea NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    expires_at  timestamptz NOT NULL
+);
+CREATE INDEX page_sessions_token ON page_sessions (token_id) WHERE token_id IS NOT NULL;
+CREATE INDEX page_sessions_expiry ON page_sessions (expires_at);
