@@ -59,6 +59,10 @@ OWN_WRITES = "test_the_steps_own_writes_commit_with_the_save_and_roll_back_with_
 FENCES = "tests/integration/test_fences.py"
 SEAMS = "tests/fleet/test_seams.py"
 SEALING = "tests/integration/test_sealing.py"
+COLUMNS = "tests/integration/test_sealed_columns.py"
+NO_CLEAR = f"{COLUMNS}::test_no_payload_is_left_in_clear_in_any_column"
+KEY_MISSING = "tests/integration/test_key_missing.py"
+KEY_DEPLOY = "tests/fleet/test_key_deploy.py::test_a_key_deployed_in_either_order_finishes_every_run_in_flight"
 STORE = "tests/contract/test_store_contract.py"
 PAI = "tests/integration/test_pydantic_ai.py"
 OA = "tests/integration/test_openai_agents.py"
@@ -123,9 +127,9 @@ MUTANTS = [
         "M5",
         "a rejected save commits the step's ctx.db writes",
         "store/checkpoints.py",
-        "row = conn.execute(query, params).fetchone()\n                if row is not None:\n"
+        "row = opened(conn).execute(query, params).fetchone()\n                if row is not None:\n"
         "                    conn.commit()\n                else:\n                    conn.rollback()",
-        "row = conn.execute(query, params).fetchone()\n                if row is not None:\n"
+        "row = opened(conn).execute(query, params).fetchone()\n                if row is not None:\n"
         "                    conn.commit()\n                else:\n                    conn.commit()",
         (f"tests/integration/test_store.py::{OWN_WRITES}",),
     ),
@@ -139,11 +143,13 @@ MUTANTS = [
     ),
     Mutant(
         "M7",
-        "no lease check before a model call",
-        "steps/modelcalls.py",
-        "        self._ensure_before_call()\n        if self._cap is not None or (pos",
-        "        if self._cap is not None or (pos",
-        (f"{ZOMBIE}[prefork-two]", f"{ZOMBIE}[threads-two]"),
+        "no lease check before a journaled call (ctx.call, ctx.model): a worker that lost "
+        "its run while paused before a call runs its tool (the model request alone is "
+        "still fenced at the transport, M112)",
+        "steps/context.py",
+        "        self._lease.ensure()\n        self._check_cancel(CANCEL_FRESH)",
+        "        self._check_cancel(CANCEL_FRESH)",
+        (f"{FENCED_TRIES}::test_a_lease_lost_before_a_journaled_call_stops_it_before_it_starts",),
     ),
     Mutant(
         "M8",
@@ -783,16 +789,16 @@ MUTANTS = [
     Mutant(
         "M89",
         "a payload column written in clear with CAIRN_PAYLOAD_KEYS set",
-        "store/rows.py",
-        "    return Jsonb(sealing.seal(value))",
-        "    return Jsonb(value)",
+        "cairn/core/sealing.py",
+        "        return _JSON.encode(keys.seal(value))",
+        "        return _JSON.encode(value)",
         (f"{SEALING}::test_every_payload_is_sealed_in_both_servers_and_opens_for_the_reader",),
     ),
     Mutant(
         "M90",
         "event data written to Redis in clear with CAIRN_PAYLOAD_KEYS set",
         "cairn/core/events.py",
-        '"data": sealing.seal(data) if data is not None else None,',
+        '"data": sealing.dump(data) if data is not None else None,',
         '"data": data,',
         (f"{SEALING}::test_every_payload_is_sealed_in_both_servers_and_opens_for_the_reader",),
     ),
@@ -1151,6 +1157,54 @@ MUTANTS = [
         (
             f"{WEB_SESSIONS}::test_a_run_id_holding_slashes_is_encoded_in_every_link_and_its_page_opens",
             f"{ATTACKS}::test_a_run_id_holding_dot_dot_is_encoded_in_its_link_and_opens_its_own_page",
+        ),
+    ),
+    Mutant(
+        "M115",
+        "a cancel's reason (a user's words) stored in clear with CAIRN_PAYLOAD_KEYS set",
+        "store/checkpoints.py",
+        'row = self.db.one("cancel", {"run_id": run_id, "reason": text(reason)})',
+        'row = self.db.one("cancel", {"run_id": run_id, "reason": Clear(reason)})',
+        (NO_CLEAR,),
+    ),
+    Mutant(
+        "M116",
+        'a user\'s value shaped like the envelope ({"cairn.sealed": ...}) stored as it is, '
+        "and opened on the way back as if cairn had sealed it",
+        "cairn/core/sealing.py",
+        "    return text if MARK.decode() not in text else _CLEAR.encode(_escaped(value))",
+        "    return text",
+        (
+            "tests/unit/test_payloads.py::test_any_value_comes_back_exactly_and_a_user_envelope_is_never_opened",
+            f"{COLUMNS}::test_a_value_shaped_like_the_envelope_round_trips_through_postgres",
+        ),
+    ),
+    Mutant(
+        "M117",
+        "a payload key a worker lacks, met inside a step, fails the run instead of handing "
+        "it back to a worker that has the key",
+        "cairn/core/sealing.py",
+        "class KeyMissing(PayloadKeyError, Interrupted):",
+        "class KeyMissing(PayloadKeyError):",
+        (KEY_MISSING, f"{KEY_DEPLOY}[api-first]"),
+    ),
+    Mutant(
+        "M118",
+        "a fork's patched input stored unsealed (the patch merged beside the sealing path)",
+        "store/rows.py",
+        '"input": None if input is None else Payload(input),',
+        '"input": None if input is None else Clear(input),',
+        (NO_CLEAR,),
+    ),
+    Mutant(
+        "M119",
+        "a run handed back for a key its worker lacks counts the delivery toward poison: "
+        "a key deploy that hands it around fails it as poison",
+        "workers/loop.py",
+        "            deps.store.unclaim(run_id, lease.epoch, KEY_HOLD)  # not the run's fault",
+        "            pass",
+        (
+            f"{KEY_MISSING}::test_a_key_missing_hands_the_run_back_and_never_fails_or_poisons_it[in-a-step]",
         ),
     ),
     Mutant(

@@ -223,7 +223,7 @@ class Settings:
         None,
         "CAIRN_PAYLOAD_KEYS",
         "payloads encrypted at rest (input, state, window, journaled results, signals, "
-        "events): comma-separated `<id>:<key>`, the first sealing, all opening; "
+        "errors, events): comma-separated `<id>:<key>`, the first sealing, all opening; "
         "`cairn db new-key` makes a key",
         repr=False,
     )

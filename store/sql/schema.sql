@@ -1,4 +1,4 @@
--- cairn's schema as it stands: what migrations/0001..0028 build, in one file to read.
+-- cairn's schema as it stands: what migrations/0001..0029 build, in one file to read.
 -- Databases are made and upgraded by the migrations (`cairn db upgrade`);
 -- tests/integration/test_schema.py builds one database from them and one from this file and asserts
 -- their schema-only dumps are equal, so this file cannot drift. A new migration edits
@@ -62,7 +62,8 @@ CREATE TABLE checkpoints (
     status      text NOT NULL CONSTRAINT checkpoints_status_check CHECK (status IN (
         'pending', 'running', 'waiting', 'done', 'failed', 'cancelled', 'budget_exceeded',
         'incompatible', 'unknown', 'queued')),
-    error       text,
+    -- why it stopped, or its last attempt's error (a JSON string, sealed: migration 0028)
+    error       jsonb,
     epoch       bigint NOT NULL DEFAULT 0,  -- fencing epoch of the lease that wrote it
     resumes     integer NOT NULL DEFAULT 0,
     updated_at  timestamptz NOT NULL DEFAULT now(),
@@ -74,7 +75,8 @@ CREATE TABLE checkpoints (
     -- a retry is scheduled for then: the reaper leaves the run alone until it is due
     retry_at    timestamptz,
     -- cancel was asked for: the run stops at its next step boundary, before any effect
-    cancel_reason  text,
+    -- (the reason given, a JSON string, sealed: migration 0028)
+    cancel_reason  jsonb,
     -- status waiting: the event it waits for, until when, and where it goes on timeout
     wait_event  text,
     wait_until  timestamptz,
@@ -94,9 +96,10 @@ CREATE TABLE checkpoints (
     -- its workflow pins its version (versions="pin"): it goes on only on workers of
     -- started_version; set by its first claim, from the claiming worker's workflows
     pinned      boolean NOT NULL DEFAULT false,
-    -- who asked it to stop, with cancel_reason (migration 0028): "token <id>", "admin",
-    -- a name a Client gave; NULL: nobody (a parent's cancel names who on the parent)
-    cancelled_by  text
+    -- who asked it to stop, with cancel_reason (migration 0029): "token <id>", "admin",
+    -- a name a Client gave (a JSON string, sealed); NULL: nobody (a parent's cancel
+    -- names who on the parent)
+    cancelled_by  jsonb
 ) WITH (fillfactor = 70);
 
 CREATE INDEX checkpoints_active ON checkpoints (status) WHERE status IN ('pending', 'running');
@@ -174,7 +177,7 @@ CREATE TABLE step_history (
     epoch       bigint NOT NULL,
     cost_usd    double precision NOT NULL DEFAULT 0,
     effect_key  text,
-    error       text,
+    error       jsonb,                    -- a JSON string, sealed (migration 0028)
     -- a saved step's checkpoint, what a fork or a rewind goes on from (migration 0013):
     -- the next cursor, visits, window range, cost so far, workflow version, and the state
     -- when the step changed it (NULL: as the row before)
@@ -525,11 +528,11 @@ BEGIN
     END IF;
     IF NEW.status = 'cancelled' THEN
         UPDATE checkpoints
-           SET cancel_reason = coalesce(cancel_reason, 'its parent was cancelled'),
+           SET cancel_reason = coalesce(cancel_reason, '"its parent was cancelled"'::jsonb),
                status = CASE WHEN status IN ('pending', 'waiting', 'queued')
                              THEN 'cancelled' ELSE status END,
                error = CASE WHEN status IN ('pending', 'waiting', 'queued')
-                            THEN coalesce(cancel_reason, 'its parent was cancelled') ELSE error END,
+                            THEN coalesce(cancel_reason, '"its parent was cancelled"'::jsonb) ELSE error END,
                updated_at = now()
          WHERE run_id IN (SELECT run_id FROM runs WHERE parent_id = NEW.run_id)
            AND status IN ('pending', 'running', 'waiting', 'queued');
@@ -736,7 +739,7 @@ CREATE TABLE approval_decisions (
     rule_id      bigint,
     decided_at   timestamptz NOT NULL DEFAULT now(),
     -- the API token it was decided with (NULL: none: CAIRN_API_TOKEN, a Client, the CLI)
-    -- and the tenant that token or Client acted for (NULL: an admin); migration 0028
+    -- and the tenant that token or Client acted for (NULL: an admin); migration 0029
     decided_token  text,
     decided_tenant text
 );

@@ -6,4 +6,5 @@ ALTER TABLE approval_decisions ADD COLUMN decided_token text;
 ALTER TABLE approval_decisions ADD COLUMN decided_tenant text;
 -- And who asked a run to stop: the first cancel's asker, kept as its reason is ("token
 -- <id>", "admin", the name a Client gave); NULL: none, or its parent's cancel stopped it.
-ALTER TABLE checkpoints ADD COLUMN cancelled_by text;
+-- A name a caller gave is a user's words: a JSON string, sealed like cancel_reason (0028).
+ALTER TABLE checkpoints ADD COLUMN cancelled_by jsonb;
