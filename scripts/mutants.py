@@ -1163,8 +1163,8 @@ MUTANTS = [
         "M115",
         "a cancel's reason (a user's words) stored in clear with CAIRN_PAYLOAD_KEYS set",
         "store/checkpoints.py",
-        'row = self.db.one("cancel", {"run_id": run_id, "reason": text(reason)})',
-        'row = self.db.one("cancel", {"run_id": run_id, "reason": Clear(reason)})',
+        '{"run_id": run_id, "reason": text(reason), "by": text(by)}',
+        '{"run_id": run_id, "reason": Clear(reason), "by": text(by)}',
         (NO_CLEAR,),
     ),
     Mutant(
