@@ -78,6 +78,8 @@ DEBOUNCE_FLEET = "tests/fleet/test_debounce.py"
 BUDGETS = "tests/integration/test_budgets.py"
 APPROVALS = "tests/contract/test_approvals.py"
 TENANT_APPROVALS = "test_a_tenant_sees_and_decides_its_own_approvals_only_and_its_rules_are_its_own"
+TENANCY = "tests/contract/test_tenancy.py"
+TENANTS_API = "tests/integration/test_tenants_api.py"
 TX_STATES = "tests/integration/test_transactional_states.py"
 DEPLOY_WAITS = "tests/integration/test_deploy_check_waits.py"
 FENCED_TRIES = "tests/integration/test_fenced_tries.py"
@@ -660,7 +662,7 @@ MUTANTS = [
     Mutant(
         "M62",
         "a transactional enqueue sends its run before the caller commits",
-        "cairn/client/client.py",
+        "cairn/client/runs.py",
         "                )  # fmt: skip\n                return run_id\n",
         "                )  # fmt: skip\n                self.send(run_id, priority=prio)\n                return run_id\n",
         (
@@ -822,9 +824,9 @@ MUTANTS = [
     Mutant(
         "M93",
         "a tenant's Client reads another tenant's run (get without the tenant check)",
-        "cairn/client/client.py",
-        "        run = self._sees(self.store.get(run_id))",
-        "        run = self.store.get(run_id)",
+        "cairn/client/tenancy.py",
+        """    "get": Decision(Who.OWN, "another tenant's run is none", answer=True),""",
+        """    "get": Decision(Who.OWN, "another tenant's run is none"),""",
         ("tests/integration/test_tenants_api.py::test_every_route_hides_another_tenants_run",),
     ),
     Mutant(
@@ -1163,8 +1165,8 @@ MUTANTS = [
         "M115",
         "a cancel's reason (a user's words) stored in clear with CAIRN_PAYLOAD_KEYS set",
         "store/checkpoints.py",
-        'row = self.db.one("cancel", {"run_id": run_id, "reason": text(reason)})',
-        'row = self.db.one("cancel", {"run_id": run_id, "reason": Clear(reason)})',
+        '{"run_id": run_id, "reason": text(reason), "by": text(by)}',
+        '{"run_id": run_id, "reason": Clear(reason), "by": text(by)}',
         (NO_CLEAR,),
     ),
     Mutant(
@@ -1250,6 +1252,41 @@ MUTANTS = [
         (
             "tests/contract/test_store_contract.py::test_a_run_offered_waits_while_its_message_is_out_each_wait_twice_the_last[redis]",
         ),
+    ),
+    Mutant(
+        "M120",
+        "remove_schedule without its tenancy decision: a tenant's Client removes the "
+        "admin's schedule (as it did before issue 51)",
+        "cairn/client/tenancy.py",
+        '    "remove_schedule": _SCHEDULES,\n',
+        '    "remove_schedule": Decision(Who.ANY, "any client"),\n',
+        (f"{TENANCY}::test_a_tenants_client_reaches_nothing_of_another_tenants_nor_of_the_admins",),
+    ),
+    Mutant(
+        "M121",
+        "an approval decided with no name given is recorded as decided by the admin, "
+        "whoever's token or tenant's Client decided it",
+        "cairn/client/base.py",
+        '        if self.token_id is not None:\n            return f"token {self.token_id}"\n',
+        '        if True:\n            return "admin"\n',
+        (f"{TENANCY}::test_a_decision_names_the_token_and_tenant_that_made_it",),
+    ),
+    Mutant(
+        "M122",
+        "an approval's audit row leaves out the token and the tenant that decided it",
+        "store/sql/queries.sql",
+        "           %(token_id)s, %(tenant)s\n      FROM chosen",
+        "           NULL, NULL\n      FROM chosen",
+        (f"{TENANTS_API}::test_an_approvals_audit_row_names_the_token_and_tenant_that_decided",),
+    ),
+    Mutant(
+        "M123",
+        "the routes take no tenancy decision of their own: a tenant's token reads the "
+        "fleet's metrics",
+        "cairn/web/api.py",
+        "        dependencies=[Depends(tenancy.decided)],  # every route's, before it runs\n",
+        "",
+        (f"{TENANTS_API}::test_every_route_hides_another_tenants_run",),
     ),
 ]
 

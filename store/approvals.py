@@ -45,11 +45,14 @@ class ApprovalStore:
         decided_by: str,
         traceparent: str | None = None,
         tenant: str | None = None,
+        token_id: str | None = None,
     ) -> str:
         """Mark the approval decided, write its audit row and store the signal its run
-        waits on, in one transaction; the run's id. Raises UnknownApproval (tenant: one of
-        another tenant's runs too), AlreadyDecided (a second decision, racing or not), or
-        ApprovalGone (its run no longer waits)."""
+        waits on, in one transaction; the run's id. tenant: the decider's (it finds that
+        tenant's approvals alone), token_id: the API token it decided with; the audit row
+        names both. Raises UnknownApproval (tenant: one of another tenant's runs too),
+        AlreadyDecided (a second decision, racing or not), or ApprovalGone (its run no
+        longer waits)."""
         row = self.db.one(
             "decide",
             {
@@ -59,6 +62,7 @@ class ApprovalStore:
                 "decided_by": decided_by,
                 "traceparent": traceparent,
                 "tenant": tenant,
+                "token_id": token_id,
             },
         )
         if row is not None:

@@ -402,9 +402,10 @@ class PgStore:
         row = self.db.one("cancel_reason", {"run_id": run_id})
         return row["cancel_reason"] if row else None
 
-    def cancel(self, run_id: str, reason: str) -> RunStatus | None:
-        """Ask the run to stop; its status now (None: no such run, or it had ended)."""
-        row = self.db.one("cancel", {"run_id": run_id, "reason": text(reason)})
+    def cancel(self, run_id: str, reason: str, by: str | None = None) -> RunStatus | None:
+        """Ask the run to stop (by: who asks, kept with the first cancel's reason, both
+        sealed); its status now (None: no such run, or it had ended)."""
+        row = self.db.one("cancel", {"run_id": run_id, "reason": text(reason), "by": text(by)})
         return RunStatus(row["status"]) if row else None
 
     def history(self, run_id: str) -> list[dict[str, Any]]:

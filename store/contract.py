@@ -275,8 +275,9 @@ class AdminStore(Protocol):
         """wait() for asyncio, holding no thread while it waits."""
 
     # -- changing ---------------------------------------------------------------------
-    def cancel(self, run_id: str, reason: str) -> RunStatus | None:
-        """Ask the run to stop; its status now, or None."""
+    def cancel(self, run_id: str, reason: str, by: str | None = None) -> RunStatus | None:
+        """Ask the run to stop (by: who asks; the first cancel's reason and asker are
+        kept, Run.cancelled_by); its status now, or None."""
 
     def signal(
         self, run_id: str, event: str, payload: Any, signal_id: str, traceparent: str | None = None
@@ -442,10 +443,12 @@ class Approvals(Protocol):
         decided_by: str,
         traceparent: str | None = None,
         tenant: str | None = None,
+        token_id: str | None = None,
     ) -> str:
         """Decide it and send its run the signal (payload) with the audit row, at once;
-        the run's id. Raises UnknownApproval (another tenant's too), AlreadyDecided or
-        ApprovalGone."""
+        the run's id. tenant: the decider's, who reaches that tenant's alone; the audit
+        row names it and token_id, the API token decided with. Raises UnknownApproval
+        (another tenant's too), AlreadyDecided or ApprovalGone."""
 
     def add_rule(
         self, workflow: str, tool: str, created_by: str, tenant: str | None = None

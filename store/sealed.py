@@ -27,6 +27,7 @@ PAYLOADS: tuple[tuple[str, str, str], ...] = (
     ("checkpoints", "state", "true"),
     ("checkpoints", "error", f"status <> '{RunStatus.BUDGET_EXCEEDED}'"),
     ("checkpoints", "cancel_reason", "true"),
+    ("checkpoints", "cancelled_by", "true"),
     ("step_history", "error", "true"),
     ("window_messages", "message", "true"),
     ("step_history", "state", "true"),

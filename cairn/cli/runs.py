@@ -248,6 +248,8 @@ def show(run_id: RunId, as_json: AsJson = False, database_url: DatabaseUrl = Non
         run = client.get(run_id)
         if run is not None and run.tenant is not None:
             console.print(f"[bold]{'tenant':>10}[/] {run.tenant}")
+        if run is not None and run.cancelled_by is not None:
+            console.print(f"[bold]{'cancelled':>10}[/] by {run.cancelled_by}")
         if run is not None and run.started_version is not None:
             console.print(f"[bold]{'started on':>10}[/] code version {run.started_version}")
         if run is not None and run.wakes_at is not None:  # a sleep, or a wait's timeout

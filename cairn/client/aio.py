@@ -2,7 +2,10 @@
 thread (asyncio.to_thread, as DBOS's enqueue_async does), made from Client's own
 (`_threaded`), so the two cannot drift; only wait (a task awaiting news from the Client's
 one listening connection, store/waits.py) and events (asyncio Redis reads) are asyncio's
-own, as they hold no thread while they wait, and enqueue on the caller's AsyncConnection, whose transaction is its event loop's. tests/unit/test_client_parity.py checks the two faces method by method.
+own, as they hold no thread while they wait, and enqueue on the caller's AsyncConnection,
+whose transaction is its event loop's. tests/unit/test_client_parity.py checks the two
+faces method by method. A method run in a thread takes Client's tenancy decision there;
+AsyncClient's own take theirs from the same table (cairn.client.tenancy.enforced_async).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Self, TypeVar
 
 from cairn.client.checks import checked, checked_budget, checked_debounce, flow
 from cairn.client.client import Client
+from cairn.client.tenancy import enforced_async
 from cairn.core import tracing
 from cairn.core.records import Run
 from cairn.core.settings import Settings
@@ -48,12 +52,15 @@ def _threaded(
     # inspect.signature follows __wrapped__: the parameters are Client's, written once.
     functools.update_wrapper(threaded, method, assigned=("__module__", "__name__", "__doc__"))
     threaded.__qualname__ = f"AsyncClient.{method.__name__}"
+    # Client's method takes its tenancy decision in the thread: enforced_async leaves it.
+    threaded.__dict__["client_method"] = method
     return threaded
 
 
 _enqueue_threaded = _threaded(Client.enqueue)
 
 
+@enforced_async
 class AsyncClient:
     """Client for asyncio apps (FastAPI, aiohttp): every method of Client, awaited, with
     the same parameters, over a Client of its own (`sync`). A call runs in a worker thread,
@@ -100,11 +107,12 @@ class AsyncClient:
         """The tenant this client acts for (None: every run)."""
         return self.sync.tenant
 
-    def for_tenant(self, tenant: str) -> AsyncClient:
-        """Client.for_tenant: this client acting for one tenant, on the same pool, producer
-        and readers (closing it closes nothing)."""
+    def for_tenant(self, tenant: str | None, *, token_id: str | None = None) -> AsyncClient:
+        """Client.for_tenant: this client acting for one tenant (None: every tenant), and
+        naming token_id in its audit rows, on the same pool, producer and readers (closing
+        it closes nothing)."""
         view = copy.copy(self)
-        view.sync = self.sync.for_tenant(tenant)
+        view.sync = self.sync.for_tenant(tenant, token_id=token_id)
         view._redis_log = None  # the origin's to close
         view._event_log = self._events()
         return view
@@ -216,8 +224,6 @@ class AsyncClient:
         LISTEN/NOTIFY on the one connection all the client's waits share (no thread and no
         connection held per wait). Raises UnknownRun, or cairn.WaitTimedOut after timeout
         seconds (None: no limit)."""
-        if self.tenant is not None:
-            await asyncio.to_thread(self.sync._known, run_id)
         return await self.store.wait_async(run_id, timeout)
 
     async def events(
@@ -228,8 +234,6 @@ class AsyncClient:
         goes on."""
         from cairn.client.events import afollow
 
-        if self.tenant is not None:
-            await asyncio.to_thread(self.sync._known, run_id)
         until = None if timeout is None else time.monotonic() + timeout
         async for event in afollow(
             _Durable(self.store), self._events(), run_id, after, until=until

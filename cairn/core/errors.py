@@ -146,6 +146,11 @@ class UnknownBudget(InvalidInput):
     resource)."""
 
 
+class Forbidden(InvalidInput):
+    """An admin's operation asked for by a tenant (cairn.client.tenancy): a Client with a
+    tenant, or a tenant's token (a 403 over HTTP)."""
+
+
 class RunIdConflict(CairnError):
     """A run with this id exists with another workflow or another input."""
 

@@ -206,6 +206,9 @@ class Run:
     # The customer it is for (Client(tenant=), or the API token that enqueued it; None:
     # none). A child run and a fork keep their origin's.
     tenant: str | None = None
+    # Who asked it to stop, by Client.get: "token <id>" (a `cairn tokens` token), "admin",
+    # the name a Client gave (None: nobody did, or its parent's cancel stopped it).
+    cancelled_by: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Run:
@@ -228,6 +231,8 @@ class Run:
             del out["wakes_at"]
         else:
             out["wakes_at"] = self.wakes_at.isoformat()
+        if self.cancelled_by is None:
+            del out["cancelled_by"]
         return out
 
 
@@ -373,14 +378,19 @@ def decision_in(payload: Any) -> tuple[str, dict[str, Any] | None] | None:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Decision:
     """An approval's decision, as its audit row keeps it: approve, deny or edit (approve
-    with edited arguments); the signal's payload sent to the run; who decided (a token's
-    identity, 'admin', or 'rule N' for a standing rule, then rule_id); when."""
+    with edited arguments); the signal's payload sent to the run; who decided (decided_by:
+    "token <id>", "admin", the name a Client or the CLI gave, or "rule N" for a standing
+    rule, then rule_id); the API token it was decided with (decided_token: None for the
+    server's own token, a Client or the CLI) and the tenant it acted for (decided_tenant:
+    None for an admin); when."""
 
     decision: str
     payload: Mapping[str, Any]
     decided_by: str
     decided_at: dt.datetime
     rule_id: int | None = None
+    decided_token: str | None = None
+    decided_tenant: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -424,6 +434,8 @@ class Approval:
                 decided_by=row["decided_by"],
                 decided_at=row["decided_at"],
                 rule_id=row["rule_id"],
+                decided_token=row.get("decided_token"),
+                decided_tenant=row.get("decided_tenant"),
             )
         return cls(
             approval_id=int(row["approval_id"]),

@@ -63,6 +63,12 @@ class Run(Answer):
         description="The tenant it is for (the token that started it, or its parent's or "
         "origin's); null: none.",
     )
+    cancelled_by: str | None = Field(
+        default=None,
+        description="Who asked it to stop: 'token <id>' (a `cairn tokens` token), 'admin' "
+        "(CAIRN_API_TOKEN), the name a Client or the CLI gave; absent: nobody did (a "
+        "parent's cancel names who on the parent), or a list's row.",
+    )
 
 
 class RunPage(Answer):
@@ -181,9 +187,19 @@ class Decision(Answer):
         description="The signal its run got: decision, args (an edit's), note, approval_id, "
         "by (a rule's: rule_id)."
     )
-    decided_by: str = Field(description="Who: the token's identity, 'admin', or 'rule N'.")
+    decided_by: str = Field(
+        description="Who: 'token <id>' (a `cairn tokens` token), 'admin' (CAIRN_API_TOKEN), "
+        "the name a Client or the CLI gave, or 'rule N'."
+    )
     decided_at: DateTime
     rule_id: int | None = Field(description="The standing rule that decided it, if one did.")
+    decided_token: str | None = Field(
+        description="The id of the `cairn tokens` token it was decided with (null: "
+        "CAIRN_API_TOKEN, a Client or the CLI, or a rule)."
+    )
+    decided_tenant: str | None = Field(
+        description="The tenant the decider acted for (null: an admin, or a rule)."
+    )
 
 
 class Approval(Answer):

@@ -3,7 +3,9 @@ signalled over JSON, behind a bearer token.
 
 create_app only wires: the settings, the one Client every route shares, the event hub,
 the guard, the error handlers and one router per resource (cairn.web.routers). The
-routes reach what they share through FastAPI dependencies on app.state (cairn.web.deps).
+routes reach what they share through FastAPI dependencies on app.state (cairn.web.deps);
+each takes its tenancy decision first (cairn.web.tenancy), and an app with a route that
+has none is not built.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from cairn import __version__
@@ -23,7 +25,7 @@ from cairn.steps import registry
 from cairn.store.checkpoints import PgStore
 from cairn.store.events import AsyncRedisEvents
 from cairn.store.tokens import PageSessions, Tokens
-from cairn.web import errors
+from cairn.web import errors, tenancy
 from cairn.web.auth import OPEN_PATHS, Auth, Guard
 from cairn.web.headers import Hardened
 from cairn.web.hub import Hub
@@ -61,6 +63,7 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
         version=__version__,
         summary="Durable multi-step LLM agent runs: start, read, cancel and signal them.",
         lifespan=_lifespan,
+        dependencies=[Depends(tenancy.decided)],  # every route's, before it runs
         docs_url=None,  # the pages' own /docs: no inline script (cairn.web.routers.pages)
         redoc_url=None,
     )
@@ -85,7 +88,8 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
     for resource in (runs, events, signals, approvals, health, pages, schedules, tenants):
         app.include_router(resource.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    document(app, open_paths=OPEN_PATHS, no_store=health.NO_STORE)
+    tenancy.check(app)
+    document(app, open_paths=OPEN_PATHS, no_store=health.NO_STORE, tenancy=tenancy.of)
     return app
 
 

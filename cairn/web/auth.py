@@ -57,9 +57,6 @@ PAGE_HEADER = "x-cairn-page"
 # own page's MAC instead) and the pages' CSS and JS.
 OPEN_PATHS = re.compile(r"^/(healthz|login|logout|static/.*)$")
 EVENTS_PATH = re.compile(r"^/runs/([^/]+)/events$")
-# Not a tenant's: what spans every tenant (replay, schedules, whose runs have none, the
-# fleet's metrics) and a tenant's limits, which are the admin's to set.
-ADMIN_PATHS = re.compile(r"^/(runs/replay|schedules(/.*)?|tenants(/.*)?|metrics)$")
 # How long a token looked up in Postgres is believed (a revoke takes this long at most).
 TOKEN_TTL = 2.0
 # A read token as Auth.read_token makes them: the admin's MAC, or "<token id>.<MAC>".
@@ -303,9 +300,8 @@ class Guard:
                 # The pages' logout button carries this; another origin cannot make it.
                 state["logout_check"] = self.auth.mac("logout", who.session)
             if who is not None and who.tenant is not None:
-                if ADMIN_PATHS.match(path):
-                    return error(403, "forbidden", "an admin token's: it spans every tenant")
-                # The routes' Client acts for this tenant alone (cairn.web.deps).
+                # The routes' Client acts for this tenant alone (cairn.web.deps), and an
+                # admin's route refuses it (cairn.web.tenancy).
                 state["tenant"] = who.tenant
             if how is None and (reads := await self.auth.reads(request)) is not None:
                 if not reads:

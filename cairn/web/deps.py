@@ -1,7 +1,8 @@
 """What the routes share, as FastAPI dependencies: the objects create_app puts on
 app.state, one of each per app (the Client, the settings, the event hub, the token, the
 metrics). A tenant's request (the guard put its tenant in the scope's state) gets the
-Client and the reads as that tenant's views: its runs only."""
+Client and the reads as that tenant's views: its runs only; a request made with a
+`cairn tokens` token gets a Client that names that token in the audit rows it writes."""
 
 from __future__ import annotations
 
@@ -26,10 +27,18 @@ def tenant_of(request: Request) -> str | None:
     return tenant
 
 
+def token_of(request: Request) -> str | None:
+    """The `cairn tokens` token the request proved itself with (None: the server's own)."""
+    token_id: str | None = request.scope.get("state", {}).get("token_id")
+    return token_id
+
+
 async def _client(request: Request) -> Client:
     client: Client = request.app.state.client
-    tenant = tenant_of(request)
-    return client if tenant is None else client.for_tenant(tenant)
+    tenant, token_id = tenant_of(request), token_of(request)
+    if tenant is None and token_id is None:
+        return client
+    return client.for_tenant(tenant, token_id=token_id)
 
 
 async def _reads(request: Request) -> Reads:
@@ -58,14 +67,7 @@ async def _metrics(request: Request) -> Metrics:
     return metrics
 
 
-async def _identity(request: Request) -> str:
-    # Who the request is, for an audit row: the one API token (or the page session made
-    # from it) is the admin's. A token of its own would name its holder here.
-    return "admin"
-
-
 ClientDep = Annotated[Client, Depends(_client)]
-IdentityDep = Annotated[str, Depends(_identity)]
 ReadsDep = Annotated[Reads, Depends(_reads)]  # the GETs: on the replica if there is one
 SettingsDep = Annotated[Settings, Depends(_settings)]
 HubDep = Annotated[Hub, Depends(_hub)]

@@ -24,6 +24,7 @@ from cairn.core.errors import (
     AlreadyDecided,
     ApprovalGone,
     CairnError,
+    Forbidden,
     InvalidInput,
     RunEnded,
     RunIdConflict,
@@ -46,6 +47,7 @@ _ERROR_STATUS: list[tuple[type[CairnError], int]] = [
     (RunIdConflict, 409),
     (RunNotStopped, 409),
     (RunEnded, 409),
+    (Forbidden, 403),
     (InvalidInput, 422),
     (UnknownWorkflow, 422),
     (Transient, 503),
@@ -168,7 +170,7 @@ def install(app: FastAPI) -> None:
 
 # Newer FastAPI keeps an included router's routes behind one entry of the app's list;
 # this sees through it (older ones copied the routes into the app's own list).
-_each_route: Callable[[list[BaseRoute]], Iterable[Any]] = getattr(
+each_route: Callable[[list[BaseRoute]], Iterable[Any]] = getattr(
     fastapi.routing, "iter_route_contexts", iter
 )
 
@@ -178,7 +180,7 @@ def allowed(routes: list[BaseRoute], scope: Any) -> list[str]:
     parameters, so POST /runs/replay does not advertise GET /runs/{run_id}'s GET."""
     matching = [
         r
-        for r in _each_route(routes)
+        for r in each_route(routes)
         if getattr(r, "methods", None) and r.matches(scope)[0] != Match.NONE
     ]
     fewest = min((len(r.param_convertors) for r in matching), default=0)

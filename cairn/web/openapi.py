@@ -4,19 +4,22 @@ shape, and every rule a request must follow, so /openapi.json is the API's refer
 
 A route declares what is its own (its 404 and 409, its models); what every route shares
 is added here, once, from the one place that causes it: the guard's 401/403/411/413,
-request validation's 400/422, the Client's 503. The shapes themselves are in
-cairn.web.models and cairn.web.errors.
+request validation's 400/422, the Client's 503, and each operation's tenancy decision
+(`x-cairn-tenancy`: who may call it and why, cairn.client.tenancy; an admin's answers a
+tenant's token 403). The shapes themselves are in cairn.web.models and cairn.web.errors.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any, get_args
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from cairn.client.tenancy import Decision, Who
 from cairn.core.errors import InvalidInput
 from cairn.steps import registry
 from cairn.web.answers import EVENT_DATA, Event, EventKind
@@ -24,6 +27,7 @@ from cairn.web.errors import HEADERS, WHY, ErrorBody
 from cairn.web.models import SSE_EVENT
 
 REF = "#/components/schemas/{model}"
+ADMIN_403 = "A tenant's token: this operation is an admin's (forbidden)."
 
 
 def example_workflow() -> str:
@@ -73,9 +77,16 @@ def request_examples(workflow: str) -> dict[tuple[str, str], dict[str, Any]]:
     }
 
 
-def document(app: FastAPI, *, open_paths: re.Pattern[str], no_store: frozenset[str]) -> None:
+def document(
+    app: FastAPI,
+    *,
+    open_paths: re.Pattern[str],
+    no_store: frozenset[str],
+    tenancy: Callable[[str, str], Decision],
+) -> None:
     """Have app.openapi() return the complete document. open_paths: reachable without the
-    token; no_store: paths that answer without the Client (no 503)."""
+    token; no_store: paths that answer without the Client (no 503); tenancy(method, path):
+    the operation's decision."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -89,6 +100,7 @@ def document(app: FastAPI, *, open_paths: re.Pattern[str], no_store: frozenset[s
                 ),
                 open_paths=open_paths,
                 no_store=no_store,
+                tenancy=tenancy,
                 # Built at the first request: the workflows are all registered by then.
                 examples=request_examples(example_workflow()),
             )
@@ -102,6 +114,7 @@ def complete(
     *,
     open_paths: re.Pattern[str],
     no_store: frozenset[str],
+    tenancy: Callable[[str, str], Decision],
     examples: dict[tuple[str, str], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """FastAPI's document with the shared responses, the security scheme and the request
@@ -166,6 +179,17 @@ def complete(
                 add(responses, 422, replace=True)
             if path not in no_store:
                 add(responses, 503)
+            decision = tenancy(method, path)
+            op["x-cairn-tenancy"] = {"who": decision.who.value, "why": decision.why}
+            if decision.who is Who.ADMIN:
+                said = responses.get("403", {}).get("description")
+                add(responses, 403)
+                responses["403"] = {
+                    **responses["403"],
+                    "description": f"{said} Or {ADMIN_403[0].lower()}{ADMIN_403[1:]}"
+                    if said
+                    else ADMIN_403,
+                }
     text = repr(schema["paths"])
     for unused in ("HTTPValidationError", "ValidationError"):
         if unused not in text:

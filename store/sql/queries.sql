@@ -323,9 +323,11 @@ SELECT run_id, attempts FROM c;
 
 -- name: cancel
 -- Ask a run to stop. One that no worker holds (pending, waiting, queued) stops at once; a
--- running one stops at its next step boundary, before any further effect.
+-- running one stops at its next step boundary, before any further effect. The first
+-- cancel's reason and asker are kept (the SET reads the row as it was).
 UPDATE checkpoints
    SET cancel_reason = coalesce(cancel_reason, %(reason)s),
+       cancelled_by = CASE WHEN cancel_reason IS NULL THEN %(by)s ELSE cancelled_by END,
        status = CASE WHEN status IN ('pending', 'waiting', 'queued')
                      THEN 'cancelled' ELSE status END,
        error = CASE WHEN status IN ('pending', 'waiting', 'queued')
@@ -462,15 +464,17 @@ SELECT {{approval_columns}}
 -- One approval, its decision (the audit row) if it has one, and whether it still waits
 -- for one (undecided, its run parked on it).
 SELECT {{approval_columns}}, a.pending AS waiting,
-       d.decision, d.payload, d.decided_by, d.rule_id, d.decided_at
+       d.decision, d.payload, d.decided_by, d.rule_id, d.decided_at, d.decided_token,
+       d.decided_tenant
   FROM approvals a
   LEFT JOIN approval_decisions d ON d.approval_id = a.approval_id
  WHERE a.approval_id = %(approval_id)s
    AND (%(tenant)s::text IS NULL OR a.tenant = %(tenant)s);
 
 -- name: decide
--- A decision: the approval marked decided, the audit row and the signal its run waits on,
--- in one statement (one transaction). The guard is the UPDATE: an approval decided
+-- A decision: the approval marked decided, the audit row (naming who decided: the token
+-- and the tenant it acted for) and the signal its run waits on, in one statement (one
+-- transaction). The guard is the UPDATE: an approval decided
 -- already, or whose run no longer waits on it (pending false), returns no row and nothing
 -- is written; of two racing decisions the second waits on the row lock, then finds it
 -- decided.
@@ -481,8 +485,9 @@ WITH chosen AS (
     RETURNING a.approval_id, a.run_id, a.event, a.workflow, a.tool
 ), audit AS (
     INSERT INTO approval_decisions (approval_id, run_id, workflow, tool, decision, payload,
-                                    decided_by)
-    SELECT approval_id, run_id, workflow, tool, %(decision)s, %(payload)s, %(decided_by)s
+                                    decided_by, decided_token, decided_tenant)
+    SELECT approval_id, run_id, workflow, tool, %(decision)s, %(payload)s, %(decided_by)s,
+           %(token_id)s, %(tenant)s
       FROM chosen
 ), sent AS (
     INSERT INTO signals (run_id, signal_id, event, payload, traceparent)
@@ -704,7 +709,7 @@ recorded AS (
 SELECT c.run_id, r.workflow, c.status, c.cursor, c.seq, c.cost_usd, c.resumes, c.error,
        r.created_at, c.updated_at, r.input, c.state, r.parent_id, r.concurrency_key,
        r.priority, r.traceparent, r.forked_from, r.forked_at, c.started_version, r.tenant,
-       CASE WHEN c.status = 'waiting' THEN c.wait_until END AS wakes_at
+       CASE WHEN c.status = 'waiting' THEN c.wait_until END AS wakes_at, c.cancelled_by
   FROM checkpoints c JOIN runs r USING (run_id)
 
 -- name: get_run
@@ -1286,7 +1291,7 @@ WITH snap AS (
            visits = visits.v, win_start = snap.win_start, win_end = snap.win_end,
            flow_version = snap.flow_version, status = 'pending', error = NULL,
            attempts = 0, deliveries = 0, retry_at = NULL, cancel_reason = NULL,
-           wait_event = NULL, wait_until = NULL, wait_timeout_cursor = NULL,
+           cancelled_by = NULL, wait_event = NULL, wait_until = NULL, wait_timeout_cursor = NULL,
            updated_at = now()
       FROM cur, snap, visits
      WHERE c.run_id = %(origin)s

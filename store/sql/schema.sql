@@ -1,4 +1,4 @@
--- cairn's schema as it stands: what migrations/0001..0028 build, in one file to read.
+-- cairn's schema as it stands: what migrations/0001..0029 build, in one file to read.
 -- Databases are made and upgraded by the migrations (`cairn db upgrade`);
 -- tests/integration/test_schema.py builds one database from them and one from this file and asserts
 -- their schema-only dumps are equal, so this file cannot drift. A new migration edits
@@ -95,7 +95,11 @@ CREATE TABLE checkpoints (
     started_version    text,
     -- its workflow pins its version (versions="pin"): it goes on only on workers of
     -- started_version; set by its first claim, from the claiming worker's workflows
-    pinned      boolean NOT NULL DEFAULT false
+    pinned      boolean NOT NULL DEFAULT false,
+    -- who asked it to stop, with cancel_reason (migration 0029): "token <id>", "admin",
+    -- a name a Client gave (a JSON string, sealed); NULL: nobody (a parent's cancel
+    -- names who on the parent)
+    cancelled_by  jsonb
 ) WITH (fillfactor = 70);
 
 CREATE INDEX checkpoints_active ON checkpoints (status) WHERE status IN ('pending', 'running');
@@ -739,7 +743,11 @@ CREATE TABLE approval_decisions (
     payload      jsonb NOT NULL,
     decided_by   text NOT NULL,
     rule_id      bigint,
-    decided_at   timestamptz NOT NULL DEFAULT now()
+    decided_at   timestamptz NOT NULL DEFAULT now(),
+    -- the API token it was decided with (NULL: none: CAIRN_API_TOKEN, a Client, the CLI)
+    -- and the tenant that token or Client acted for (NULL: an admin); migration 0029
+    decided_token  text,
+    decided_tenant text
 );
 
 -- Standing rules: a request of this workflow for this tool is approved as the run saves

@@ -182,6 +182,7 @@ def test_of_two_racing_decisions_one_wins_and_one_is_already_decided(
                 "decided_by": "first",
                 "traceparent": None,
                 "tenant": None,
+                "token_id": None,
             },
         ).fetchone()
         assert row is not None

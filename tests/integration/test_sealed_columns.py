@@ -71,6 +71,8 @@ NOT_PAYLOADS = {
     "approvals.tenant",
     "approval_decisions.run_id", "approval_decisions.workflow", "approval_decisions.tool",
     "approval_decisions.decision", "approval_decisions.decided_by",
+    # the token's id (cairn's) and the tenant it acted for, beside decided_by (issue 51)
+    "approval_decisions.decided_token", "approval_decisions.decided_tenant",
     "approval_rules.workflow", "approval_rules.tool", "approval_rules.created_by",
     "approval_rules.tenant",
     # LangGraph's saver: its serializer's bytes (give it EncryptedSerializer) and the
@@ -189,7 +191,7 @@ def _every_feature(settings: Settings, store: PgStore, leases: Leases) -> str:
     assert loop.run(run_id, deps) == cairn.RunStatus.DONE
     # A fork with a patch, a cancel with a reason, a step's error and its retry's.
     fork = client.fork(run_id, at_seq=1, input_patch={"patched": MARK})
-    client.cancel(fork, reason=f"stopped by {MARK}")
+    client.cancel(fork, reason=f"stopped by {MARK}", by=f"ops {MARK}")
     failing = client.enqueue("every_payload_flaky", {})
     with contextlib.suppress(RetryLater):
         loop.run(failing, deps)

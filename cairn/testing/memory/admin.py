@@ -201,7 +201,7 @@ class _Admin(_Tables):
             self._cuts.fire(run_id)  # after the message is in, as Postgres's NOTIFY at commit
         return found
 
-    def cancel(self, run_id: str, reason: str) -> RunStatus | None:
+    def cancel(self, run_id: str, reason: str, by: str | None = None) -> RunStatus | None:
         """Ask the run to stop: one no worker holds (pending, waiting) at once, a running
         one at its next step boundary. Its status now, or None: no such run, or ended."""
         with self._lock:
@@ -210,7 +210,7 @@ class _Admin(_Tables):
             if row is None or row.status not in ACTIVE:
                 return None
             if row.cancel_reason is None:
-                row.cancel_reason = reason
+                row.cancel_reason, row.cancelled_by = reason, by
             if row.status != RunStatus.RUNNING:
                 row.status, row.error = RunStatus.CANCELLED, reason
                 row.updated_at = stamp

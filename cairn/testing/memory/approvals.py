@@ -143,6 +143,7 @@ class MemoryApprovals:
         decided_by: str,
         traceparent: str | None = None,
         tenant: str | None = None,
+        token_id: str | None = None,
     ) -> str:
         text = _dump(payload)
         with self._store._lock:
@@ -154,7 +155,8 @@ class MemoryApprovals:
                 raise self._approval(a).refusal()
             stamp = self._store._stamp()
             a.decision = Decision(decision=decision, payload=json.loads(text),
-                                  decided_by=decided_by, decided_at=stamp)  # fmt: skip
+                                  decided_by=decided_by, decided_at=stamp,
+                                  decided_token=token_id, decided_tenant=tenant)  # fmt: skip
             self._store._rows[a.run_id].signals.setdefault(
                 f"approval-{approval_id}",
                 _Signal(event=a.event, payload=text, created_at=stamp, traceparent=traceparent),

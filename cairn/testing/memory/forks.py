@@ -88,6 +88,7 @@ class _Forks(_Tables):
                 row.visits, row.win_start, row.win_end = _dump(visits), snap.win_start, snap.win_end
                 row.flow_version, row.status, row.error = snap.flow_version, RunStatus.PENDING, None
                 row.attempts, row.deliveries, row.retry_at, row.cancel_reason = 0, 0, None, None
+                row.cancelled_by = None
                 row.wait_event = row.wait_until = row.wait_timeout_cursor = None
                 row.updated_at = stamp
                 mark = self._history(

@@ -75,6 +75,7 @@ class _Row:
     deliveries: int = 0
     retry_at: dt.datetime | None = None
     cancel_reason: str | None = None
+    cancelled_by: str | None = None  # who asked, with the first cancel's reason
     wait_event: str | None = None
     wait_until: dt.datetime | None = None
     wait_timeout_cursor: str | None = None

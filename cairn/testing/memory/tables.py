@@ -274,6 +274,7 @@ class _Tables:
             forked_from=row.forked_from,
             forked_at=row.forked_at,
             wakes_at=row.wait_until if row.status == RunStatus.WAITING else None,
+            cancelled_by=row.cancelled_by,
         )
 
     @staticmethod

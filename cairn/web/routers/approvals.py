@@ -9,7 +9,7 @@ from fastapi import APIRouter, Body, Query
 
 from cairn.core.errors import UnknownApproval
 from cairn.web.answers import Approval, ApprovalPage
-from cairn.web.deps import ClientDep, IdentityDep
+from cairn.web.deps import ClientDep
 from cairn.web.errors import errors
 from cairn.web.models import NO_NUL, NewDecision
 
@@ -67,10 +67,11 @@ def get_approval(approval_id: int, client: ClientDep) -> dict[str, Any]:
     ),
 )
 def decide(
-    approval_id: int, body: Annotated[NewDecision, Body()], client: ClientDep, who: IdentityDep
+    approval_id: int, body: Annotated[NewDecision, Body()], client: ClientDep
 ) -> dict[str, Any]:
     """Decide an approval: its run gets the signal it waits on ({decision, args, note,
-    approval_id, by}), stored in one transaction with the audit row. A request is
-    decided once: a second decision is 409 already_decided."""
-    decided = client.decide(approval_id, body.decision, args=body.args, note=body.note, by=who)
+    approval_id, by}), stored in one transaction with the audit row, which names the
+    token that decided (decided_by, decided_token) and its tenant (decided_tenant). A
+    request is decided once: a second decision is 409 already_decided."""
+    decided = client.decide(approval_id, body.decision, args=body.args, note=body.note)
     return decided.to_json()

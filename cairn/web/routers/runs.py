@@ -194,7 +194,8 @@ def calls(run_id: str, reads: ReadsDep) -> dict[str, Any]:
 def cancel(
     run_id: str, client: ClientDep, body: Annotated[Cancel | None, Body()] = None
 ) -> dict[str, Any]:
-    """Stop a run: a pending one at once, a running one at its next step boundary."""
+    """Stop a run: a pending one at once, a running one at its next step boundary. The
+    run names who asked (cancelled_by: the token)."""
     return client.cancel(run_id, (body or Cancel()).reason).to_json()
 
 

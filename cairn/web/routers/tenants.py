@@ -1,6 +1,6 @@
 """/tenants: what an admin sets for a tenant as a whole (its budget per day or month: set,
-read, deleted). The guard answers a tenant's token 403 here (cairn.web.auth.ADMIN_PATHS):
-a tenant's limits are not its own to read or change."""
+read, deleted). Setting and deleting are an admin's (a tenant's token gets 403); a
+tenant's token reads its own budget, another's being none (cairn.client.tenancy)."""
 
 from __future__ import annotations
 

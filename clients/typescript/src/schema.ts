@@ -57,8 +57,9 @@ export interface paths {
         /**
          * Decide
          * @description Decide an approval: its run gets the signal it waits on ({decision, args, note,
-         *     approval_id, by}), stored in one transaction with the audit row. A request is
-         *     decided once: a second decision is 409 already_decided.
+         *     approval_id, by}), stored in one transaction with the audit row, which names the
+         *     token that decided (decided_by, decided_token) and its tenant (decided_tenant). A
+         *     request is decided once: a second decision is 409 already_decided.
          */
         post: operations["decide_approvals__approval_id__decision_post"];
         delete?: never;
@@ -250,7 +251,8 @@ export interface paths {
         put?: never;
         /**
          * Cancel
-         * @description Stop a run: a pending one at once, a running one at its next step boundary.
+         * @description Stop a run: a pending one at once, a running one at its next step boundary. The
+         *     run names who asked (cancelled_by: the token).
          */
         post: operations["cancel_runs__run_id__cancel_post"];
         delete?: never;
@@ -831,9 +833,19 @@ export interface components {
             decided_at: string;
             /**
              * Decided By
-             * @description Who: the token's identity, 'admin', or 'rule N'.
+             * @description Who: 'token <id>' (a `cairn tokens` token), 'admin' (CAIRN_API_TOKEN), the name a Client or the CLI gave, or 'rule N'.
              */
             decided_by: string;
+            /**
+             * Decided Tenant
+             * @description The tenant the decider acted for (null: an admin, or a rule).
+             */
+            decided_tenant: string | null;
+            /**
+             * Decided Token
+             * @description The id of the `cairn tokens` token it was decided with (null: CAIRN_API_TOKEN, a Client or the CLI, or a rule).
+             */
+            decided_token: string | null;
             /**
              * Decision
              * @enum {string}
@@ -1362,6 +1374,11 @@ export interface components {
          * @description One run: where it stands, its input, its state (the result once done), its cost.
          */
         Run: {
+            /**
+             * Cancelled By
+             * @description Who asked it to stop: 'token <id>' (a `cairn tokens` token), 'admin' (CAIRN_API_TOKEN), the name a Client or the CLI gave; absent: nobody did (a parent's cancel names who on the parent), or a list's row.
+             */
+            cancelled_by?: string | null;
             /** Concurrency Key */
             concurrency_key: string | null;
             /** Cost Usd */
@@ -2046,6 +2063,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A tenant's token: this operation is an admin's (forbidden). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
         };
     };
     list_runs_runs_get: {
@@ -2265,7 +2291,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). */
+            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). Or a tenant's token: this operation is an admin's (forbidden). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3650,6 +3676,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A tenant's token: this operation is an admin's (forbidden). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Postgres or the broker is away: retry after Retry-After seconds. */
             503: {
                 headers: {
@@ -3713,7 +3748,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). */
+            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). Or a tenant's token: this operation is an admin's (forbidden). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3800,7 +3835,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). */
+            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). Or a tenant's token: this operation is an admin's (forbidden). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3871,7 +3906,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). */
+            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). Or a tenant's token: this operation is an admin's (forbidden). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3942,7 +3977,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). */
+            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). Or a tenant's token: this operation is an admin's (forbidden). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4097,7 +4132,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). */
+            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). Or a tenant's token: this operation is an admin's (forbidden). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4185,7 +4220,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). */
+            /** @description A page session's write without `X-Cairn-Page: 1` (forbidden). Or a tenant's token: this operation is an admin's (forbidden). */
             403: {
                 headers: {
                     [name: string]: unknown;
