@@ -52,7 +52,7 @@ def test_demo_finishes_every_run_and_delivers_each_email_once(db_url: str, tmp_p
         assert demo.wait(timeout=30) == 0, errors.read_text()[-2000:]
         # What is left after a Ctrl-C: the processes killed at once and reaped, the
         # stand-ins stopped, no interpreter teardown (0.3-0.7 s at a load of 15 on 2 cores;
-        # it was 2-6 s, and past 30 s in a whole suite's run).
+        # it was 2-6 s here, and a whole suite once found it running 30 s after the Ctrl-C).
         assert time.monotonic() - asked < 10, errors.read_text()[-2000:]
     finally:
         demo.kill()
