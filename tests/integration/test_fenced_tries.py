@@ -264,3 +264,41 @@ def test_a_step_outside_any_run_is_not_fenced(model: ModelServer) -> None:
     finally:
         client.close()
     assert cairn.text_of(answer) == "fenced"
+
+
+before_call = cairn.workflow("fenced_before_call")
+TOOL_RAN: list[str] = []
+
+
+@before_call.step("ask")
+def ask_after_a_pause(ctx: cairn.Context) -> cairn.StepResult:
+    time.sleep(WAIT)  # the lease is taken over in here, as over a SIGSTOP
+    if ctx.input["how"] == "tool":
+        ctx.call("tool", lambda: TOOL_RAN.append(ctx.run_id))
+    else:
+        ctx.model(**ASK)
+    return cairn.StepResult(cursor=cairn.DONE)
+
+
+@pytest.mark.parametrize("how", ["tool", "model"])
+def test_a_lease_lost_before_a_journaled_call_stops_it_before_it_starts(
+    how: str, settings: Settings, store: PgStore, leases: Leases, model: ModelServer
+) -> None:
+    """The check before each journaled call (ctx.call, ctx.model) is the only fence a
+    tool without a key has: a step that lost its run while it paused before the call
+    does not run the tool, nor send the request."""
+    client = ModelClient(base_url=model.url, give_up_after=5.0)
+    deps = _deps(settings, store, leases, client)
+    model.control(reset=True)
+    run_id = f"fenced-before-{how}-{uuid.uuid4().hex[:8]}"
+    assert store.create_run(run_id, "fenced_before_call", {"how": how})
+    taker = threading.Timer(0.2, _take_over, (leases, run_id))
+    taker.start()
+    try:
+        lost = _run_lost(run_id, deps)
+    finally:
+        taker.join()
+        client.close()
+    assert run_id not in TOOL_RAN
+    assert model.stats()["requests"] == 0
+    _check_stopped_as_lost(store, run_id, lost)
