@@ -77,6 +77,8 @@ DEBOUNCE = "tests/contract/test_store_contract.py"
 DEBOUNCE_FLEET = "tests/fleet/test_debounce.py"
 BUDGETS = "tests/integration/test_budgets.py"
 APPROVALS = "tests/contract/test_approvals.py"
+RATE = "tests/integration/test_ratelimit.py"
+WEB_STREAM = "tests/fleet/test_web_stream.py"
 TENANT_APPROVALS = "test_a_tenant_sees_and_decides_its_own_approvals_only_and_its_rules_are_its_own"
 TENANCY = "tests/contract/test_tenancy.py"
 TENANTS_API = "tests/integration/test_tenants_api.py"
@@ -1287,6 +1289,24 @@ MUTANTS = [
         "        dependencies=[Depends(tenancy.decided)],  # every route's, before it runs\n",
         "",
         (f"{TENANTS_API}::test_every_route_hides_another_tenants_run",),
+    ),
+    Mutant(
+        "M140",
+        "a model call booked with the rate limiter before the SDK's own work on its request: "
+        "a slow first call reaches the provider late on its slot, on top of the next ones",
+        "steps/model.py",
+        "            with gated(book):\n                answer = send(attempt)\n",
+        "            book()\n            answer = send(attempt)\n",
+        (f"{RATE}::test_a_request_late_on_its_slot_is_booked_where_it_goes_out_not_before",),
+    ),
+    Mutant(
+        "M141",
+        "the run page listens for a named `message` event besides onmessage (the listener of "
+        "that same name): each journaled answer is shown twice in the live log",
+        "cairn/web/static/cairn.js",
+        'const KINDS = ["step_started", "token", "model_restart", "call", "step_saved",',
+        'const KINDS = ["step_started", "token", "model_restart", "message", "call", "step_saved",',
+        (f"{WEB_STREAM}::test_the_run_page_streams_the_answer_and_marks_the_killed_attempt_cut",),
     ),
 ]
 

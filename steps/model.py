@@ -31,7 +31,7 @@ from cairn.steps.providers import (
 )
 from cairn.steps.providers import anthropic as _anthropic
 from cairn.steps.providers import openai as _openai
-from cairn.steps.providers.transport import POOLS
+from cairn.steps.providers.transport import POOLS, gated
 from cairn.steps.window import json_size
 
 if TYPE_CHECKING:
@@ -346,21 +346,36 @@ class ModelClient:
         return wait_random_exponential(multiplier=0.5, max=20.0)(state)
 
     def _try(self, where: Route, request: dict[str, Any], send: Callable[[Attempt], Any]) -> Any:
-        """One try of a call under the fleet's limits: booked (and waited for) before,
-        its answer's headers and usage told to the limiter after."""
-        admission = self.admit(where, self._tokens(request, where) if self.limiter else 0)
-        if admission.wait > 0:
-            _waiting(admission.wait, f"for the fleet's rate limit on {where.model}")
-            time.sleep(admission.wait)
+        """One try of a call under the fleet's limits: booked (and waited for) where its
+        request goes out, in the transport, after the SDK's own work on it; its answer's
+        headers and usage told to the limiter after.
+
+        Booked before the SDK instead, a process's first call (the SDK builds its API
+        resources then: ~0.2 s, over 0.5 s on a busy host) reached the provider that late
+        on its slot, on top of the next worker's on-time one: at 120/min against a
+        provider that allows a burst of 2, three at once, and a 429."""
+        tokens = self._tokens(request, where) if self.limiter else 0
+        booked: list[Admission] = []
+
+        def book() -> None:
+            admission = self.admit(where, tokens)
+            booked.append(admission)
+            if admission.wait > 0:
+                _waiting(admission.wait, f"for the fleet's rate limit on {where.model}")
+                time.sleep(admission.wait)
+
         attempt = Attempt()
         try:
-            answer = send(attempt)
+            with gated(book):
+                answer = send(attempt)
         except Exception as exc:
             failed = self.failure(exc)
-            if failed is not None and failed[0] != 200:  # 200: mid-stream, no headers of its own
-                self.answered(admission, failed[0], failed[1], None)
+            # 200: mid-stream, no headers of its own; nothing booked: nothing went out.
+            if booked and failed is not None and failed[0] != 200:
+                self.answered(booked[-1], failed[0], failed[1], None)
             raise
-        self.answered(admission, 200, attempt.headers, getattr(answer, "usage", None))
+        if booked:
+            self.answered(booked[-1], 200, attempt.headers, getattr(answer, "usage", None))
         return answer
 
     def _call(

@@ -32,11 +32,12 @@ from cairn.cli.common import (
     load_settings,
     open_client,
 )
+from cairn.cli.timeline import print_timeline
 from cairn.core.status import CANCEL_REASON, RunStatus
 
 if TYPE_CHECKING:
     from cairn.client.client import Client
-    from cairn.core.records import Run, StepRecord
+    from cairn.core.records import Run
 
 app = typer.Typer()
 
@@ -261,7 +262,7 @@ def show(run_id: RunId, as_json: AsJson = False, database_url: DatabaseUrl = Non
             console.print(f"[bold red]{'unreadable':>10}[/] {exc}")
         steps = client.history(run_id)
         _print_children(run_id, client.children(run_id))
-    _print_timeline(steps)
+    print_timeline(console, steps)
 
 
 _FIELDS = (
@@ -304,34 +305,6 @@ def _print_children(run_id: str, kids: list[Run]) -> None:
         console.print(f"{'':>11}{k.run_id}  {k.workflow}  {_coloured(k.status)}  {k.error or ''}")
     if len(kids) > 50:
         console.print(f"{'':>11}… and {len(kids) - 50} more (cairn runs show {run_id} --json)")
-
-
-def _print_timeline(steps: list[StepRecord]) -> None:
-    timeline = Table(
-        "seq", "step", "visit", "outcome", "started", "seconds", "worker", "version", "cost $"
-    )
-    timeline.add_column("effect key / error", overflow="fold")
-    colours = {"saved": "green", "retry": "yellow"}
-    previous_worker = None
-    for s in steps:
-        colour = colours.get(s.outcome, "red")
-        worker = s.worker
-        # A new owner (a resume after a kill, a hand-off) shows as the worker changing.
-        moved = previous_worker is not None and worker != previous_worker
-        previous_worker = worker
-        timeline.add_row(
-            str(s.seq),
-            s.cursor,
-            str(s.visit),
-            f"[{colour}]{s.outcome}[/]",
-            s.started_at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
-            f"{s.seconds:.3f}",
-            f"[bold]{worker}[/]" if moved else worker,
-            s.code_version or "",
-            f"{s.cost_usd:.6f}",
-            s.error or s.effect_key or "",
-        )
-    console.print(timeline)
 
 
 @app.command()

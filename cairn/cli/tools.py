@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import enum
 import json
+import os
+import sys
 from typing import Annotated
 
 import typer
@@ -56,8 +58,17 @@ def demo(
         # Printed before --serve goes on serving: a script reading it need not wait.
         on_summary=(lambda s: print(json.dumps(s), flush=True)) if as_json else None,
     )
-    if not summary["ok"]:
-        raise typer.Exit(1)
+    code = 0 if summary["ok"] else 1
+    if serve:
+        # Ctrl-C ended the serving and every process the demo started is gone: all that
+        # is left is the interpreter taking apart each module loaded (Celery, Rich, the
+        # store's drivers...), seconds of CPU on a busy host between the Ctrl-C and the
+        # prompt. The output is flushed; nothing else is owed at exit.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()

@@ -212,18 +212,27 @@ def _serve_or_hint(crew: _Crew, rows: dict[str, Run], page: str, serve_port: int
     if serve_port:
         err.print(f"a run resumed after a kill: {page}/{resumed}" if resumed else "")
         err.print(f"serving the runs at {page} until Ctrl-C")
-        try:
-            while crew.procs[-1].alive():
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            # A second Ctrl-C must not cut the clean-up short and orphan the workers.
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _until_interrupted(crew.procs[-1].alive)
     else:
         err.print(
             f"see the runs and their step timelines: `cairn demo --serve`, or "
             f"`cairn serve --insecure-no-auth` and {page}",
             soft_wrap=True,
         )
+
+
+def _until_interrupted(going: Callable[[], bool]) -> None:
+    """Until Ctrl-C (SIGINT), or going() says no. The signal sets a flag this loop reads
+    rather than raising KeyboardInterrupt wherever the main thread happens to be (in the
+    middle of a Popen's bookkeeping, a print); Ctrl-Cs after the first are ignored: they
+    must not cut the clean-up short and orphan the workers."""
+    asked: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: asked.append(signum))
+    try:
+        while not asked and going():
+            time.sleep(0.1)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @dataclasses.dataclass
@@ -300,9 +309,13 @@ class _Crew:
             return
 
     def kill(self) -> None:
-        """Kill every process the demo started."""
+        """Kill every process the demo started: all at once, then each reaped (one by one,
+        each waited for while the others still stood, was seconds on a busy host)."""
         for p in self.procs:
-            p.kill()
+            p.signal_all(signal.SIGCONT)
+            p.signal_all(signal.SIGKILL)
+        for p in self.procs:
+            p.kill()  # dead already: reaped at once
 
 
 def _print_summary(out: Console, s: dict[str, Any]) -> None:

@@ -4,11 +4,13 @@ checked right before the request goes out (cairn.steps.context.fence)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import itertools
 import os
 import socket
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from cairn.steps.context import fence
@@ -27,6 +29,36 @@ def answered_headers() -> Any:
     headers = getattr(_answer, "headers", None)
     _answer.headers = None
     return headers
+
+
+# What a try of a call does right before its request goes out (ModelClient._try: book it
+# with the fleet's rate limiter and wait for its slot), per thread: the SDK's own work on
+# the request comes first (a process's first call imports and builds the SDK's API
+# resources, ~0.2 s and more on a busy host), so that work cannot make the request reach
+# the provider late on its slot, on top of the next one's.
+_gate = threading.local()
+
+
+class _Held(BaseException):
+    """What the gate raised, carried past the SDK's handlers (which make any Exception
+    from the transport a connection error) and raised as itself by gated()."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+@contextlib.contextmanager
+def gated(before_send: Callable[[], None]) -> Iterator[None]:
+    """Run before_send() in the spread transport right before each request this thread
+    sends within the block; an exception it raises comes out of the block as itself."""
+    outer = getattr(_gate, "before_send", None)
+    _gate.before_send = before_send
+    try:
+        yield
+    except _Held as held:
+        raise held.error from None
+    finally:
+        _gate.before_send = outer
 
 
 # TCP keepalive as the SDKs' default transport sets it: a long model call on an idle
@@ -71,7 +103,15 @@ def spread_transport() -> Any:
 
         def handle_request(self, request: Any) -> Any:
             # Every request either SDK sends passes here, each retry too, right before it
-            # goes out: the one place the lease is checked for all of them (context.fence).
+            # goes out: the one place it is booked with the rate limiter (the gate a try
+            # set) and then, after any wait for its slot, its step's lease is checked for
+            # all of them (context.fence).
+            before_send = getattr(_gate, "before_send", None)
+            if before_send is not None:
+                try:
+                    before_send()
+                except Exception as exc:  # noqa: BLE001 (carried out whole, raised as itself)
+                    raise _Held(exc) from None
             fence()
             response = self._pool().handle_request(request)
             _answer.headers = response.headers

@@ -45,6 +45,8 @@ from cairn.store.lease import LeaseToken
 from cairn.store.schedules import Schedule
 from cairn.testing import ManualClock, MemoryLease, MemoryLeases, MemorySchedules, MemoryStore
 from tests.helpers.contract import contract_methods
+from tests.helpers.holds import Racer, held_inside
+from tests.helpers.runs import wait_for
 from tests.helpers.services import PGBOUNCER_PORT
 
 # Every timestamp Postgres stores, by table: moved back by the seconds that pass.
@@ -980,21 +982,28 @@ def test_a_debounced_run_that_sleeps_later_does_not_take_its_keys_enqueues(
     assert _load(store, "d1").input == {"n": 1}
 
 
-def test_two_debounced_enqueues_racing_make_one_run(backend: Backend) -> None:
-    """Many enqueuers of one key at once: one run, which every one of them returns."""
+def test_two_debounced_enqueues_racing_make_one_run(
+    backend: Backend, request: pytest.FixtureRequest
+) -> None:
+    """Enqueuers of one key at once: one run, which every one of them returns. On Postgres
+    they meet inside the enqueue by construction: the first is held after its checkpoint's
+    insert (a trigger on runs), the others queue behind it on the key's unique index (or,
+    without the key, are held beside it), until all are in."""
     store = backend.store
-    got: list[tuple[str, bool]] = []
-    threads = [
-        threading.Thread(
-            target=lambda n=n: got.append(store.debounce(f"d{n}", "probe", {"n": n}, "k", 30))
-        )
-        for n in range(8)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert len(got) == 8
+    n = 3  # within the store's pool of 4, so every racer is in Postgres, not waiting for it
+
+    def enqueue(i: int) -> Callable[[], tuple[str, bool]]:
+        return lambda: store.debounce(f"d{i}", "probe", {"n": i}, "k", 30)
+
+    if isinstance(store, MemoryStore):
+        got = [r.outcome() for r in [Racer(enqueue(i)) for i in range(n)]]
+    else:
+        with held_inside(request.getfixturevalue("db_url"), "runs") as gate:
+            racers = [Racer(enqueue(i)) for i in range(n)]
+            wait_for(lambda: gate.blocked() == n, 10, "every enqueue to be in, held or queued")
+            assert gate.held() == 1  # the key's guard: the others wait for the first
+            gate.release()
+            got = [r.outcome() for r in racers]
     assert len({run_id for run_id, _ in got}) == 1
     assert sum(created for _, created in got) == 1
 

@@ -126,11 +126,20 @@ def test_the_run_page_streams_the_answer_and_marks_the_killed_attempt_cut(
     assert not browser.find_elements(By.CSS_SELECTOR, "#stream b")  # text, never markup
     assert int(last["attempt"]) > int(cut["attempt"])
     assert all(b["state"] == "cut" for b in blocks[:-1])
-    kinds = browser.execute_script(
-        "return [...document.querySelectorAll('#feed li')].map((li) => li.dataset.kind);"
+    feed = browser.execute_script(
+        "return [...document.querySelectorAll('#feed li')].map((li) => [li.dataset.kind, li.dataset.id]);"
     )
+    kinds = [kind for kind, _ in feed]
     assert {"attempt_abandoned", "resumed", "message", "step_saved"} <= set(kinds)
     assert kinds[-1] == "run_ended"
+    # Each event the stream sent is one line of the feed: a `message` ("message" is also
+    # the name EventSource's onmessage listens to) as much as any other.
+    ids = [event_id for _, event_id in feed]
+    assert all(ids) and len(ids) == len(set(ids)), feed
+    with server.http() as api:
+        sent = api.get(f"/runs/{run_id}/events", params={"after": "0"}).text
+    told = sum(line.strip() == "event: message" for line in sent.splitlines())
+    assert kinds.count("message") == told >= 1, feed
     _until(browser, lambda: _text(browser, "#status") == "done", "the status card done", 10)
     assert _text(browser, "#resumed") == "1×"
     assert _text(browser, "#stream-state") == "ended: done"

@@ -5,7 +5,6 @@ once, never again on replay; the soft limit's event; raise_budget resuming the t
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from typing import Any
 
@@ -16,6 +15,8 @@ from cairn.steps.prices import tokens_of
 from cairn.testing.standins import ModelServer
 from cairn.workers import loop
 from cairn.workers.middleware import Chain, Middleware
+from tests.helpers.holds import Racer, held_inside
+from tests.helpers.runs import wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -109,25 +110,22 @@ def test_the_soft_limit_is_crossed_once(client, deps, model: ModelServer) -> Non
     assert crossed == [(kids[0], f"run:{parent}")]  # its first call crossed it; no other
 
 
-def test_runs_of_a_tree_checking_at_once_never_pass_its_limit(client, store) -> None:
-    parent = client.enqueue("spender", {}, budget_usd=10.0)
+def test_runs_of_a_tree_checking_at_once_never_pass_its_limit(client, store, db_url) -> None:
+    """Three calls checked at once against room for two, made to meet inside the check (a
+    trigger holds each hold's insert: its budget read, its hold not yet written) or queued
+    behind one that is, on the budget's row lock. Without the lock all three read the same
+    room and pass, every time; with it they are checked one after the other."""
+    parent = client.enqueue("spender", {}, budget_usd=2.0)
     cp = store.load(parent)
-    admitted: list[int] = []
-    start = threading.Barrier(24)
-
-    def call(pos: int) -> None:
-        start.wait()
-        if store.reserve(cp, 0, pos, 1.0) is None:
-            admitted.append(pos)
-
-    threads = [threading.Thread(target=call, args=(pos,)) for pos in range(24)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(admitted) == 10
+    with held_inside(db_url, "budget_holds") as gate:
+        racers = [Racer(lambda pos=pos: store.reserve(cp, 0, pos, 1.0)) for pos in range(3)]
+        wait_for(lambda: gate.blocked() == 3, 10, "the three checks to be in, held or queued")
+        gate.release()
+        over = [r.outcome() for r in racers]
+    admitted = [pos for pos, got in enumerate(over) if got is None]
+    assert len(admitted) == 2, over
     budget = client.budget(parent)
-    assert (budget.spent_usd, budget.reserved_usd) == (0, 10.0)
+    assert (budget.spent_usd, budget.reserved_usd) == (0, 2.0)
     # The same call asked again (the next attempt after a kill in it) was admitted once.
     assert store.reserve(cp, 0, admitted[0], 1.0) is None
     assert store.reserve(cp, 0, 99, 1.0) is not None

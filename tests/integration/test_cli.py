@@ -329,3 +329,40 @@ def test_budgets_set_show_and_delete_a_tenants_budget_or_say_why_not(cli_env) ->
     assert gone.returncode == 0, gone.stderr
     assert json.loads(gone.stdout)["deleted"]["limit_usd"] == 50.0
     assert _cairn("budgets", "show", "--tenant", tenant, env=cli_env).returncode != 0
+
+
+@pytest.mark.parametrize("columns", [80, 120, 200])
+def test_show_fits_the_terminal_and_shows_every_step_value_whole(
+    cli_env, create, deps, client, tmp_path, columns: int
+) -> None:
+    """A run of five steps (a model call's cost, effect keys, a code version) and one of a
+    retry's long error: at 80 columns as at 120 and 200, no line is longer than the
+    terminal and no value is cut: each step's name, outcome, start, worker and version is
+    whole on a line of its own, and a long key or error folds without losing a character."""
+    import dataclasses
+
+    from cairn.workers import loop
+
+    deps = dataclasses.replace(
+        deps, settings=deps.settings.with_options(code_version="2025.06.1-rc3")
+    )
+    probe = create("probe", {"log": str(tmp_path / "log")}, queue=False)
+    assert loop.run(probe, deps) == "done"
+    flaky = create("flaky", {"fixed": str(tmp_path / "fixed")}, queue=False)
+    assert loop.run(flaky, deps) == "failed"
+    env = {**cli_env, "COLUMNS": str(columns)}
+    for run_id in (probe, flaky):
+        shown = _cairn("runs", "show", run_id, env=env)
+        assert shown.returncode == 0, shown.stderr
+        lines = shown.stdout.splitlines()
+        assert max(len(line) for line in lines) <= columns, shown.stdout
+        whole = " ".join(lines)
+        joined = "".join(shown.stdout.split())  # a folded value, put back together
+        for step in client.history(run_id):
+            for value in (step.cursor, step.outcome, step.worker, step.code_version):
+                assert value and any(value in line for line in lines), (value, shown.stdout)
+            stamp = step.started_at.strftime("%H:%M:%S.%f")[:-3]
+            assert stamp in whole, (stamp, shown.stdout)
+            assert "".join((step.error or step.effect_key or "").split()) in joined
+        if columns >= 200:  # room for the table: its header on one line
+            assert re.search(r"seq +step +visit +outcome +started", shown.stdout), shown.stdout

@@ -19,6 +19,7 @@ from cairn.store import Leases, PgStore, ratelimit
 from cairn.store.ratelimit import Limit, RateLimiter
 from cairn.testing.standins import ModelServer
 from cairn.workers import loop
+from tests.helpers.holds import Racer
 
 flow = cairn.workflow("ratelimit_ask")
 
@@ -210,3 +211,38 @@ def test_a_steps_model_calls_are_booked_for_its_runs_tenant(
         loop.run("acme-2", deps)
     assert loop.run("globex-1", deps) == cairn.RunStatus.DONE  # globex's is its own
     assert [e[0] for e in events] == ["deferred"]
+
+
+@pytest.mark.parametrize("model_name", ["claude-haiku-4-5", "gpt-4o-mini"])
+def test_a_request_late_on_its_slot_is_booked_where_it_goes_out_not_before(
+    r: redis_lib.Redis, model_name: str
+) -> None:
+    """120/min against a provider that allows 120/min with a burst of 2 (its per-second
+    enforcement). Four calls each take until the same moment to reach the wire after they
+    are asked (an httpx request hook where the SDK's own first-call work sits: imports,
+    building its API resources). Booked before that work, their slots (0, 0.5, 1, 1.5 s)
+    have all passed by then and the four go out together: two 429s. Booked in the
+    transport as each goes out, they leave 0.5 s apart and none is refused."""
+    with ModelServer(rpm=120, burst=2) as provider:
+        client = ModelClient(
+            base_url=provider.url,
+            openai_base_url=provider.openai_url,
+            default_model=model_name,
+            limiter=RateLimiter(r, Limit(rpm=120)),
+        )
+        sdk = client.providers["openai" if model_name.startswith("gpt") else "anthropic"].client
+        meet = time.monotonic() + 2.0  # after the fourth slot (1.5 s) and its thread's start
+
+        def busy(request: Any) -> None:
+            time.sleep(max(0.0, meet - time.monotonic()))
+
+        sdk._client.event_hooks = {"request": [busy], "response": []}
+        try:
+            calls = [Racer(lambda: client.create(**ASK)) for _ in range(4)]
+            for call in calls:
+                call.outcome(timeout=30)
+            stats = provider.stats()
+        finally:
+            client.close()
+    assert stats["rate_limited"] == 0, stats
+    assert stats["requests"] == 4, stats

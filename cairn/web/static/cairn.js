@@ -139,7 +139,9 @@ document.addEventListener("DOMContentLoaded", () => {
 const FEED_MAX = 300; // newest entries kept: a long run must not grow the page for ever
 // EventSource hands a named event only to listeners of that name: these are cairn's own
 // kinds. A step's own (ctx.emit) come unnamed, to onmessage, with their kind in the data.
-const KINDS = ["step_started", "token", "model_restart", "message", "call", "step_saved",
+// So does cairn's "message": "message" is the name onmessage listens to, and a listener
+// of that name as well would show each journaled answer twice.
+const KINDS = ["step_started", "token", "model_restart", "call", "step_saved",
   "retry", "attempt_abandoned", "wait", "resumed", "run_ended", "dropped", "gap"];
 
 function el(tag, cls, text) {
@@ -243,6 +245,7 @@ function watch(panel) {
   function log(e) {
     const item = el("li", "ev ev-" + e.kind);
     item.dataset.kind = e.kind;
+    item.dataset.id = e.id ?? "";
     const where = e.cursor ? `${e.cursor} v${e.visit ?? "?"}` + (e.attempt != null ? ` a${e.attempt}` : "") : "";
     item.append(el("span", "time", e.ts ? clock(e.ts) : ""), el("span", "kind", e.kind),
       el("span", "where", where), el("span", "what", detail(e)));
