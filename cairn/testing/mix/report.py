@@ -1,0 +1,59 @@
+"""How a mix's report prints: a summary table (seed, programs tried, operations, faults
+landed, invariant checks), a table of what was found, and for each finding its shrunk
+program as a pytest test and the command that replays it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def verdict(report: dict[str, Any]) -> str:
+    if report["ok"]:
+        return "OK: no invariant broken"
+    kinds = ", ".join(f["signature"] for f in report["findings"])
+    return f"FAILED: {len(report['findings'])} invariant(s) broken ({kinds})"
+
+
+def print_report(report: dict[str, Any]) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    out = Console()
+    summary = Table(title="cairn chaos mix", box=box.SQUARE, show_header=False)
+    rows = [
+        ("seed", str(report["seed"])),
+        ("budget / seconds spent", f"{report['budget_s']:g} / {report.get('elapsed_s', 0):g}"
+         + (f" (+ {report['shrinking_s']:g} shrinking)" if report.get("shrinking_s") else "")),
+        ("programs tried / operations", f"{report['programs']} / {report['operations']}"),
+        ("fault operations / faults landed", f"{report['fault_ops']} / {report['faults']}"),
+        ("invariants / checks made", f"{len(report['invariants'])} / {report['checks']}"),
+        ("invariants", ", ".join(report["invariants"])),
+    ]  # fmt: skip
+    for name, value in rows:
+        summary.add_row(name, value)
+    out.print(summary)
+    if report["findings"]:
+        found = Table(title="found", box=box.SQUARE)
+        for col in ("invariant", "after", "program", "shrunk to", "what"):
+            found.add_column(col)
+        for f in report["findings"]:
+            found.add_row(
+                f["signature"],
+                f"{f['found_after_s']:g}s" if "found_after_s" in f else "-",
+                f"{f.get('length', f['shrunk_length'])} ops",
+                f"{f['shrunk_length']} ops"
+                + (f" ({f['shrink_tries']} tries)" if "shrink_tries" in f else ""),
+                f["detail"][:300],
+            )
+        out.print(found)
+        for f in report["findings"]:
+            if "pytest" in f:
+                out.print(f"\n[bold]{f['signature']}[/]: replay with "
+                          f"`cairn chaos mix --seed {report['seed']} --replay {f['file']}`, "
+                          "or paste this test:\n")  # fmt: skip
+                print(f["pytest"])
+    if report.get("outcomes"):
+        for i, outcome in enumerate(report["outcomes"]):
+            out.print(f"  op {i}: {outcome}", highlight=False)
+    out.print(verdict(report), style="green" if report["ok"] else "red bold")
