@@ -69,11 +69,11 @@ if PGBOUNCER_PORT:
 
 # -- tiers ---------------------------------------------------------------------------------
 # A test's tier is its folder. tests/unit, tests/contract, tests/integration and tests/docs
-# start no worker, beat or server process (`scripts/test --fast` runs them); tests/fleet
-# and tests/outages do. A test elsewhere that starts one through cairn.testing.fleet (as
-# every fixture and helper that starts one does) fails, so the inner loop cannot slow down
-# unnoticed.
-STARTS_PROCESSES = ("fleet", "outages")
+# start no worker, beat or server process (`scripts/test --fast` runs them); tests/fleet,
+# tests/outages and tests/mix (the chaos mix: one fleet for its session) do. A test
+# elsewhere that starts one through cairn.testing.fleet (as every fixture and helper that
+# starts one does) fails, so the inner loop cannot slow down unnoticed.
+STARTS_PROCESSES = ("fleet", "outages", "mix")
 TESTS = Path(__file__).resolve().parent
 _running: list[pytest.Item] = []  # the test being run, for the guard below
 

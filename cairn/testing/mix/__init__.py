@@ -28,4 +28,24 @@ def check_program(program: Program, **options: Any) -> None:
     run(program, **options)
 
 
-__all__ = ["check_program"]
+def mix_fleet_fixture(**options: Any) -> Any:
+    """A session-scoped pytest fixture that starts the mix's fleet once (options: those of
+    cairn.testing.mix.runner.fleet_options, e.g. workflows="mypkg.flows"), for the tests
+    `cairn chaos mix` prints: `mix_fleet = mix_fleet_fixture()` in a conftest.py."""
+    import pytest
+
+    @pytest.fixture(scope="session")
+    def mix_fleet() -> Any:
+        from cairn.testing.mix.rig import MixFleet
+        from cairn.testing.mix.runner import fleet_options
+
+        fleet = MixFleet(fleet_options(**options))
+        try:
+            yield fleet.start()
+        finally:
+            fleet.close()
+
+    return mix_fleet
+
+
+__all__ = ["check_program", "mix_fleet_fixture"]

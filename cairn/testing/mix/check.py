@@ -14,7 +14,9 @@ answer. Each adds Violations to the World:
 - consumed: each signal and steer message consumed once, in the order sent;
 - spend: every model answer billed (the stand-in, per idempotency key) is journaled once,
   and the journal's cost is what the bill's usage prices at;
-- ends: every run ends in a state the program allows (see allowed()).
+- ends: every run ends in a state the program allows (see allowed());
+- reference: a run whose outcome is the program's alone ends as on the in-memory twin
+  running the program without its faults (cairn.testing.mix.reference).
 """
 
 from __future__ import annotations
@@ -25,24 +27,41 @@ from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any
 
 from cairn.testing.chaos.history import check_history
+from cairn.testing.mix.execute import read
 from cairn.testing.mix.flows import FLOWS
+from cairn.testing.mix.reference import compare, fleet_end
 from cairn.testing.mix.surfaces import Refused, ServerError, Surface, Unavailable
 from cairn.testing.mix.world import ACCEPTED, ROLLED_BACK, RunModel, World
 
 if TYPE_CHECKING:
+    from cairn.testing.mix.program import Program
+    from cairn.testing.mix.reference import Twin
     from cairn.testing.mix.rig import MixFleet
 
 # A request may reach a stand-in this long after the claim it raced (the clocks of one
 # machine: Postgres's clock_timestamp() and time.time()).
 CLOCK_SLACK = 0.05
-INVARIANTS = ("readback", "sealed", "fenced", "history", "effects", "consumed", "spend", "ends")
+INVARIANTS = (
+    "answers", "tenancy", "readback", "sealed", "fenced", "history", "effects", "consumed",
+    "spend", "ends", "reference",
+)  # fmt: skip
 
 
-def check(fleet: MixFleet, world: World) -> None:
-    """Every invariant over what the program left."""
+def check(fleet: MixFleet, world: World, program: Program, twin: Twin | None = None) -> None:
+    """Every invariant over what the program left (answers and tenancy are checked as
+    each operation is answered, cairn.testing.mix.execute)."""
     ids = [r.id for r in world.runs.values()]
     for invariant in (readback, sealed, fenced, history, effects, consumed, spend, ends):
         invariant(fleet, world, ids)
+        world.checks += 1
+    if twin is not None:
+        admin = fleet.client()
+        ends_here = {}
+        for run in world.accepted():
+            got = read(admin, run.id)
+            if got is not None:
+                ends_here[run.name] = fleet_end(got.status, got.state)
+        compare(world, program, twin, ends_here)
         world.checks += 1
 
 
@@ -243,7 +262,7 @@ def consumed(fleet: MixFleet, world: World, ids: list[str]) -> None:
     for run in world.accepted():
         if run.flow not in ("mix_wait", "mix_steer") or run.rewound or run.origin == "fork":
             continue
-        got_run = admin.get(run.id)
+        got_run = read(admin, run.id)
         if got_run is None or got_run.state is None:
             continue
         got = [g for g in got_run.state.get("got", []) if g != "timeout"]
@@ -275,7 +294,7 @@ def spend(fleet: MixFleet, world: World, ids: list[str]) -> None:
     journaled = {r["run_id"]: (int(r["n"]), float(r["usd"])) for r in rows}
     admin = fleet.client()
     for run in world.accepted():
-        got = admin.get(run.id)
+        got = read(admin, run.id)
         if got is None or got.status != "done":
             continue  # a call in flight when it stopped was billed, and is not recorded
         n, usd = journaled.get(run.id, (0, 0.0))
@@ -309,7 +328,7 @@ def allowed(run: RunModel) -> set[str]:
 def ends(fleet: MixFleet, world: World, ids: list[str]) -> None:
     admin = fleet.client()
     for run in world.accepted():
-        got = admin.get(run.id)
+        got = read(admin, run.id)
         if got is None:
             continue  # readback names it
         if str(got.status) not in allowed(run) and not _queued_behind(run, got, world):

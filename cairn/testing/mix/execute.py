@@ -65,10 +65,10 @@ class Execution:
 
         admin = self.fleet.client()
         # Best effort: a run or schedule this cannot reach is the next program's no matter.
-        with contextlib.suppress(CairnError):
-            for run in self.world.accepted():
-                got = admin.get(run.id)
-                if got is not None and got.status not in QUIET:
+        for run in self.world.accepted():
+            got = read(admin, run.id)
+            if got is not None and got.status not in QUIET:
+                with contextlib.suppress(CairnError):
                     admin.cancel(run.id)
         for sched in self.world.schedules.values():
             with contextlib.suppress(CairnError):
@@ -233,10 +233,11 @@ class Execution:
     def _op_rewind(self, op: Op) -> str:
         run = self._run(op)
         at = self._pick_seq(run, op.get("to", "first"))
+        # Before: an answer that fails may follow a rewind made (another tenant's: none).
+        run.rewound = run.rewound or not self._foreign(op, run)
         self._surface(op).rewind(run.id, at)
         if self._foreign(op, run):
             self._refused_for_tenant(op, run, "rewound")
-        run.rewound = True
         return f"to seq {at}"
 
     def _op_replay(self, op: Op) -> str:
@@ -277,10 +278,11 @@ class Execution:
 
     def _op_cancel(self, op: Op) -> None:
         run = self._run(op)
+        # What it may end as, even if the answer fails after it (another tenant's: not).
+        run.cancelled = run.cancelled or not self._foreign(op, run)
         self._surface(op).cancel(run.id)
         if self._foreign(op, run):
             self._refused_for_tenant(op, run, "cancelled")
-        run.cancelled = True
 
     def _op_decide(self, op: Op) -> str:
         run = self._run(op)
@@ -422,12 +424,12 @@ class Execution:
         end = time.monotonic() + timeout
         left = list(runs)
         while left and time.monotonic() < end:
-            left = [r for r in left if not _settled(admin.get(r.id))]
+            left = [r for r in left if not _settled(read(admin, r.id))]
             if left:
                 time.sleep(0.2)
         if final:
             for r in left:
-                got = admin.get(r.id)
+                got = read(admin, r.id)
                 status = got.status if got is not None else "missing"
                 self.world.violate(
                     "settles", "stranded",
@@ -469,6 +471,16 @@ class Execution:
 
     def _op_restart(self, op: Op) -> None:
         self.faults.restart(op.get("what", "serve"))
+
+
+def read(client: Any, run_id: str) -> Any:
+    """client.get(run_id), None for a run it cannot read (the checks say why)."""
+    from cairn.core.errors import CairnError
+
+    try:
+        return client.get(run_id)
+    except CairnError:
+        return None
 
 
 def _settled(run: Any) -> bool:

@@ -176,7 +176,7 @@ def fan_out(ctx: Context) -> StepResult:
         Child("mix_model", {"data": data}, key="m"),
         Child("mix_effect", {"data": data}, key="e"),
     ]
-    return StepResult.spawn(kids, cursor="gather", timeout=60)
+    return StepResult.spawn(kids, cursor="gather", timeout=20)
 
 
 @parent_flow.step()

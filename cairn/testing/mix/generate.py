@@ -32,8 +32,8 @@ WEIGHTS: dict[str, int] = {
     "resolve": 1,
     "raise_budget": 1,
     "tenant_budget": 1,
-    "schedule_add": 3,
-    "schedule": 4,
+    "schedule_add": 4,
+    "schedule": 5,
     "read": 10,
     "settle": 3,
     "model_429_pause": 4,
@@ -202,8 +202,10 @@ class Generator:
         if kind == "schedule_add":
             name, flow = self._name("s"), rng.choice(self.flows)
             self._schedules.append(name)
-            return [{"op": kind, "schedule": name, "flow": flow, "input": self._input(flow),
-                     "every": 3600}]  # fmt: skip
+            add = {"op": kind, "schedule": name, "flow": flow, "input": self._input(flow),
+                   "every": 3600}  # fmt: skip
+            # Read or changed at once, now and then: by the admin or a tenant.
+            return [add, *(self._make("schedule") if rng.random() < 0.5 else [])]
         if kind == "schedule":
             action = rng.choice(("list", "list", "pause", "resume", "remove"))
             op = {"op": kind, "action": action}

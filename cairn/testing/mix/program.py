@@ -121,15 +121,16 @@ def load(path: str | Path) -> Program:
 
 
 def as_pytest(program: Program, *, seed: int, found: str, modules: tuple[str, ...] = ()) -> str:
-    """A pytest test that runs the program again on a fresh fleet and fails as it did
-    (Python literals, one operation a line)."""
+    """A pytest test that runs the program again and fails as it did (Python literals, one
+    operation a line), on the session's fleet: the `mix_fleet` fixture (tests/mix's, or
+    `mix_fleet = cairn.testing.mix.mix_fleet_fixture()` in a conftest)."""
     ops = "".join(f"        {op!r},\n" for op in program)
     extra = f", modules={modules!r}" if modules else ""
     found = found.replace('"""', "'''").replace("\\", "/")
     return (
-        f"def test_mix_seed_{seed}() -> None:\n"
+        f"def test_mix_seed_{seed}(mix_fleet) -> None:\n"
         f'    """Found by `cairn chaos mix --seed {seed}`: {found}"""\n'
         "    from cairn.testing.mix import check_program\n\n"
         f"    program = [\n{ops}    ]\n"
-        f"    check_program(program{extra})\n"
+        f"    check_program(program, fleet=mix_fleet{extra})\n"
     )

@@ -35,23 +35,27 @@ def print_report(report: dict[str, Any]) -> None:
     out.print(summary)
     if report["findings"]:
         found = Table(title="found", box=box.SQUARE)
-        for col in ("invariant", "after", "program", "shrunk to", "what"):
+        for col in ("invariant: kind", "after", "program", "shrunk to"):
             found.add_column(col)
         for f in report["findings"]:
+            tries = (
+                f" ({f['shrink_tries']} tries, {f['shrink_s']:g}s)" if "shrink_tries" in f else ""
+            )
             found.add_row(
                 f["signature"],
                 f"{f['found_after_s']:g}s" if "found_after_s" in f else "-",
                 f"{f.get('length', f['shrunk_length'])} ops",
-                f"{f['shrunk_length']} ops"
-                + (f" ({f['shrink_tries']} tries)" if "shrink_tries" in f else ""),
-                f["detail"][:300],
+                f"{f['shrunk_length']} ops{tries}",
             )
         out.print(found)
         for f in report["findings"]:
+            out.print(f"\n[bold]{f['signature']}[/]: {f['detail']}", highlight=False)
             if "pytest" in f:
-                out.print(f"\n[bold]{f['signature']}[/]: replay with "
-                          f"`cairn chaos mix --seed {report['seed']} --replay {f['file']}`, "
-                          "or paste this test:\n")  # fmt: skip
+                out.print(
+                    f"replay: cairn chaos mix --seed {report['seed']} --replay {f['file']}\n"
+                    "or paste this test (tests/mix/ has the mix_fleet fixture):\n",
+                    highlight=False,
+                )
                 print(f["pytest"])
     if report.get("outcomes"):
         for i, outcome in enumerate(report["outcomes"]):

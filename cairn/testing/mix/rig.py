@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     from cairn.client.aio import AsyncClient
     from cairn.client.client import Client
+    from cairn.testing.mix.reference import Twin
 
 T = TypeVar("T")
 MIX_REDIS_DB = 13  # the chaos database's (a mix flushes it too): run one at a time
@@ -76,6 +77,7 @@ class MixFleet:
         self._http: dict[str | None, httpx.Client] = {}
         self._tokens: dict[str, str] = {}
         self._sealing_before: Any = None
+        self._twin: Twin | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> MixFleet:
@@ -185,6 +187,8 @@ class MixFleet:
 
         if self.crew is not None:
             self.crew.kill()
+        if self._twin is not None:
+            self._twin.close()
         if self.serve is not None:
             self.serve.kill()
         for server in (self.mail, self.model):
@@ -262,6 +266,14 @@ class MixFleet:
             finally:
                 db.close()
         return self._tokens[tenant]
+
+    def twin(self) -> Twin:
+        """The in-memory twin the programs are compared with (its stand-ins its own)."""
+        from cairn.testing.mix.reference import Twin
+
+        if self._twin is None:
+            self._twin = Twin()
+        return self._twin
 
     def worker_procs(self) -> list[fleet.Proc]:
         assert self.crew is not None

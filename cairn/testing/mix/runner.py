@@ -23,11 +23,12 @@ STATE = fleet_mod.STATE / "mix"
 
 
 def execute(fleet: MixFleet, program: Program, prefix: str, say: Callable[[str], None]) -> World:
-    """The program on the fleet under prefix's names, checked, then cleaned up after."""
+    """The program on the fleet under prefix's names, checked (against the twin too),
+    then cleaned up after."""
     run = Execution(fleet, program, prefix, say)
     try:
         world = run.run()
-        check(fleet, world)
+        check(fleet, world, program, fleet.twin())
     finally:
         run.cleanup()
     return world
