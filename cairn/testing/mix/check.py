@@ -31,7 +31,7 @@ from cairn.testing.mix.execute import read
 from cairn.testing.mix.flows import FLOWS
 from cairn.testing.mix.reference import compare, fleet_end
 from cairn.testing.mix.surfaces import Refused, ServerError, Surface, Unavailable
-from cairn.testing.mix.world import ACCEPTED, ROLLED_BACK, RunModel, World
+from cairn.testing.mix.world import ACCEPTED, ROLLED_BACK, UNKNOWN, RunModel, World
 
 if TYPE_CHECKING:
     from cairn.testing.mix.program import Program
@@ -71,6 +71,8 @@ def _same(a: Any, b: Any) -> bool:
 
 def readback(fleet: MixFleet, world: World, ids: list[str]) -> None:
     for run in world.runs.values():
+        if run.fate == UNKNOWN:
+            continue  # its write did not reach the surface, or its answer did not come back
         faces = [("client", None), ("async", None), ("http", None)]
         if run.tenant is not None:
             faces.append(("client", run.tenant))

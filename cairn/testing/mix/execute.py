@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from cairn.testing.mix.faults import Faults
 from cairn.testing.mix.program import Names, Op, Program
 from cairn.testing.mix.surfaces import Refused, ServerError, Surface, Unavailable
-from cairn.testing.mix.world import ACCEPTED, REFUSED, ROLLED_BACK, RunModel, World
+from cairn.testing.mix.world import ACCEPTED, REFUSED, ROLLED_BACK, UNKNOWN, RunModel, World
 
 if TYPE_CHECKING:
     from cairn.testing.mix.rig import MixFleet
@@ -49,14 +49,19 @@ class Execution:
     def run(self, settle: float = 45.0) -> World:
         """Every operation in turn, then every run left to settle (what a fault stopped
         resumed), for the checks. The runs still waiting are then cancelled."""
+        began = time.monotonic()
         try:
             for i, op in enumerate(self.program):
                 self._i = i
                 self.world.outcomes.append(self._one(op))
+            self.world.seconds["operations"] = time.monotonic() - began
             self.faults.join()
             self.settle(None, settle, final=True)
         finally:
             self.world.faults += len(self.faults.landed)
+            self.world.seconds["settle"] = (
+                time.monotonic() - began - self.world.seconds.get("operations", 0.0)
+            )
         return self.world
 
     def cleanup(self) -> None:
@@ -171,6 +176,10 @@ class Execution:
         except Refused:
             if model.ops == [self._i]:
                 model.fate = REFUSED
+            raise
+        except Unavailable:
+            if model.ops == [self._i]:
+                model.fate = UNKNOWN
             raise
         model.budget = op.get("budget")
         return got

@@ -141,7 +141,7 @@ class Generator:
         elif flow == "mix_wait":
             data.update(signals=self.rng.randint(1, 2), timeout=3)
         elif flow == "mix_steer":
-            data["turns"] = self.rng.randint(5, 9)
+            data["turns"] = self.rng.randint(3, 6)
         return data
 
     def _enqueue(self, flow: str | None = None, name: str | None = None) -> Op:
@@ -180,7 +180,8 @@ class Generator:
             return [{"op": "debounce", "run": name, "flow": flow, "input": self._input(flow),
                      "key": "d1", "wait": 0.5, "via": self._via()}]  # fmt: skip
         if kind in ("model_429_pause", "kill_at"):
-            flow = "mix_model" if kind == "model_429_pause" else rng.choice(self.flows)
+            model = kind == "model_429_pause" and "mix_model" in self.flows
+            flow = "mix_model" if model else rng.choice(self.flows)
             enqueue = self._enqueue(flow)
             fault: Op = {"op": kind, "run": enqueue["run"]}
             if kind == "kill_at":

@@ -165,6 +165,7 @@ class MixFleet:
             self.serve = fleet.start_server(
                 self._env, self.options.state / "serve.log", port, wait=90
             )
+            self.forget_http()
             return
         beat = next(p for p in self.crew.procs if p.name == "beat" and p.alive())
         beat.kill()
@@ -254,6 +255,13 @@ class MixFleet:
                 base_url=self.serve_url, headers={"Authorization": f"Bearer {token}"}, timeout=30
             )
         return self._http[tenant]
+
+    def forget_http(self) -> None:
+        """Drop the HTTP clients (their pooled connections): after a 500, which closes its
+        connection, and after `cairn serve` restarted."""
+        for http in self._http.values():
+            http.close()
+        self._http.clear()
 
     def _tenant_token(self, tenant: str) -> str:
         from cairn.store import Database

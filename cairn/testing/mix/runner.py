@@ -28,9 +28,13 @@ def execute(fleet: MixFleet, program: Program, prefix: str, say: Callable[[str],
     run = Execution(fleet, program, prefix, say)
     try:
         world = run.run()
+        began = time.monotonic()
         check(fleet, world, program, fleet.twin())
+        world.seconds["checks"] = time.monotonic() - began
     finally:
         run.cleanup()
+    spent = ", ".join(f"{k} {v:.1f}s" for k, v in world.seconds.items())
+    say(f"{prefix}: {len(program)} operations, {len(world.violations)} violations ({spent})")
     return world
 
 

@@ -69,6 +69,8 @@ class Surface:
         except httpx.TransportError as exc:
             raise Unavailable(f"{method} {path}: {exc}") from exc
         if resp.status_code >= 500:
+            # The server closes the connection after a 500: the next request gets a new one.
+            self.fleet.forget_http()
             raise ServerError(f"{method} {path} answered {resp.status_code}: {resp.text[:300]}")
         if resp.status_code >= 400:
             try:

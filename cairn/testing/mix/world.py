@@ -12,8 +12,9 @@ from typing import Any
 from cairn.testing.mix.program import Names
 
 # What became of a write: accepted (it must read back), refused (nothing written),
-# rolled back (the caller's transaction ended so: nothing may remain).
-ACCEPTED, REFUSED, ROLLED_BACK = "accepted", "refused", "rolled_back"
+# rolled back (the caller's transaction ended so: nothing may remain), unknown (the
+# surface could not be reached: either may be true).
+ACCEPTED, REFUSED, ROLLED_BACK, UNKNOWN = "accepted", "refused", "rolled_back", "unknown"
 
 
 @dataclasses.dataclass
@@ -63,6 +64,7 @@ class World:
     violations: list[Violation] = dataclasses.field(default_factory=list)
     faults: int = 0  # faults that landed
     checks: int = 0  # invariant checks made
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # where time went
 
     def by_id(self, run_id: str) -> RunModel | None:
         return next((r for r in self.runs.values() if r.id == run_id), None)
