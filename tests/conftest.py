@@ -58,6 +58,8 @@ _MINE = slice(None) if HALF is None else slice(6 * int(HALF), 6 * int(HALF) + 6)
 # so do the tests' own (CAIRN_TEST_*: the slot, the servers' addresses): pytest-xdist
 # starts its workers after this ran in the controller, and they read them again.
 _KEEP = ("CAIRN_PG_PORT", "CAIRN_REDIS_PORT", "CAIRN_RABBITMQ_PORT")
+# And the chaos mix's knobs (tests/mix/test_mix.py): a seed, a budget, a shrink budget.
+_KEEP += ("CAIRN_MIX_SEED", "CAIRN_MIX_BUDGET", "CAIRN_MIX_SHRINK")
 for _name in [n for n in os.environ if n.startswith("CAIRN_")]:
     if _name not in _KEEP and not _name.startswith("CAIRN_TEST_"):
         del os.environ[_name]

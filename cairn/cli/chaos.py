@@ -7,9 +7,8 @@ from __future__ import annotations
 import enum
 import json
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -273,7 +272,7 @@ class _Chaos(TyperGroup):
     group's --help) the chaos run of that workflow, its hidden `run` command (a workflow
     named mix: `cairn chaos run mix`)."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # typer's own click Context
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
             args = ["run", *args]
         return super().parse_args(ctx, args)

@@ -10,6 +10,7 @@ import pytest
 
 from cairn.testing.mix.rig import MixFleet
 from cairn.testing.mix.runner import fleet_options
+from tests.helpers.mix import plain
 from tests.helpers.services import BASE_DB
 
 
@@ -19,7 +20,8 @@ def mix_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MixFleet]:
 
     state: Path = tmp_path_factory.mktemp("mix")
     with _flushed_redis() as redis_url:
-        fleet = MixFleet(fleet_options(database_url=BASE_DB, redis_url=redis_url, state_dir=state))
+        options = fleet_options(database_url=BASE_DB, redis_url=redis_url, state_dir=state)
+        fleet = MixFleet(options, say=plain)
         try:
             yield fleet.start()
         finally:

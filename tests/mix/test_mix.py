@@ -15,10 +15,10 @@ import os
 import random
 
 import pytest
-from rich.text import Text
 
 from cairn.testing.mix.rig import MixFleet
 from cairn.testing.mix.runner import run_mix
+from tests.helpers.mix import plain
 
 
 def test_programs_of_operations_and_faults_break_no_invariant(mix_fleet: MixFleet) -> None:
@@ -27,7 +27,7 @@ def test_programs_of_operations_and_faults_break_no_invariant(mix_fleet: MixFlee
     shrink = float(os.environ.get("CAIRN_MIX_SHRINK") or 90)
     report = run_mix(
         mix_fleet.options, seed=seed, budget=budget, shrink_budget=shrink, fleet=mix_fleet,
-        say=lambda text: print(Text.from_markup(text).plain, flush=True),
+        say=plain,
     )  # fmt: skip
     print(
         f"mix seed {seed}: {report['programs']} programs, {report['operations']} operations, "

@@ -73,7 +73,7 @@ def readback(fleet: MixFleet, world: World, ids: list[str]) -> None:
     for run in world.runs.values():
         if run.fate == UNKNOWN:
             continue  # its write did not reach the surface, or its answer did not come back
-        faces = [("client", None), ("async", None), ("http", None)]
+        faces: list[tuple[str, str | None]] = [("client", None), ("async", None), ("http", None)]
         if run.tenant is not None:
             faces.append(("client", run.tenant))
         for via, tenant in faces:

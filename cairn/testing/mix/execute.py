@@ -311,7 +311,7 @@ class Execution:
         decision = op.get("decision", "approve")
         args = self.names.fill({"data": "@mk-edit"}) if decision == "edit" else None
         try:
-            face.decide(found.id, decision, args=args)
+            face.decide(found.approval_id, decision, args=args)
         except Exception as exc:
             from cairn.core.errors import CairnError
 
@@ -319,7 +319,7 @@ class Execution:
                 raise Refused(type(exc).__name__, str(exc)) from exc
             raise
         run.decided = decision
-        return decision
+        return str(decision)
 
     def _op_resolve(self, op: Op) -> None:
         run = self._run(op)
@@ -376,7 +376,7 @@ class Execution:
             )  # fmt: skip
         sched["paused"] = action == "pause" or (sched["paused"] and action != "resume")
         sched["removed"] = action == "remove"
-        return action
+        return str(action)
 
     # -- reads ---------------------------------------------------------------------------------------
     def _op_read(self, op: Op) -> str:

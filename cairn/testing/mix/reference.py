@@ -95,7 +95,7 @@ class Twin:
             self.worker.run_until_idle(2_000)
 
     def _apply(self, client: Client, op: Op, names: Names, ids: dict[str, str]) -> None:
-        kind, name = op["op"], op.get("run")
+        kind, name = op["op"], str(op.get("run"))
         face = client if op.get("as") is None else client.for_tenant(str(names.tenant(op["as"])))
         data = names.fill(op.get("input") or {})
         if kind == "enqueue" or (kind == "enqueue_tx" and op.get("end", "commit") == "commit"):

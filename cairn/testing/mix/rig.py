@@ -23,6 +23,8 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from rich.markup import escape
+
 from cairn.testing import fleet
 from cairn.testing.chaos.history import create_database, drop_database
 from cairn.testing.chaos.rig import Crew
@@ -74,6 +76,7 @@ class MixFleet:
         self._client: Client | None = None
         self._aclient: AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
         self._http: dict[str | None, httpx.Client] = {}
         self._tokens: dict[str, str] = {}
         self._sealing_before: Any = None
@@ -104,8 +107,12 @@ class MixFleet:
         self.crew = Crew(self._env, o.state, o.workers, o.concurrency, "prefork")
         starting = threading.Thread(target=self._start_serve, daemon=True)
         starting.start()
+        # The twin's model calls import the SDKs: seconds, better spent while workers boot.
+        preloading = threading.Thread(target=_preload, daemon=True)
+        preloading.start()
         self.crew.start()
         starting.join()
+        preloading.join()
         if self.serve is None:
             raise RuntimeError(f"cairn serve did not start (log: {o.state / 'serve.log'})")
         self._say(
@@ -151,7 +158,7 @@ class MixFleet:
                 self._env, self.options.state / "serve.log", port, wait=90
             )
         except (RuntimeError, TimeoutError) as exc:
-            self._say(f"[red]cairn serve did not start[/]: {exc}")
+            self._say(f"[red]cairn serve did not start[/]: {escape(str(exc))}")
             return
         self.serve_url = f"http://127.0.0.1:{port}"
 
@@ -201,6 +208,9 @@ class MixFleet:
             self.run(self._aclient.close())
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._loop_thread is not None:
+                self._loop_thread.join(10)
+            self._loop.close()
         if self._client is not None:
             self._client.close()
         sealing.use(self._sealing_before)
@@ -208,7 +218,7 @@ class MixFleet:
             try:
                 drop_database(self.options.base_db, self.db_name)
             except Exception as exc:  # noqa: BLE001 (reported, the mix is over)
-                self._say(f"could not drop {self.db_name}: {exc}")
+                self._say(f"could not drop {self.db_name}: {escape(str(exc))}")
 
     # -- the surfaces ----------------------------------------------------------------------
     def settings(self) -> Any:
@@ -234,7 +244,10 @@ class MixFleet:
         """Await coro on the mix's event loop (a thread of its own) and return its result."""
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
-            threading.Thread(target=self._loop.run_forever, daemon=True, name="mix-loop").start()
+            self._loop_thread = threading.Thread(
+                target=self._loop.run_forever, daemon=True, name="mix-loop"
+            )
+            self._loop_thread.start()
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     def aclient(self, tenant: str | None = None) -> AsyncClient:
@@ -286,6 +299,12 @@ class MixFleet:
     def worker_procs(self) -> list[fleet.Proc]:
         assert self.crew is not None
         return [p for p in self.crew.procs if p.name != "beat"]
+
+
+def _preload() -> None:
+    from cairn.steps.model import preload_sdk
+
+    preload_sdk()
 
 
 def mix_redis_url(url: str) -> str:

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from cairn.testing import fleet as fleet_mod
 from cairn.testing.mix.check import INVARIANTS, check
 from cairn.testing.mix.execute import Execution
@@ -173,7 +175,7 @@ class _Mix:
             for v in _distinct(new):
                 found.add(v.signature)
                 elapsed = time.monotonic() - start - self._shrinking
-                self.say(f"[red]found[/] after {elapsed:.0f}s (program {k}): {v}")
+                self.say(f"[red]found[/] after {elapsed:.0f}s (program {k}): {escape(str(v))}")
                 self._finding(v, program, k, elapsed, world)
                 if not self.keep_going:
                     break

@@ -36,7 +36,8 @@ class ServerError(Exception):
 def _run_json(run: Any) -> dict[str, Any] | None:
     if run is None:
         return None
-    return json.loads(json.dumps(run.to_json(), default=str))
+    got: dict[str, Any] = json.loads(json.dumps(run.to_json(), default=str))
+    return got
 
 
 class Surface:
