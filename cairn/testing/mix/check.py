@@ -202,7 +202,11 @@ def _history(fleet: MixFleet, ids: list[str]) -> list[dict[str, Any]]:
 
 
 def fenced(fleet: MixFleet, world: World, ids: list[str]) -> None:
-    """A request after its sender's run was claimed above the epoch it held."""
+    """A try sent again (the same idempotency key from the same process: a retry, after a
+    back-off or an admission wait) after its sender's run was claimed above the epoch it
+    held. A first try that crossed a pause is noted, not judged: a process stopped between
+    its last lease check and its send sends it on SIGCONT whatever cairn does (the window
+    guarantees.md names)."""
     claims: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for row in _history(fleet, ids):
         claims[row["run_id"]].append((row["epoch"], row["at"]))
@@ -211,24 +215,32 @@ def fenced(fleet: MixFleet, world: World, ids: list[str]) -> None:
     for event in fleet.mail.events():
         step, holder = (event.get("step") or "").split(" "), (event.get("holder") or "").split(" ")
         if len(step) > 1 and len(holder) > 1 and holder[1].isdigit():
-            requests.append(("mail send", {"run": step[0], "pid": int(holder[0]),
+            requests.append(("mail send", {"run": step[0], "pid": int(holder[0]), "key": event["key"],
                                            "epoch": int(holder[1]), "at": event["at"]}))  # fmt: skip
+    sent: set[tuple[str, Any, Any]] = set()  # (what, pid, key) sent so far
     found: set[str] = set()
     for what, r in requests:
-        run_id, epoch = r.get("run"), r.get("epoch")
+        run_id, epoch, again = r.get("run"), r.get("epoch"), (what, r.get("pid"), r.get("key"))
+        retry = r.get("key") is not None and again in sent
+        sent.add(again)
         if run_id not in claims or epoch is None or run_id in found:
             continue
         newer = [at for e, at in claims[run_id] if e > epoch and at < r["at"] - CLOCK_SLACK]
-        if newer:
-            found.add(run_id)
-            model = world.by_id(run_id)
-            world.violate(
-                "fenced", "model" if what == "model request" else "effect",
-                f"a {what} for run {model.name if model else run_id} came from process "
-                f"{r.get('pid')} at lease epoch {epoch}, {r['at'] - min(newer):.2f}s after the "
-                "run was claimed above that epoch (by a process that no longer held it)",
-                *([model.name] if model else []),
-            )  # fmt: skip
+        if not newer:
+            continue
+        model = world.by_id(run_id)
+        name = model.name if model else run_id
+        late = f"{r['at'] - min(newer):.2f}s after the run was claimed above that epoch"
+        if not retry:
+            world.notes.append(f"a first {what} for run {name} crossed a pause ({late})")
+            continue
+        found.add(run_id)
+        world.violate(
+            "fenced", "model" if what == "model request" else "effect",
+            f"a {what} for run {name} was sent again by process {r.get('pid')} at lease epoch "
+            f"{epoch}, {late} (by a process that no longer held it)",
+            *([model.name] if model else []),
+        )  # fmt: skip
 
 
 def history(fleet: MixFleet, world: World, ids: list[str]) -> None:

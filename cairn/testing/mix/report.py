@@ -29,6 +29,8 @@ def print_report(report: dict[str, Any]) -> None:
         ("fault operations / faults landed", f"{report['fault_ops']} / {report['faults']}"),
         ("invariants / checks made", f"{len(report['invariants'])} / {report['checks']}"),
         ("invariants", ", ".join(report["invariants"])),
+        ("seen, not judged", (f"{len(report.get('notes', []))} first tries that crossed a pause "
+         "(sent on SIGCONT by a process stopped between its check and its send)")),
     ]  # fmt: skip
     for name, value in rows:
         summary.add_row(name, value)

@@ -148,6 +148,7 @@ class _Mix:
         self.report: dict[str, Any] = {
             "seed": seed, "budget_s": budget, "programs": 0, "operations": 0, "faults": 0,
             "fault_ops": 0, "checks": 0, "invariants": list(INVARIANTS), "findings": [],
+            "notes": [],
         }  # fmt: skip
         self._tries = 0
         self._shrinking = 0.0  # seconds spent shrinking (not counted in the budget)
@@ -194,6 +195,7 @@ class _Mix:
         r["fault_ops"] += sum(1 for op in program if op["op"] in FAULTS)
         r["faults"] += world.faults
         r["checks"] += world.checks
+        r["notes"] += world.notes
 
     def _finding(
         self, v: Violation, program: Program, k: int, elapsed: float, world: World

@@ -62,6 +62,7 @@ class World:
     schedules: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     outcomes: list[str] = dataclasses.field(default_factory=list)  # one per operation
     violations: list[Violation] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)  # seen, within what is promised
     faults: int = 0  # faults that landed
     checks: int = 0  # invariant checks made
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # where time went
