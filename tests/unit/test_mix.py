@@ -90,3 +90,20 @@ def test_shrink_finds_the_operations_a_failure_needs() -> None:
     )
     assert shrunk == needed
     assert tries <= 2 * len(program)
+
+
+def test_on_a_users_workflows_the_programs_use_their_input_and_the_operations_any_run_takes() -> (
+    None
+):
+    gen = Generator(random.Random(5), ("summarize",), template={"text": "note {i}", "n": 2})
+    kinds: set[str] = set()
+    for _ in range(40):
+        for op in gen.program():
+            kinds.add(op["op"])
+            if op["op"] in ("enqueue", "enqueue_tx", "debounce"):
+                assert op["flow"] == "summarize"
+                assert op["input"]["n"] == 2 and op["input"]["text"].startswith("note @mk")
+            if op["op"] == "fork":
+                assert op["patch"]["text"].startswith("note @mk")
+    assert not kinds & {"signal", "steer", "decide", "resolve"}  # the mix's own flows only
+    assert {"enqueue", "fork", "cancel", "kill_at", "model_429_pause"} <= kinds

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import traceback
 from typing import TYPE_CHECKING, Any
 
 from cairn.testing.mix.faults import Faults
@@ -48,7 +49,7 @@ class Execution:
     # -- the program ------------------------------------------------------------------------
     def run(self, settle: float = 45.0) -> World:
         """Every operation in turn, then every run left to settle (what a fault stopped
-        resumed), for the checks. The runs still waiting are then cancelled."""
+        resumed), for the checks (cleanup() then cancels what still waits)."""
         began = time.monotonic()
         try:
             for i, op in enumerate(self.program):
@@ -102,7 +103,9 @@ class Execution:
             self._broken(op, str(exc))
             return "server error"
         except Exception as exc:  # noqa: BLE001 (an error the surface does not document)
-            self._broken(op, f"raised {type(exc).__name__}: {exc}")
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            at = f"{'/'.join(where.filename.rsplit('/', 2)[-2:])}:{where.lineno}"
+            self._broken(op, f"raised {type(exc).__name__}: {exc} (at {at})")
             return f"error: {type(exc).__name__}"
         return "ok" if result is None else f"ok: {result}"
 

@@ -244,9 +244,10 @@ class Generator:
             op["via"] = self._via()
         before: Program = []
         if kind == "fork":
-            op.update(
-                new=self._name(), at=rng.choice(("first", "last")), patch={"data": self.payload()}
+            patch = (
+                {"data": self.payload()} if flow in FLOWS else _fill(self.template, self._mark())
             )
+            op.update(new=self._name(), at=rng.choice(("first", "last")), patch=patch)
             before = [{"op": "settle", "run": name, "timeout": 20}] if rng.random() < 0.7 else []
             self._runs.append((op["new"], flow, tenant))
         elif kind == "rewind":
