@@ -81,6 +81,7 @@ class MixFleet:
         self._tokens: dict[str, str] = {}
         self._sealing_before: Any = None
         self._twin: Twin | None = None
+        self._beats = 0  # beats restarted
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> MixFleet:
@@ -177,10 +178,10 @@ class MixFleet:
         beat = next(p for p in self.crew.procs if p.name == "beat" and p.alive())
         beat.kill()
         self.crew.procs.remove(beat)
-        state = self.options.state
-        self.crew.procs.append(
-            fleet.start_beat(self._env, state / "beat.log", state / "beat-schedule", wait=90)
-        )
+        state, self._beats = self.options.state, self._beats + 1
+        # A log of its own: the new beat is up when its log says it ticks, not the old one's.
+        log = state / f"beat-{self._beats}.log"
+        self.crew.procs.append(fleet.start_beat(self._env, log, state / "beat-schedule", wait=90))
 
     def arm(self, run_id: str, point: str) -> None:
         """The run's worker SIGKILLs itself at its next hit of point (faults.py)."""
