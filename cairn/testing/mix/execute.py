@@ -169,6 +169,7 @@ class Execution:
         data = self.names.fill(op.get("input") or {})
         run_id = self.names.run(op["run"])
         model = self._new(op, op["run"], run_id, op["flow"], data, "enqueue")
+        model.budget = op.get("budget")  # before: an answer that fails may follow the write
         key = op.get("key")
         try:
             got = self._surface(op).enqueue(
@@ -184,7 +185,6 @@ class Execution:
             if model.ops == [self._i]:
                 model.fate = UNKNOWN
             raise
-        model.budget = op.get("budget")
         return got
 
     def _op_enqueue_tx(self, op: Op) -> str:
