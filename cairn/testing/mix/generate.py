@@ -20,7 +20,7 @@ from cairn.testing.mix.program import Op, Program
 # Operation kinds and their weights; those on a run need one that fits (FITS).
 WEIGHTS: dict[str, int] = {
     "enqueue": 18,
-    "enqueue_tx": 6,
+    "enqueue_tx": 8,
     "debounce": 2,
     "fork": 6,
     "rewind": 2,
@@ -169,7 +169,9 @@ class Generator:
         if kind == "enqueue_tx":
             flow, name, tenant = rng.choice(self.flows), self._name(), self._as(0.3)
             op: Op = {"op": "enqueue_tx", "run": name, "flow": flow, "input": self._input(flow)}
-            op.update(end=rng.choice(("commit", "rollback")), idle=rng.random() < 0.5)
+            # Idle: the enqueue is the first statement of the caller's transaction, as in a
+            # web handler that enqueues before it writes anything else.
+            op.update(end=rng.choice(("commit", "rollback")), idle=rng.random() < 0.6)
             if tenant:
                 op["as"] = tenant
             self._runs.append((name, flow, tenant))
