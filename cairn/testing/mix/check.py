@@ -51,6 +51,7 @@ def check(fleet: MixFleet, world: World, program: Program, twin: Twin | None = N
     """Every invariant over what the program left (answers and tenancy are checked as
     each operation is answered, cairn.testing.mix.execute)."""
     ids = [r.id for r in world.runs.values()]
+    world.checks += 2  # answers and tenancy, judged as each operation was answered
     for invariant in (readback, sealed, fenced, history, effects, consumed, spend, ends):
         invariant(fleet, world, ids)
         world.checks += 1
