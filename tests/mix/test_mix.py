@@ -31,7 +31,8 @@ def test_programs_of_operations_and_faults_break_no_invariant(mix_fleet: MixFlee
     )  # fmt: skip
     print(
         f"mix seed {seed}: {report['programs']} programs, {report['operations']} operations, "
-        f"{report['faults']} faults landed, {report['checks']} invariant checks "
+        f"{report['faults']} faults landed, {report['checks']} invariant checks, "
+        f"{len(report['notes'])} first tries across a pause (not judged) "
         f"in {report['elapsed_s']}s (+{report['shrinking_s']}s shrinking)"
     )
     if not report["ok"]:
