@@ -59,6 +59,10 @@ OWN_WRITES = "test_the_steps_own_writes_commit_with_the_save_and_roll_back_with_
 FENCES = "tests/integration/test_fences.py"
 SEAMS = "tests/fleet/test_seams.py"
 SEALING = "tests/integration/test_sealing.py"
+COLUMNS = "tests/integration/test_sealed_columns.py"
+NO_CLEAR = f"{COLUMNS}::test_no_payload_is_left_in_clear_in_any_column"
+KEY_MISSING = "tests/integration/test_key_missing.py"
+KEY_DEPLOY = "tests/fleet/test_key_deploy.py::test_a_key_deployed_in_either_order_finishes_every_run_in_flight"
 STORE = "tests/contract/test_store_contract.py"
 PAI = "tests/integration/test_pydantic_ai.py"
 OA = "tests/integration/test_openai_agents.py"
@@ -74,6 +78,15 @@ DEBOUNCE_FLEET = "tests/fleet/test_debounce.py"
 BUDGETS = "tests/integration/test_budgets.py"
 APPROVALS = "tests/contract/test_approvals.py"
 TENANT_APPROVALS = "test_a_tenant_sees_and_decides_its_own_approvals_only_and_its_rules_are_its_own"
+TX_STATES = "tests/integration/test_transactional_states.py"
+DEPLOY_WAITS = "tests/integration/test_deploy_check_waits.py"
+FENCED_TRIES = "tests/integration/test_fenced_tries.py"
+BACK_OFF = "test_a_lease_lost_in_a_retrys_back_off_lets_no_further_request_out"
+FENCED_FLEET = "tests/fleet/test_fenced_tries.py::test_a_worker_paused_in_a_wait_between_tries_sends_nothing_once_resumed"
+WEB_SESSIONS = "tests/integration/test_web_sessions.py"
+ATTACKS = "tests/fleet/test_web_attacks.py"
+LOGIN_CSRF = "test_a_login_posted_by_another_origin_does_not_log_the_admin_in_as_the_attacker"
+LOGOUT = "test_a_session_is_random_kept_as_its_hash_and_ended_by_logout"
 
 MUTANTS = [
     Mutant(
@@ -112,9 +125,9 @@ MUTANTS = [
         "M5",
         "a rejected save commits the step's ctx.db writes",
         "store/checkpoints.py",
-        "row = conn.execute(query, params).fetchone()\n                if row is not None:\n"
+        "row = opened(conn).execute(query, params).fetchone()\n                if row is not None:\n"
         "                    conn.commit()\n                else:\n                    conn.rollback()",
-        "row = conn.execute(query, params).fetchone()\n                if row is not None:\n"
+        "row = opened(conn).execute(query, params).fetchone()\n                if row is not None:\n"
         "                    conn.commit()\n                else:\n                    conn.commit()",
         (f"tests/integration/test_store.py::{OWN_WRITES}",),
     ),
@@ -128,11 +141,13 @@ MUTANTS = [
     ),
     Mutant(
         "M7",
-        "no lease check before a model call",
-        "steps/modelcalls.py",
-        "        self._ensure_before_call()\n        if self._cap is not None or (pos",
-        "        if self._cap is not None or (pos",
-        (f"{ZOMBIE}[prefork-two]", f"{ZOMBIE}[threads-two]"),
+        "no lease check before a journaled call (ctx.call, ctx.model): a worker that lost "
+        "its run while paused before a call runs its tool (the model request alone is "
+        "still fenced at the transport, M112)",
+        "steps/context.py",
+        "        self._lease.ensure()\n        self._check_cancel(CANCEL_FRESH)",
+        "        self._check_cancel(CANCEL_FRESH)",
+        (f"{FENCED_TRIES}::test_a_lease_lost_before_a_journaled_call_stops_it_before_it_starts",),
     ),
     Mutant(
         "M8",
@@ -680,8 +695,8 @@ MUTANTS = [
         "M83",
         "`cairn deploy check` takes a reordered call for a good one",
         "workers/deploycheck.py",
-        "        return verdict(False, str(exc), served=ctx._calls - 1)",
-        "        return verdict(True)",
+        "        return went(ctx._calls - 1, problem=str(exc))",
+        "        return went(ctx._calls - 1)",
         (
             "tests/integration/test_deploy_check.py::test_the_check_names_each_run_new_code_would_break",
         ),
@@ -772,16 +787,16 @@ MUTANTS = [
     Mutant(
         "M89",
         "a payload column written in clear with CAIRN_PAYLOAD_KEYS set",
-        "store/rows.py",
-        "    return Jsonb(sealing.seal(value))",
-        "    return Jsonb(value)",
+        "cairn/core/sealing.py",
+        "        return _JSON.encode(keys.seal(value))",
+        "        return _JSON.encode(value)",
         (f"{SEALING}::test_every_payload_is_sealed_in_both_servers_and_opens_for_the_reader",),
     ),
     Mutant(
         "M90",
         "event data written to Redis in clear with CAIRN_PAYLOAD_KEYS set",
         "cairn/core/events.py",
-        '"data": sealing.seal(data) if data is not None else None,',
+        '"data": sealing.dump(data) if data is not None else None,',
         '"data": data,',
         (f"{SEALING}::test_every_payload_is_sealed_in_both_servers_and_opens_for_the_reader",),
     ),
@@ -983,6 +998,212 @@ MUTANTS = [
         "            _cut_in.setdefault(step, {}).setdefault(_request_step(ctx), []).append(taken)\n",
         "",
         (f"{PAI}::{CUT}",),
+    ),
+    Mutant(
+        "M124",
+        "an enqueue on the caller's sync connection runs in a transaction block of its own "
+        "again: as the first statement of an idle connection it commits the caller's "
+        "transaction, and the caller's rollback leaves a run beat sends",
+        "store/transactional.py",
+        "\n        conn.transaction() if own else contextlib.nullcontext(),\n",
+        "\n        conn.transaction(),\n",
+        (
+            f"{TX_STATES}::test_a_sync_connection_in_each_state_commits_the_run_with_the_caller_or_never",
+        ),
+    ),
+    Mutant(
+        "M125",
+        "the async twin: an enqueue on the caller's AsyncConnection commits the caller's "
+        "transaction when it is its first statement",
+        "store/transactional.py",
+        "\n            conn.transaction() if own else contextlib.nullcontext(),\n",
+        "\n            conn.transaction(),\n",
+        (
+            f"{TX_STATES}::test_an_async_connection_in_each_state_commits_the_run_with_the_caller_or_never",
+        ),
+    ),
+    Mutant(
+        "M126",
+        "`cairn deploy check` passes a run with no journal (waiting or pending at a step's "
+        "start) without replaying it: a field the new code reads and the run lacks is a "
+        "KeyError after its signal, not a finding",
+        "workers/deploycheck.py",
+        "    replay = _replay(store, flow, at, fn, going.cursor, unsent)\n",
+        "    if not store.journal(at.run_id, at.cursor, at.visits.get(at.cursor, 0)):\n"
+        '        return found(True, "", going.cursor)\n'
+        "    replay = _replay(store, flow, at, fn, going.cursor, unsent)\n",
+        (
+            f"{DEPLOY_WAITS}::test_the_check_replays_runs_with_no_journal_and_names_those_new_code_breaks",
+        ),
+    ),
+    Mutant(
+        "M127",
+        "`cairn deploy check` does not hold a run waiting for a signal to the step that made "
+        "it wait: a renamed signal, which never wakes the run, passes",
+        "workers/deploycheck.py",
+        "        found = _waits_as_before(store, flow, cp) or found\n",
+        "        pass\n",
+        (
+            f"{DEPLOY_WAITS}::test_the_check_replays_runs_with_no_journal_and_names_those_new_code_breaks",
+        ),
+    ),
+    Mutant(
+        "M112",
+        "cairn's transport sends a model request without checking the lease: a retry after "
+        "a back-off, a 429's retry-after or a wait for the rate limit goes out for a run "
+        "another worker has taken over (only the first try is checked, before the call)",
+        "steps/providers/transport.py",
+        "            fence()\n            response = self._pool().handle_request(request)",
+        "            response = self._pool().handle_request(request)",
+        (
+            f"{FENCED_TRIES}::test_a_lease_lost_in_any_wait_between_tries_lets_no_further_request_out",
+            f"{FENCED_TRIES}::{BACK_OFF}",
+            f"{FENCED_FLEET}[503-prefork]",
+        ),
+    ),
+    Mutant(
+        "M113",
+        "a pydantic-ai agent's own SDK client is not given the lease check: its SDK's retry "
+        "after a back-off goes out for a run another worker has taken over",
+        "cairn/contrib/pydantic_ai.py",
+        '            fence_requests(getattr(_unwrapped(request_context.model), "client", None))\n',
+        "",
+        (f"{FENCED_TRIES}::{BACK_OFF}[pydantic_ai]",),
+    ),
+    Mutant(
+        "M132",
+        "the pages' login believes a post from another origin of the same site (Sec-Fetch-Site "
+        "ignored): a page on another port plants the form's nonce and logs the browser in as "
+        "its tenant",
+        "cairn/web/cookies.py",
+        'return None if site == "same-origin" else f"a {site} request"',
+        "return None",
+        (
+            f"{WEB_SESSIONS}::test_login_takes_only_this_servers_own_form",
+            f"{ATTACKS}::{LOGIN_CSRF}",
+        ),
+    ),
+    Mutant(
+        "M133",
+        "no Content-Security-Policy on the answers: a script let into a page runs, and any "
+        "page frames cairn's",
+        "cairn/web/headers.py",
+        'headers["content-security-policy"] = policy',
+        'del headers["content-security-policy"]',
+        (
+            f"{WEB_SESSIONS}::test_every_answer_carries_the_headers_a_crash_too",
+            f"{ATTACKS}::test_the_pages_run_under_a_policy_that_refuses_inline_script_and_break_none_of_it",
+        ),
+    ),
+    Mutant(
+        "M134",
+        "logout without the page's check: another origin's form ends the admin's session",
+        "cairn/web/routers/pages.py",
+        'if cookies.elsewhere(request) or not auth.checks("logout", session, _one(form, "check")):',
+        "if cookies.elsewhere(request):",
+        (f"{WEB_SESSIONS}::{LOGOUT}",),
+    ),
+    Mutant(
+        "M135",
+        "logout by GET too: a link or an image of the pages' host reaches it",
+        "cairn/web/routers/pages.py",
+        '@router.post("/logout")',
+        '@router.api_route("/logout", methods=["GET", "POST"])',
+        (f"{WEB_SESSIONS}::{LOGOUT}",),
+    ),
+    Mutant(
+        "M136",
+        "the guard lets a body nested past the bound through to the parser: it recurses, "
+        "and the answer is a 500",
+        "cairn/web/auth.py",
+        "            if too_deep(body):",
+        "            if False:",
+        (
+            "tests/integration/test_web_bounds.py::test_a_decisions_args_and_a_forks_patch_are_bounded_too",
+            f"{ATTACKS}::test_json_nested_too_deep_is_a_422_and_stores_nothing",
+        ),
+    ),
+    Mutant(
+        "M137",
+        "check_input's depth bound ten times looser: the Client stores a value nested "
+        "hundreds deep, which every read of it then fails to serialize",
+        "cairn/core/inputs.py",
+        "_walk(data, what, MAX_DEPTH + envelope)",
+        "_walk(data, what, 10 * MAX_DEPTH + envelope)",
+        (
+            "tests/unit/test_input_bounds.py::test_check_input_refuses_a_value_too_deep_at_any_depth",
+            "tests/integration/test_web_bounds.py::test_the_client_and_the_async_client_refuse_a_value_too_deep_before_writing",
+        ),
+    ),
+    Mutant(
+        "M138",
+        "a logout leaves the session's row: a copy of the cookie still opens the pages",
+        "store/sql/queries.sql",
+        "DELETE FROM page_sessions WHERE hash = %(hash)s RETURNING token_id;",
+        "SELECT token_id FROM page_sessions WHERE hash = %(hash)s;",
+        (
+            f"{WEB_SESSIONS}::{LOGOUT}",
+            f"{ATTACKS}::test_a_session_cookie_copied_before_a_logout_opens_nothing_after_it",
+        ),
+    ),
+    Mutant(
+        "M139",
+        "a run id put into the runs page's link unencoded: x/../../logout links above its page",
+        "cairn/web/templates/_runs_live.html",
+        '<a href="/ui/runs/{{ r.run_id | segment }}">',
+        '<a href="/ui/runs/{{ r.run_id }}">',
+        (
+            f"{WEB_SESSIONS}::test_a_run_id_holding_slashes_is_encoded_in_every_link_and_its_page_opens",
+            f"{ATTACKS}::test_a_run_id_holding_dot_dot_is_encoded_in_its_link_and_opens_its_own_page",
+        ),
+    ),
+    Mutant(
+        "M115",
+        "a cancel's reason (a user's words) stored in clear with CAIRN_PAYLOAD_KEYS set",
+        "store/checkpoints.py",
+        'row = self.db.one("cancel", {"run_id": run_id, "reason": text(reason)})',
+        'row = self.db.one("cancel", {"run_id": run_id, "reason": Clear(reason)})',
+        (NO_CLEAR,),
+    ),
+    Mutant(
+        "M116",
+        'a user\'s value shaped like the envelope ({"cairn.sealed": ...}) stored as it is, '
+        "and opened on the way back as if cairn had sealed it",
+        "cairn/core/sealing.py",
+        "    return text if MARK.decode() not in text else _CLEAR.encode(_escaped(value))",
+        "    return text",
+        (
+            "tests/unit/test_payloads.py::test_any_value_comes_back_exactly_and_a_user_envelope_is_never_opened",
+            f"{COLUMNS}::test_a_value_shaped_like_the_envelope_round_trips_through_postgres",
+        ),
+    ),
+    Mutant(
+        "M117",
+        "a payload key a worker lacks, met inside a step, fails the run instead of handing "
+        "it back to a worker that has the key",
+        "cairn/core/sealing.py",
+        "class KeyMissing(PayloadKeyError, Interrupted):",
+        "class KeyMissing(PayloadKeyError):",
+        (KEY_MISSING, f"{KEY_DEPLOY}[api-first]"),
+    ),
+    Mutant(
+        "M118",
+        "a fork's patched input stored unsealed (the patch merged beside the sealing path)",
+        "store/rows.py",
+        '"input": None if input is None else Payload(input),',
+        '"input": None if input is None else Clear(input),',
+        (NO_CLEAR,),
+    ),
+    Mutant(
+        "M119",
+        "a run handed back for a key its worker lacks counts the delivery toward poison: "
+        "a key deploy that hands it around fails it as poison",
+        "workers/loop.py",
+        "            deps.store.unclaim(run_id, lease.epoch, KEY_HOLD)  # not the run's fault",
+        "            pass",
+        (
+            f"{KEY_MISSING}::test_a_key_missing_hands_the_run_back_and_never_fails_or_poisons_it[in-a-step]",
+        ),
     ),
 ]
 

@@ -74,6 +74,22 @@ def current() -> Context | None:
     return _step.get()
 
 
+def fence() -> None:
+    """The lease check right before a model request goes out: cairn's transport
+    (cairn.steps.providers.transport) calls it for every request it sends, a first try
+    and each retry alike, after any back-off, wait for the rate limit or lock, whatever
+    surface made the call (ctx.model, ctx.amodel, inside ctx.call or ctx.parallel, the
+    Agents SDK's and LangGraph's through them); cairn.pydantic_ai calls it before each
+    request of an agent's own client. Raises LeaseLost when the step in hand (None outside
+    a step: nothing to check) no longer holds its run: a paid request a provider keeps no
+    idempotency for is never made for a run another worker has taken over. Cheap in the
+    common case: no round trip while the lease was renewed within half its TTL (a process
+    resumed after SIGSTOP finds its renewal old and asks Redis, Lease.ensure)."""
+    step = _step.get()
+    if step is not None:
+        step._lease.ensure()
+
+
 class Context(JournaledCalls, ModelCalls):
     """One step's view of its run. Built by the loop for every step attempt."""
 

@@ -67,6 +67,18 @@ class RateLimited(ModelUnavailable):
         self.model, self.wait = model, wait
 
 
+def _waiting(seconds: float, why: str) -> None:
+    """A line as a model call's next try starts to wait: INFO for a wait anyone would
+    notice (a second or more), DEBUG for the short waits of a busy rate limit."""
+    logger.log(
+        logging.INFO if seconds >= 1.0 else logging.DEBUG,
+        "model call waits %.1fs %s before sending",
+        seconds,
+        why,
+        extra={"action": "model_wait", "seconds": seconds},
+    )
+
+
 def preload_sdk() -> None:
     """Import the SDKs now (workers do, before their pool forks)."""
     import anthropic  # noqa: F401
@@ -106,6 +118,11 @@ class ModelClient:
     wait_max seconds (past that it raises RateLimited), and the provider's rate-limit
     headers become fleet-wide back-offs. observe: told of waits, deferred calls and 429s
     (the worker's metrics). prices: the price table (default: the process's PRICES).
+
+    Every try, the first and each retry, after whatever it waited (a back-off, the rate
+    limit), goes out through cairn's transport, which checks the step's lease right
+    before sending it (cairn.steps.context.fence): a worker paused in a wait past its
+    lease sends nothing for a run another worker has taken over; the call raises LeaseLost.
     """
 
     def __init__(
@@ -303,8 +320,17 @@ class ModelClient:
             # Before the sleep, not after it: a retry-after past give_up_after (a 429 of a
             # quota spent for the minute) gives up now instead of holding the worker for it.
             stop=stop_before_delay(self.give_up_after),
+            before_sleep=self._backing_off,
             reraise=True,
         )
+
+    @staticmethod
+    def _backing_off(state: RetryCallState) -> None:
+        """A line before a retry's back-off (the next try's lease check is the transport's)."""
+        seconds = state.upcoming_sleep
+        if seconds > 0:
+            exc = state.outcome.exception() if state.outcome else None
+            _waiting(seconds, f"after {type(exc).__name__} (try {state.attempt_number})")
 
     def _wait(self, state: RetryCallState) -> float:
         """Honour the server's retry-after; otherwise exponential backoff with jitter."""
@@ -324,6 +350,7 @@ class ModelClient:
         its answer's headers and usage told to the limiter after."""
         admission = self.admit(where, self._tokens(request, where) if self.limiter else 0)
         if admission.wait > 0:
+            _waiting(admission.wait, f"for the fleet's rate limit on {where.model}")
             time.sleep(admission.wait)
         attempt = Attempt()
         try:

@@ -201,7 +201,8 @@ class ModelCalls(StepParts):
                 self._delta(call, text)
 
         def on_restart() -> None:
-            self._lease.ensure()  # a retry is a new request: only while the run is ours
+            # The retry's request was checked against the lease as it went out (the
+            # transport's fence, as every try is).
             self._tell("model_restart", {"call": call})
 
         return stream(on_text, on_restart, **request)  # type: ignore[no-any-return]

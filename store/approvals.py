@@ -9,7 +9,7 @@ from typing import Any
 from cairn.core.errors import UnknownApproval
 from cairn.core.records import Approval, ApprovalFilter, Rule
 from cairn.store.db import Database
-from cairn.store.rows import sealed
+from cairn.store.payloads import Payload
 
 
 class ApprovalStore:
@@ -55,7 +55,7 @@ class ApprovalStore:
             {
                 "approval_id": approval_id,
                 "decision": decision,
-                "payload": sealed(payload),
+                "payload": Payload(payload),
                 "decided_by": decided_by,
                 "traceparent": traceparent,
                 "tenant": tenant,

@@ -7,8 +7,6 @@ import datetime as dt
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
-from psycopg.types.json import Jsonb
-
 from cairn.core.errors import (
     StaleWrite,
     StoreUnavailable,
@@ -32,7 +30,8 @@ from cairn.core.records import (
 )
 from cairn.core.status import TERMINAL, RunStatus
 from cairn.store.approvals import ApprovalStore
-from cairn.store.db import Database, outage, translated
+from cairn.store.db import Database, opened, outage, translated
+from cairn.store.payloads import Clear, Payload, text
 from cairn.store.rows import (
     FOLD_AT,
     FOLD_BATCH,
@@ -47,7 +46,6 @@ from cairn.store.rows import (
     replay_params,
     rewound,
     save_params,
-    sealed,
 )
 from cairn.store.schedules import ScheduleStore
 from cairn.store.sql import QUERIES
@@ -151,7 +149,11 @@ class PgStore:
         """Create run_id from the checkpoint origin saved at seq `at` (input patched);
         False if run_id existed (unchanged). Raises UnknownRun, or InvalidInput when
         origin saved no checkpoint at that seq."""
-        row = self.db.one("fork", fork_params(origin, at, run_id, patch, traceparent))
+        input = None
+        if patch:  # merged here, opened: a sealed input cannot be patched in SQL
+            row = self.db.one("run_input", {"run_id": origin})
+            input = {**row["input"], **patch} if row is not None else None
+        row = self.db.one("fork", fork_params(origin, at, run_id, input, traceparent))
         return forked(row, origin, at)
 
     def rewind(self, run_id: str, at: int) -> int:
@@ -286,7 +288,7 @@ class PgStore:
         if conn is not None:
             with translated():
                 self.db.hold_row(conn)
-                row = conn.execute(query, params).fetchone()
+                row = opened(conn).execute(query, params).fetchone()
                 if row is not None:
                     conn.commit()
                 else:
@@ -333,7 +335,7 @@ class PgStore:
                 "seq": cp.seq,
                 "epoch": cp.epoch,
                 "status": status,
-                "error": error[:4000],
+                "error": error_text(status, error[:4000]),
                 "attempt": int(counted and attempt is not None),
                 "retry_in": retry_in,
                 "step": cp.cursor if attempt is not None else None,
@@ -356,7 +358,7 @@ class PgStore:
             {
                 "run_id": run_id,
                 "event": event,
-                "payload": sealed(payload),
+                "payload": Payload(payload),
                 "signal_id": signal_id,
                 "traceparent": traceparent,
             },
@@ -371,7 +373,7 @@ class PgStore:
         run. interrupt: and NOTIFY the run's calls in flight, at the commit."""
         params = {
             "run_id": run_id,
-            "message": sealed(message),
+            "message": Payload(message),
             "terminal": sorted(TERMINAL),
             "channel": STEER_CHANNEL,
         }
@@ -402,7 +404,7 @@ class PgStore:
 
     def cancel(self, run_id: str, reason: str) -> RunStatus | None:
         """Ask the run to stop; its status now (None: no such run, or it had ended)."""
-        row = self.db.one("cancel", {"run_id": run_id, "reason": reason})
+        row = self.db.one("cancel", {"run_id": run_id, "reason": text(reason)})
         return RunStatus(row["status"]) if row else None
 
     def history(self, run_id: str) -> list[dict[str, Any]]:
@@ -432,6 +434,12 @@ class PgStore:
         )
         return self.end_attempt(cp, status, error) is not None
 
+    def unclaim(self, run_id: str, epoch: int, hold: float) -> None:
+        """The claim at epoch counts no delivery toward poison, and the reaper leaves the
+        run alone for hold seconds: its worker gave it back for a cause of its own (it
+        lacks a payload's key) and sends it again itself."""
+        self.db.one("unclaim", {"run_id": run_id, "epoch": epoch, "hold": hold})
+
     # -- ledger ----------------------------------------------------------------------
     def was_done(self, key: str) -> tuple[bool, Any]:
         row = self.db.one("was_done", {"key": key})
@@ -446,7 +454,7 @@ class PgStore:
             "run_id": cp.run_id,
             "seq": cp.seq,
             "epoch": cp.epoch,
-            "result": sealed(result),
+            "result": Payload(result),
         }
         row = self.db.one("mark_done", params)
         return bool(row and row["owned"])
@@ -471,7 +479,7 @@ class PgStore:
         """Settle the run's unknown effects (done, with result; or not done: they run
         again) and re-arm it if it stopped as unknown: (re-armed, the keys settled)."""
         row = self.db.one(
-            "resolve_intents", {"run_id": run_id, "done": done, "result": sealed(result)}
+            "resolve_intents", {"run_id": run_id, "done": done, "result": Payload(result)}
         )
         assert row is not None
         return bool(row["rearmed"]), list(row["keys"])
@@ -524,10 +532,10 @@ class PgStore:
             "pos": call.pos,
             "name": call.name,
             # A steer read's record (its message numbers) stays readable to the SQL.
-            "result": (Jsonb(call.result) if call.name == STEERED else sealed(call.result))
+            "result": (Clear(call.result) if call.name == STEERED else Payload(call.result))
             if call.error is None
             else None,
-            "error": sealed(call.error) if call.error is not None else None,
+            "error": Payload(call.error) if call.error is not None else None,
             "cost_usd": call.cost_usd,
         }
         conn = tx.open if tx is not None else None
@@ -540,7 +548,7 @@ class PgStore:
         else:
             with translated():
                 self.db.hold_row(conn)
-                row = conn.execute(QUERIES[name], params).fetchone()
+                row = opened(conn).execute(QUERIES[name], params).fetchone()
                 if row is not None:
                     conn.commit()
                 else:
@@ -774,6 +782,13 @@ class PgStore:
                 break
         self.db.one("partitions")
         return total
+
+
+def error_text(status: RunStatus, error: str) -> Payload | Clear:
+    """A stop's or a retry's error as stored: sealed, as every error text may hold what a
+    step, a user or a model said; but a stop over budget's, cairn's own words naming the
+    budget (Context._hold), which the wake pass reads (roll_tenant_budgets)."""
+    return Clear(error) if status == RunStatus.BUDGET_EXCEEDED else Payload(error)
 
 
 def _budget(row: dict[str, Any]) -> Budget:

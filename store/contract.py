@@ -108,6 +108,11 @@ class RunStore(Protocol):
     def mark_unreadable(self, run_id: str, status: RunStatus, error: str) -> bool:
         """Status and error for a row this code cannot parse."""
 
+    def unclaim(self, run_id: str, epoch: int, hold: float) -> None:
+        """The claim at epoch, by a worker that gives the run back for a cause of its own
+        (it lacks the key a payload is sealed under), counts no delivery toward poison;
+        the reaper leaves the run alone for hold seconds (its worker sends it again)."""
+
     def cancel_reason(self, run_id: str) -> str | None:
         """Why the run was cancelled, or None."""
 

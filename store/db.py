@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -113,6 +114,21 @@ def opening(conn: psycopg.Connection[Any]) -> None:
     json and jsonb it reads pass through open_text, which costs an unsealed value one
     search of its bytes."""
     set_json_loads(sealing.open_text, conn)
+
+
+def plain(conn: psycopg.Connection[Any]) -> None:
+    """A connection handed to a step's own code (ctx.db) loads JSON as it is: what a user
+    reads from their own tables is never taken for cairn's (a sealed or escaped value);
+    cairn's statements on it go through opened(). StepTransaction.close restores opening."""
+    set_json_loads(json.loads, conn)
+
+
+def opened(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
+    """A cursor on conn (a step's own connection) whose json and jsonb are opened, for
+    cairn's statements on it (a save, a record, the session items)."""
+    cur = conn.cursor()
+    set_json_loads(sealing.open_text, cur)
+    return cur
 
 
 class _Held:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, cast
 
 import redis
@@ -28,6 +29,10 @@ LIVE_WITHIN = 3 * BEAT_EVERY
 # known that long, which the orphan report measures from.
 KEEP = 7 * 24 * 3600.0
 TELL_EVERY = 300.0
+# A payload key a worker lacked counts this long after the last time one met it: long
+# enough for a probe to see it, short enough that a key retired after a deploy that
+# handed runs around is forgotten soon.
+KEYS_SEEN = 600.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -102,6 +107,27 @@ class Fleet:
                 )
             )
         return found
+
+    def lacked(self, key_id: str) -> None:
+        """A worker met a payload sealed under key_id, which its key ring lacks."""
+        now = time.time()
+        with translated():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zadd(keys.KEYS_MISSING, {key_id: now})
+            pipe.zremrangebyscore(keys.KEYS_MISSING, 0, now - KEYS_SEEN)
+            pipe.execute()
+
+    def lacking(self, held: Iterable[str]) -> dict[str, float]:
+        """The key ids workers lacked within KEYS_SEEN that are not in held, each with
+        when one was last met."""
+        with translated():
+            met = cast(
+                "list[tuple[bytes, float]]",
+                self.client.zrangebyscore(
+                    keys.KEYS_MISSING, time.time() - KEYS_SEEN, "+inf", withscores=True
+                ),
+            )
+        return {kid.decode(): at for kid, at in met if kid.decode() not in set(held)}
 
     def tell(self, version: str) -> bool:
         """True once every TELL_EVERY seconds per version, across the fleet: whether to log

@@ -15,9 +15,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
 from cairn.store.db import Database
+from cairn.store.payloads import Clear
 from cairn.store.sql import QUERIES
 
 
@@ -70,8 +70,8 @@ class GraphStore:
             "parent_id": parent_id,
             "type": checkpoint[0],
             "checkpoint": checkpoint[1],
-            "versions": Jsonb(versions),
-            "metadata": Jsonb(metadata),
+            "versions": Clear(versions),
+            "metadata": Clear(metadata),
             "run_id": fence.run_id if fence else None,
             "epoch": fence.epoch if fence else None,
         }
@@ -167,7 +167,7 @@ class GraphStore:
                 "thread_id": thread_id,
                 "ns": ns,
                 "checkpoint_id": checkpoint_id,
-                "filter": Jsonb(metadata) if metadata else None,
+                "filter": Clear(metadata) if metadata else None,
                 "before": before,
                 "limit": limit,
             },
@@ -176,7 +176,7 @@ class GraphStore:
 
     def _whole(self, row: dict[str, Any]) -> dict[str, Any]:
         key = {"thread_id": row["thread_id"], "ns": row["ns"]}
-        blobs = self.db.all("graph_blobs_of", {**key, "versions": Jsonb(row["versions"] or {})})
+        blobs = self.db.all("graph_blobs_of", {**key, "versions": Clear(row["versions"] or {})})
         writes = self.db.all("graph_writes_of", {**key, "checkpoint_id": row["checkpoint_id"]})
         return {**row, "blobs": blobs, "writes": writes}
 

@@ -64,6 +64,13 @@ DELIVERIES = f"{PREFIX}:deliveries"
 WORKERS = f"{PREFIX}:workers"
 
 
+# The payload key ids workers lacked (a sorted set: key id, scored by when a worker last
+# met one, in Unix seconds), added as a worker hands back a run a payload of which is
+# sealed under a key its CAIRN_PAYLOAD_KEYS lacks. `cairn worker --check` fails while an
+# id its own key ring lacks was met within fleet.KEYS_SEEN; older ones are pruned.
+KEYS_MISSING = f"{PREFIX}:keys:missing"
+
+
 def orphan_told(version: str) -> str:
     """The reaper told the operator that this version's pinned runs have no worker: set
     NX with a TTL (fleet.TELL_EVERY), so the log line comes once a while, not each pass."""

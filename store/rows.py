@@ -9,8 +9,6 @@ import datetime as dt
 import time
 from typing import Any
 
-from psycopg.types.json import Jsonb
-
 from cairn.core import sealing
 from cairn.core.errors import (
     CorruptCheckpoint,
@@ -35,6 +33,7 @@ from cairn.core.records import (
     budget_scope,
 )
 from cairn.core.status import SETTLED, RunStatus
+from cairn.store.payloads import Clear, Payload, each, text
 from cairn.store.sql import QUERIES
 
 # Status counts: a reader folds the deltas itself past FOLD_AT rows (summing 10,000 takes
@@ -84,18 +83,13 @@ def list_query(which: RunFilter) -> tuple[str, dict[str, Any]]:
     return name, dataclasses.asdict(which)
 
 
-def sealed(value: Any) -> Jsonb:
-    """A payload as its jsonb column takes it: sealed when CAIRN_PAYLOAD_KEYS holds a key
-    (cairn.core.sealing); the store's connections open it on the way back."""
-    return Jsonb(sealing.seal(value))
-
-
 def conflict(run_id: str, row: dict[str, Any], input: dict[str, Any]) -> None:
     """RunIdConflict unless the existing run (existing_run's row) has this workflow, input
     and tenant: the same run id is the same run, or a mistake."""
     if not row["same_tenant"]:  # never another tenant's run, nor what it holds
         raise RunIdConflict(f"run id {run_id!r} is taken; use a new run id")
-    same_input = sealing.ring().open(row["input"]) == input
+    # Read as text (the caller's own connection has no loader of ours): loaded here, once.
+    same_input = sealing.open_text(row["input_text"]) == input
     if not (row["same_workflow"] and same_input):
         what = "workflow" if not row["same_workflow"] else "input"
         raise RunIdConflict(
@@ -105,13 +99,16 @@ def conflict(run_id: str, row: dict[str, Any], input: dict[str, Any]) -> None:
 
 
 def fork_params(
-    origin: str, at: int, run_id: str, patch: dict[str, Any] | None, traceparent: str | None
+    origin: str, at: int, run_id: str, input: dict[str, Any] | None, traceparent: str | None
 ) -> dict[str, Any]:
+    """The fork's parameters; input: the origin's, opened and patched (None: unpatched,
+    the stored value is copied as it is). A patch is never merged in SQL: the stored
+    input is sealed, and `||` on a sealed value breaks it."""
     return {
         "origin": origin,
         "at": at,
         "run_id": run_id,
-        "patch": Jsonb(patch or {}),
+        "input": None if input is None else Payload(input),
         "traceparent": traceparent,
         "version": CHECKPOINT_VERSION,
     }
@@ -200,9 +197,9 @@ def create_params(
         "budget_soft": budget_soft,
         "run_id": run_id,
         "workflow": workflow,
-        "input": sealed(input),
+        "input": Payload(input),
         "cursor": cursor,
-        "state": sealed({}),
+        "state": Payload({}),
         "version": CHECKPOINT_VERSION,
         "max_cost_usd": max_cost_usd,
         "priority": priority,
@@ -271,14 +268,14 @@ def save_params(
         "run_id": cp.run_id,
         "seq": cp.seq,
         "cursor": cp.cursor,
-        "state": sealed(cp.state),
-        "visits": Jsonb(cp.visits),
+        "state": Payload(cp.state),
+        "visits": Clear(cp.visits),
         "win_start": cp.win_start,
         "win_end": cp.win_end,
         "cost_usd": cp.cost_usd,
         "version": cp.version,
         "status": cp.status,
-        "error": cp.error,
+        "error": text(cp.error),
         "epoch": cp.epoch,
         "resumes": cp.resumes,
         "step": previous.cursor,
@@ -301,21 +298,18 @@ def save_params(
     if messages or attempt.signal_id is not None or spawn is not None:
         query = QUERIES["save"]
         params["first_idx"] = first_idx
-        params["messages"] = Jsonb([sealing.seal(m) for m in messages])
+        params["messages"] = each(messages)
     if wait is not None and wait.request is not None:
         query = QUERIES["save_approval"]  # a step waits, or spawns: never both
         params["first_idx"] = first_idx
-        params["messages"] = Jsonb([sealing.seal(m) for m in messages])
+        params["messages"] = each(messages)
         params["workflow"], params["tool"] = cp.workflow, wait.request.get("tool")
-        params["request"] = sealed(dict(wait.request))
+        params["request"] = Payload(dict(wait.request))
     if spawn is not None:
         query = QUERIES["save_spawn"]
-        params["children"] = Jsonb(
-            [
-                {"run_id": r, "workflow": w, "input": sealing.seal(i), "ord": n}
-                for n, (r, w, i) in enumerate(spawn.children)
-            ]
-        )
+        params["kid_ids"] = [r for r, _, _ in spawn.children]
+        params["kid_workflows"] = [w for _, w, _ in spawn.children]
+        params["kid_inputs"] = each(i for _, _, i in spawn.children)
         params["need"], params["depth"] = spawn.need, spawn.depth
         params["traceparent"] = spawn.traceparent
     return query, params

@@ -17,7 +17,7 @@ from typing import Any
 
 from cairn.core.records import CHECKPOINT_VERSION, START
 from cairn.store.db import Database
-from cairn.store.rows import sealed
+from cairn.store.payloads import Payload
 from cairn.store.sql import QUERIES as RUN_QUERIES
 from cairn.store.sql import _parse, sql_text
 
@@ -58,7 +58,7 @@ class Schedule:
         return {
             "name": self.name,
             "workflow": self.workflow,
-            "input": sealed(dict(self.input)),
+            "input": Payload(dict(self.input)),
             "cron": self.cron,
             "every": self.every,
             "catch_up": self.catch_up,
@@ -146,9 +146,9 @@ class ScheduleStore:
                         {
                             "run_id": run_id,
                             "workflow": row["workflow"],
-                            "input": sealed(row["input"]),
+                            "input": Payload(row["input"]),
                             "cursor": START,
-                            "state": sealed({}),
+                            "state": Payload({}),
                             "version": CHECKPOINT_VERSION,
                             "max_cost_usd": None,
                             "priority": 0,

@@ -10,17 +10,24 @@ from collections.abc import Callable
 from typing import Any
 
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
 from cairn.core import sealing
 from cairn.core.records import STEERED
+from cairn.core.status import RunStatus
 from cairn.store.db import Database
+from cairn.store.payloads import Payload
 
-# (table, column, a condition the rows must meet): every payload column. A steer read's
-# journal record holds message numbers, which the SQL reads: never sealed.
+# (table, column, a condition the rows must meet): every payload column, each written as a
+# store.payloads.Payload (tests/integration/test_sealed_columns.py checks this list against
+# the columns it finds sealed, and every column of the schema against it). A steer read's
+# journal record holds message numbers, and a stop over budget's error names the budget:
+# the SQL reads both, never sealed.
 PAYLOADS: tuple[tuple[str, str, str], ...] = (
     ("runs", "input", "true"),
     ("checkpoints", "state", "true"),
+    ("checkpoints", "error", f"status <> '{RunStatus.BUDGET_EXCEEDED}'"),
+    ("checkpoints", "cancel_reason", "true"),
+    ("step_history", "error", "true"),
     ("window_messages", "message", "true"),
     ("step_history", "state", "true"),
     ("journal", "result", f"name <> '{STEERED}'"),
@@ -78,7 +85,7 @@ def reseal(
                     conn.execute(
                         put,
                         {
-                            "value": Jsonb(ring.seal(value)),
+                            "value": Payload(value),
                             "tableoid": row["tableoid"],
                             "ctid": row["ctid"],
                         },

@@ -13,10 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
-from cairn.core import sealing
-from cairn.store.db import Database, translated
+from cairn.store.db import Database, opened, translated
+from cairn.store.payloads import each
 from cairn.store.sql import QUERIES
 
 
@@ -30,9 +29,13 @@ def items(conn: psycopg.Connection[Any], session_id: str, limit: int | None = No
     if limit == 0:
         return []
     with translated():
-        rows = conn.execute(
-            QUERIES["agent_session_items"], {"session_id": session_id, "limit": _limit(limit)}
-        ).fetchall()
+        rows = (
+            opened(conn)
+            .execute(
+                QUERIES["agent_session_items"], {"session_id": session_id, "limit": _limit(limit)}
+            )
+            .fetchall()
+        )
     return [_item(r) for r in rows]
 
 
@@ -44,7 +47,7 @@ def add(
         return
     params = {
         "session_id": session_id,
-        "items": Jsonb([sealing.seal(item) for item in new]),
+        "items": each(new),
         "run_id": run_id,
     }
     with translated():
@@ -54,7 +57,11 @@ def add(
 def pop(conn: psycopg.Connection[Any], session_id: str) -> Any | None:
     """Remove the session's newest item and return it; None if it has none."""
     with translated():
-        row = conn.execute(QUERIES["agent_session_pop"], {"session_id": session_id}).fetchone()
+        row = (
+            opened(conn)
+            .execute(QUERIES["agent_session_pop"], {"session_id": session_id})
+            .fetchone()
+        )
     return _item(row) if row is not None else None
 
 

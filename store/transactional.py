@@ -1,6 +1,13 @@
 """Enqueue in the caller's transaction: the run row written on the caller's own psycopg
 connection, and a NOTIFY that Postgres delivers only when that transaction commits.
 
+Nothing here commits or rolls back what the caller owns: the statements run in a
+savepoint of the caller's transaction (on an idle connection that is not autocommit,
+psycopg begins that transaction with the savepoint, and the caller's next commit or
+rollback ends it); only an autocommit connection outside any transaction, where the
+caller has none to join, gets a transaction of its own, committed at once. A connection
+in a failed transaction, closed or broken is refused (InvalidInput).
+
 Nothing here sends: the caller's commit is out of our sight, and a send before it could
 start a run the caller then rolls back. Beat's dispatcher (cairn.workers.dispatch) hears
 the notification and sends the run; a notification nobody heard (no dispatcher, a killed
@@ -17,6 +24,7 @@ from collections.abc import Callable, Generator, Iterator
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from cairn.core.errors import InvalidInput
@@ -98,7 +106,8 @@ def create_run_in(connection: object, run_id: str, workflow: str, input: dict[st
     connection: a transaction of its own), so a refusal (RunIdConflict, a value Postgres
     refuses) leaves that transaction usable.
 
-    Raises InvalidInput (not a psycopg Connection) or RunIdConflict.
+    Raises InvalidInput (not a psycopg Connection; one in a failed transaction, closed or
+    broken) or RunIdConflict.
     """
     steps = _enqueue(
         run_id, workflow, input, max_cost_usd, priority, concurrency_key, concurrency_limit,
@@ -147,17 +156,62 @@ def _sync(connection: object) -> psycopg.Connection[Any]:
     return connection
 
 
+def _own_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the enqueue needs a transaction of its own: an autocommit connection outside
+    any transaction block (the caller has none to join). Any other connection gets a
+    savepoint of the caller's transaction. Raises InvalidInput for a connection no
+    statement can run on."""
+    status = conn.info.transaction_status
+    if status == TransactionStatus.INERROR:
+        raise InvalidInput(
+            "connection= is in a failed transaction (a statement in it failed): roll it back "
+            "(conn.rollback(), or to your savepoint), then enqueue"
+        )
+    if status not in (TransactionStatus.IDLE, TransactionStatus.INTRANS):
+        state = "closed" if conn.closed else "busy with another statement, or broken"
+        raise InvalidInput(f"connection= is {state}: pass an open psycopg connection")
+    return conn.autocommit and status == TransactionStatus.IDLE
+
+
+def _in_savepoint(steps: Generator[tuple[str, dict[str, Any]], Row, T]) -> Generator[tuple[str, dict[str, Any]], Row, T]:  # fmt: skip
+    """steps in a savepoint: released once they are through, rolled back to when they or a
+    statement of theirs fail (the failure, thrown in by the driver, raised again)."""
+    yield "enqueue_savepoint", {}
+    try:
+        done = yield from steps
+    except Exception:
+        yield "enqueue_rollback", {}
+        yield "enqueue_release", {}
+        raise
+    yield "enqueue_release", {}
+    return done
+
+
+def _next(steps: Generator[tuple[str, dict[str, Any]], Row, T], row: Row, failed: Exception | None) -> tuple[str, dict[str, Any]]:  # fmt: skip
+    """The next statement of steps: given the row the last one returned, or the error it
+    raised (thrown in, so the savepoint is rolled back to). StopIteration: steps are done."""
+    return steps.send(row) if failed is None else steps.throw(failed)
+
+
 def _run(conn: psycopg.Connection[Any], steps: Generator[tuple[str, dict[str, Any]], Row, T]) -> T:
     """Drive one enqueue's statements on conn, in a savepoint; what they returned."""
-    with translated(), conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        row: Row = None
+    own = _own_transaction(conn)
+    with (
+        translated(),
+        conn.transaction() if own else contextlib.nullcontext(),
+        conn.cursor(row_factory=dict_row) as cur,
+    ):
+        statements, row, failed = _in_savepoint(steps), None, None
         while True:
             try:
-                name, values = steps.send(row)
+                name, values = _next(statements, row, failed)
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
-            cur.execute(QUERIES[name], values)
-            row = cur.fetchone() if cur.description else None
+            try:
+                cur.execute(QUERIES[name], values)
+                row, failed = (cur.fetchone() if cur.description else None), None
+            except Exception as exc:  # noqa: BLE001 (thrown into the statements, raised there)
+                failed = exc
 
 
 async def acreate_run_in(connection: object, run_id: str, workflow: str,
@@ -196,19 +250,27 @@ async def adebounce_in(connection: object, run_id: str, workflow: str, input: di
 
 
 async def _arun(connection: object, steps: Generator[tuple[str, dict[str, Any]], Row, T]) -> T:
+    """_run on the caller's AsyncConnection, in its event loop."""
     if not isinstance(connection, psycopg.AsyncConnection):
         raise _refused(connection)
     conn = connection
+    own = _own_transaction(conn)
     with translated():
-        async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-            row: Row = None
+        async with (
+            conn.transaction() if own else contextlib.nullcontext(),
+            conn.cursor(row_factory=dict_row) as cur,
+        ):
+            statements, row, failed = _in_savepoint(steps), None, None
             while True:
                 try:
-                    name, values = steps.send(row)
+                    name, values = _next(statements, row, failed)
                 except StopIteration as done:
                     return done.value  # type: ignore[no-any-return]
-                await cur.execute(QUERIES[name], values)
-                row = await cur.fetchone() if cur.description else None
+                try:
+                    await cur.execute(QUERIES[name], values)
+                    row, failed = (await cur.fetchone() if cur.description else None), None
+                except Exception as exc:  # noqa: BLE001 (thrown into the statements)
+                    failed = exc
 
 
 @contextlib.contextmanager

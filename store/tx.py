@@ -29,8 +29,12 @@ class StepTransaction:
     @property
     def connection(self) -> psycopg.Connection[Any]:
         if self._conn is None:
+            from cairn.store.db import opening, plain
+
             stack = contextlib.ExitStack()
             conn = stack.enter_context(self._db.connection())
+            stack.callback(opening, conn)  # the pool's way again, before it goes back
+            plain(conn)  # the step's own reads: its JSON as it is, never opened
             conn.autocommit = False
             self._stack, self._conn = stack, conn
         return self._conn

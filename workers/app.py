@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from billiard.einfo import ExceptionWithTraceback
@@ -25,6 +26,7 @@ from cairn.core.errors import (
     RetryLater,
     StepStopped,
 )
+from cairn.core.sealing import KeyMissing, ring
 from cairn.core.settings import Settings
 from cairn.steps import registry
 from cairn.steps.model import ModelClient, preload_sdk
@@ -270,6 +272,8 @@ def run_task(task: Task, run_id: str) -> str:
         )
         runtime.send(run_id)
         return "misrouted"
+    except KeyMissing as exc:
+        return _lacks_key(task, run_id, exc, again)
     except StepStopped as exc:  # Superseded, or a stop no branch of the loop took
         # Another worker owns the run now: it will finish it. Do nothing more.
         logger.warning("run %s: stopped, %s", run_id, exc, extra=logs.run(run_id, "superseded"))
@@ -295,6 +299,38 @@ def run_task(task: Task, run_id: str) -> str:
             extra=logs.run(run_id, "transient", retries=attempt),
         )
         raise again(countdown) from None
+
+
+def _lacks_key(
+    task: Task, run_id: str, exc: KeyMissing, again: Callable[[float], Exception]
+) -> str:
+    """A payload of the run is sealed under a key this worker lacks (a key deploy under
+    way, or a worker left out of one): the run goes back to the queue for a worker that
+    has the key, never failed; said in one line, and kept for `cairn worker --check`.
+    Backoff as for an outage; past CAIRN_TRANSIENT_RETRIES this message is let go, and
+    the reaper sends the run again later."""
+    runtime: Runtime = task.app.cairn
+    settings = runtime.settings
+    with contextlib.suppress(CairnError):  # Redis away: the hand-back matters more
+        runtime.fleet().lacked(exc.key_id)
+    attempt = task.request.retries
+    held = ", ".join(ring().ids) or "none"
+    if attempt >= settings.transient_retries:
+        logger.error(
+            "run %s: this worker lacks payload key %r (CAIRN_PAYLOAD_KEYS holds: %s); let "
+            "go after %d hand-backs, the reaper sends it again",
+            run_id, exc.key_id, held, attempt,
+            extra=logs.run(run_id, "lacks_key", key_id=exc.key_id, retries=attempt),
+        )  # fmt: skip
+        return "lacks_key"
+    countdown = min(settings.defer_seconds * 2 ** min(attempt, 5), loop.KEY_HOLD)
+    logger.warning(
+        "run %s: this worker lacks payload key %r (CAIRN_PAYLOAD_KEYS holds: %s); handed "
+        "back for a worker that has it, again in %.0fs",
+        run_id, exc.key_id, held, countdown,
+        extra=logs.run(run_id, "lacks_key", key_id=exc.key_id, retries=attempt),
+    )  # fmt: skip
+    raise again(countdown) from None
 
 
 def reap(task: Task) -> int:

@@ -1,7 +1,9 @@
-"""Can this process reach what it needs? Asked by `cairn worker` before it starts."""
+"""Can this process reach what it needs, and open what it reads? Asked by `cairn worker`
+before it starts, and by `cairn worker --check` (a probe) at any time."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from cairn.core.errors import CairnError
@@ -32,11 +34,36 @@ def problems(settings: Settings) -> list[str]:
         leases.ping()
     except CairnError as exc:
         found.append(str(exc))
+    else:
+        found += key_problems(settings)
     finally:
         leases.client.close()
     if settings.broker != settings.redis_url:
         found += broker_problems(settings)
     return found
+
+
+def key_problems(settings: Settings) -> list[str]:
+    """One line per payload key a worker lacked lately (it handed a run back for it)
+    that this process's CAIRN_PAYLOAD_KEYS lacks too: it would hand such runs back."""
+    from cairn.core.sealing import KeyRing
+    from cairn.store.fleet import Fleet
+
+    held = KeyRing(settings.payload_keys).ids
+    fleet = Fleet.from_url(settings.redis_url)
+    try:
+        lacking = fleet.lacking(held)
+    except CairnError as exc:
+        return [str(exc)]
+    finally:
+        fleet.close()
+    now = time.time()
+    return [
+        f"payloads are sealed under key {kid!r}, which CAIRN_PAYLOAD_KEYS lacks (it holds: "
+        f"{', '.join(held) or 'none'}); a worker met one {now - at:.0f}s ago and handed "
+        "its run back: add the key to CAIRN_PAYLOAD_KEYS"
+        for kid, at in sorted(lacking.items())
+    ]
 
 
 def broker_problems(settings: Settings) -> list[str]:

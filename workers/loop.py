@@ -33,6 +33,7 @@ from cairn.core.errors import (
     WindowTooLarge,
 )
 from cairn.core.records import START, Attempt, Checkpoint
+from cairn.core.sealing import KeyMissing
 from cairn.core.settings import Settings
 from cairn.core.status import IDLE, STOPPED, RunStatus
 from cairn.steps import registry
@@ -50,6 +51,9 @@ if TYPE_CHECKING:
     from cairn.workers.outbox import Outbox
 
 logger = logging.getLogger(__name__)
+
+# A run handed back for a key this worker lacks: the reaper leaves it this long (app.py).
+KEY_HOLD = 60.0
 
 
 class Stop(CairnError):
@@ -94,6 +98,7 @@ def run(run_id: str, deps: Deps) -> RunStatus:
         RetryLater: a step failed and its Retry policy runs it again after exc.delay.
         HandOff: this worker is stopping, or a new wait's signal had come; send it again.
         Misrouted: the run is pinned to another code version; send it to that version.
+        KeyMissing: a payload is sealed under a key this worker lacks (never failing it).
         Transient: Postgres or Redis is down (StoreUnavailable); retry with backoff.
         Superseded: another worker owns the run now; touch nothing more.
     and UnknownRun: no run has this id (nothing to retry).
@@ -160,6 +165,8 @@ def _delivered(run_id: str, deps: Deps, held: contextlib.ExitStack) -> RunStatus
         return status
     except BaseException as exc:
         cut = exc
+        if isinstance(exc, KeyMissing):
+            deps.store.unclaim(run_id, lease.epoch, KEY_HOLD)  # not the run's fault
         raise
     finally:
         if deps.events is not None:
@@ -340,6 +347,8 @@ def _take(run_id: str, deps: Deps, held: contextlib.ExitStack) -> tuple[HeldLeas
         assert cp is not None  # the loop ran: each pass raised or loaded one
         raise StaleWrite(run_id, cp.seq, lease.epoch)
     except BaseException as exc:
+        if isinstance(exc, KeyMissing):  # claimed, but its row did not open here
+            store.unclaim(run_id, lease.epoch, KEY_HOLD)
         # A run that does not exist keeps no counter either (this acquire made one).
         lease.release(ended=isinstance(exc, UnknownRun))
         raise
@@ -539,15 +548,23 @@ def _retry_or_stop(
     return RetryLater(cp.run_id, delay)
 
 
-def _next(
-    cp: Checkpoint, flow: registry.Workflow, result: Any, ctx: Context, settings: Settings
-) -> Checkpoint:
+def checked(cp: Checkpoint, flow: registry.Workflow, result: Any) -> StepResult:
+    """The step's result, if it is a StepResult whose next steps this code has; else
+    CairnError (the run fails). The deploy check asks the same of a step it replays."""
     if not isinstance(result, StepResult):
         raise CairnError(f"step {cp.cursor!r} returned {type(result).__name__}, not StepResult")
     wait = result.waits_for
     for cursor in (result.cursor, wait.on_timeout if wait else None):
         if cursor is not None and cursor != DONE and cursor not in flow.steps:
             raise CairnError(f"step {cp.cursor!r} returned unknown cursor {cursor!r}")
+    return result
+
+
+def _next(
+    cp: Checkpoint, flow: registry.Workflow, result: Any, ctx: Context, settings: Settings
+) -> Checkpoint:
+    result = checked(cp, flow, result)
+    wait = result.waits_for
     # Messages are plain dicts to a step (Context.window, StepResult.window).
     old = cast("tuple[dict[str, Any], ...]", cp.window)
     window: Sequence[dict[str, Any]]

@@ -47,8 +47,10 @@ def deploy_check(
     """Replay the live runs on this code: exit 1 naming any it would break.
 
     Steps, state and input are checked, and each step replayed on its
-    journal. Nothing is sent or written: the replay serves recorded calls
-    and stops before any call, effect or ctx.db its record lacks. With
+    journal: a run at a step's start (pending, or waiting for a signal,
+    an approval or a sleep) on its upgraded state, up to its first call.
+    Nothing is sent or written: the replay serves recorded calls and
+    stops before any call, effect or ctx.db its record lacks. With
     --runs FILE the runs are those `cairn runs export` wrote there, and no
     database is needed (CI).
     """

@@ -88,4 +88,7 @@ def serve(
         log_level=settings.loglevel.lower(),
         log_config=log_config,
         access_log=False,  # the request counter is on /metrics; a line per request is noise
+        # X-Forwarded-Proto is believed from CAIRN_WEB_TRUSTED_PROXIES only, by the app
+        # (cairn.web.headers); uvicorn's own reading would believe any local peer.
+        proxy_headers=False,
     )

@@ -15,6 +15,7 @@ from cairn.cli.common import (
     LogLevel,
     RedisUrl,
     Workflows,
+    console,
     fail,
     load_settings,
 )
@@ -63,6 +64,15 @@ def worker(
             'pinned to it (versions="pin") come back, to finish them.',
         ),
     ] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Check instead of starting: Postgres, Redis and the broker answer, and no "
+            "payload key a worker lacked lately is missing from CAIRN_PAYLOAD_KEYS here. "
+            "Prints ok (exit 0) or what is wrong (exit 1): a probe for a worker's container.",
+        ),
+    ] = False,
     loglevel: LogLevel = None,
     name: Annotated[
         str | None,
@@ -92,6 +102,14 @@ def worker(
         redis_url=redis_url,
         workflows=workflows,
     )
+    if check:
+        from cairn.workers import health
+
+        down = health.problems(settings)
+        if down:
+            fail("the worker is not healthy: " + "; ".join(down))
+        console.print("ok")
+        return
     if settings.metrics_port:
         # prometheus_client's multiprocess mode is chosen by this variable, read when it
         # is first imported: set it before the app (and its metrics module) loads.

@@ -65,7 +65,8 @@ def checked_fork(
 ) -> tuple[int, dict[str, Any]]:
     if isinstance(at, bool) or not isinstance(at, int) or at < 1:
         raise InvalidInput(f"the seq to fork or rewind at must be a whole number >= 1, not {at!r}")
-    return at, check_input({} if patch is None else patch, settings.max_input_bytes)
+    patch = {} if patch is None else patch
+    return at, check_input(patch, settings.max_input_bytes, what="input patch")
 
 
 def checked_replay(
@@ -88,7 +89,7 @@ def checked_replay(
 
 def checked_signal(settings: Settings, event: str, payload: Any, signal_id: str | None) -> str:
     check_event(event)
-    check_input({"payload": payload}, settings.max_input_bytes)
+    check_input({"payload": payload}, settings.max_input_bytes, what="payload", envelope=1)
     if signal_id is not None:
         check_run_id(signal_id)  # same rules: it travels as a key and a header too
     return signal_id or uuid.uuid4().hex

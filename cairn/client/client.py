@@ -496,7 +496,7 @@ class Client:
         journaled, and the call raises CallInterrupted, for the step to read this message.
         A call that is not in flight when the message commits is not cut; the message then
         waits, as any, for the next ctx.messages()."""
-        check_input({"message": message}, self.settings.max_input_bytes)
+        check_input({"message": message}, self.settings.max_input_bytes, what="message", envelope=1)
         self._known(run_id)
         found = self.store.steer(run_id, message, interrupt)
         if found is None:
@@ -514,7 +514,7 @@ class Client:
         done=True records that the effect happened (result: what ctx.once returns on the
         replay), done=False that it did not (the replay runs it). The run goes on at its
         cursor. Resolving again changes nothing. Raises UnknownRun."""
-        check_input({"result": result}, self.settings.max_input_bytes)
+        check_input({"result": result}, self.settings.max_input_bytes, what="result", envelope=1)
         self._known(run_id)
         rearmed, _ = self.store.resolve(run_id, done, result)
         run = self.get(run_id)
@@ -815,7 +815,7 @@ class Client:
             raise InvalidInput(f"args: a dict of the tool's arguments, not {type(args).__name__}")
         payload = {"decision": decision, "args": args, "note": note,
                    "approval_id": approval_id, "by": by}  # fmt: skip
-        check_input(payload, self.settings.max_input_bytes)
+        check_input(payload, self.settings.max_input_bytes, what="decision", envelope=1)
         store = self.store.approval_store()
         with tracing.spanning("cairn.decide", approval_id=approval_id) as trace:
             run_id = store.decide(approval_id, decision, payload, by, trace, self.tenant)

@@ -72,6 +72,7 @@ from cairn.steps.modelcalls import model_client
 from cairn.steps.prices import Prices
 from cairn.steps.providers import Route, guess_provider
 from cairn.steps.providers.anthropic import DEFAULT_MAX_TOKENS
+from cairn.steps.providers.transport import fence_requests
 from cairn.steps.registry import DONE, Retry, StepResult, Workflow
 from cairn.steps.registry import workflow as cairn_workflow
 from cairn.steps.window import json_size
@@ -173,7 +174,7 @@ async def _limited(
         where = Route(provider, "messages" if provider == "anthropic" else "chat", model_name)
         # Redis calls in a thread: the step's event loop goes on with its other tasks.
         admission = await asyncio.to_thread(model.admit, where, _booking(model, where, cache_key))
-        await asyncio.sleep(admission.wait)
+        await asyncio.sleep(admission.wait)  # the request after it: fenced (fence_requests)
     answer: dict[str, Any] = {}
     try:
         yield answer
@@ -327,6 +328,9 @@ class CairnDurability(BaseDurabilityCapability[AgentDepsT]):
         request_context = await super().prepare_model_request(ctx, request_context)
         step = current()
         if step is not None:
+            # Each request the model's SDK client sends, its own retries after their
+            # back-off too, is checked against the run's lease as it goes out.
+            fence_requests(getattr(_unwrapped(request_context.model), "client", None))
             # Each attempt starts from the request as it was before the first: put back
             # what the cuts of earlier attempts took in.
             for taken in _cut_in.get(step, {}).get(_request_step(ctx), ()):
@@ -384,6 +388,13 @@ async def stream_tokens(run_ctx: Any, events: AsyncIterable[AgentStreamEvent]) -
                 ctx.token(event.part.content)
         elif isinstance(event, PartDeltaEvent) and isinstance(event.delta, TextPartDelta):
             ctx.token(event.delta.content_delta)
+
+
+def _unwrapped(model: Any) -> Any:
+    """The model under pydantic-ai's wrappers (its durable model, a fallback's)."""
+    while getattr(model, "wrapped", None) is not None:
+        model = model.wrapped
+    return model
 
 
 def _request_step(ctx: RunContext[Any]) -> tuple[str, int]:

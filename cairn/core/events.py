@@ -141,7 +141,7 @@ def encode(
     entry is one holds the run from its beginning (store.events.is_origin)."""
     event = {
         "kind": kind,
-        "data": sealing.seal(data) if data is not None else None,
+        "data": sealing.dump(data) if data is not None else None,
         "cursor": cursor,
         "visit": visit,
         "attempt": attempt,

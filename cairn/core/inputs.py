@@ -65,40 +65,87 @@ def check_event(event: Any) -> str:
     return event
 
 
-def check_input(data: Any, max_bytes: int) -> dict[str, Any]:
-    """data if it is a JSON object that round-trips, under max_bytes; else InvalidInput."""
+# How deep a JSON value may nest (objects and lists within one another), and what a
+# request body may add around it (its own object). Far below what any reader chokes on:
+# pydantic's serializer stops at 255, Python's json at about 1,000 (#52).
+MAX_DEPTH = 64
+BODY_DEPTH = MAX_DEPTH + 1
+
+
+def check_input(
+    data: Any, max_bytes: int, *, what: str = "input", envelope: int = 0
+) -> dict[str, Any]:
+    """data if it is a JSON object that round-trips, under max_bytes and MAX_DEPTH (plus
+    envelope: levels a caller wrapped around the value it names), with no NUL; else
+    InvalidInput. Walked without recursion, so no depth makes it raise anything else."""
     if not isinstance(data, dict):
-        raise InvalidInput(f"input must be a JSON object, not {type(data).__name__}")
+        raise InvalidInput(f"{what} must be a JSON object, not {type(data).__name__}")
+    _walk(data, what, MAX_DEPTH + envelope)
     try:
         text = json.dumps(data, allow_nan=False, separators=(",", ":"))
     except ValueError:
-        raise InvalidInput("input holds NaN or Infinity, which JSON cannot carry") from None
+        raise InvalidInput(f"{what} holds NaN or Infinity, which JSON cannot carry") from None
     except TypeError as exc:
-        raise InvalidInput(f"input is not JSON: {exc}") from None
+        raise InvalidInput(f"{what} is not JSON: {exc}") from None
     size = len(text.encode())
     if size > max_bytes:
         raise InvalidInput(
-            f"input is {size:,} bytes, over CAIRN_MAX_INPUT_BYTES={max_bytes:,}; "
+            f"{what} is {size:,} bytes, over CAIRN_MAX_INPUT_BYTES={max_bytes:,}; "
             "store large data elsewhere and pass a reference"
         )
-    if _has_nul(data):
-        raise InvalidInput("input holds a NUL character (\\u0000), which Postgres cannot store")
     if json.loads(text) != data:
         raise InvalidInput(
-            "input does not survive a JSON round trip (non-string keys, or tuples?): "
+            f"{what} does not survive a JSON round trip (non-string keys, or tuples?): "
             "use string keys and lists"
         )
     return data
 
 
-def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(_has_nul(v) for v in value)
-    return False
+def _walk(data: Any, what: str, most: int) -> None:
+    """InvalidInput if data nests deeper than most or holds NUL: one pass, a stack of
+    its own (a cycle is refused as too deep, never followed for ever)."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise InvalidInput(
+                    f"{what} holds a NUL character (\\u0000), which Postgres cannot store"
+                )
+            continue
+        if not isinstance(value, dict | list | tuple):
+            continue
+        if depth > most:
+            raise InvalidInput(
+                f"{what} nests deeper than {MAX_DEPTH} levels (objects and lists within "
+                "one another): flatten it"
+            )
+        if isinstance(value, dict):
+            stack.extend((k, depth) for k in value)
+            stack.extend((v, depth + 1) for v in value.values())
+        else:
+            stack.extend((v, depth + 1) for v in value)
+
+
+def too_deep(body: bytes, most: int = BODY_DEPTH) -> bool:
+    """Whether a JSON text nests deeper than most, told without parsing it (a parser
+    recurses, and pydantic's validation after it). Strings go, then every bracket but
+    the brackets; each pass takes off every innermost pair: a text still holding some
+    after most passes nests deeper. All in C: a megabyte of brackets takes milliseconds."""
+    if body.count(b"[") + body.count(b"{") <= most:
+        return False  # the common case: two scans
+    left = _STRING.sub(b"", body).translate(_TO_SQUARE, _NOT_BRACKET)
+    for _ in range(most):
+        peeled = left.replace(b"[]", b"")
+        if peeled == left:
+            return False  # empty, or not JSON: the parser says which
+        left = peeled
+    return left.replace(b"[]", b"") != left
+
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # escapes and all
+_TO_SQUARE = bytes.maketrans(b"{}", b"[]")
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 LIMIT_MAX = 10_000

@@ -9,6 +9,7 @@ Client and the tests take a Settings. Nothing else reads CAIRN_*.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import os
 import typing
@@ -222,12 +223,31 @@ class Settings:
         None,
         "CAIRN_PAYLOAD_KEYS",
         "payloads encrypted at rest (input, state, window, journaled results, signals, "
-        "events): comma-separated `<id>:<key>`, the first sealing, all opening; "
+        "errors, events): comma-separated `<id>:<key>`, the first sealing, all opening; "
         "`cairn db new-key` makes a key",
         repr=False,
     )
     web_host: str = _setting("127.0.0.1", "CAIRN_WEB_HOST", "`cairn serve`: address to listen on")
     web_port: int = _setting(8000, "CAIRN_WEB_PORT", "`cairn serve`: port to listen on")
+    web_session_seconds: float = _setting(
+        12 * 3600.0,
+        "CAIRN_WEB_SESSION_SECONDS",
+        "`cairn serve`: seconds a page session (a login) lasts; logging out, or revoking its "
+        "token, ends it sooner",
+    )
+    web_secure_cookies: bool = _setting(
+        False,
+        "CAIRN_WEB_SECURE_COOKIES",
+        "`cairn serve`: mark the pages' cookies `Secure` (sent over HTTPS only) on every "
+        "answer; unset, they are `Secure` when the request came over HTTPS, directly or as a "
+        "trusted proxy's `X-Forwarded-Proto` says",
+    )
+    web_trusted_proxies: tuple[str, ...] = _setting(
+        (),
+        "CAIRN_WEB_TRUSTED_PROXIES",
+        "`cairn serve`: comma-separated addresses or networks (`10.0.0.0/8`) of the reverse "
+        "proxies whose `X-Forwarded-Proto` is believed; from any other peer it is ignored",
+    )
     tenant_concurrency: int = _setting(
         0,
         "CAIRN_TENANT_CONCURRENCY",
@@ -303,6 +323,7 @@ class Settings:
             from cairn.core.sealing import KeyRing
 
             KeyRing(self.payload_keys)  # PayloadKeyError says what is wrong with it
+        _check_web(self)
         if self.log_format not in ("text", "json"):
             raise ValueError(f"CAIRN_LOG_FORMAT={self.log_format!r}: use text or json")
         template = self.trace_url_template
@@ -389,6 +410,20 @@ def _check_rate_limits(s: Settings) -> None:
             count(f"{where}.{field}", value)
     if s.rate_wait_max < 0:
         raise ValueError(f"CAIRN_RATE_WAIT_MAX={s.rate_wait_max!r}: seconds, >= 0")
+
+
+def _check_web(s: Settings) -> None:
+    """ValueError, naming the variable, for a web setting that means nothing."""
+    if not s.web_session_seconds > 0:
+        raise ValueError(f"CAIRN_WEB_SESSION_SECONDS={s.web_session_seconds!r}: seconds, > 0")
+    for proxy in s.web_trusted_proxies:
+        try:
+            ipaddress.ip_network(proxy, strict=False)
+        except ValueError:
+            raise ValueError(
+                f"CAIRN_WEB_TRUSTED_PROXIES: {proxy!r} is not an address or a network "
+                "(e.g. 10.0.0.5 or 10.0.0.0/8)"
+            ) from None
 
 
 _PRICE_FIELDS = {"input", "output", "cache_write", "cache_read"}

@@ -22,9 +22,10 @@ from cairn.core.settings import Settings
 from cairn.steps import registry
 from cairn.store.checkpoints import PgStore
 from cairn.store.events import AsyncRedisEvents
-from cairn.store.tokens import Tokens
+from cairn.store.tokens import PageSessions, Tokens
 from cairn.web import errors
 from cairn.web.auth import OPEN_PATHS, Auth, Guard
+from cairn.web.headers import Hardened
 from cairn.web.hub import Hub
 from cairn.web.metrics import Measured, Metrics
 from cairn.web.openapi import document
@@ -60,20 +61,25 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
         version=__version__,
         summary="Durable multi-step LLM agent runs: start, read, cancel and signal them.",
         lifespan=_lifespan,
+        docs_url=None,  # the pages' own /docs: no inline script (cairn.web.routers.pages)
+        redoc_url=None,
     )
     app.state.settings = settings
     # Postgres connections of this process: enough for the thread pool's busy requests.
     app.state.client = client = Client(settings=settings, pool_size=16)
     app.state.reads = Reads(client, replica_client(client, pool_size=16))
     app.state.hub = Hub(AsyncRedisEvents(settings.redis_url))
-    tokens = Tokens(client.store.db) if isinstance(client.store, PgStore) else None
-    app.state.auth = auth = Auth(settings.api_token, tokens)
+    pg = client.store.db if isinstance(client.store, PgStore) else None
+    tokens, sessions = (Tokens(pg), PageSessions(pg)) if pg is not None else (None, None)
+    app.state.auth = auth = Auth(settings.api_token, tokens, sessions, settings=settings)
     app.state.metrics = metrics = Metrics(client)
 
-    # The last added runs first: every request is measured, those the guard refuses too.
+    # The last added runs first: every answer carries the security headers, every
+    # request is measured, those the guard refuses too.
     max_body = settings.max_input_bytes + ENVELOPE
     app.add_middleware(Guard, auth=auth, max_body=max_body, settings=settings)
     app.add_middleware(Measured, metrics=metrics)
+    app.add_middleware(Hardened, trusted_proxies=settings.web_trusted_proxies)
     errors.install(app)
 
     for resource in (runs, events, signals, approvals, health, pages, schedules, tenants):

@@ -34,6 +34,7 @@ from cairn.core.errors import (
     UnknownRun,
     UnknownWorkflow,
 )
+from cairn.web.headers import HEADERS as HEADERS_OF_EVERY_ANSWER
 
 # The first kind an error is decides its status; any other CairnError is a 400.
 _ERROR_STATUS: list[tuple[type[CairnError], int]] = [
@@ -137,8 +138,11 @@ async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
 
 
 async def crashed(_: Request, exc: Exception) -> JSONResponse:
-    # The traceback goes to the server's log (uvicorn logs it), not to the caller.
-    return error(500, "internal", f"{type(exc).__name__}: see the server's log")
+    # The traceback goes to the server's log (uvicorn logs it), not to the caller. Answered
+    # outside every middleware (Starlette's last resort): the headers are put on here.
+    answer = error(500, "internal", f"{type(exc).__name__}: see the server's log")
+    answer.headers.update(HEADERS_OF_EVERY_ANSWER)
+    return answer
 
 
 async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -9,7 +9,9 @@ import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+from fastapi import Request
 from fastapi.templating import Jinja2Templates
 
 from cairn.core.records import CallRecord, Run, StepRecord
@@ -17,7 +19,15 @@ from cairn.core.status import STOPPED, RunStatus
 
 HERE = Path(__file__).parent
 STATIC = HERE / "static"  # the pages' CSS and JS, served at /static
-templates = Jinja2Templates(directory=HERE / "templates")
+
+
+def _session(request: Request) -> dict[str, Any]:
+    """What every page gets from the guard: the logout button's check (a session's
+    pages only: a bearer token has no session to end)."""
+    return {"logout_check": request.scope.get("state", {}).get("logout_check")}
+
+
+templates = Jinja2Templates(directory=HERE / "templates", context_processors=[_session])
 STATUSES = tuple(RunStatus)
 # A gap between two steps longer than this, on the same worker, is drawn as a pause.
 PAUSE = 1.0
@@ -51,7 +61,14 @@ def _usd(value: float | None) -> str:
     return f"${value:.4f}" if value < 1 else f"${value:,.2f}"
 
 
-templates.env.filters.update(seconds=_seconds, when=_when, usd=_usd, utc=_utc)
+def _segment(value: object) -> str:
+    """One path segment or query value: every byte a URL would read otherwise (/ . ? #
+    & %) encoded, so a run id holding "/../" names that run, never a path above it.
+    Jinja's own urlencode keeps "/"."""
+    return quote(str(value), safe="")
+
+
+templates.env.filters.update(seconds=_seconds, when=_when, usd=_usd, utc=_utc, segment=_segment)
 templates.env.globals.update(STOPPED=STOPPED, RunStatus=RunStatus)
 
 

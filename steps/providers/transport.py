@@ -1,4 +1,6 @@
-"""The HTTP transport both SDKs send through (each takes an httpx2 transport)."""
+"""The HTTP transport both SDKs send through (each takes an httpx2 transport): every model
+request cairn makes, a retry too, passes its handle_request, where the step's lease is
+checked right before the request goes out (cairn.steps.context.fence)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import os
 import socket
 import threading
 from typing import Any
+
+from cairn.steps.context import fence
 
 POOLS = 64
 
@@ -66,6 +70,9 @@ def spread_transport() -> Any:
             return self._pools[i]
 
         def handle_request(self, request: Any) -> Any:
+            # Every request either SDK sends passes here, each retry too, right before it
+            # goes out: the one place the lease is checked for all of them (context.fence).
+            fence()
             response = self._pool().handle_request(request)
             _answer.headers = response.headers
             return response
@@ -76,6 +83,38 @@ def spread_transport() -> Any:
                     pool.close()
 
     return Spread()
+
+
+async def _afenced(request: Any) -> None:
+    fence()
+
+
+def _fenced(request: Any) -> None:
+    fence()
+
+
+def fence_requests(client: Any) -> bool:
+    """Check the step's lease right before each request of an SDK client cairn did not
+    make (an agent framework's own, cairn.pydantic_ai), as the spread transport checks
+    cairn's: a request hook on the client's httpx2 client, which runs for every try the
+    SDK's own retry loop sends, after its back-off. client: anthropic's or openai's client
+    (its HTTP client is its `_client`, as pydantic-ai's with_max_retries reads it too), or
+    an httpx2 client. Once per HTTP client. False for one it cannot hook (another SDK's):
+    its requests keep the checks made before the call only."""
+    import httpx2
+
+    http = client if isinstance(client, httpx2.Client | httpx2.AsyncClient) else None
+    http = http or getattr(client, "_client", None)
+    if isinstance(http, httpx2.AsyncClient):
+        hook: Any = _afenced
+    elif isinstance(http, httpx2.Client):
+        hook = _fenced
+    else:
+        return False
+    hooks = http.event_hooks
+    if hook not in hooks["request"]:
+        http.event_hooks = {**hooks, "request": [*hooks["request"], hook]}
+    return True
 
 
 class SdkClient:

@@ -87,8 +87,11 @@ RETURNING s.run_id, r.priority;
 -- name: existing_run
 -- A retried enqueue of a known run id: the same workflow and input is the same run;
 -- anything else is a conflict. The input is compared by the caller (rows.conflict), once
--- opened: a sealed input (CAIRN_PAYLOAD_KEYS) differs from every other sealing of it.
-SELECT r.workflow = %(workflow)s AS same_workflow, r.input, r.workflow, c.status,
+-- opened: a sealed input (CAIRN_PAYLOAD_KEYS) differs from every other sealing of it. As
+-- text, loaded by the caller whatever loaders the connection has (an enqueue's may be
+-- the caller's own).
+SELECT r.workflow = %(workflow)s AS same_workflow, r.input::text AS input_text, r.workflow,
+       c.status,
        r.tenant IS NOT DISTINCT FROM %(tenant)s AS same_tenant
   FROM runs r JOIN checkpoints c USING (run_id)
  WHERE r.run_id = %(run_id)s;
@@ -99,6 +102,20 @@ SELECT r.workflow = %(workflow)s AS same_workflow, r.input, r.workflow, c.status
 UPDATE checkpoints SET status = 'pending', error = NULL, attempts = 0, deliveries = 0,
        retry_at = NULL, updated_at = now()
 WHERE run_id = %(run_id)s AND status IN ('failed', 'incompatible')
+RETURNING run_id;
+
+-- name: unclaim
+-- A claim given back by a worker that lacks the key a payload of the run is sealed under
+-- (a key deploy under way): its delivery is not counted toward poison, so a run handed
+-- around until a worker with the key takes it is never failed as poison; and the reaper
+-- leaves it alone for `hold` seconds (retry_at, as for a retry), while the run task's
+-- hand-back chain sends it again, so chains do not pile up. Fenced: only the claim at
+-- this epoch (a waiting run's claim counted no delivery).
+UPDATE checkpoints
+   SET deliveries = CASE WHEN status = 'waiting' THEN deliveries
+                         ELSE greatest(deliveries - 1, 0) END,
+       retry_at = now() + make_interval(secs => %(hold)s)
+ WHERE run_id = %(run_id)s AND epoch = %(epoch)s
 RETURNING run_id;
 
 -- name: load
@@ -220,7 +237,7 @@ EXISTS (
 ), appended AS (
     INSERT INTO window_messages (run_id, idx, message)
     SELECT saved.run_id, %(first_idx)s + m.ord - 1, m.msg
-      FROM saved, jsonb_array_elements(%(messages)s) WITH ORDINALITY AS m (msg, ord)
+      FROM saved, unnest(%(messages)s::jsonb[]) WITH ORDINALITY AS m (msg, ord)
     ON CONFLICT (run_id, idx) DO UPDATE SET message = EXCLUDED.message
 ), history AS (
 {{save_history}}
@@ -247,8 +264,9 @@ WITH saved AS (
 {{save_upsert}}
 {{save_window_history_signal}}
 ), kids AS (
-    SELECT k.* FROM saved, jsonb_to_recordset(%(children)s)
-        AS k (run_id text, workflow text, input jsonb, ord integer)
+    SELECT k.run_id, k.workflow, k.input, k.n - 1 AS ord
+      FROM saved, unnest(%(kid_ids)s::text[], %(kid_workflows)s::text[],
+                         %(kid_inputs)s::jsonb[]) WITH ORDINALITY AS k (run_id, workflow, input, n)
 ), new_runs AS (
     INSERT INTO runs (run_id, workflow, input, created_at, parent_id, parent_seq, depth,
                       traceparent, tenant, budgets)
@@ -264,7 +282,7 @@ WITH saved AS (
     SELECT run_id, 0, '', '{}', %(version)s, 'pending', created_at FROM new_runs
 ), gather AS (
     INSERT INTO gathers (parent_id, seq, need, total)
-    SELECT saved.run_id, %(seq)s, %(need)s, jsonb_array_length(%(children)s) FROM saved
+    SELECT saved.run_id, %(seq)s, %(need)s, cardinality(%(kid_ids)s::text[]) FROM saved
     ON CONFLICT (parent_id, seq) DO NOTHING
 )
 {{save_answer}};
@@ -829,12 +847,14 @@ UNION ALL
 -- Waiting runs with a signal nobody picked up, found from the unconsumed signals (their
 -- partial index), so a million sleeping runs cost this pass nothing. A wait whose time
 -- came is `wake`'s, never the reaper's: a send that left the run waiting would let the
--- wake send it a second time.
+-- wake send it a second time. One handed back for a key its worker lacked (unclaim) is
+-- left to that worker's own sends until its hold (retry_at) is over.
 SELECT DISTINCT c.run_id, c.status, c.epoch, c.updated_at
   FROM signals s JOIN checkpoints c ON c.run_id = s.run_id AND c.wait_event = s.event
  WHERE s.consumed_seq IS NULL
    AND s.created_at < now() - make_interval(secs => %(running_after)s)
-   AND c.status = 'waiting';
+   AND c.status = 'waiting'
+   AND (c.retry_at IS NULL OR c.retry_at < now() - make_interval(secs => %(running_after)s));
 
 -- name: wake
 -- Waiting runs whose time came (a sleep's end, a wait's timeout, a debounce's quiet
@@ -1155,10 +1175,15 @@ SELECT (SELECT count(*) FROM gone) AS checkpoints;
        AND h.outcome IN ('saved', 'forked', 'rewound')
      ORDER BY h.id DESC LIMIT 1
 
+-- name: run_input
+-- A run's input (a fork's patch is merged with it in Python, opened).
+SELECT input FROM runs WHERE run_id = %(run_id)s;
+
 -- name: fork
--- A new run from the checkpoint another run saved at seq `at`: its input (patched), its
--- state, cursor, visits and window there, at that seq, pending (done, if the origin ended
--- there: no step is left to run); marked in its history. Its cost starts at 0: it spends
+-- A new run from the checkpoint another run saved at seq `at`: its input (the caller's
+-- patched copy, else the origin's as stored), its state, cursor, visits and window
+-- there, at that seq, pending (done, if the origin ended there: no step is left to run);
+-- marked in its history. Its cost starts at 0: it spends
 -- its own. The origin is not touched.
 WITH snap AS (
 {{snapshot}}
@@ -1167,7 +1192,8 @@ WITH snap AS (
 ), new_run AS (
     INSERT INTO runs (run_id, workflow, input, max_cost_usd, priority, traceparent,
                       forked_from, forked_at, tenant)
-    SELECT %(run_id)s, src.workflow, src.input || %(patch)s, src.max_cost_usd, src.priority,
+    SELECT %(run_id)s, src.workflow, coalesce(%(input)s::jsonb, src.input), src.max_cost_usd,
+           src.priority,
            %(traceparent)s, %(origin)s, %(at)s, src.tenant
       FROM src, snap
     ON CONFLICT (run_id) DO NOTHING
@@ -1189,7 +1215,7 @@ WITH snap AS (
                               cost_usd, error, next_cursor, visits, win_start, win_end,
                               total_cost, flow_version, state, run_created)
     SELECT new_run.run_id, %(at)s - 1, snap.next_cursor, 0, 'forked', now(), 'client', 0, 0,
-           'forked from ' || %(origin)s || ' at seq ' || %(at)s, snap.next_cursor,
+           to_jsonb('forked from ' || %(origin)s || ' at seq ' || %(at)s), snap.next_cursor,
            snap.visits, snap.win_start, snap.win_end, 0, snap.flow_version, snap.state,
            new_run.created_at
       FROM new_run, snap
@@ -1242,7 +1268,7 @@ WITH snap AS (
                               cost_usd, error, next_cursor, visits, win_start, win_end,
                               total_cost, flow_version, state, run_created)
     SELECT %(origin)s, moved.seq - 1, snap.next_cursor, 0, 'rewound', now(), 'client',
-           cur.epoch, 0, 'rewound to seq ' || %(at)s, snap.next_cursor, moved.visits,
+           cur.epoch, 0, to_jsonb('rewound to seq ' || %(at)s), snap.next_cursor, moved.visits,
            snap.win_start, snap.win_end, cur.cost_usd, snap.flow_version, snap.state,
            cur.created_at
       FROM moved, snap, cur
@@ -1324,12 +1350,12 @@ SELECT item FROM (
  ORDER BY id;
 
 -- name: agent_session_add
--- Append items (a JSON array) to a session in their order, as one statement. Inside a
+-- Append items (a jsonb array, each a payload) to a session in their order, as one statement. Inside a
 -- step it runs in the step's transaction (ctx.db): the turn commits with the checkpoint,
 -- or not at all for a killed step or a zombie whose save is fenced.
 INSERT INTO agent_session_items (session_id, item, run_id)
 SELECT %(session_id)s, e.item, %(run_id)s
-  FROM jsonb_array_elements(%(items)s) WITH ORDINALITY AS e (item, n)
+  FROM unnest(%(items)s::jsonb[]) WITH ORDINALITY AS e (item, n)
  ORDER BY e.n;
 
 -- name: agent_session_pop
@@ -1346,6 +1372,23 @@ DELETE FROM agent_session_items WHERE session_id = %(session_id)s;
 -- the run id once that transaction commits (Postgres holds a NOTIFY until then, and drops
 -- it at a rollback) and sends the run.
 SELECT pg_notify('cairn_enqueued', %(run_id)s);
+
+-- name: enqueue_savepoint
+-- Enqueue in the caller's transaction: its statements in a savepoint of that transaction,
+-- never a transaction block of ours (on an idle connection that is not autocommit a block
+-- would open the caller's transaction and commit it at its end). On such a connection this
+-- is the statement that begins the caller's transaction, which the caller's commit ends.
+SAVEPOINT cairn_enqueue;
+
+-- name: enqueue_rollback
+-- A refused enqueue (RunIdConflict, a value Postgres refuses): undone, and the caller's
+-- transaction usable again, with whatever the caller wrote before it.
+ROLLBACK TO SAVEPOINT cairn_enqueue;
+
+-- name: enqueue_release
+-- The enqueue's statements are the caller's transaction's now: they commit or roll back
+-- with it.
+RELEASE SAVEPOINT cairn_enqueue;
 
 -- name: token_create
 -- An API token (cairn tokens create): only its secret's SHA-256 is kept.
@@ -1364,9 +1407,31 @@ SELECT id, name, tenant, admin, created_at, revoked_at FROM api_tokens
  ORDER BY created_at, id;
 
 -- name: token_revoke
--- Revoke a token; the first revocation's time stays.
+-- Revoke a token; the first revocation's time stays. Its pages' sessions end with it.
+WITH ended AS (DELETE FROM page_sessions WHERE token_id = %(id)s)
 UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = %(id)s
 RETURNING id, name, tenant, admin, created_at, revoked_at;
+
+-- name: page_session_create
+-- A page session (a login): the SHA-256 of its cookie's random value, what it was made
+-- from, and when it ends. The expired ones go in the same statement.
+WITH swept AS (DELETE FROM page_sessions WHERE expires_at <= now())
+INSERT INTO page_sessions (hash, token_id, owner, expires_at)
+VALUES (%(hash)s, %(token_id)s, %(owner)s, now() + make_interval(secs => %(seconds)s))
+RETURNING expires_at;
+
+-- name: page_session_get
+-- A live page session: unexpired, and its token (if it has one) live and still the one
+-- it was made from (owner = its hash), with the tenant it acts for. No row: no session.
+SELECT s.token_id, s.owner, t.tenant, coalesce(t.admin, true) AS admin
+  FROM page_sessions s
+  LEFT JOIN api_tokens t ON t.id = s.token_id
+ WHERE s.hash = %(hash)s AND s.expires_at > now()
+   AND (s.token_id IS NULL OR (t.revoked_at IS NULL AND t.hash = s.owner));
+
+-- name: page_session_end
+-- Log out: the session's row goes, so its cookie, wherever copied, opens nothing.
+DELETE FROM page_sessions WHERE hash = %(hash)s RETURNING token_id;
 
 -- name: create_budget
 -- Enqueue with budget_usd: the tree's ledger row, with the run (same transaction). A run
@@ -1554,7 +1619,7 @@ WITH rolled AS (
       LEFT JOIN rolled n ON n.scope = b.scope
      WHERE c.status = 'budget_exceeded' AND b.period IS NOT NULL
        AND c.updated_at < coalesce(n.period_start, b.period_start)
-       AND strpos(c.error, ' budget ' || b.scope || ' has ') > 0
+       AND strpos(c.error #>> '{}', ' budget ' || b.scope || ' has ') > 0
      ORDER BY c.updated_at
      LIMIT %(batch)s
        FOR UPDATE OF c SKIP LOCKED

@@ -1,4 +1,4 @@
--- cairn's schema as it stands: what migrations/0001..0026 build, in one file to read.
+-- cairn's schema as it stands: what migrations/0001..0028 build, in one file to read.
 -- Databases are made and upgraded by the migrations (`cairn db upgrade`);
 -- tests/integration/test_schema.py builds one database from them and one from this file and asserts
 -- their schema-only dumps are equal, so this file cannot drift. A new migration edits
@@ -62,7 +62,8 @@ CREATE TABLE checkpoints (
     status      text NOT NULL CONSTRAINT checkpoints_status_check CHECK (status IN (
         'pending', 'running', 'waiting', 'done', 'failed', 'cancelled', 'budget_exceeded',
         'incompatible', 'unknown', 'queued')),
-    error       text,
+    -- why it stopped, or its last attempt's error (a JSON string, sealed: migration 0028)
+    error       jsonb,
     epoch       bigint NOT NULL DEFAULT 0,  -- fencing epoch of the lease that wrote it
     resumes     integer NOT NULL DEFAULT 0,
     updated_at  timestamptz NOT NULL DEFAULT now(),
@@ -74,7 +75,8 @@ CREATE TABLE checkpoints (
     -- a retry is scheduled for then: the reaper leaves the run alone until it is due
     retry_at    timestamptz,
     -- cancel was asked for: the run stops at its next step boundary, before any effect
-    cancel_reason  text,
+    -- (the reason given, a JSON string, sealed: migration 0028)
+    cancel_reason  jsonb,
     -- status waiting: the event it waits for, until when, and where it goes on timeout
     wait_event  text,
     wait_until  timestamptz,
@@ -171,7 +173,7 @@ CREATE TABLE step_history (
     epoch       bigint NOT NULL,
     cost_usd    double precision NOT NULL DEFAULT 0,
     effect_key  text,
-    error       text,
+    error       jsonb,                    -- a JSON string, sealed (migration 0028)
     -- a saved step's checkpoint, what a fork or a rewind goes on from (migration 0013):
     -- the next cursor, visits, window range, cost so far, workflow version, and the state
     -- when the step changed it (NULL: as the row before)
@@ -522,11 +524,11 @@ BEGIN
     END IF;
     IF NEW.status = 'cancelled' THEN
         UPDATE checkpoints
-           SET cancel_reason = coalesce(cancel_reason, 'its parent was cancelled'),
+           SET cancel_reason = coalesce(cancel_reason, '"its parent was cancelled"'::jsonb),
                status = CASE WHEN status IN ('pending', 'waiting', 'queued')
                              THEN 'cancelled' ELSE status END,
                error = CASE WHEN status IN ('pending', 'waiting', 'queued')
-                            THEN coalesce(cancel_reason, 'its parent was cancelled') ELSE error END,
+                            THEN coalesce(cancel_reason, '"its parent was cancelled"'::jsonb) ELSE error END,
                updated_at = now()
          WHERE run_id IN (SELECT run_id FROM runs WHERE parent_id = NEW.run_id)
            AND status IN ('pending', 'running', 'waiting', 'queued');
@@ -747,3 +749,17 @@ CREATE TABLE approval_rules (
     CONSTRAINT approval_rules_workflow_tool_tenant_key
         UNIQUE NULLS NOT DISTINCT (workflow, tool, tenant)
 );
+
+-- The pages' sessions (migration 0027): a random cookie value, kept only as its SHA-256.
+-- Logging out deletes the row; revoking its token deletes the token's (token_revoke).
+-- owner: what it was made from, the token's stored hash, or for CAIRN_API_TOKEN
+-- (token_id NULL) a MAC of it; a session whose owner no longer matches opens nothing.
+CREATE TABLE page_sessions (
+    hash        bytea PRIMARY KEY,
+    token_id    text REFERENCES api_tokens (id) ON DELETE CASCADE,
+    owner       bytea NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    expires_at  timestamptz NOT NULL
+);
+CREATE INDEX page_sessions_token ON page_sessions (token_id) WHERE token_id IS NOT NULL;
+CREATE INDEX page_sessions_expiry ON page_sessions (expires_at);

@@ -271,6 +271,32 @@ def test_a_claim_fences_counts_a_delivery_and_a_save_resets_the_count(
     assert after is not None and (after.deliveries, after.attempts, after.epoch) == (0, 0, 3)
 
 
+def test_an_unclaimed_delivery_is_not_counted_and_holds_the_reaper_off(backend: Backend) -> None:
+    """A worker that gives a run back for a key it lacks (unclaim): its claim counts no
+    delivery toward poison, and the reaper leaves the run alone for the hold while the
+    worker sends it again itself; a waiting run's claim counted none to give back."""
+    store = backend.store
+    _new(store)
+    assert store.claim("r1", 1) is not None
+    store.unclaim("r1", 1, 60)
+    store.unclaim("r1", 0, 60)  # an older epoch's: fenced, nothing changes
+    assert _load(store, "r1").deliveries == 0
+    backend.elapse(30)
+    assert store.stalled(pending_after=300, running_after=1) == []
+    backend.elapse(31.5)  # the hold is over by more than running_after
+    assert [r["run_id"] for r in store.stalled(pending_after=300, running_after=1)] == ["r1"]
+    cp = _running(store, "w")
+    _wait(store, cp, Wait(event="paid"))
+    store.signal("w", "paid", {}, "s-1")
+    assert store.claim("w", 5) is not None
+    store.unclaim("w", 5, 60)
+    assert _load(store, "w").deliveries == 0  # a waiting run's claim counted none
+    backend.elapse(30)
+    assert "w" not in {r["run_id"] for r in store.stalled(pending_after=300, running_after=1)}
+    backend.elapse(31.5)
+    assert "w" in {r["run_id"] for r in store.stalled(pending_after=300, running_after=1)}
+
+
 def test_a_claim_of_a_waiting_run_is_not_a_delivery(any_store: CheckpointStore) -> None:
     cp = _running(any_store)
     waiting = _advance(cp, status=RunStatus.WAITING, cursor="settle")

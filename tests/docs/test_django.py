@@ -2,7 +2,9 @@
 project made here, in a scratch folder outside the repo (an `Order` model, `shop/cairn.py`
 holding the Client, Django's postgresql backend on psycopg 3 pointed at the test's
 database). A commit leaves the order's run, which beat's dispatcher (here in the test's
-process) sends; an exception inside `atomic` leaves no order, no run, nothing sent."""
+process) sends; an exception inside `atomic` leaves no order, no run, nothing sent, also
+when the enqueue is the block's first statement; outside `atomic` (Django's autocommit)
+the run commits at once."""
 
 from __future__ import annotations
 
@@ -89,7 +91,24 @@ try:
         raise RuntimeError("the card was declined")
 except RuntimeError:
     pass
-print(json.dumps({"committed": committed, "rolled_back": rolled_back,
+# The enqueue as the atomic block's first statement (psycopg's transaction not begun yet),
+# rolled back; then one outside any block (Django's autocommit: the run's own transaction).
+from shop.cairn import client
+
+first = None
+try:
+    with transaction.atomic():
+        connection.ensure_connection()
+        first = client.enqueue("invoice", {"customer": "globex", "email": "ap@globex.test"},
+                               run_id="first-in-atomic", connection=connection.connection)
+        raise RuntimeError("the card was declined")
+except RuntimeError:
+    pass
+connection.ensure_connection()
+outside = client.enqueue("invoice", {"customer": "umbrella", "email": "ap@umbrella.test"},
+                         run_id="outside-atomic", connection=connection.connection)
+print(json.dumps({"committed": committed, "rolled_back": rolled_back, "first": first,
+                  "outside": outside,
                   "orders": list(Order.objects.values_list("customer", flat=True))}))
 """,
 }
@@ -134,5 +153,13 @@ def test_the_django_recipe_commits_an_order_with_its_run_or_neither(
         time.sleep(0.02)
     assert rolled_back is not None and rolled_back != committed
     assert store.get(rolled_back) is None
-    time.sleep(0.3)  # a send after the rollback would have come by now
-    assert sent == [committed]
+    # The atomic block whose first statement was the enqueue: rolled back with it.
+    assert got["first"] == "first-in-atomic" and store.get("first-in-atomic") is None
+    # Outside any atomic block Django's connection is autocommit: the run commits at once.
+    assert got["outside"] == "outside-atomic" and store.get("outside-atomic") is not None
+    deadline = time.monotonic() + 5
+    while "outside-atomic" not in sent:
+        assert time.monotonic() < deadline, "the autocommit enqueue was not sent"
+        time.sleep(0.02)
+    time.sleep(0.3)  # a send after a rollback would have come by now
+    assert sorted(sent) == sorted([committed, "outside-atomic"])

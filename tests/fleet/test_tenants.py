@@ -16,6 +16,7 @@ from cairn.store.db import Database
 from cairn.store.tokens import Tokens
 from cairn.testing import fleet
 from tests.helpers.runs import Server, wait_for
+from tests.helpers.web import login
 
 
 @pytest.fixture
@@ -59,7 +60,7 @@ def test_two_tenants_on_a_real_server_and_worker(
         assert [r["run_id"] for r in theirs.get("/runs").json()["runs"]] == ["globex-a"]
 
     with httpx.Client(base_url=server.url, timeout=30) as browser:
-        browser.post("/login", data={"token": globex, "next": "/ui/runs"})
+        login(browser, globex)
         page = browser.get("/ui/runs")
         assert "globex-a" in page.text and "acme-a" not in page.text
         assert browser.get("/ui/runs/acme-a").status_code == 404

@@ -85,3 +85,47 @@ def test_a_commit_no_dispatcher_heard_is_sent_by_the_reaper(
     start_beat()
     done(store, "order-2")
     assert mail.stats()["deliveries"] == 1 and mail.stats()["attempts"] == 1
+
+
+# A web process whose enqueue is its transaction's first statement (a fresh connection,
+# as a SQLAlchemy Session or a Django atomic block has it), then commits or rolls back.
+WEB_FIRST = """
+import os, sys, psycopg
+from cairn.client.client import Client
+
+run_id, data, commit = sys.argv[1], __import__("json").loads(sys.argv[2]), sys.argv[3] == "1"
+with Client() as client, psycopg.connect(os.environ["CAIRN_DATABASE_URL"]) as conn:
+    client.enqueue("invoice", data, run_id=run_id, connection=conn)
+    conn.execute("CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY)")
+    conn.execute("INSERT INTO orders VALUES (%s)", (run_id,))
+    conn.commit() if commit else conn.rollback()
+"""
+
+
+def test_an_enqueue_that_begins_the_callers_transaction_runs_only_if_it_commits(
+    worker_env, db_url: str, start_worker, start_beat, store: PgStore, mail: MailServer, sql
+) -> None:
+    # The reaper sends a pending run after a second: a run the rollback left would start.
+    worker_env.update(CAIRN_PENDING_AFTER="1", CAIRN_LOST_AFTER="300")
+    if PGBOUNCER_PORT:
+        worker_env.update(CAIRN_LISTEN_URL=db_url)
+    worker = start_worker(concurrency=1)
+    beat = start_beat()
+    wait_for(lambda: "dispatcher: listening" in beat.text(), 60, "beat's dispatcher")
+    for run_id, commit in (("rolled-back", "0"), ("committed", "1")):
+        out = subprocess.run(
+            [sys.executable, "-c", WEB_FIRST, run_id, json.dumps(OK), commit],
+            env=worker_env,
+            cwd=ROOT,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+    done(store, "committed")
+    time.sleep(3.0)  # past the reaper's pending_after, twice
+    assert store.get("rolled-back") is None
+    assert sql("SELECT id FROM orders") == [("committed",)]
+    assert mail.stats()["deliveries"] == 1 and mail.stats()["attempts"] == 1
+    assert "rolled-back" not in worker.text() and "rolled-back" not in beat.text()

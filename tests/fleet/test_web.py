@@ -18,6 +18,7 @@ import pytest
 from cairn.testing import fleet
 from tests.helpers.runs import Server, wait_for
 from tests.helpers.services import ROOT
+from tests.helpers.web import login
 
 
 @pytest.fixture
@@ -75,10 +76,10 @@ def test_the_page_session_comes_from_the_token_and_guards_writes(
 ) -> None:
     server = serve()
     with httpx.Client(base_url=server.url, timeout=30, follow_redirects=True) as browser:
-        bad = browser.post("/login", data={"token": "nope", "next": "/ui/runs"})
+        bad = login(browser, "nope")
         assert bad.status_code == 200 and "not this server" in bad.text
         assert browser.get("/runs").status_code == 401
-        browser.post("/login", data={"token": server.token, "next": "https://evil.test/"})
+        login(browser, server.token, next="https://evil.test/")
         session = browser.cookies.get("cairn_session")
         assert session and server.token not in session  # derived, never the token itself
         assert browser.get("/ui/runs").status_code == 200

@@ -171,7 +171,8 @@ def test_the_eventsource_example_shows_the_cut_attempt_and_the_resumed_answer(
         assert api.post("/runs/nope/events/token").json()["error"]["type"] == "unknown_run"
     assert given["url"] == f"/runs/{run_id}/events?token={given['token']}"
     # The docs' excerpt is the page's own code.
-    page = (ROOT / "cairn" / "web" / "static" / "live.html").read_text()
+    static = ROOT / "cairn" / "web" / "static"
+    page = (static / "live.html").read_text() + (static / "live.js").read_text()
     guide = (ROOT / "docs" / "guides" / "live-output.md").read_text()
     excerpt = guide.split("```javascript\n", 1)[1].split("```", 1)[0]
     assert all(line.strip() in page for line in excerpt.splitlines())

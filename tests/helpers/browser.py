@@ -15,8 +15,9 @@ from tests.helpers.services import ROOT
 ARTIFACTS = ROOT / ".cairn" / "artifacts" / "web"
 
 
-def chromium(tmp_path: Path) -> Iterator[webdriver.Chrome]:
-    """A fresh headless Chromium with its own profile under tmp_path, quit afterwards."""
+def chromium(tmp_path: Path, *extra: str) -> Iterator[webdriver.Chrome]:
+    """A fresh headless Chromium with its own profile under tmp_path, quit afterwards;
+    extra: more of its command-line switches."""
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     assert chromium and driver, "Debian's chromium and chromium-driver: run `bash scripts/test`"
     options = webdriver.ChromeOptions()
@@ -34,6 +35,7 @@ def chromium(tmp_path: Path) -> Iterator[webdriver.Chrome]:
         "--no-first-run",
         f"--user-data-dir={tmp_path / 'chromium'}",
         "--window-size=1360,1000",
+        *extra,
     ):
         options.add_argument(arg)
     chrome = webdriver.Chrome(service=Service(driver), options=options)

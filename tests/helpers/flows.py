@@ -373,3 +373,31 @@ def propose(ctx: Context) -> StepResult:
 def pay(ctx: Context) -> StepResult:
     decided = ctx.signal or {}
     return StepResult(cursor=cairn.DONE, state={"decided": decided})
+
+
+# Model calls made n times over (input "calls") through one surface ("how"): ctx.model,
+# streamed, inside ctx.call, inside ctx.parallel, in the run's second step (a running run,
+# which the reaper sends again as soon as its lease is gone). For the tests of the lease
+# check before each try (tests/integration/test_fenced_tries.py, tests/fleet/...).
+fenced_try = workflow("fenced_try")
+ASK = {"messages": [{"role": "user", "content": "REPLY: fenced"}], "max_tokens": 16}
+
+
+@fenced_try.step("begin")
+def fenced_begin(ctx: Context) -> StepResult:
+    return StepResult(cursor="ask")
+
+
+@fenced_try.step("ask")
+def fenced_ask(ctx: Context) -> StepResult:
+    how, said = ctx.input["how"], []
+    for _ in range(ctx.input.get("calls", 1)):
+        if how == "create":
+            said.append(text_of(ctx.model(**ASK)))
+        elif how == "stream":
+            said.append(text_of(ctx.model(stream=True, **ASK)))
+        elif how == "call":
+            said.append(ctx.call("tool", lambda: text_of(ctx.model(**ASK))))
+        elif how == "parallel":
+            said += ctx.parallel([("tool", lambda: text_of(ctx.model(**ASK)))])
+    return StepResult(cursor=cairn.DONE, state={"said": said})

@@ -26,6 +26,7 @@ from cairn.workers import loop
 from cairn.workers.metrics import Metrics
 from cairn.workers.middleware import Chain
 from tests.helpers.services import ROOT
+from tests.helpers.web import login
 
 versioned = workflow("code_versions_demo")
 
@@ -139,7 +140,7 @@ def test_show_the_page_and_the_api_show_the_versions(deps: loop.Deps, client: Cl
         assert [s["code_version"] for s in steps] == ["1.4.0", "1.4.0", "1.5.0"]
         listed = http.get("/runs", headers=bearer, params={"limit": 1}).json()["runs"]
         assert listed[0]["started_version"] == "1.4.0"
-        http.post("/login", data={"token": token, "next": "/ui/runs"})  # as a browser does
+        login(http, token)
         page = http.get(f"/ui/runs/{run_id}").text
     started = page.split('id="started-version"', 1)[1].split("</div>", 1)[0]
     assert "1.4.0" in started

@@ -39,6 +39,7 @@ from cairn.workers import loop
 from cairn.workers.middleware import Chain, Middleware
 from tests.helpers import pai_flows
 from tests.helpers.contract import on_both
+from tests.helpers.web import login
 
 # The Anthropic agent's stand-in: its client reads ANTHROPIC_BASE_URL at each request
 # (tests/helpers/pai_flows.py), which the tests that use it set (`stand_in`).
@@ -519,7 +520,7 @@ def test_each_request_tool_call_and_the_output_are_on_the_run_page(
         assert [c["name"] for c in calls] == NAMES
         assert calls[1]["result"] == {"result": "page about fencing", "kind": "tool_return"}
         assert http.get("/runs/nope/calls", headers=bearer).status_code == 404
-        http.post("/login", data={"token": token, "next": "/ui/runs"})  # as a browser does
+        login(http, token)
         page = http.get(f"/ui/runs/{run_id}").text
     assert "5 journaled" in page and "call_tool:notify" in page
     assert "page about fencing" in page and "answer after 2 tools" in page  # a tool; the output

@@ -180,9 +180,9 @@ def test_a_key_ring_says_what_is_wrong_with_it_in_one_line() -> None:
     ring = KeyRing(K1)
     assert "k1" in repr(ring) and K1.split(":")[1] not in repr(ring)
     sealed = ring.seal({"a": 1})
-    assert KeyRing(f"{K2},{K1}").open(sealed) == {"a": 1}  # an older key still opens
+    assert KeyRing(f"{K2},{K1}").load(sealed) == {"a": 1}  # an older key still opens
     tampered = {sealing.SEALED: sealed[sealing.SEALED][:-4] + "AAAA"}
     with pytest.raises(PayloadKeyError, match="does not open"):
-        ring.open(tampered)
+        ring.load(tampered)
     with pytest.raises(ValueError, match="CAIRN_PAYLOAD_KEYS"):
         Settings(payload_keys="k1:short")

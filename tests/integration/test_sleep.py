@@ -22,6 +22,7 @@ from cairn.store import PgStore
 from cairn.workers import loop
 from cairn.workers.wake import Waker
 from tests.helpers.services import ROOT
+from tests.helpers.web import login
 
 
 def _sleeping(create: Callable[..., str], deps: loop.Deps, seconds: float) -> str:
@@ -155,6 +156,6 @@ def test_the_run_page_and_the_http_api_say_when_it_wakes(
         bearer = {"Authorization": f"Bearer {token}"}
         got = http.get(f"/runs/{run_id}", headers=bearer).json()
         assert dt.datetime.fromisoformat(got["wakes_at"]) == wakes
-        http.post("/login", data={"token": token, "next": "/ui/runs"})  # as a browser does
+        login(http, token)
         page = http.get(f"/ui/runs/{run_id}").text
     assert 'id="wakes"' in page and "wakes at" in page

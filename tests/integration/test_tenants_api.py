@@ -19,6 +19,7 @@ from cairn.store.tokens import Tokens, parse
 from cairn.web.auth import TOKEN_TTL
 from cairn.workers import loop
 from tests.helpers.services import ROOT
+from tests.helpers.web import login
 from tests.integration.test_cli import _cairn
 
 ADMIN = "admin-token-for-the-tenants-test"
@@ -156,7 +157,7 @@ def test_every_route_hides_another_tenants_run(http: Any, tokens: Tokens, deps: 
     assert http.get(f"/runs/globex-1/events?token={token}").status_code != 200
 
     # The pages, through a tenant's login.
-    page = http.post("/login", data={"token": acme, "next": "/ui/runs"}, follow_redirects=False)
+    page = login(http, acme, follow_redirects=False)
     assert page.status_code == 303 and page.headers["location"] == "/ui/runs"
     runs_page = http.get("/ui/runs")
     assert "acme-1" in runs_page.text and "globex-1" not in runs_page.text
@@ -181,7 +182,7 @@ def test_a_revoked_token_is_refused_within_seconds(http: Any, tokens: Tokens) ->
 
 def test_a_revoked_tokens_page_session_ends(http: Any, tokens: Tokens) -> None:
     record, token = tokens.create("acme")
-    http.post("/login", data={"token": token, "next": "/ui/runs"})
+    login(http, token)
     assert http.get("/ui/runs", follow_redirects=False).status_code == 200
     tokens.revoke(record.id)
     deadline = time.monotonic() + TOKEN_TTL + 3
@@ -267,7 +268,7 @@ def test_the_runs_page_shows_a_tenants_budget_to_an_admin_and_to_the_tenant(
     assert http.put(url, json=body, headers=_bearer(ADMIN)).status_code == 200
     assert http.delete(url, headers=_bearer(theirs)).status_code == 403  # an admin's
 
-    http.post("/login", data={"token": ADMIN, "next": "/ui/runs"})
+    login(http, ADMIN)
     page = http.get(f"/ui/runs?tenant={tenant}").text
     assert 'id="tenant-budget"' in page and f"tenant:{tenant}" in page
     assert "$0 · $0 / $2.50" in page and "0 · 0 / 1000" in page
@@ -278,12 +279,12 @@ def test_the_runs_page_shows_a_tenants_budget_to_an_admin_and_to_the_tenant(
     http.cookies.clear()
 
     # A tenant's session sees its own, whatever it asks for.
-    http.post("/login", data={"token": theirs, "next": "/ui/runs"})
+    login(http, theirs)
     assert f"tenant:{tenant}" in http.get("/ui/runs").text
     assert f"tenant:{tenant}" in http.get("/ui/runs?tenant=acme").text
     http.cookies.clear()
 
     assert http.delete(url, headers=_bearer(ADMIN)).status_code == 204
-    http.post("/login", data={"token": ADMIN, "next": "/ui/runs"})
+    login(http, ADMIN)
     assert 'id="tenant-budget"' not in http.get(f"/ui/runs?tenant={tenant}").text
     http.cookies.clear()

@@ -240,3 +240,24 @@ def test_the_testing_guides_example_runs_in_under_a_second_with_no_service(
     assert out.returncode == 0 and "2 passed" in out.stdout, out.stdout + out.stderr
     timed = re.findall(r"^([\d.]+)s (?:setup|call|teardown) ", out.stdout, re.MULTILINE)
     assert len(timed) == 6 and sum(map(float, timed)) < 1.0, out.stdout
+
+
+slow = cairn.workflow("parity-slow")
+
+
+@slow.step()
+def nap(ctx: cairn.Context) -> cairn.StepResult:
+    time.sleep(1.0)  # past the lease's TTL: a slow step, or a provider's SDK first imported
+    ctx.ensure_owner(cancel=False)  # what a model request's check asks before it goes out
+    return cairn.StepResult(cursor=cairn.DONE, state={"slept": True})
+
+
+def test_a_local_worker_on_the_real_clock_keeps_a_run_whose_step_outlasts_the_lease() -> None:
+    # Without a heartbeat the lease lapsed and the step stopped as a zombie's would, leaving
+    # the run pending with nobody to send it again.
+    worker = LocalWorker(settings=cairn.Settings(lease_ttl=0.3))
+    with Client(store=worker.store, send=worker.send) as client:
+        run_id = client.enqueue("parity-slow", {})
+        worker.run_until_idle()
+        run = client.get(run_id)
+        assert run is not None and run.status == "done" and run.state == {"slept": True}

@@ -687,6 +687,31 @@ def test_control_streaming_fields(model: ModelServer, http: httpx.Client) -> Non
     assert ModelServer(token_ms=7).token_ms == 7
 
 
+def test_queued_failures_carry_the_retry_after_asked(
+    model: ModelServer, http: httpx.Client
+) -> None:
+    """fail_next with retry_after: each of those failures says it, whatever its status (a
+    503's Retry-After, a 429's longer than the default 0); the next ones say the default."""
+    ask = {
+        "model": "claude-haiku-4-5",
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    state = http.post(
+        f"{model.url}/_control", json={"fail_next": 2, "status": 503, "retry_after": 2.5}
+    ).json()
+    assert state["retry_after"] == 2.5
+    for _ in range(2):
+        answer = http.post(f"{model.url}/v1/messages", json=ask)
+        assert answer.status_code == 503
+        assert answer.headers["retry-after"] == "2.5" and answer.headers["retry-after-ms"] == "2500"
+    assert http.post(f"{model.url}/v1/messages", json=ask).status_code == 200
+    model.control(fail_next=1, status=429)  # without it: a 429's retry-after of 0
+    assert http.post(f"{model.url}/v1/messages", json=ask).headers["retry-after"] == "0"
+    for bad in ({"retry_after": -1}, {"retry_after": "soon"}, {"retry_after": True}):
+        assert http.post(f"{model.url}/_control", json=bad).status_code == 400
+
+
 # -- CLI ------------------------------------------------------------------------------------
 
 

@@ -17,10 +17,13 @@ from cairn.testing.memory.clock import Clock
 class MemoryLease:
     """A lease MemoryLeases handed out; its TTL runs on the leases' clock.
 
-    start_heartbeat does nothing: time moves only when a test moves the clock, so a lease
-    expires only when a test moves it past the TTL without a renewal, which is how a test
+    On a clock a test moves (a ManualClock), start_heartbeat does nothing: a lease expires
+    only when a test moves the clock past the TTL without a renewal, which is how a test
     plays a process paused (SIGSTOP) while it held the run. ensure() then behaves as
     Lease.ensure: a renewal younger than half the TTL is trusted, an older one is checked.
+    On the real clock (time.time, a LocalWorker's default) a thread renews it every third
+    of its TTL, as a worker's heartbeat does: a step longer than the TTL (a model call, the
+    first import of a provider's SDK on a busy machine) keeps its run.
     """
 
     def __init__(self, leases: MemoryLeases, run_id: str, token: LeaseToken, ttl: float) -> None:
@@ -28,10 +31,24 @@ class MemoryLease:
         self.epoch = token.epoch
         self._renewed_at = leases._clock()
         self._lost: str | None = None
+        self._beat: threading.Event | None = None  # set: the heartbeat thread stops
 
     def start_heartbeat(self) -> MemoryLease:
-        """No heartbeat thread: the test's clock stands still unless moved."""
+        """On the real clock, a thread renewing it until it is released or lost; none on
+        a clock a test moves (it stands still unless moved)."""
+        if self._leases._clock is time.time and self._beat is None:
+            self._beat = threading.Event()
+            threading.Thread(
+                target=self._renewing, args=(self._beat,), name="cairn-memory-lease", daemon=True
+            ).start()
         return self
+
+    def _renewing(self, stop: threading.Event) -> None:
+        while not stop.wait(self.ttl / 3):
+            try:
+                self.renew()
+            except LeaseLost:
+                return
 
     def renew(self) -> None:
         """Extend it now; raise LeaseLost if another owner holds it or it expired."""
@@ -55,6 +72,8 @@ class MemoryLease:
 
     def release(self, ended: bool = False) -> None:
         """Let go of the run, only if still ours (ended: its epoch counter goes too)."""
+        if self._beat is not None:
+            self._beat.set()
         self._leases._release(self.run_id, self.token, ended)
 
 

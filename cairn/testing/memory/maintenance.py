@@ -82,7 +82,7 @@ class _Maintenance(_Tables):
                 woken = r.status == RunStatus.WAITING and any(
                     s.created_at < running_since for _, s in _unconsumed(r, r.wait_event)
                 )
-                if (quiet and due) or woken:
+                if (quiet or woken) and due:
                     found.append(
                         {
                             "run_id": r.run_id,

@@ -267,6 +267,17 @@ class _Runs(_Tables):
             counted = status == RunStatus.FAILED
             return self._end_attempt(cp, _status(status), error, None, None, counted) is not None
 
+    def unclaim(self, run_id: str, epoch: int, hold: float) -> None:
+        """The claim at epoch counts no delivery (the worker lacked a key), and the
+        reaper leaves the run alone for hold seconds."""
+        with self._lock:
+            row = self._rows.get(run_id)
+            if row is None or row.epoch != epoch:
+                return
+            if row.status != RunStatus.WAITING:
+                row.deliveries = max(row.deliveries - 1, 0)
+            row.retry_at = self._now() + dt.timedelta(seconds=hold)
+
     def cancel_reason(self, run_id: str) -> str | None:
         """Why the run was cancelled, or None."""
         with self._lock:

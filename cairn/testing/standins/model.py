@@ -16,7 +16,8 @@ What every API shares
 * ``fail_every=N`` fails requests N, 2N, 3N, ... (counted over all APIs) with
   ``fail_status``; :meth:`ModelServer.control` or ``POST /_control`` queues the next k
   failures, or a cut of the next streamed answer, whichever API it goes to. An injected
-  failure is the API's own error body with that status (a 429 with ``retry-after: 0``).
+  failure is the API's own error body with that status (a 429 with ``retry-after: 0``;
+  queued with ``retry_after=s``, each says ``retry-after: s``, whatever its status).
   Injected failures win over checking the body, like a real overloaded front end.
 * ``delay_ms`` sleeps before every answer (before the first event of a stream), each
   request for the delay set when ``stats()`` first counted it (so a test can hold one
@@ -78,6 +79,7 @@ _CONTROL_FIELDS = {
     "token_ms",
     "cut_after",
     "cut_status",
+    "retry_after",
     "reset",
 }
 
@@ -173,6 +175,7 @@ class ModelServer(_StandIn):
         self._served = 0
         self._fail_next = 0
         self._fail_next_status = 429
+        self._fail_next_after: float | None = None  # their retry-after (None: the default)
         self._cut_after: int | None = None
         self._cut_status: int | None = None
         self._received: list[tuple[str, dict[str, Any]]] = []
@@ -225,6 +228,7 @@ class ModelServer(_StandIn):
         token_ms: int | None = None,
         cut_after: int | None = None,
         cut_status: int | None = None,
+        retry_after: float | None = None,
         reset: bool = False,
     ) -> None:
         """Change failure injection and pacing at run time (same fields as ``POST /_control``).
@@ -237,6 +241,9 @@ class ModelServer(_StandIn):
             cut_after: break off the next streamed answer after k deltas by dropping the
                 connection, or with ``cut_status`` (default none) by an error event of
                 that status's type, in the shape of the API that streams it.
+            retry_after: the seconds the failures fail_next queues ask the client to wait
+                (``retry-after`` and ``retry-after-ms``), whatever their status; without
+                it a 429 says 0 and other statuses say nothing.
             reset: forget counts, received bodies and queued failures and cuts first.
         """
         for s in (status, fail_status, cut_status):
@@ -246,12 +253,19 @@ class ModelServer(_StandIn):
             isinstance(cut_after, bool) or not isinstance(cut_after, int)
         ):
             raise ValueError(f"cut_after must be an integer, got {cut_after!r}")
+        if retry_after is not None and (
+            isinstance(retry_after, bool)
+            or not isinstance(retry_after, int | float)
+            or not 0 <= retry_after <= 3600
+        ):
+            raise ValueError(f"retry_after must be seconds from 0 to 3600, got {retry_after!r}")
         with self._lock:
             if reset:
                 self._reset_state()
             if fail_next is not None:
                 self._fail_next = max(0, int(fail_next))
                 self._fail_next_status = status if status is not None else 429
+                self._fail_next_after = retry_after
             if fail_every is not None:
                 self.fail_every = max(0, int(fail_every))
             if fail_status is not None:
@@ -311,6 +325,7 @@ class ModelServer(_StandIn):
                 "token_ms": self.token_ms,
                 "cut_after": self._cut_after,
                 "cut_status": self._cut_status,
+                "retry_after": self._fail_next_after,
             }
         return 200, state, hdrs
 
@@ -336,12 +351,14 @@ class ModelServer(_StandIn):
             if self.rpm or self.tpm:
                 limit = self._take(api.prompt_tokens(data) if data is not None else 1)
             fail_status: int | None = None
+            retry_after: float | None = None
             if limit is not None and limit.refused:
                 self._rate_limited += 1
                 counts["rate_limited"] += 1
             elif self._fail_next > 0:
                 self._fail_next -= 1
                 fail_status = self._fail_next_status
+                retry_after = self._fail_next_after
             elif self.fail_every > 0 and n % self.fail_every == 0:
                 fail_status = self.fail_status
             if fail_status is not None:
@@ -356,6 +373,11 @@ class ModelServer(_StandIn):
         if fail_status is not None:
             if fail_status == 429:
                 headers |= api.injected_429_headers()
+            if retry_after is not None:
+                headers |= {
+                    "retry-after": f"{retry_after:g}",
+                    "retry-after-ms": str(int(retry_after * 1000)),
+                }
             return fail_status, api.error(fail_status, _FAIL_MESSAGES[fail_status]), headers
 
         problem = api.check(data)

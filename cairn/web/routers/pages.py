@@ -1,5 +1,9 @@
 """The pages: a runs table with counts by status, a run with its step timeline, the
-approvals waiting across runs, and the login that turns the API token into a page session. Not in the OpenAPI document.
+approvals waiting across runs, the login that turns a token into a page session and the
+logout that ends it, and the API's reference (/docs). Not in the OpenAPI document.
+
+Login and logout take a form only from a page of this server's own (its check, and the
+browser's Sec-Fetch-Site: cairn.web.cookies); every page's headers are cairn.web.headers'.
 
 Server-rendered (Jinja2, cairn.web.render). The live part of each page is one template
 that the page's script fetches again with ?partial=1 every second while something can
@@ -13,6 +17,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
+import secrets
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
@@ -23,9 +29,13 @@ from cairn.core import logs
 from cairn.core.errors import UnknownBudget
 from cairn.core.inputs import TENANT
 from cairn.core.records import Approval, Budget
+from cairn.core.settings import Settings
 from cairn.core.status import STOPPED, RunStatus
-from cairn.web.auth import COOKIE
+from cairn.web import cookies
+from cairn.web.auth import Auth
 from cairn.web.deps import AuthDep, ClientDep, ReadsDep, SettingsDep
+from cairn.web.errors import error
+from cairn.web.headers import CDN
 from cairn.web.reads import Reads
 from cairn.web.render import STATUSES, call_row, templates, timeline, trace_url
 
@@ -38,31 +48,84 @@ def home() -> RedirectResponse:
 
 
 @router.get("/login")
-def login_form(request: Request, next: str = "/ui/runs", failed: bool = False) -> Response:
-    return templates.TemplateResponse(
-        request, "login.html", {"next": _local(next), "failed": failed}
-    )
+def login_form(
+    request: Request,
+    auth: AuthDep,
+    settings: SettingsDep,
+    next: str = "/ui/runs",
+    failed: bool = False,
+) -> Response:
+    return _login_page(request, auth, settings, _local(next), "failed" if failed else None)
+
+
+def _login_page(
+    request: Request,
+    auth: Auth,
+    settings: Settings,
+    target: str,
+    why: str | None,
+    status: int = 200,
+) -> Response:
+    """The login form, with a new nonce in its cookie and the nonce's MAC in the form: a
+    page of another origin can submit a form here but cannot read this one's check."""
+    nonce = secrets.token_urlsafe(24)
+    context = {"next": target, "why": why, "check": auth.mac("login", nonce)}
+    response = templates.TemplateResponse(request, "login.html", context, status_code=status)
+    cookies.put(response, cookies.LOGIN, nonce, cookies.LOGIN_SECONDS, request, settings)
+    return response
 
 
 @router.post("/login")
-async def login(request: Request, auth: AuthDep) -> Response:
+async def login(request: Request, auth: AuthDep, settings: SettingsDep) -> Response:
     form = parse_qs((await request.body()).decode(errors="replace"))
     target = _local(form.get("next", ["/ui/runs"])[0])
-    session = await auth.login(form.get("token", [""])[0])
+    nonce = cookies.login_nonce(request, settings)
+    if cookies.elsewhere(request) or not auth.checks("login", nonce, _one(form, "check")):
+        # Login CSRF: another origin's page posting its own token to log this browser in
+        # as its tenant. Only this server's own form, just served, logs in.
+        return _login_page(request, auth, settings, target, "elsewhere", status=403)
+    if auth.token is None:  # --insecure-no-auth: nothing to log in to
+        return RedirectResponse(target, status_code=303)
+    session = await auth.login(_one(form, "token"))
     if session is None:
         return RedirectResponse(
             f"/login?{urlencode({'next': target, 'failed': 1})}", status_code=303
         )
+    if old := cookies.session_of(request, settings):
+        await auth.logout(old)  # a login is a new session, never one someone planted
     response = RedirectResponse(target, status_code=303)
-    response.set_cookie(COOKIE, session, httponly=True, samesite="strict")
+    seconds = int(settings.web_session_seconds)
+    cookies.put(response, cookies.SESSION, session, seconds, request, settings)
+    cookies.drop(response, cookies.LOGIN, request, settings)
     return response
 
 
-@router.get("/logout")
-def logout() -> Response:
+@router.post("/logout")
+async def logout(request: Request, auth: AuthDep, settings: SettingsDep) -> Response:
+    """End the session, by the button of one of its own pages (a POST with the page's
+    check: an image or a form of another origin ends nothing)."""
+    form = parse_qs((await request.body()).decode(errors="replace"))
+    session = cookies.session_of(request, settings)
     response = RedirectResponse("/login", status_code=303)
-    response.delete_cookie(COOKIE)
+    if not session:
+        # No cookie came (a post from another site, whose request SameSite stripped): the
+        # answer must not touch the cookie the browser still holds.
+        return response
+    if cookies.elsewhere(request) or not auth.checks("logout", session, _one(form, "check")):
+        return error(403, "forbidden", "log out with the button of one of this server's pages")
+    await auth.logout(session)
+    cookies.drop(response, cookies.SESSION, request, settings)
     return response
+
+
+def _one(form: dict[str, list[str]], key: str) -> str:
+    return form.get(key, [""])[0]
+
+
+@router.get("/docs")
+def api_docs(request: Request) -> Response:
+    """Swagger UI over /openapi.json, started by a static script (no inline script)."""
+    return templates.TemplateResponse(request, "docs.html", {"cdn": CDN})
 
 
 @router.get("/ui/runs")
@@ -118,7 +181,8 @@ def _tenant_budget(reads: Reads, tenant: str | None) -> Budget | None:
         return None
 
 
-@router.get("/ui/runs/{run_id}")
+# :path: a run id may hold "/" (its link encodes it, %2F, which the server decodes).
+@router.get("/ui/runs/{run_id:path}")
 def run_page(
     request: Request,
     run_id: str,
@@ -186,8 +250,12 @@ def _args_of(approval: Approval) -> str:
 
 
 def _local(target: str) -> str:
-    """Only a path on this server: a login must not bounce the browser elsewhere."""
-    return target if target.startswith("/") and not target.startswith("//") else "/ui/runs"
+    """Only a path on this server: a login must not bounce the browser elsewhere (no
+    "//host", nor "/\\host", which browsers read as one, nor a control character)."""
+    return target if _LOCAL.fullmatch(target) else "/ui/runs"
+
+
+_LOCAL = re.compile(r"/(?![/\\])[^\\\x00-\x1f\x7f]*")
 
 
 def _query(**params: Any) -> str:

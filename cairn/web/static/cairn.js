@@ -1,7 +1,18 @@
 // The live part of a page (#live) is fetched again, rendered by the server, every second
 // while it can still change; the buttons call the JSON API with the page's session. The
 // run page's Live panel (#stream) follows the run's events instead: see watch().
+// Every script of the pages is in this file: their Content-Security-Policy runs no inline
+// script or style, so the timeline's bars are placed from their data attributes here.
 "use strict";
+
+// The timeline's bars, gaps and ticks: left and width in % of the run, from data-left
+// and data-width (a style attribute in the markup would be an inline style).
+function place(root) {
+  root.querySelectorAll("[data-left]").forEach((node) => {
+    node.style.left = node.dataset.left + "%";
+    if (node.dataset.width !== undefined) node.style.width = node.dataset.width + "%";
+  });
+}
 
 const PAGE = { "X-Cairn-Page": "1", "Content-Type": "application/json" };
 
@@ -15,6 +26,7 @@ async function refresh() {
     if (response.ok) {
       const open = [...live.querySelectorAll("details[open] > summary")].map((s) => s.textContent);
       live.outerHTML = await response.text();
+      place(document.getElementById("live") || document);
       document.querySelectorAll("#live details > summary").forEach((s) => {
         if (open.includes(s.textContent)) s.parentElement.open = true;
       });
@@ -45,6 +57,7 @@ async function post(url, body) {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  place(document);
   const actions = document.querySelector(".actions[data-run]");
   if (actions) {
     const runId = actions.dataset.run;
