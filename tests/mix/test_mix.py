@@ -4,7 +4,7 @@ for a fixed budget, every invariant checked after each program
 its shrunk program as a pytest test to paste here.
 
 CAIRN_MIX_SEED: the seed (unset: a new one each run, printed); CAIRN_MIX_BUDGET: seconds
-of programs (default 75: with the fleet's start about 2 minutes, beside the mutants;
+of programs (default 60: with the fleet's start about 2 minutes, beside the mutants;
 the shrinking comes on top, only after a finding);
 CAIRN_MIX_SHRINK: seconds at most to shrink a finding (default 45; 0 reports the program
 as found, for a mutant that only needs to be caught).
@@ -24,7 +24,7 @@ from tests.helpers.mix import plain
 
 def test_programs_of_operations_and_faults_break_no_invariant(mix_fleet: MixFleet) -> None:
     seed = int(os.environ.get("CAIRN_MIX_SEED") or random.SystemRandom().randrange(1, 10**6))
-    budget = float(os.environ.get("CAIRN_MIX_BUDGET") or 75)
+    budget = float(os.environ.get("CAIRN_MIX_BUDGET") or 60)
     shrink = float(os.environ.get("CAIRN_MIX_SHRINK") or 45)
     report = run_mix(
         mix_fleet.options, seed=seed, budget=budget, shrink_budget=shrink, fleet=mix_fleet,
