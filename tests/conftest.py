@@ -58,6 +58,8 @@ _MINE = slice(None) if HALF is None else slice(6 * int(HALF), 6 * int(HALF) + 6)
 # so do the tests' own (CAIRN_TEST_*: the slot, the servers' addresses): pytest-xdist
 # starts its workers after this ran in the controller, and they read them again.
 _KEEP = ("CAIRN_PG_PORT", "CAIRN_REDIS_PORT", "CAIRN_RABBITMQ_PORT")
+# And the chaos mix's knobs (tests/mix/test_mix.py): a seed, a budget, a shrink budget.
+_KEEP += ("CAIRN_MIX_SEED", "CAIRN_MIX_BUDGET", "CAIRN_MIX_SHRINK")
 for _name in [n for n in os.environ if n.startswith("CAIRN_")]:
     if _name not in _KEEP and not _name.startswith("CAIRN_TEST_"):
         del os.environ[_name]
@@ -69,11 +71,11 @@ if PGBOUNCER_PORT:
 
 # -- tiers ---------------------------------------------------------------------------------
 # A test's tier is its folder. tests/unit, tests/contract, tests/integration and tests/docs
-# start no worker, beat or server process (`scripts/test --fast` runs them); tests/fleet
-# and tests/outages do. A test elsewhere that starts one through cairn.testing.fleet (as
-# every fixture and helper that starts one does) fails, so the inner loop cannot slow down
-# unnoticed.
-STARTS_PROCESSES = ("fleet", "outages")
+# start no worker, beat or server process (`scripts/test --fast` runs them); tests/fleet,
+# tests/outages and tests/mix (the chaos mix: one fleet for its session) do. A test
+# elsewhere that starts one through cairn.testing.fleet (as every fixture and helper that
+# starts one does) fails, so the inner loop cannot slow down unnoticed.
+STARTS_PROCESSES = ("fleet", "outages", "mix")
 TESTS = Path(__file__).resolve().parent
 _running: list[pytest.Item] = []  # the test being run, for the guard below
 

@@ -1,14 +1,16 @@
 """The `cairn chaos WORKFLOW` command: its options, errors as exit code 2, and the verdict
-as exit code 1 when not OK."""
+as exit code 1 when not OK; and the group it is the default command of, beside `cairn
+chaos mix` (cairn.cli.mix)."""
 
 from __future__ import annotations
 
 import enum
 import json
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from cairn.cli.common import fail
 from cairn.testing.chaos.config import CHAOS_REDIS_DB
@@ -265,6 +267,27 @@ def chaos(
         raise typer.Exit(1)
 
 
+class _Chaos(TyperGroup):
+    """`cairn chaos mix ...` is the mix; `cairn chaos WORKFLOW ...` (anything else but the
+    group's --help) the chaos run of that workflow, its hidden `run` command (a workflow
+    named mix: `cairn chaos run mix`)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # typer's own click Context
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
 def register(app: typer.Typer) -> None:
-    """Add the `chaos` command to the cairn Typer app."""
-    app.command("chaos")(chaos)
+    """Add the `chaos` group (`cairn chaos WORKFLOW`, `cairn chaos mix`) to the cairn app."""
+    from cairn.cli.mix import mix
+
+    group = typer.Typer(
+        cls=_Chaos,
+        no_args_is_help=True,
+        help="Kill workers at every step boundary while N runs work (cairn chaos WORKFLOW), "
+        "or mix operations and faults in generated programs (cairn chaos mix).",
+    )
+    group.command("run", hidden=True)(chaos)
+    group.command("mix")(mix)
+    app.add_typer(group, name="chaos")

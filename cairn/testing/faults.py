@@ -11,12 +11,17 @@ starts them). Production workers never load this module. Every hit:
 
 * at "before_effect", journals the attempt and tags this process's outgoing httpx
   requests with ``X-Cairn-Step: <run> <seq> <cursor> <attempt>`` so the chaos mail
-  stand-in can attribute every delivery to a step attempt, keyed or not;
+  stand-in can attribute every delivery to a step attempt, keyed or not, and with
+  ``X-Cairn-Holder: <pid> <epoch>``, the process and the lease epoch it claimed the run
+  at, so a stand-in's log tells a request made after the run was claimed above that
+  epoch (by a process that no longer held it: `cairn chaos mix`);
 * decides from the plan whether this point dies: a point is (run_id, seq, boundary) and
   it dies if it is listed in ``kills`` or if ``hash(seed, run_id, seq, boundary)`` falls
-  under ``rate`` (or ``rates[boundary]``). Same seed and run ids, same schedule: a failing
-  one can be replayed. A point dies at most once (an O_EXCL marker file), so the replay
-  after the kill goes through;
+  under ``rate`` (or ``rates[boundary]``), or if a file ``armed/<run>.<point>`` exists
+  in the plan's dir (armed while the workers run: the first hit of that point of that
+  run dies, at whatever seq, and removes the file). Same seed and run ids, same
+  schedule: a failing one can be replayed. A point dies at most once (an O_EXCL marker
+  file), so the replay after the kill goes through;
 * when it dies, journals the kill first (run, seq, cursor, boundary, pid, wall-clock
   time) and then sends itself SIGKILL: a pool child dies, Celery's parent replaces it and
   the broker redelivers the message (task_reject_on_worker_lost).
@@ -49,7 +54,14 @@ BOUNDARIES = ("before_effect", "after_effect", "after_save")
 # before its journal record. A point is "<boundary>:<pos>" (the call's place in the step).
 CALL_BOUNDARIES = ("before_call", "after_call")
 STEP_HEADER = "X-Cairn-Step"
+HOLDER_HEADER = "X-Cairn-Holder"
 JOURNAL = "journal.jsonl"
+ARMED = "armed"  # the plan dir's folder of kill points armed at run time
+
+
+def armed_path(directory: str, run_id: str, point: str) -> str:
+    """The file that arms `point` (a boundary, or "<call boundary>:<pos>") of run_id."""
+    return os.path.join(directory, ARMED, f"{quote(run_id, safe='')}.{point}")
 
 
 def decide(seed: int | str, run_id: str, seq: int, boundary: str, rate: float) -> bool:
@@ -83,6 +95,9 @@ class Plan:
         self._current: contextvars.ContextVar[str | None] = contextvars.ContextVar(
             "cairn_fault_step", default=None
         )
+        self._holder: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+            "cairn_fault_holder", default=None
+        )
 
     @property
     def current(self) -> str | None:
@@ -109,8 +124,10 @@ class Plan:
 
     def due(self, boundary: str, run_id: str, seq: int, point: str | None = None) -> bool:
         point = point or boundary
-        return (run_id, seq, point) in self.kills or decide(
-            self.seed, run_id, seq, point, self.rates[boundary]
+        return (
+            (run_id, seq, point) in self.kills
+            or decide(self.seed, run_id, seq, point, self.rates[boundary])
+            or os.path.exists(armed_path(self.dir, run_id, point))
         )
 
     def step_started(self, run_id: str) -> None:
@@ -119,11 +136,12 @@ class Plan:
     def step_ended(self, run_id: str) -> None:
         self._in_step.discard(run_id)
 
-    def hit(self, boundary: str, run_id: str, seq: int, cursor: str) -> None:
+    def hit(self, boundary: str, run_id: str, seq: int, cursor: str, epoch: int = 0) -> None:
         if boundary == "before_effect":
             self._patch_httpx()
             attempt = time.time_ns()  # attempts of one visit are sequential: time orders them
             self.current = f"{run_id} {seq} {cursor} {attempt}"
+            self._holder.set(f"{os.getpid()} {epoch}")
             self.journal(
                 {
                     "e": "attempt",
@@ -136,6 +154,7 @@ class Plan:
             )
         elif boundary == "after_effect":
             self.current = None
+            self._holder.set(None)
         self._maybe_die("boundary", boundary, boundary, run_id, seq, cursor)
 
     def hit_call(
@@ -163,6 +182,10 @@ class Plan:
             os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         except FileExistsError:
             return  # this point already died once: the replay goes through
+        try:  # armed for one kill: the next seq's hit of this point goes through
+            os.unlink(armed_path(self.dir, run_id, point))
+        except FileNotFoundError:
+            pass
         self.journal(
             {
                 "e": "kill",
@@ -181,20 +204,30 @@ class Plan:
         os.kill(os.getpid(), signal.SIGKILL)
 
     def _patch_httpx(self) -> None:
-        """Tag outgoing httpx requests with the step attempt (chaos mode only)."""
+        """Tag outgoing httpx requests with the step attempt (chaos mode only): those of
+        httpx, and those of httpx2, the model SDKs' own copy of it."""
         if self._patched:
             return
         self._patched = True
-        try:
-            import httpx
-        except ImportError:  # pragma: no cover
-            return
-        original, aoriginal = httpx.Client.send, httpx.AsyncClient.send
+        import importlib
+
+        for name in ("httpx", "httpx2"):
+            try:
+                module = importlib.import_module(name)
+            except ImportError:  # pragma: no cover
+                continue
+            self._tag_sends(module)
+
+    def _tag_sends(self, module: Any) -> None:
+        original, aoriginal = module.Client.send, module.AsyncClient.send
         plan = self
 
         def tag(request: Any) -> None:
             if plan.current and STEP_HEADER not in request.headers:
                 request.headers[STEP_HEADER] = plan.current
+                holder = plan._holder.get()
+                if holder:
+                    request.headers[HOLDER_HEADER] = holder
 
         def send(client: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
             tag(request)
@@ -204,8 +237,8 @@ class Plan:
             tag(request)  # an async step runs in its step's context: plan.current is its own
             return await aoriginal(client, request, *args, **kwargs)
 
-        httpx.Client.send = send  # type: ignore[method-assign,assignment]
-        httpx.AsyncClient.send = asend  # type: ignore[method-assign,assignment]
+        module.Client.send = send
+        module.AsyncClient.send = asend
 
 
 def read_journal(directory: str) -> list[dict[str, Any]]:
@@ -235,7 +268,7 @@ class FaultHooks(Middleware):
 
     def before_step(self, cp: Checkpoint) -> None:
         self.plan.step_started(cp.run_id)
-        self.plan.hit("before_effect", cp.run_id, cp.seq, cp.cursor)
+        self.plan.hit("before_effect", cp.run_id, cp.seq, cp.cursor, cp.epoch)
 
     def after_effect(self, cp: Checkpoint) -> None:
         self.plan.hit("after_effect", cp.run_id, cp.seq, cp.cursor)

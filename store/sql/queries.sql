@@ -1222,7 +1222,8 @@ SELECT input FROM runs WHERE run_id = %(run_id)s;
 -- name: fork
 -- A new run from the checkpoint another run saved at seq `at`: its input (the caller's
 -- patched copy, else the origin's as stored), its state, cursor, visits and window
--- there, at that seq, pending; marked in its history. Its cost starts at 0: it spends
+-- there, at that seq, pending (done, if the origin ended there: no step is left to run);
+-- marked in its history. Its cost starts at 0: it spends
 -- its own. The origin is not touched.
 WITH snap AS (
 {{snapshot}}
@@ -1241,7 +1242,8 @@ WITH snap AS (
     INSERT INTO checkpoints (run_id, seq, cursor, state, visits, win_start, win_end, cost_usd,
                              version, status, flow_version)
     SELECT new_run.run_id, %(at)s, snap.next_cursor, snap.state, snap.visits, snap.win_start,
-           snap.win_end, 0, %(version)s, 'pending', snap.flow_version
+           snap.win_end, 0, %(version)s,
+           CASE WHEN snap.next_cursor = 'done' THEN 'done' ELSE 'pending' END, snap.flow_version
       FROM new_run, snap
 ), copied AS (
     INSERT INTO window_messages (run_id, idx, message)
@@ -1264,9 +1266,10 @@ SELECT (SELECT run_id FROM new_run) AS run_id, EXISTS (SELECT 1 FROM snap) AS fo
 -- name: rewind
 -- Move a stopped run back to the checkpoint it saved at seq `at`, in place: its state,
 -- cursor and window there, at a new seq (seq only grows: a zombie of the old timeline is
--- fenced), pending. Its visits go past every visit it ever made of each step, so the
--- steps it replays get new visit numbers: new idempotency keys, no journal records to
--- replay. Its cost so far stays (it was spent). Marked in its history.
+-- fenced), pending (done, at the checkpoint it ended with: no step is left to run). Its
+-- visits go past every visit it ever made of each step, so the steps it replays get new
+-- visit numbers: new idempotency keys, no journal records to replay. Its cost so far
+-- stays (it was spent). Marked in its history.
 WITH snap AS (
 {{snapshot}}
 ), cur AS (
@@ -1289,7 +1292,9 @@ WITH snap AS (
     UPDATE checkpoints c
        SET seq = cur.seq + 1, cursor = snap.next_cursor, state = snap.state,
            visits = visits.v, win_start = snap.win_start, win_end = snap.win_end,
-           flow_version = snap.flow_version, status = 'pending', error = NULL,
+           flow_version = snap.flow_version,
+           status = CASE WHEN snap.next_cursor = 'done' THEN 'done' ELSE 'pending' END,
+           error = NULL,
            attempts = 0, deliveries = 0, retry_at = NULL, cancel_reason = NULL,
            cancelled_by = NULL, wait_event = NULL, wait_until = NULL, wait_timeout_cursor = NULL,
            updated_at = now()

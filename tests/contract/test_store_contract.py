@@ -1614,6 +1614,25 @@ def test_a_fork_is_a_new_run_from_a_saved_step_and_leaves_its_origin(
     assert any_store.get("f3") is None
 
 
+def test_a_fork_or_a_rewind_at_the_checkpoint_a_run_ended_with_is_done_at_once(
+    any_store: CheckpointStore,
+) -> None:
+    # Found by the chaos mix: pending at cursor "done", such a run was claimed and never
+    # saved (no step left to run) until it failed as poison after CAIRN_MAX_DELIVERIES.
+    done = _three_steps(any_store)[-1]
+    assert done.cursor == "done"
+    assert any_store.fork("r1", done.seq, "f1", {"y": True}) is True
+    forked = _load(any_store, "f1")
+    assert (forked.cursor, forked.status, forked.input) == ("done", "done", {"x": 1, "y": True})
+    assert forked.state == done.state
+    assert any_store.rewind("r1", done.seq) == done.seq + 1
+    rewound = _load(any_store, "r1")
+    assert (rewound.cursor, rewound.status, rewound.state) == ("done", "done", done.state)
+    # An earlier checkpoint still makes a run that goes on.
+    assert any_store.rewind("r1", 2) == done.seq + 2
+    assert (_load(any_store, "r1").cursor, _load(any_store, "r1").status) == ("three", "pending")
+
+
 def test_a_stopped_run_rewound_goes_on_from_a_saved_step_with_new_visits(
     any_store: CheckpointStore,
 ) -> None:

@@ -47,6 +47,7 @@ COMMANDS = [
     "demo",
     "standin",
     "chaos",
+    "chaos mix",
 ]
 
 

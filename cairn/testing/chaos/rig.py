@@ -9,12 +9,13 @@ import json
 import os
 import shutil
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cairn.testing import fleet
-from cairn.testing.faults import STEP_HEADER
+from cairn.testing.faults import HOLDER_HEADER, STEP_HEADER
 
 if TYPE_CHECKING:
     from cairn.testing.chaos.config import ChaosConfig
@@ -22,7 +23,8 @@ if TYPE_CHECKING:
 
 def chaos_mail(**options: Any) -> Any:
     """A MailServer (not started) that also remembers, per request, the X-Cairn-Step
-    header the faulted workers add (run, seq, cursor, attempt) and the Idempotency-Key:
+    header the faulted workers add (run, seq, cursor, attempt), their X-Cairn-Holder
+    (pid, lease epoch), its arrival time and the Idempotency-Key:
     MailServer.messages() records neither the header nor the requests it deduplicated.
     (Defined here, not at import, so that `cairn --help` does not import the stand-ins.)"""
     from cairn.testing.standins import MailServer
@@ -47,6 +49,8 @@ def chaos_mail(**options: Any) -> Any:
                 return 403, {"error": {"type": "forbidden", "message": "sending is off"}}, {}
             lower = {k.lower(): v for k, v in headers.items()}
             step = lower.get(STEP_HEADER.lower())
+            holder = lower.get(HOLDER_HEADER.lower())
+            at = time.time()
             key = (lower.get("idempotency-key") or "").strip() or None
             status, result, extra = super()._send(headers, raw)
             if status == 200 and isinstance(result, dict):
@@ -54,6 +58,8 @@ def chaos_mail(**options: Any) -> Any:
                     self._events.append(
                         {
                             "step": step,
+                            "holder": holder,
+                            "at": at,
                             "key": key,
                             "id": result.get("id"),
                             "delivered": not result.get("deduplicated"),

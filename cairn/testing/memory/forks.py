@@ -46,6 +46,7 @@ class _Forks(_Tables):
                     win_start=snap.win_start, win_end=snap.win_end,
                     flow_version=snap.flow_version, tenant=src.tenant,
                 )  # fmt: skip
+                row.status = RunStatus.DONE if cursor == RunStatus.DONE else RunStatus.PENDING
                 row.state = snap.state or "{}"
                 row.window = {
                     i: src.window[i] for i in range(snap.win_start, snap.win_end) if i in src.window
@@ -86,7 +87,8 @@ class _Forks(_Tables):
                 old, stamp = row.status, self._stamp()
                 row.seq, row.cursor, row.state = row.seq + 1, cursor, snap.state or "{}"
                 row.visits, row.win_start, row.win_end = _dump(visits), snap.win_start, snap.win_end
-                row.flow_version, row.status, row.error = snap.flow_version, RunStatus.PENDING, None
+                row.flow_version, row.error = snap.flow_version, None
+                row.status = RunStatus.DONE if cursor == RunStatus.DONE else RunStatus.PENDING
                 row.attempts, row.deliveries, row.retry_at, row.cancel_reason = 0, 0, None, None
                 row.cancelled_by = None
                 row.wait_event = row.wait_until = row.wait_timeout_cursor = None
