@@ -226,7 +226,7 @@ _NOTHING = Decision(Who.ANY, "reads and changes no tenant's rows: nothing to dec
 # Every `cairn` command, by its path. The CLI acts as the admin: a tenant acts through the
 # API with its token (docs/guides/tenants.md).
 _ON_THE_DATABASE = (
-    "worker", "beat", "serve", "demo", "chaos",
+    "worker", "beat", "serve", "demo", "chaos run", "chaos mix",
     "runs", "runs list", "runs enqueue", "runs show", "runs events", "runs signal",
     "runs steer", "runs cancel", "runs resolve", "runs raise-budget", "runs fork",
     "runs rewind", "runs replay", "runs export",
