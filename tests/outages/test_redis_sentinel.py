@@ -12,9 +12,14 @@ import pytest
 
 from cairn.core.errors import StoreUnavailable
 from cairn.core.redisurl import with_master
+from cairn.core.settings import Settings
+from cairn.store import PgStore
 from cairn.store.events import RedisEvents
 from cairn.store.lease import Leases, LeaseToken
+from cairn.testing.standins import MailServer, ModelServer
+from tests.helpers.runs import done, wait_for
 from tests.helpers.sentinel import MASTER_NAME, SentinelGroup
+from tests.helpers.services import LEASE_TTL, PGBOUNCER_PORT, via_pgbouncer
 
 
 @pytest.fixture
@@ -73,3 +78,64 @@ def test_leases_and_streams_keep_working_through_a_promotion(group: SentinelGrou
     assert recovery < 30
     leases.client.close()
     events.close()
+
+
+# The fleet test's own settings: the conftest's, with Redis (leases, events, broker) behind
+# the sentinels instead of the shared server.
+@pytest.fixture
+def settings(
+    db_url: str, group: SentinelGroup, mail: MailServer, model: ModelServer
+) -> Settings:
+    return Settings(
+        database_url=via_pgbouncer(db_url),
+        database_prepare=not PGBOUNCER_PORT,
+        redis_url=group.url,
+        redis_sentinel_master=MASTER_NAME,
+        lease_ttl=LEASE_TTL,
+        mail_url=mail.url,
+        anthropic_base_url=model.url,
+        store_give_up_after=5.0,
+    )
+
+
+@pytest.fixture
+def worker_env(worker_env: dict[str, str]) -> dict[str, str]:
+    return {**worker_env, "CAIRN_REDIS_SENTINEL_MASTER": MASTER_NAME}
+
+
+RUNS = 12
+
+
+def test_a_fleet_under_load_rides_out_a_promotion(
+    group: SentinelGroup,
+    start_worker,
+    start_beat,
+    create,
+    store: PgStore,
+    mail: MailServer,
+    model: ModelServer,
+    tmp_path: Path,
+) -> None:
+    for _ in range(2):
+        start_worker(concurrency=2)
+    start_beat()
+    logs = [tmp_path / f"steps-{i}.log" for i in range(RUNS)]
+    runs = [create("probe", {"log": str(log), "after": {"two": 1.0}}) for log in logs]
+    wait_for(lambda: sum(log.exists() for log in logs) >= 4, 60, "runs under way")
+
+    old = group.kill_master()
+    killed = time.monotonic()
+    promoted = group.wait_promoted(old)
+    for run_id in runs:
+        done(store, run_id, timeout=180)
+    finished = time.monotonic() - killed
+    checkpoints = [store.load(r) for r in runs]
+    stats = mail.stats()
+    print(
+        f"\nredis sentinel failover under load: {RUNS} runs, promoted after {promoted:.1f}s, "
+        f"all done {finished:.1f}s after the kill; deliveries {stats['deliveries']}, "
+        f"duplicates {stats['duplicate_deliveries']}, model requests "
+        f"{model.stats()['requests']}"
+    )
+    assert all(cp is not None and cp.seq == 5 for cp in checkpoints)  # no save redone
+    assert stats["deliveries"] == RUNS and stats["duplicate_deliveries"] == 0
