@@ -32,7 +32,7 @@ def group(tmp_path: Path) -> Iterator[SentinelGroup]:
         g.stop()
 
 
-def _until_answers(call, timeout: float = 60.0):  # type: ignore[no-untyped-def]
+def _until_answers(call, timeout: float = 30.0):  # type: ignore[no-untyped-def]
     """call() retried while Redis is unavailable (the promotion under way); its answer."""
     deadline = time.monotonic() + timeout
     while True:
@@ -83,9 +83,7 @@ def test_leases_and_streams_keep_working_through_a_promotion(group: SentinelGrou
 # The fleet test's own settings: the conftest's, with Redis (leases, events, broker) behind
 # the sentinels instead of the shared server.
 @pytest.fixture
-def settings(
-    db_url: str, group: SentinelGroup, mail: MailServer, model: ModelServer
-) -> Settings:
+def settings(db_url: str, group: SentinelGroup, mail: MailServer, model: ModelServer) -> Settings:
     return Settings(
         database_url=via_pgbouncer(db_url),
         database_prepare=not PGBOUNCER_PORT,
