@@ -170,6 +170,7 @@ class RedisEvents:
     def close(self) -> None:
         self.client.close()
         self.client.connection_pool.disconnect()  # a pool given to the client is not its to close
+        redisconn.close_sentinels(self.client)
 
 
 class AsyncRedisEvents:
@@ -224,3 +225,4 @@ class AsyncRedisEvents:
     async def close(self) -> None:
         await self.client.aclose()
         await self.client.connection_pool.disconnect()
+        await redisconn.aclose_sentinels(self.client)

@@ -137,6 +137,7 @@ class Fleet:
 
     def close(self) -> None:
         self.client.close()
+        redisconn.close_sentinels(self.client)
 
 
 def fleet_versions(store: Maintenance, redis_url: str, orphan_after: float) -> list[Version]:

@@ -1,11 +1,8 @@
 """The one place cairn's own Redis clients are made: leases, event streams, rate limits,
 the fleet's beats and the tools all take a URL and get their client here.
 
-A URL is either redis-py's (`redis://`, `rediss://`, `unix://`) or kombu's Sentinel form,
-`sentinel://[:password@]host:port[/db][;sentinel://host:port...]`, with the master's name
-given apart (Settings.redis_sentinel_master, kombu's `master_name` transport option) and
-carried here as the first address's `master_name` query parameter. As in kombu, the first
-address's password and database are the master's; the sentinels take no password.
+A URL is redis-py's (`redis://`, `rediss://`, `unix://`) or kombu's Sentinel list with the
+master's name in it (cairn.core.redisurl; Settings.redis builds it).
 
 A Sentinel client asks the sentinels for the master's address at every new connection and
 drops its connections when the master it knew is gone or turned replica (redis-py's
@@ -17,7 +14,7 @@ retry, the lease's TTL of grace, the outbox's next flush).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.asyncio
@@ -40,12 +37,13 @@ def client(url: str, *, blocking: bool = False, **kwargs: Any) -> redis.Redis:
         sockets = {k: v for k, v in kwargs.items() if k.startswith("socket_")}
         sentinel = redis.sentinel.Sentinel(list(address.sentinels), sentinel_kwargs=sockets)
         pool_class = _BlockingSentinelPool if blocking else redis.sentinel.SentinelConnectionPool
-        return sentinel.master_for(
+        master = sentinel.master_for(
             address.master,
             connection_pool_class=pool_class,
             **address.master_kwargs(),
             **kwargs,
         )
+        return cast("redis.Redis", master)
     if blocking:
         pool = redis.BlockingConnectionPool.from_url(url, **kwargs)
         return redis.Redis(connection_pool=pool)
@@ -64,11 +62,27 @@ def async_client(url: str, **kwargs: Any) -> redis.asyncio.Redis:
         address = parse_sentinel(url)
         sockets = {k: v for k, v in kwargs.items() if k.startswith("socket_")}
         sentinel = redis.asyncio.sentinel.Sentinel(list(address.sentinels), sentinel_kwargs=sockets)
-        return sentinel.master_for(
+        master = sentinel.master_for(
             address.master,
             connection_pool_class=_AsyncBlockingSentinelPool,
             **address.master_kwargs(),
             **kwargs,
         )
+        return cast("redis.asyncio.Redis", master)
     pool = redis.asyncio.BlockingConnectionPool.from_url(url, **kwargs)
     return redis.asyncio.Redis(connection_pool=pool)
+
+
+def close_sentinels(client: redis.Redis) -> None:
+    """Close the connections a Sentinel client keeps to the sentinels (its pool's are the
+    caller's to close); nothing for a plain client."""
+    manager = getattr(client.connection_pool, "sentinel_manager", None)
+    for s in manager.sentinels if manager else ():
+        s.close()
+
+
+async def aclose_sentinels(client: redis.asyncio.Redis) -> None:
+    """close_sentinels for asyncio."""
+    manager = getattr(client.connection_pool, "sentinel_manager", None)
+    for s in manager.sentinels if manager else ():
+        await s.aclose()

@@ -3,6 +3,7 @@ master SIGKILLed and the replica promoted while cairn's clients and a fleet work
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from cairn.core.errors import StoreUnavailable
 from cairn.core.redisurl import with_master
 from cairn.core.settings import Settings
 from cairn.store import PgStore
-from cairn.store.events import RedisEvents
+from cairn.store.events import AsyncRedisEvents, RedisEvents
 from cairn.store.lease import Leases, LeaseToken
 from cairn.testing.standins import MailServer, ModelServer
 from tests.helpers.runs import done, wait_for
@@ -42,6 +43,16 @@ def _until_answers(call, timeout: float = 30.0):  # type: ignore[no-untyped-def]
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+async def _read_async(url: str, run: str) -> list[str]:
+    """The run's stream as the web server's hub and AsyncClient read it."""
+    events = AsyncRedisEvents(url)
+    try:
+        got = await events.read_many({run: "0-0"})
+        return [blob for _, blob in got[run]]
+    finally:
+        await events.close()
 
 
 def test_leases_and_streams_keep_working_through_a_promotion(group: SentinelGroup) -> None:
@@ -74,6 +85,7 @@ def test_leases_and_streams_keep_working_through_a_promotion(group: SentinelGrou
         )
     )
     assert [blob for _, blob in events.read(run)] == ['{"kind":"before"}', '{"kind":"after"}']
+    assert asyncio.run(_read_async(url, run)) == ['{"kind":"before"}', '{"kind":"after"}']
     assert before[0][0] < after[0][0]
     assert recovery < 30
     leases.client.close()
