@@ -43,6 +43,8 @@ class Mutant:
     tests: tuple[str, ...]
 
 
+SENTINEL = "tests/outages/test_redis_sentinel.py"
+REDIS_URL = "tests/unit/test_redis_url.py"
 ZOMBIE = "tests/fleet/test_crash.py::test_zombie_after_sigstop_writes_nothing_and_sends_nothing"
 SAME_SEQ = "tests/fleet/test_crash.py::test_zombie_at_the_same_seq_commits_no_ctx_db_write"
 CLAIM = "tests/integration/test_loop.py::test_claim_fences_the_old_owner_before_the_new_owners_first_save"
@@ -1307,6 +1309,27 @@ MUTANTS = [
         'const KINDS = ["step_started", "token", "model_restart", "call", "step_saved",',
         'const KINDS = ["step_started", "token", "model_restart", "message", "call", "step_saved",',
         (f"{WEB_STREAM}::test_the_run_page_streams_the_answer_and_marks_the_killed_attempt_cut",),
+    ),
+    Mutant(
+        "M142",
+        "a Sentinel URL's master asked for once, at start, and connected to plainly: after a "
+        "promotion cairn's client keeps knocking on the dead master",
+        "store/redisconn.py",
+        "        pool_class = _BlockingSentinelPool if blocking else redis.sentinel.SentinelConnectionPool\n",
+        "        host, port = sentinel.discover_master(address.master)\n"
+        "        pw = f':{address.password}@' if address.password else ''\n"
+        "        return client(f'redis://{pw}{host}:{port}/{address.db}', blocking=blocking, **kwargs)\n"
+        "        pool_class = _BlockingSentinelPool if blocking else redis.sentinel.SentinelConnectionPool\n",
+        (f"{SENTINEL}::test_leases_and_streams_keep_working_through_a_promotion",),
+    ),
+    Mutant(
+        "M143",
+        "the broker not given CAIRN_REDIS_SENTINEL_MASTER: kombu's Sentinel transport has no "
+        "master to ask for",
+        "workers/broker.py",
+        '        options["master_name"] = settings.redis_sentinel_master\n',
+        "        pass\n",
+        (f"{REDIS_URL}::test_a_sentinel_url_names_its_sentinels_master_password_and_database",),
     ),
 ]
 

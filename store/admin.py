@@ -8,10 +8,10 @@ import urllib.parse
 from typing import Any
 
 import psycopg
-import redis
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from cairn.store import redisconn
 from cairn.store.db import translated
 from cairn.store.lease import translated as redis_translated
 
@@ -49,7 +49,7 @@ class RedisDatabase:
     """One Redis database, for tooling that flushes it, watches a queue or a key."""
 
     def __init__(self, url: str) -> None:
-        self.client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+        self.client = redisconn.client(url, socket_timeout=10, socket_connect_timeout=5)
 
     def flush(self) -> None:
         with redis_translated():

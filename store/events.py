@@ -17,7 +17,7 @@ import redis.asyncio
 from redis.typing import KeyT, StreamIdT
 
 from cairn.core.records import StreamInfo
-from cairn.store import keys
+from cairn.store import keys, redisconn
 from cairn.store.lease import _script, translated
 
 # (run_id, the writer's lease token, its events as flag + JSON): one emit.lua call.
@@ -70,8 +70,9 @@ class RedisEvents:
 
     @classmethod
     def from_url(cls, url: str, max_connections: int = 16) -> RedisEvents:
-        pool = redis.BlockingConnectionPool.from_url(
+        client = redisconn.client(
             url,
+            blocking=True,
             max_connections=max_connections,
             timeout=5,
             socket_connect_timeout=5,
@@ -80,7 +81,7 @@ class RedisEvents:
             # as its socket's timeout fails instead of returning empty.
             socket_timeout=_READ_TIMEOUT,
         )
-        return cls(redis.Redis(connection_pool=pool))
+        return cls(client)
 
     def append(
         self, batches: Sequence[Batch], *, maxlen: int, ttl: float, cap: int
@@ -169,20 +170,20 @@ class RedisEvents:
     def close(self) -> None:
         self.client.close()
         self.client.connection_pool.disconnect()  # a pool given to the client is not its to close
+        redisconn.close_sentinels(self.client)
 
 
 class AsyncRedisEvents:
     """The reading side for asyncio (AsyncClient.events, the web server's SSE hub)."""
 
     def __init__(self, url: str, max_connections: int = 64) -> None:
-        pool = redis.asyncio.BlockingConnectionPool.from_url(
+        self.client = redisconn.async_client(
             url,
             max_connections=max_connections,
             timeout=5,
             socket_connect_timeout=5,
             socket_timeout=_READ_TIMEOUT,  # above the hub's and readers' blocking reads
         )
-        self.client = redis.asyncio.Redis(connection_pool=pool)
 
     async def read_many(
         self, after: dict[str, str], count: int = 500, block: float | None = None
@@ -224,3 +225,4 @@ class AsyncRedisEvents:
     async def close(self) -> None:
         await self.client.aclose()
         await self.client.connection_pool.disconnect()
+        await redisconn.aclose_sentinels(self.client)

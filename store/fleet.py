@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, cast
 
 import redis
 
-from cairn.store import keys
+from cairn.store import keys, redisconn
 from cairn.store.lease import translated
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ class Fleet:
 
     @classmethod
     def from_url(cls, url: str) -> Fleet:
-        return cls(redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5))
+        return cls(redisconn.client(url, socket_timeout=5, socket_connect_timeout=5))
 
     def beat(self, version: str, node: str) -> None:
         now = time.time()
@@ -137,6 +137,7 @@ class Fleet:
 
     def close(self) -> None:
         self.client.close()
+        redisconn.close_sentinels(self.client)
 
 
 def fleet_versions(store: Maintenance, redis_url: str, orphan_after: float) -> list[Version]:

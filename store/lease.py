@@ -18,7 +18,7 @@ import redis
 
 from cairn.core import logs
 from cairn.core.errors import LeaseLost, StoreUnavailable
-from cairn.store import keys
+from cairn.store import keys, redisconn
 
 logger = logging.getLogger(__name__)
 
@@ -248,10 +248,16 @@ class Leases:
         # A blocking pool: a threads worker's hundreds of runs wait a moment for one of
         # 64 connections instead of failing with "Too many connections" (redis-py's
         # default pool raises past 100) and losing leases they still hold.
-        pool = redis.BlockingConnectionPool.from_url(
-            url, max_connections=64, timeout=5, socket_timeout=5, socket_connect_timeout=5
+        return cls(
+            redisconn.client(
+                url,
+                blocking=True,
+                max_connections=64,
+                timeout=5,
+                socket_timeout=5,
+                socket_connect_timeout=5,
+            )
         )
-        return cls(redis.Redis(connection_pool=pool))
 
     def acquire(
         self, run_id: str, ttl: float, floor: int = 0, owner: LeaseToken | None = None

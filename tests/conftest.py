@@ -335,7 +335,7 @@ def store(settings: Settings) -> Iterator[PgStore]:
 
 @pytest.fixture
 def leases(settings: Settings) -> Iterator[Leases]:
-    leases = Leases.from_url(settings.redis_url)
+    leases = Leases.from_url(settings.redis)
     yield leases
     leases.client.close()
 

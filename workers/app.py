@@ -121,7 +121,7 @@ class Runtime:
         pid, s = os.getpid(), self.settings
         with self._lock:
             if pid not in self._deps:
-                leases = Leases.from_url(s.redis_url)
+                leases = Leases.from_url(s.redis)
                 self._deps[pid] = loop.Deps(
                     settings=s,
                     store=PgStore(
@@ -147,7 +147,7 @@ class Runtime:
         """The workers' beats (the reaper's orphan report reads them), per process."""
         with self._lock:
             if os.getpid() not in self._fleets:
-                self._fleets[os.getpid()] = Fleet.from_url(self.settings.redis_url)
+                self._fleets[os.getpid()] = Fleet.from_url(self.settings.redis)
             return self._fleets[os.getpid()]
 
     def reaper(self) -> Reaper:
@@ -168,7 +168,7 @@ class Runtime:
             return pid_deps.leases
         with self._lock:
             if os.getpid() not in self._leases:
-                self._leases[os.getpid()] = Leases.from_url(self.settings.redis_url)
+                self._leases[os.getpid()] = Leases.from_url(self.settings.redis)
             return self._leases[os.getpid()]
 
     def close(self) -> None:

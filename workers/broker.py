@@ -16,6 +16,8 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+from cairn.core.redisurl import is_sentinel
+
 if TYPE_CHECKING:
     from cairn.core.settings import Settings
 
@@ -154,6 +156,9 @@ def conf(settings: Settings) -> dict[str, Any]:
         # See Settings.visibility_timeout: long on purpose; recovery is the reaper's job.
         else {"visibility_timeout": settings.visibility_timeout, "queue_order_strategy": "sorted"}
     )
+    if is_sentinel(settings.broker) and settings.redis_sentinel_master:
+        # kombu's Sentinel transport: the same sentinels and master as cairn's own client.
+        options["master_name"] = settings.redis_sentinel_master
     return {
         "broker_url": settings.broker,
         "broker_transport_options": {**options, **settings.broker_transport_options},

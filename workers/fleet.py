@@ -36,7 +36,7 @@ def start_beats(settings: Settings, node: str) -> threading.Event:
     """Beat this worker's version every BEAT_EVERY seconds on a daemon thread; set the
     event returned to stop (its entry is then taken out)."""
     version = settings.code_version or ""
-    fleet, stop = Fleet.from_url(settings.redis_url), threading.Event()
+    fleet, stop = Fleet.from_url(settings.redis), threading.Event()
 
     def beat() -> None:
         while True:

@@ -29,7 +29,7 @@ def problems(settings: Settings) -> list[str]:
         found.append(str(exc))
     finally:
         db.close()
-    leases = Leases.from_url(settings.redis_url)
+    leases = Leases.from_url(settings.redis)
     try:
         leases.ping()
     except CairnError as exc:
@@ -50,7 +50,7 @@ def key_problems(settings: Settings) -> list[str]:
     from cairn.store.fleet import Fleet
 
     held = KeyRing(settings.payload_keys).ids
-    fleet = Fleet.from_url(settings.redis_url)
+    fleet = Fleet.from_url(settings.redis)
     try:
         lacking = fleet.lacking(held)
     except CairnError as exc:

@@ -141,7 +141,7 @@ def deploy_status(as_json: AsJson = False, database_url: DatabaseUrl = None) -> 
     settings = load_settings(database_url=database_url)
     with open_client(settings) as client:
         try:
-            versions = fleet_versions(client.store, settings.redis_url, settings.pin_orphan_after)
+            versions = fleet_versions(client.store, settings.redis, settings.pin_orphan_after)
         except CairnError as exc:
             fail(exc)
     if as_json:

@@ -249,7 +249,7 @@ class AsyncClient:
             else:
                 from cairn.store.events import AsyncRedisEvents
 
-                self._event_log = self._redis_log = AsyncRedisEvents(self.settings.redis_url)
+                self._event_log = self._redis_log = AsyncRedisEvents(self.settings.redis)
         return self._event_log
 
 

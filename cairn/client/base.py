@@ -166,5 +166,5 @@ class ClientBase:
         if self._redis_log is None:
             from cairn.store.events import RedisEvents
 
-            self._redis_log = RedisEvents.from_url(self.settings.redis_url)
+            self._redis_log = RedisEvents.from_url(self.settings.redis)
         return self._redis_log

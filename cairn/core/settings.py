@@ -16,6 +16,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+from cairn.core.redisurl import RedisUrlError, is_sentinel, parse_sentinel, with_master
+
 
 def _setting(default: Any, env: str, help: str, **kwargs: Any) -> Any:
     factory = {"default_factory": default} if callable(default) else {"default": default}
@@ -43,7 +45,15 @@ class Settings:
     redis_url: str = _setting(
         "redis://127.0.0.1:63790/0",
         "CAIRN_REDIS_URL",
-        "leases, and the broker unless `CAIRN_BROKER_URL` is set",
+        "leases, events, rate limits, and the broker unless `CAIRN_BROKER_URL` is set; "
+        "Sentinel as kombu writes it: `sentinel://[:password@]host:26379[/db];"
+        "sentinel://host2:26379...` with `CAIRN_REDIS_SENTINEL_MASTER`",
+    )
+    redis_sentinel_master: str | None = _setting(
+        None,
+        "CAIRN_REDIS_SENTINEL_MASTER",
+        "the master's name when `CAIRN_REDIS_URL` lists sentinels (kombu's `master_name` "
+        "transport option, which the broker is given too)",
     )
     broker_url: str | None = _setting(
         None,
@@ -328,6 +338,7 @@ class Settings:
 
             KeyRing(self.payload_keys)  # PayloadKeyError says what is wrong with it
         _check_web(self)
+        _check_redis(self)
         if self.log_format not in ("text", "json"):
             raise ValueError(f"CAIRN_LOG_FORMAT={self.log_format!r}: use text or json")
         template = self.trace_url_template
@@ -339,6 +350,14 @@ class Settings:
     @property
     def broker(self) -> str:
         return self.broker_url or self.redis_url
+
+    @property
+    def redis(self) -> str:
+        """The URL cairn's own Redis clients take (cairn.store.redisconn): CAIRN_REDIS_URL,
+        a Sentinel one with its master's name in it."""
+        if self.redis_sentinel_master and is_sentinel(self.redis_url):
+            return with_master(self.redis_url, self.redis_sentinel_master)
+        return self.redis_url
 
     @property
     def resend_window(self) -> float:
@@ -393,6 +412,17 @@ def _parse(name: str, raw: str, kind: Any) -> Any:
             raise SystemExit(f"{name}={raw!r} is not a whole number")
         return int(number)
     return number
+
+
+def _check_redis(s: Settings) -> None:
+    """RedisUrlError (a ValueError), in one line, for a Sentinel setting cairn cannot use."""
+    if is_sentinel(s.redis_url):
+        parse_sentinel(with_master(s.redis_url, s.redis_sentinel_master or ""))
+    elif s.redis_sentinel_master:
+        raise RedisUrlError(
+            "CAIRN_REDIS_SENTINEL_MASTER is set but CAIRN_REDIS_URL lists no sentinel "
+            "(sentinel://host:26379;sentinel://...)"
+        )
 
 
 def _check_rate_limits(s: Settings) -> None:

@@ -71,7 +71,7 @@ def create_app(settings: Settings, *, insecure_no_auth: bool = False) -> FastAPI
     # Postgres connections of this process: enough for the thread pool's busy requests.
     app.state.client = client = Client(settings=settings, pool_size=16)
     app.state.reads = Reads(client, replica_client(client, pool_size=16))
-    app.state.hub = Hub(AsyncRedisEvents(settings.redis_url))
+    app.state.hub = Hub(AsyncRedisEvents(settings.redis))
     pg = client.store.db if isinstance(client.store, PgStore) else None
     tokens, sessions = (Tokens(pg), PageSessions(pg)) if pg is not None else (None, None)
     app.state.auth = auth = Auth(settings.api_token, tokens, sessions, settings=settings)

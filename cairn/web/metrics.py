@@ -75,7 +75,7 @@ class VersionGauge:
 
         s = self.client.settings
         try:
-            versions = fleet_versions(self.client.store, s.redis_url, s.pin_orphan_after)
+            versions = fleet_versions(self.client.store, s.redis, s.pin_orphan_after)
         except CairnError as exc:
             log.warning(
                 "cairn_runs_pinned not collected: %s", exc, extra=logs.run(None, "metrics_failed")
