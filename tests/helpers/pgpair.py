@@ -58,8 +58,12 @@ class PgPair:
     def _start(self, which: int) -> None:
         opts = f"-p {self.ports[which]} -k {self.home} -c listen_addresses=127.0.0.1"
         log = self.home / f"log{which}"
-        self._run(_bin("pg_ctl"), "-D", str(self.data[which]), "-w", "-t", "60",
-                  "-l", str(log), "-o", opts, "start")  # fmt: skip
+        try:
+            self._run(_bin("pg_ctl"), "-D", str(self.data[which]), "-w", "-t", "60",
+                      "-l", str(log), "-o", opts, "start")  # fmt: skip
+        except subprocess.CalledProcessError:
+            tail = log.read_text()[-1500:] if log.exists() else "(no log)"
+            raise AssertionError(f"postgres on port {self.ports[which]} did not start:\n{tail}")
 
     def start(self) -> None:
         self._run(_bin("initdb"), "-D", str(self.data[0]), "-U", "postgres", "--auth=trust")
