@@ -52,6 +52,10 @@ COUNTER_LOST = "tests/integration/test_loop.py::test_a_run_whose_epoch_counter_r
 COUNTER_ENDS = "tests/integration/test_lease.py::test_the_epoch_counter_expires_and_goes_with_the_lease_of_an_ended_run"
 PARALLEL = "tests/integration/test_parallel.py"
 JOURNAL_REPLAY = "tests/contract/test_journal.py::test_a_replay_after_a_crash_makes_no_call_twice"
+MULTI_HOST = (
+    "tests/integration/test_inputs.py::"
+    "test_an_unreachable_multi_host_dsn_names_every_host_with_its_port"
+)
 J = "tests/contract/test_journal.py"
 POOL = "tests/integration/test_store.py"
 LOST = "tests/integration/test_lost_commit.py"
@@ -1330,6 +1334,15 @@ MUTANTS = [
         '        options["master_name"] = settings.redis_sentinel_master\n',
         "        pass\n",
         (f"{REDIS_URL}::test_a_sentinel_url_names_its_sentinels_master_password_and_database",),
+    ),
+    Mutant(
+        "M146",
+        "an unreachable multi-host DSN (a primary and its standby) named as libpq's lists, "
+        "hosts then ports, not each host with its port",
+        "store/db.py",
+        '    at = ",".join(f"{h}:{p}" for h, p in zip(hosts, ports, strict=False))\n',
+        "    at = f\"{where.get('host', 'localhost')}:{where.get('port', 5432)}\"\n",
+        (MULTI_HOST,),
     ),
 ]
 

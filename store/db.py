@@ -84,7 +84,11 @@ def translated(url: str | None = None) -> Iterator[None]:
 
 def _why_unreachable(url: str) -> str:
     where = psycopg.conninfo.conninfo_to_dict(url)
-    at = f"{where.get('host', 'localhost')}:{where.get('port', 5432)}"
+    # A multi-host DSN (a primary and its standbys) names its hosts and ports as lists.
+    hosts = str(where.get("host", "localhost")).split(",")
+    ports = str(where.get("port", 5432)).split(",")
+    ports = ports * len(hosts) if len(ports) == 1 else ports
+    at = ",".join(f"{h}:{p}" for h, p in zip(hosts, ports, strict=False))
     try:
         psycopg.connect(url, connect_timeout=2).close()
     except psycopg.Error as exc:

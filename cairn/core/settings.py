@@ -27,7 +27,10 @@ def _setting(default: Any, env: str, help: str, **kwargs: Any) -> Any:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Settings:
     database_url: str = _setting(
-        "postgresql://postgres@127.0.0.1:54329/cairn", "CAIRN_DATABASE_URL", "the checkpoint store"
+        "postgresql://postgres@127.0.0.1:54329/cairn",
+        "CAIRN_DATABASE_URL",
+        "the checkpoint store; a libpq multi-host URL (`postgresql://u@pg-a,pg-b/cairn"
+        "?target_session_attrs=read-write`) follows a promoted standby (a failover)",
     )
     listen_url: str | None = _setting(
         None,

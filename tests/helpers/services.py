@@ -35,5 +35,6 @@ def via_pgbouncer(url: str) -> str:
 
 
 def with_db(url: str, name: str) -> str:
-    """url naming the database name on the same server."""
-    return url.rsplit("/", 1)[0] + "/" + name
+    """url naming the database name on the same server (its query string kept)."""
+    base, _, query = url.partition("?")
+    return base.rsplit("/", 1)[0] + "/" + name + (f"?{query}" if query else "")

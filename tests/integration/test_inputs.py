@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -116,6 +117,17 @@ def test_an_unreachable_postgres_fails_a_client_call_in_seconds_naming_host_port
         client.list()
     assert time.monotonic() - started <= 5.5
     client.close()
+
+
+def test_an_unreachable_multi_host_dsn_names_every_host_with_its_port() -> None:
+    # A primary and its standby in one DSN (libpq's multi-host, as a failover wants).
+    both = "postgresql://postgres@127.0.0.1:9,127.0.0.1:1/cairn?target_session_attrs=read-write"
+    one_port = "postgresql://postgres@127.0.0.1,127.0.0.2/cairn?port=9"
+    for url, at in ((both, "127.0.0.1:9,127.0.0.1:1"), (one_port, "127.0.0.1:9,127.0.0.2:9")):
+        client = Client(url)
+        with pytest.raises(StoreUnavailable, match=rf"postgres at {re.escape(at)} is unreachable"):
+            client.list()
+        client.close()
 
 
 def test_the_cli_says_postgres_is_down_in_one_line_within_seconds() -> None:
