@@ -13,7 +13,6 @@ the test holds (the statement is in flight, its fence already taken).
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,6 +25,7 @@ from cairn.core.records import Call
 from cairn.store import Checkpoint, Database, PgStore
 from cairn.store.db import translated
 from cairn.store.graphs import Fence, GraphStore
+from tests.helpers.holds import Racer
 
 HELD = 4242  # the advisory lock a trigger waits on while the test holds it
 
@@ -70,28 +70,6 @@ WRITES: dict[str, tuple[str, Callable[[PgStore, Checkpoint], bool]]] = {
         ),
     ),
 }
-
-
-class _Thread(threading.Thread):
-    """fn() on a thread of its own, its result or exception kept."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self.fn, self.result, self.error = fn, None, None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self.result = self.fn()
-        except BaseException as exc:  # noqa: BLE001 (the test asserts on it)
-            self.error = exc
-
-    def outcome(self, timeout: float = 10.0) -> Any:
-        self.join(timeout)
-        assert not self.is_alive(), "still blocked"
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 @pytest.fixture
@@ -140,9 +118,9 @@ def test_a_claim_waits_for_a_fenced_write_in_flight_which_lands_before_it(
     table, fn = WRITES[write]
     cp = _running(store)
     holder = held(table)
-    writer = _Thread(lambda: fn(store, cp))
+    writer = Racer(lambda: fn(store, cp))
     _until(lambda: _waiting_on(sql, "advisory"), "the write to be held inside its statement")
-    claim = _Thread(lambda: store.claim(cp.run_id, 2))
+    claim = Racer(lambda: store.claim(cp.run_id, 2))
     time.sleep(0.3)
     assert claim.is_alive(), "the claim went ahead of the write in flight"
     holder.execute("SELECT pg_advisory_unlock(%s)", (HELD,))
@@ -160,7 +138,7 @@ def test_a_fenced_write_that_waits_for_a_claim_sees_its_epoch_and_writes_nothing
     cp = _running(store)
     with psycopg.connect(db_url) as claimer:  # the claim's update, not committed yet
         claimer.execute("UPDATE checkpoints SET epoch = 2 WHERE run_id = %s", (cp.run_id,))
-        writer = _Thread(lambda: fn(store, cp))
+        writer = Racer(lambda: fn(store, cp))
         time.sleep(0.3)
         assert writer.is_alive(), "the write did not wait for the claim in flight"
         claimer.commit()
@@ -183,7 +161,7 @@ def test_a_fenced_transaction_left_idle_is_ended_after_hold_and_the_claim_goes_o
             else:  # a step's own transaction, right before its save or a call's record
                 db.hold_row(conn)
                 conn.execute("SELECT 1 FROM checkpoints WHERE run_id = %s FOR SHARE", [cp.run_id])
-            claim = _Thread(lambda: store.claim(cp.run_id, 2))
+            claim = Racer(lambda: store.claim(cp.run_id, 2))
             time.sleep(0.2)
             assert claim.is_alive()  # waits for the fenced transaction...
             claimed = claim.outcome(timeout=5.0)  # ...no longer than its hold
