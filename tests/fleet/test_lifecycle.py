@@ -76,7 +76,10 @@ def test_sigterm_hands_the_run_back_at_the_next_step_boundary(
     a.proc.wait(timeout=step_seconds + 15)
     shutdown = time.monotonic() - stopped_at
     wait_for(lambda: client.get(run_id).status == "done", 30, "the run to finish on B")
-    assert shutdown < step_seconds + 5, shutdown  # one step, not the rest of the run
+    # One step, then Celery's warm shutdown (2.4-2.8 s on a quiet 2-core machine, before
+    # and after issue 51; 6 s once beside the whole suite): not the rest of the run, which
+    # the pids below also show ran on B.
+    assert shutdown < step_seconds + 8, shutdown
     assert starts(log) == ["one", "two", "mail", "ledger", "once"]  # no step ran twice
     by_pid = {c: pid for c, _, pid, e in step_log(log) if e == "start"}
     assert by_pid["two"] != by_pid["mail"]  # A finished two; the rest ran elsewhere
